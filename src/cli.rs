@@ -1,0 +1,368 @@
+//! The command line: `berth serve` runs the broker; the other commands are a client for people at a terminal.
+
+use crate::client::{enc, Answer, Client};
+use crate::config::{Config, FsyncPolicy};
+use clap::{Args, Parser, Subcommand};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "berth",
+    version,
+    about = "A thread-per-core message-queue broker with leases"
+)]
+struct Cli {
+    /// Server to talk to (client commands).
+    #[arg(
+        long,
+        global = true,
+        default_value = "http://127.0.0.1:7070",
+        env = "BERTH_SERVER"
+    )]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the broker.
+    Serve(ServeArgs),
+    /// Create, list, describe or delete topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Produce one message (the argument, or stdin when absent).
+    Produce {
+        topic: String,
+        message: Option<String>,
+        #[arg(long)]
+        key: Option<String>,
+        #[arg(long)]
+        partition: Option<u64>,
+    },
+    /// Lease messages (queue style), or replay one with --partition and --offset.
+    Consume {
+        topic: String,
+        /// Long-poll budget, e.g. 10s.
+        #[arg(long, default_value = "0")]
+        wait: String,
+        /// Lease length, e.g. 30s (default: the topic's).
+        #[arg(long)]
+        visibility: Option<String>,
+        /// Messages to take before stopping (stops early when none is available).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Ack each message once printed.
+        #[arg(long, conflicts_with = "nack")]
+        ack: bool,
+        /// Nack each message once printed (it becomes deliverable again at once).
+        #[arg(long)]
+        nack: bool,
+        /// Replay: read this partition at --offset without leasing.
+        #[arg(long, requires = "offset")]
+        partition: Option<u64>,
+        #[arg(long, requires = "partition")]
+        offset: Option<u64>,
+    },
+    /// Ack a lease.
+    Ack {
+        topic: String,
+        receipt_handle: String,
+    },
+    /// Nack a lease: the message is deliverable again at once.
+    Nack {
+        topic: String,
+        receipt_handle: String,
+    },
+    /// Extend a lease to now + visibility.
+    Extend {
+        topic: String,
+        receipt_handle: String,
+        #[arg(long)]
+        visibility: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on [default 127.0.0.1:7070].
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Data directory [default ./berth-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Number of cores (executors) [default: all available].
+    #[arg(long)]
+    cores: Option<usize>,
+    /// CPUs to pin to, comma separated, e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
+    /// always | interval:MS | never [default always].
+    #[arg(long)]
+    fsync: Option<FsyncPolicy>,
+    /// A TOML file with any of the settings in the README.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum TopicCommand {
+    /// Create a topic (200 when it already exists with the same partition count).
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        #[arg(long)]
+        visibility: Option<String>,
+        #[arg(long)]
+        max_in_flight: Option<u64>,
+        #[arg(long)]
+        max_acked_ahead: Option<u64>,
+        #[arg(long)]
+        retention: Option<String>,
+    },
+    /// List topic names.
+    List,
+    /// Show a topic's settings and partitions.
+    Describe { name: String },
+    /// Delete a topic and its data.
+    Delete { name: String },
+}
+
+/// Runs the command line; returns the exit status.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        other => client_command(&Client::new(&cli.server), other),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            1
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn serve(args: ServeArgs) -> Result<i32, String> {
+    init_logging();
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(v) = args.listen {
+        config.listen = v;
+    }
+    if let Some(v) = args.data_dir {
+        config.data_dir = v;
+    }
+    if let Some(v) = args.cores {
+        config.cores = Some(v);
+    }
+    if let Some(v) = args.cpus {
+        config.cpus = Some(v);
+    }
+    if let Some(v) = args.fsync {
+        config.fsync = v;
+    }
+    crate::server::run(config)?;
+    Ok(0)
+}
+
+/// Prints a JSON answer, or the error and a failing status.
+fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
+    if ok.contains(&answer.status) {
+        if !answer.body.is_empty() {
+            println!("{}", answer.text());
+        }
+        Ok(0)
+    } else {
+        let json = answer.json();
+        let message = json["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| answer.text());
+        let code = json["error"].as_str().unwrap_or("error");
+        Err(format!("{} {code}: {message}", answer.status))
+    }
+}
+
+fn client_command(client: &Client, command: Command) -> Result<i32, String> {
+    match command {
+        Command::Serve(_) => unreachable!("handled by main"),
+        Command::Topic(t) => topic_command(client, t),
+        Command::Produce {
+            topic,
+            message,
+            key,
+            partition,
+        } => {
+            let body = match message {
+                Some(m) => m.into_bytes(),
+                None => {
+                    let mut buf = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .map_err(|e| format!("reading stdin: {e}"))?;
+                    buf
+                }
+            };
+            let mut path = format!("/produce?topic={}", enc(&topic));
+            if let Some(k) = key {
+                path += &format!("&key={}", enc(&k));
+            }
+            if let Some(p) = partition {
+                path += &format!("&partition={p}");
+            }
+            finish(client.call("POST", &path, &body)?, &[200])
+        }
+        Command::Consume {
+            topic,
+            wait,
+            visibility,
+            count,
+            ack,
+            nack,
+            partition,
+            offset,
+        } => {
+            if let (Some(p), Some(o)) = (partition, offset) {
+                let path = format!(
+                    "/consume?topic={}&partition={p}&offset={o}&wait={}",
+                    enc(&topic),
+                    enc(&wait)
+                );
+                let answer = client.call("GET", &path, &[])?;
+                return print_messages(client, &topic, answer, None).map(|_| 0);
+            }
+            let mut path = format!("/consume?topic={}&wait={}", enc(&topic), enc(&wait));
+            if let Some(v) = visibility {
+                path += &format!("&visibility={}", enc(&v));
+            }
+            let settle = if ack {
+                Some("ack")
+            } else if nack {
+                Some("nack")
+            } else {
+                None
+            };
+            for _ in 0..count {
+                let answer = client.call("GET", &path, &[])?;
+                if !print_messages(client, &topic, answer, settle)? {
+                    eprintln!("no message available");
+                    break;
+                }
+            }
+            Ok(0)
+        }
+        Command::Ack {
+            topic,
+            receipt_handle,
+        } => settle(client, "ack", &topic, &receipt_handle, None),
+        Command::Nack {
+            topic,
+            receipt_handle,
+        } => settle(client, "nack", &topic, &receipt_handle, None),
+        Command::Extend {
+            topic,
+            receipt_handle,
+            visibility,
+        } => settle(
+            client,
+            "extend",
+            &topic,
+            &receipt_handle,
+            visibility.as_deref(),
+        ),
+    }
+}
+
+/// Prints one delivered message as a JSON line; returns false on 204.
+fn print_messages(
+    client: &Client,
+    topic: &str,
+    answer: Answer,
+    settle_with: Option<&str>,
+) -> Result<bool, String> {
+    match answer.status {
+        204 => Ok(false),
+        200 => {
+            let handle = answer.header("receipt-handle").map(str::to_string);
+            let line = serde_json::json!({
+                "partition": answer.header("partition").and_then(|v| v.parse::<u64>().ok()),
+                "offset": answer.header("offset").and_then(|v| v.parse::<u64>().ok()),
+                "receipt_handle": handle,
+                "body": answer.text(),
+            });
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            if let (Some(op), Some(handle)) = (settle_with, handle) {
+                settle(client, op, topic, &handle, None)?;
+            }
+            Ok(true)
+        }
+        _ => finish(answer, &[]).map(|_| false),
+    }
+}
+
+fn settle(
+    client: &Client,
+    op: &str,
+    topic: &str,
+    handle: &str,
+    visibility: Option<&str>,
+) -> Result<i32, String> {
+    let mut path = format!("/{op}?topic={}&receipt_handle={}", enc(topic), enc(handle));
+    if let Some(v) = visibility {
+        path += &format!("&visibility={}", enc(v));
+    }
+    finish(client.call("POST", &path, &[])?, &[200])
+}
+
+fn topic_command(client: &Client, command: TopicCommand) -> Result<i32, String> {
+    match command {
+        TopicCommand::Create {
+            name,
+            partitions,
+            visibility,
+            max_in_flight,
+            max_acked_ahead,
+            retention,
+        } => {
+            let mut path = format!("/topics/{}?partitions={partitions}", enc(&name));
+            for (key, value) in [
+                ("visibility", visibility),
+                ("max_in_flight", max_in_flight.map(|v| v.to_string())),
+                ("max_acked_ahead", max_acked_ahead.map(|v| v.to_string())),
+                ("retention", retention),
+            ] {
+                if let Some(v) = value {
+                    path += &format!("&{key}={}", enc(&v));
+                }
+            }
+            finish(client.call("PUT", &path, &[])?, &[200, 201])
+        }
+        TopicCommand::List => finish(client.call("GET", "/topics", &[])?, &[200]),
+        TopicCommand::Describe { name } => finish(
+            client.call("GET", &format!("/topics/{}", enc(&name)), &[])?,
+            &[200],
+        ),
+        TopicCommand::Delete { name } => {
+            let answer = client.call("DELETE", &format!("/topics/{}", enc(&name)), &[])?;
+            let code = finish(answer, &[204])?;
+            eprintln!("deleted {name}");
+            Ok(code)
+        }
+    }
+}

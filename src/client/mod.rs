@@ -1,0 +1,90 @@
+//! A blocking HTTP client for the API, used by the command line (`berth topic|produce|consume|ack|...`) and by the
+//! end-to-end tests. Every answer, success or error, comes back as status + headers + body.
+
+use std::time::Duration;
+
+/// An answer from the server.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A keep-alive connection pool to one server.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// `base` like `http://127.0.0.1:7070`.
+    pub fn new(base: &str) -> Client {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5))
+            .timeout(Duration::from_secs(90))
+            .max_idle_connections_per_host(64)
+            .build();
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+        }
+    }
+
+    /// Sends a request; `path_and_query` starts with '/'. Transport failures are `Err`; HTTP errors are answers.
+    pub fn call(&self, method: &str, path_and_query: &str, body: &[u8]) -> Result<Answer, String> {
+        let url = format!("{}{}", self.base, path_and_query);
+        let request = self.agent.request(method, &url);
+        let result = if method == "GET" || method == "DELETE" {
+            request.call()
+        } else {
+            request.send_bytes(body)
+        };
+        let response = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => return Err(format!("{method} {url}: {e}")),
+        };
+        let status = response.status();
+        let headers = response
+            .headers_names()
+            .into_iter()
+            .filter_map(|n| response.header(&n).map(|v| (n.clone(), v.to_string())))
+            .collect();
+        let mut body = Vec::new();
+        use std::io::Read;
+        response
+            .into_reader()
+            .take(512 << 20)
+            .read_to_end(&mut body)
+            .map_err(|e| format!("{method} {url}: reading the body: {e}"))?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// Percent-encodes a query value.
+pub fn enc(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}

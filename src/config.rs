@@ -1,0 +1,190 @@
+//! Server configuration: every limit berth enforces, with its default next to its name.
+//! Built from embedded defaults, then a TOML file (`--config`), then command-line flags; read by `server` at start.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// When a produce is made durable before its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// fdatasync before every reply; concurrent appends to one partition share one sync. Loses nothing acked.
+    Always,
+    /// Reply after the write; a timer fdatasyncs every N ms. A power loss can drop up to N ms of acked produces.
+    IntervalMs(u64),
+    /// Reply after the write; never sync explicitly (the kernel writes back). A power loss can drop any unsynced data;
+    /// a process crash (kill -9) loses nothing, since the page cache survives it.
+    Never,
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            _ => match text.strip_prefix("interval:") {
+                Some(ms) => match ms.parse::<u64>() {
+                    Ok(ms) if ms > 0 && ms <= 60_000 => Ok(Self::IntervalMs(ms)),
+                    _ => Err(format!("fsync interval '{ms}' must be 1..=60000 ms")),
+                },
+                None => Err(format!(
+                    "fsync policy '{text}' is not always|interval:MS|never"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Always => write!(f, "always"),
+            Self::IntervalMs(ms) => write!(f, "interval:{ms}"),
+            Self::Never => write!(f, "never"),
+        }
+    }
+}
+
+impl Serialize for FsyncPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for FsyncPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Everything `berth serve` can be told. Field names are the TOML keys.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address every core listens on (SO_REUSEPORT). Default 127.0.0.1:7070.
+    pub listen: SocketAddr,
+    /// Where topics, logs and frontier files live. Default ./berth-data.
+    pub data_dir: PathBuf,
+    /// Number of executors (one pinned core each). Default: every available core.
+    pub cores: Option<usize>,
+    /// Which CPUs to pin the executors to, in order. Default: the first `cores` CPUs core_affinity lists.
+    pub cpus: Option<Vec<usize>>,
+    /// Produce durability. Default always.
+    pub fsync: FsyncPolicy,
+    /// Largest message body accepted. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Open client connections across the whole server. Default 10000.
+    pub max_connections: usize,
+    /// Open client connections on one core. Default 4096.
+    pub max_connections_per_core: usize,
+    /// Bytes of request line plus headers. Default 16 KiB.
+    pub max_header_bytes: usize,
+    /// Number of request headers. Default 64.
+    pub max_headers: usize,
+    /// Time from a request's first byte to the end of its headers; slow clients are closed. Default 10 s.
+    pub header_read_timeout_ms: u64,
+    /// Time a keep-alive connection may sit idle between requests. Default 60 s.
+    pub idle_timeout_ms: u64,
+    /// Depth of each core-to-core channel; a full channel answers 503. Default 1024.
+    pub mesh_channel_depth: usize,
+    /// A segment file rolls once it would pass this size. Default 64 MiB, max 4 GiB - 1.
+    pub segment_bytes: u64,
+    /// How often a moved frontier is written to consumer.offset. Default 100 ms.
+    pub frontier_flush_interval_ms: u64,
+    /// Background expiry sweep and retention cadence. Default 1000 ms.
+    pub purge_interval_ms: u64,
+    /// Longest in-flight wait at shutdown before connections are cut. Default 5000 ms.
+    pub shutdown_grace_ms: u64,
+    /// glommio: busy-spin this long before parking an idle core (burns CPU, cuts wake latency). Default 0.
+    pub spin_before_park_us: u64,
+    /// glommio: io_uring registered buffer memory per core. Default 10 MiB (glommio's default).
+    pub io_memory_bytes: usize,
+    /// glommio: io_uring ring depth per core. Default 128 (glommio's default).
+    pub ring_depth: usize,
+    /// glommio: preemption timer for task fairness. Default 100 ms (glommio's default).
+    pub preempt_timer_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7070".parse().expect("static address"),
+            data_dir: PathBuf::from("./berth-data"),
+            cores: None,
+            cpus: None,
+            fsync: FsyncPolicy::Always,
+            max_message_bytes: 1 << 20,
+            max_connections: 10_000,
+            max_connections_per_core: 4096,
+            max_header_bytes: 16 << 10,
+            max_headers: 64,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            mesh_channel_depth: 1024,
+            segment_bytes: 64 << 20,
+            frontier_flush_interval_ms: 100,
+            purge_interval_ms: 1000,
+            shutdown_grace_ms: 5000,
+            spin_before_park_us: 0,
+            io_memory_bytes: 10 << 20,
+            ring_depth: 128,
+            preempt_timer_ms: 100,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; unknown keys are an error so typos do not silently fall back to defaults.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Checks the limits against each other and against what the formats can hold.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_message_bytes", self.max_message_bytes as u64),
+            ("max_connections", self.max_connections as u64),
+            (
+                "max_connections_per_core",
+                self.max_connections_per_core as u64,
+            ),
+            ("max_header_bytes", self.max_header_bytes as u64),
+            ("max_headers", self.max_headers as u64),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("mesh_channel_depth", self.mesh_channel_depth as u64),
+            (
+                "frontier_flush_interval_ms",
+                self.frontier_flush_interval_ms,
+            ),
+            ("purge_interval_ms", self.purge_interval_ms),
+            ("ring_depth", self.ring_depth as u64),
+            ("preempt_timer_ms", self.preempt_timer_ms),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("{name} must be greater than 0"));
+            }
+        }
+        if self.max_message_bytes > (256 << 20) {
+            return Err("max_message_bytes must be at most 256 MiB".into());
+        }
+        if self.mesh_channel_depth < 2 {
+            return Err("mesh_channel_depth must be at least 2 (glommio #555)".into());
+        }
+        let frame_max = crate::storage::frame::encoded_len(self.max_message_bytes) as u64;
+        if self.segment_bytes < frame_max || self.segment_bytes >= u32::MAX as u64 {
+            return Err(format!(
+                "segment_bytes must hold one largest frame ({frame_max}) and stay below 4 GiB"
+            ));
+        }
+        if self.cores == Some(0) {
+            return Err("cores must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! Request parsing: httparse for the head, then the limits berth enforces (header bytes, header count, body size,
+//! Content-Length only). Pure functions over a byte buffer, so they can be fuzzed without a socket.
+
+use bytes::Bytes;
+
+/// A parsed request head plus its body.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    /// The path without the query.
+    pub path: String,
+    /// The raw query string (after '?'), still percent-encoded.
+    pub query: String,
+    pub body: Bytes,
+    /// The client asked to close after this request (or spoke HTTP/1.0 without keep-alive).
+    pub close: bool,
+    /// The Authorization header, if any.
+    pub authorization: Option<String>,
+}
+
+/// Limits applied while parsing.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_body_bytes: usize,
+}
+
+/// Why a request cannot be served; each ends the connection after the error response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    /// 400: not HTTP, or a malformed head or Content-Length.
+    Malformed(String),
+    /// 431: the head is larger than max_header_bytes or has more than max_headers headers.
+    HeadersTooLarge,
+    /// 413: Content-Length above max_body_bytes.
+    BodyTooLarge { limit: usize },
+    /// 411/501: Transfer-Encoding bodies are not accepted; send Content-Length.
+    UnsupportedTransferEncoding,
+}
+
+/// Outcome of parsing the front of a buffer.
+#[derive(Debug)]
+pub enum Parsed {
+    /// A whole request and the number of buffer bytes it used.
+    Complete(Request, usize),
+    /// More bytes are needed; `head_done` says whether the head is complete (only the body is missing).
+    Partial { head_done: bool },
+}
+
+/// Parses one request from the front of `buf`.
+pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
+    let mut headers = vec![httparse::EMPTY_HEADER; limits.max_headers];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > limits.max_header_bytes {
+                return Err(ParseError::HeadersTooLarge);
+            }
+            return Ok(Parsed::Partial { head_done: false });
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(ParseError::HeadersTooLarge),
+        Err(e) => return Err(ParseError::Malformed(format!("malformed request: {e}"))),
+    };
+    if head_len > limits.max_header_bytes {
+        return Err(ParseError::HeadersTooLarge);
+    }
+    let version = req.version.unwrap_or(1);
+    let mut content_length: Option<usize> = None;
+    let mut close = version == 0;
+    let mut authorization = None;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let text = std::str::from_utf8(h.value)
+                .map_err(|_| ParseError::Malformed("bad Content-Length".into()))?;
+            if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ParseError::Malformed("bad Content-Length".into()));
+            }
+            let value: usize = text
+                .parse()
+                .map_err(|_| ParseError::Malformed("bad Content-Length".into()))?;
+            if content_length.is_some_and(|v| v != value) {
+                return Err(ParseError::Malformed(
+                    "conflicting Content-Length headers".into(),
+                ));
+            }
+            content_length = Some(value);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(ParseError::UnsupportedTransferEncoding);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            let value = String::from_utf8_lossy(h.value).to_ascii_lowercase();
+            if value.contains("close") {
+                close = true;
+            } else if value.contains("keep-alive") {
+                close = false;
+            }
+        } else if h.name.eq_ignore_ascii_case("authorization") {
+            authorization = Some(String::from_utf8_lossy(h.value).into_owned());
+        }
+    }
+    let body_len = content_length.unwrap_or(0);
+    if body_len > limits.max_body_bytes {
+        return Err(ParseError::BodyTooLarge {
+            limit: limits.max_body_bytes,
+        });
+    }
+    let total = head_len + body_len;
+    if buf.len() < total {
+        return Ok(Parsed::Partial { head_done: true });
+    }
+    let target = req.path.unwrap_or("/");
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (target, ""),
+    };
+    Ok(Parsed::Complete(
+        Request {
+            method: req.method.unwrap_or("").to_string(),
+            path: path.to_string(),
+            query: query.to_string(),
+            body: Bytes::copy_from_slice(&buf[head_len..total]),
+            close,
+            authorization,
+        },
+        total,
+    ))
+}
+
+/// Decoded query parameters in order.
+pub fn query_pairs(query: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_header_bytes: 1024,
+        max_headers: 8,
+        max_body_bytes: 16,
+    };
+
+    fn complete(buf: &[u8]) -> (Request, usize) {
+        match parse(buf, &LIMITS) {
+            Ok(Parsed::Complete(r, n)) => (r, n),
+            other => panic!("not complete: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pipelined_requests_parse_one_at_a_time() {
+        let buf = b"POST /produce?topic=a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /health HTTP/1.1\r\n\r\n";
+        let (first, used) = complete(buf);
+        assert_eq!(
+            (
+                first.method.as_str(),
+                first.path.as_str(),
+                first.query.as_str()
+            ),
+            ("POST", "/produce", "topic=a")
+        );
+        assert_eq!(&first.body[..], b"abc");
+        let (second, rest) = complete(&buf[used..]);
+        assert_eq!(second.path, "/health");
+        assert_eq!(used + rest, buf.len());
+    }
+
+    #[test]
+    fn a_body_still_arriving_is_partial() {
+        let r = parse(b"POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", &LIMITS).unwrap();
+        assert!(matches!(r, Parsed::Partial { head_done: true }));
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let big = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(2000));
+        assert_eq!(
+            parse(big.as_bytes(), &LIMITS).unwrap_err(),
+            ParseError::HeadersTooLarge
+        );
+        let many: String = (0..9).map(|i| format!("H{i}: v\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(
+            parse(many.as_bytes(), &LIMITS).unwrap_err(),
+            ParseError::HeadersTooLarge
+        );
+        let body = b"POST / HTTP/1.1\r\nContent-Length: 17\r\n\r\n";
+        assert_eq!(
+            parse(body, &LIMITS).unwrap_err(),
+            ParseError::BodyTooLarge { limit: 16 }
+        );
+    }
+
+    #[test]
+    fn lying_or_garbage_content_length_is_refused() {
+        for cl in ["-1", "abc", "1 2", "99999999999999999999999", ""] {
+            let req = format!("POST / HTTP/1.1\r\nContent-Length: {cl}\r\n\r\n");
+            assert!(
+                matches!(
+                    parse(req.as_bytes(), &LIMITS),
+                    Err(ParseError::Malformed(_))
+                ),
+                "{cl}"
+            );
+        }
+        let two = b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
+        assert!(matches!(parse(two, &LIMITS), Err(ParseError::Malformed(_))));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        assert!(matches!(
+            parse(b"\x00\x01\x02 garbage\r\n\r\n", &LIMITS),
+            Err(ParseError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse(b"GET", &LIMITS),
+            Ok(Parsed::Partial { head_done: false })
+        ));
+    }
+
+    #[test]
+    fn connection_close_and_http10_are_noticed() {
+        assert!(
+            complete(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+                .0
+                .close
+        );
+        assert!(complete(b"GET / HTTP/1.0\r\n\r\n").0.close);
+        assert!(
+            !complete(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .0
+                .close
+        );
+    }
+
+    #[test]
+    fn query_is_percent_decoded() {
+        assert_eq!(
+            query_pairs("topic=a%2Eb&key=x+y"),
+            vec![("topic".into(), "a.b".into()), ("key".into(), "x y".into())]
+        );
+    }
+}

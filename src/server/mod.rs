@@ -1,0 +1,265 @@
+//! The process: one pinned glommio executor per core, the cross-core mesh, the listeners, the background tasks and
+//! graceful shutdown. `run` is what `berth serve` calls; each executor runs `core_main`.
+
+pub mod shutdown;
+
+use crate::broker::command::Command;
+use crate::broker::core::{Core, Shared};
+use crate::broker::mesh::Mesh;
+use crate::broker::timers;
+use crate::config::Config;
+use futures_lite::{future, StreamExt};
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement};
+use shutdown::Shutdown;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Runs the broker until SIGTERM or SIGINT. Errors are one-line reasons for the exit status.
+pub fn run(mut config: Config) -> Result<(), String> {
+    config.validate()?;
+    std::fs::create_dir_all(config.data_dir.join("topics")).map_err(|e| {
+        format!(
+            "data directory {} is unusable: {e}",
+            config.data_dir.display()
+        )
+    })?;
+    let _lock = lock_data_dir(&config.data_dir)?;
+    config.listen = check_listen_address(config.listen)?;
+    let cpus = choose_cpus(&config)?;
+    let cores = cpus.len();
+    let shared = Arc::new(Shared::default());
+    let stop = Arc::new(Shutdown::new(cores));
+    shutdown::install_signal_handler(stop.clone())?;
+    let mesh = MeshBuilder::<Command, _>::full(cores, config.mesh_channel_depth);
+    info!(listen = %config.listen, data_dir = %config.data_dir.display(), cores, cpus = ?cpus, fsync = %config.fsync, "berth starting");
+    let mut handles = Vec::with_capacity(cores);
+    for (id, cpu) in cpus.into_iter().enumerate() {
+        let config = config.clone();
+        let shared = shared.clone();
+        let stop = stop.clone();
+        let mesh = mesh.clone();
+        let builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("berth-core-{id}"))
+            .spin_before_park(Duration::from_micros(config.spin_before_park_us))
+            .io_memory(config.io_memory_bytes)
+            .ring_depth(config.ring_depth)
+            .preempt_timer(Duration::from_millis(config.preempt_timer_ms));
+        let handle = builder
+            .spawn(move || async move { core_main(id, cores, config, shared, stop, mesh).await })
+            .map_err(|e| format!("cannot start the executor for cpu {cpu}: {e}"))?;
+        handles.push(handle);
+    }
+    let mut failure = None;
+    for handle in handles {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                stop.trigger();
+                failure.get_or_insert(e);
+            }
+            Err(e) => {
+                stop.trigger();
+                failure.get_or_insert(format!("an executor failed: {e}"));
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => {
+            info!("berth stopped cleanly");
+            Ok(())
+        }
+    }
+}
+
+/// Takes an exclusive lock on the data directory so two servers never share it.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("berth.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("data directory {} is unusable: {e}", dir.display()))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(format!(
+            "data directory {} is in use by another berth process",
+            dir.display()
+        ));
+    }
+    Ok(file)
+}
+
+/// Fails if the address is taken (a plain bind sees SO_REUSEPORT holders too); resolves port 0 to a free port.
+fn check_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
+    let probe =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    probe
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+/// The CPUs to pin to: `cpus` if given, else the first `cores` that core_affinity lists.
+fn choose_cpus(config: &Config) -> Result<Vec<usize>, String> {
+    let available: Vec<usize> = core_affinity::get_core_ids()
+        .ok_or("cannot list the available CPUs")?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let cpus = match &config.cpus {
+        Some(cpus) => {
+            if let Some(bad) = cpus.iter().find(|c| !available.contains(c)) {
+                return Err(format!(
+                    "cpu {bad} is not available (available: {available:?})"
+                ));
+            }
+            cpus.clone()
+        }
+        None => available.clone(),
+    };
+    let cores = config.cores.unwrap_or(cpus.len());
+    if cores == 0 || cores > cpus.len() {
+        return Err(format!(
+            "cannot run {cores} cores on {} available CPUs",
+            cpus.len()
+        ));
+    }
+    Ok(cpus[..cores].to_vec())
+}
+
+async fn core_main(
+    id: usize,
+    cores: usize,
+    config: Config,
+    shared: Arc<Shared>,
+    stop: Arc<Shutdown>,
+    mesh: MeshBuilder<Command, glommio::channels::channel_mesh::Full>,
+) -> Result<(), String> {
+    let (senders, mut receivers) = mesh
+        .join()
+        .await
+        .map_err(|_| "cannot join the core mesh".to_string())?;
+    debug_assert_eq!(senders.peer_id(), id);
+    let id = senders.peer_id();
+    let config = Rc::new(config);
+    let core = Rc::new(Core::new(
+        id,
+        cores,
+        config.clone(),
+        Mesh::new(senders),
+        shared.clone(),
+    ));
+    for (_, stream) in receivers.streams() {
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            let mut stream = stream;
+            while let Some(command) = stream.next().await {
+                core.serve_command(command);
+            }
+        })
+        .detach();
+    }
+    if let Err(e) = core.load_topics().await {
+        stop.trigger();
+        return Err(format!("cannot load topics: {e}"));
+    }
+    glommio::spawn_local(timers::run_expiry(core.clone())).detach();
+    glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();
+    let listener = match TcpListener::bind(config.listen) {
+        Ok(l) => l,
+        Err(e) => {
+            stop.trigger();
+            return Err(format!("cannot listen on {}: {e}", config.listen));
+        }
+    };
+    if shared.ready.fetch_add(1, Ordering::AcqRel) + 1 == cores {
+        info!(listen = %config.listen, cores, "berth serving");
+    }
+    accept_loop(&core, &listener, &stop).await;
+    drop(listener);
+    core.begin_stop();
+    shared.ready.fetch_sub(1, Ordering::AcqRel);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let started = Instant::now();
+    while core.metrics.connections_open.get() > 0 && started.elapsed() < grace {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    if core.metrics.connections_open.get() > 0 {
+        warn!(
+            core = id,
+            open = core.metrics.connections_open.get(),
+            "grace period over; closing remaining connections"
+        );
+    }
+    // Other cores may still forward work here until they drain too.
+    stop.drained_and_wait().await;
+    core.close_all().await;
+    stop.closed_and_wait().await;
+    Ok(())
+}
+
+async fn accept_loop(core: &Rc<Core>, listener: &TcpListener, stop: &Arc<Shutdown>) {
+    let config = core.config.clone();
+    loop {
+        if stop.is_triggered() {
+            return;
+        }
+        let stopped = stop.listen();
+        let accepted = future::or(async { Some(listener.accept().await) }, async {
+            if !stop.is_triggered() {
+                stopped.await;
+            }
+            None
+        })
+        .await;
+        let Some(accepted) = accepted else { return };
+        let mut stream = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let m = &core.metrics;
+        let total = core.shared.connections.fetch_add(1, Ordering::AcqRel) + 1;
+        if total > config.max_connections
+            || m.connections_open.get() as usize >= config.max_connections_per_core
+        {
+            core.shared.connections.fetch_sub(1, Ordering::AcqRel);
+            m.connections_refused.set(m.connections_refused.get() + 1);
+            glommio::spawn_local(async move {
+                use futures_lite::AsyncWriteExt;
+                let mut out = Vec::new();
+                crate::http::response::Response::error(
+                    503,
+                    "too_many_connections",
+                    "connection limit reached",
+                )
+                .with_header("retry-after", 1)
+                .encode(true, &mut out);
+                let _ = stream.write_all(&out).await;
+            })
+            .detach();
+            continue;
+        }
+        m.connections_open.set(m.connections_open.get() + 1);
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            crate::http::conn::serve(core.clone(), stream).await;
+            let m = &core.metrics;
+            m.connections_open.set(m.connections_open.get() - 1);
+            core.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        })
+        .detach();
+    }
+}

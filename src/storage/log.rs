@@ -1,0 +1,555 @@
+//! One partition's durable log: segment files of frames, an offset → position index (4 bytes per record), group
+//! commit, recovery at open, retention. Lives on the partition's owning core alone (`Rc`, no locks).
+//!
+//! Appends queue up while the writer task is busy; the writer takes the whole queue as one batch, writes it with one
+//! `write_at` and makes it durable with one `fdatasync`, so concurrent producers share a sync (group commit). Offsets
+//! are assigned, and become readable, only once their batch is durable under the fsync policy.
+
+use super::frame::{self, NO_POSITION};
+use crate::config::FsyncPolicy;
+use bytes::Bytes;
+use event_listener::Event;
+use futures_channel::oneshot;
+use glommio::io::{BufferedFile, OpenOptions};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Largest number of frame bytes one batch writes (further appends wait for the next batch). 4 MiB.
+const MAX_BATCH_BYTES: u64 = 4 << 20;
+
+/// How a log is shaped; fixed for its lifetime.
+#[derive(Debug, Clone, Copy)]
+pub struct LogOptions {
+    /// A segment rolls before a batch would push it past this many bytes.
+    pub segment_bytes: u64,
+    /// Largest payload a frame may carry (the server's max_message_bytes).
+    pub max_payload: u32,
+    /// When appends are synced.
+    pub fsync: FsyncPolicy,
+}
+
+/// A record read back from the log.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Its offset in the partition.
+    pub offset: u64,
+    /// Append time, Unix ms.
+    pub timestamp_ms: u64,
+    /// The message bytes.
+    pub payload: Bytes,
+}
+
+/// Why an append failed. Nothing of a failed append is ever readable or acknowledged.
+#[derive(Debug, Clone)]
+pub enum AppendError {
+    /// The write or sync failed; the text is the OS error.
+    Io(String),
+    /// A sync failed earlier: the page cache can no longer be trusted, so the log refuses appends until a restart
+    /// rescans it from disk (never retry a failed fsync into a false success).
+    Poisoned,
+    /// The log is closing.
+    Closed,
+}
+
+/// Why a read failed.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Below the oldest retained offset.
+    OutOfRetention { start: u64 },
+    /// At or past the readable end.
+    NotYet,
+    /// The frame for this offset cannot be read intact (failed check at recovery or now).
+    Corrupt,
+    /// The read itself failed.
+    Io(std::io::Error),
+}
+
+/// One segment file.
+struct Segment {
+    /// Offset of its first frame.
+    base: u64,
+    /// The open file (reads share it; only the writer task writes).
+    file: Rc<BufferedFile>,
+    /// Byte position of each frame, by offset - base; NO_POSITION for a frame lost to damage.
+    positions: Vec<u32>,
+    /// Bytes of the file holding frames (the next write position).
+    len: u64,
+    /// Timestamp of its newest frame, for retention.
+    last_timestamp_ms: u64,
+    /// Where it lives, for removal.
+    path: PathBuf,
+}
+
+/// Mutable state, borrowed only between awaits.
+struct LogState {
+    segments: Vec<Segment>,
+    /// The next offset a batch will assign; also the readable end (offsets are assigned once durable).
+    next_offset: u64,
+    /// Offsets found damaged at recovery: never delivered.
+    corrupt: BTreeSet<u64>,
+    /// Data written since the last sync (fsync interval policy).
+    dirty: bool,
+}
+
+/// An append waiting for the writer.
+struct Pending {
+    payload: Bytes,
+    reply: oneshot::Sender<Result<u64, AppendError>>,
+}
+
+/// The log of one partition.
+pub struct Log {
+    dir: PathBuf,
+    opts: LogOptions,
+    state: RefCell<LogState>,
+    queue: RefCell<Vec<Pending>>,
+    /// Wakes the writer when the queue fills or the log closes.
+    queue_event: Event,
+    /// Notified with every newly readable batch (replay long-polls listen here).
+    appended: Event,
+    /// Called with the number of newly readable records after each durable batch (long-poll wake-ups).
+    on_append: RefCell<Option<Box<dyn Fn(usize)>>>,
+    closed: Cell<bool>,
+    poisoned: Cell<bool>,
+    writer_done: Cell<bool>,
+    writer_done_event: Event,
+}
+
+fn segment_name(base: u64) -> String {
+    format!("{base:020}.log")
+}
+
+fn io_text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`: scans every segment, truncates a torn tail of the last one, rebuilds the
+    /// index and records damaged frames. Reads segments with blocking reads: this runs once per partition at boot.
+    pub async fn open(dir: &Path, opts: LogOptions) -> std::io::Result<Rc<Log>> {
+        std::fs::create_dir_all(dir)?;
+        let mut bases: Vec<u64> = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(stem) = name.strip_suffix(".log") {
+                match stem.parse::<u64>() {
+                    Ok(base) if stem.len() == 20 => bases.push(base),
+                    _ => {
+                        warn!(dir = %dir.display(), file = %name, "ignoring a file that is not a segment")
+                    }
+                }
+            }
+        }
+        bases.sort_unstable();
+        let mut segments = Vec::with_capacity(bases.len().max(1));
+        let mut corrupt = BTreeSet::new();
+        let mut next_offset = bases.first().copied().unwrap_or(0);
+        let count = bases.len();
+        for (i, base) in bases.into_iter().enumerate() {
+            let path = dir.join(segment_name(base));
+            let bytes = std::fs::read(&path)?;
+            let scan = frame::scan(&bytes, base, opts.max_payload);
+            if base > next_offset {
+                error!(dir = %dir.display(), from = next_offset, to = base, "offsets missing between segments: recorded as corrupt, never delivered");
+                corrupt.extend(next_offset..base);
+            } else if base < next_offset {
+                error!(dir = %dir.display(), base, next_offset, "segment overlaps its predecessor; later frames win");
+            }
+            for offset in &scan.corrupt {
+                error!(dir = %dir.display(), offset, "frame failed its check at recovery: it will be skipped, never delivered");
+            }
+            corrupt.extend(scan.corrupt.iter().copied());
+            let last = i + 1 == count;
+            if scan.valid_len < bytes.len() as u64 {
+                if last {
+                    warn!(dir = %dir.display(), segment = base, kept = scan.valid_len, cut = bytes.len() as u64 - scan.valid_len, "truncating a torn tail");
+                    let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                    f.set_len(scan.valid_len)?;
+                    f.sync_all()?;
+                } else {
+                    error!(dir = %dir.display(), segment = base, "garbage after the last valid frame of a sealed segment");
+                }
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .buffered_open(&path)
+                .await
+                .map_err(std::io::Error::from)?;
+            next_offset = scan.next_offset.max(next_offset);
+            segments.push(Segment {
+                base,
+                file: Rc::new(file),
+                positions: scan.positions,
+                len: scan.valid_len,
+                last_timestamp_ms: scan.last_timestamp_ms.unwrap_or(0),
+                path,
+            });
+        }
+        if segments.is_empty() {
+            segments.push(Self::create_segment(dir, 0).await?);
+            super::atomic_file::sync_dir(dir).await?;
+        }
+        let log = Rc::new(Log {
+            dir: dir.to_path_buf(),
+            opts,
+            state: RefCell::new(LogState {
+                segments,
+                next_offset,
+                corrupt,
+                dirty: false,
+            }),
+            queue: RefCell::new(Vec::new()),
+            queue_event: Event::new(),
+            appended: Event::new(),
+            on_append: RefCell::new(None),
+            closed: Cell::new(false),
+            poisoned: Cell::new(false),
+            writer_done: Cell::new(false),
+            writer_done_event: Event::new(),
+        });
+        glommio::spawn_local(log.clone().run_writer()).detach();
+        if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
+            glommio::spawn_local(log.clone().run_interval_syncer(ms)).detach();
+        }
+        Ok(log)
+    }
+
+    async fn create_segment(dir: &Path, base: u64) -> std::io::Result<Segment> {
+        let path = dir.join(segment_name(base));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .buffered_open(&path)
+            .await
+            .map_err(std::io::Error::from)?;
+        Ok(Segment {
+            base,
+            file: Rc::new(file),
+            positions: Vec::new(),
+            len: 0,
+            last_timestamp_ms: 0,
+            path,
+        })
+    }
+
+    /// Registers the callback run after each durable batch with the number of new records.
+    pub fn set_on_append(&self, f: Box<dyn Fn(usize)>) {
+        *self.on_append.borrow_mut() = Some(f);
+    }
+
+    /// Oldest retained offset.
+    pub fn start_offset(&self) -> u64 {
+        self.state.borrow().segments.first().map_or(0, |s| s.base)
+    }
+
+    /// One past the newest readable offset (== the next offset to be written once the queue is empty).
+    pub fn end_offset(&self) -> u64 {
+        self.state.borrow().next_offset
+    }
+
+    /// Offsets known to be damaged (found at recovery), for describe and tests.
+    pub fn known_corrupt(&self) -> usize {
+        self.state.borrow().corrupt.len()
+    }
+
+    /// Appends one record; resolves with its offset once durable under the fsync policy.
+    pub async fn append(&self, payload: Bytes) -> Result<u64, AppendError> {
+        if self.closed.get() {
+            return Err(AppendError::Closed);
+        }
+        if self.poisoned.get() {
+            return Err(AppendError::Poisoned);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.queue.borrow_mut().push(Pending { payload, reply: tx });
+        self.queue_event.notify(1);
+        rx.await.unwrap_or(Err(AppendError::Closed))
+    }
+
+    /// A listener that fires when new records become readable (register before checking `end_offset`).
+    pub fn listen_appended(&self) -> event_listener::EventListener {
+        self.appended.listen()
+    }
+
+    async fn run_writer(self: Rc<Self>) {
+        loop {
+            let batch = loop {
+                let listener = self.queue_event.listen();
+                if let Some(batch) = self.take_batch() {
+                    break batch;
+                }
+                if self.closed.get() {
+                    self.final_sync().await;
+                    self.writer_done.set(true);
+                    self.writer_done_event.notify(usize::MAX);
+                    return;
+                }
+                listener.await;
+            };
+            self.write_batch(batch).await;
+        }
+    }
+
+    /// Takes queued appends up to MAX_BATCH_BYTES (at least one).
+    fn take_batch(&self) -> Option<Vec<Pending>> {
+        let mut queue = self.queue.borrow_mut();
+        if queue.is_empty() {
+            return None;
+        }
+        let budget = MAX_BATCH_BYTES.min(self.opts.segment_bytes);
+        let mut bytes = 0u64;
+        let mut take = 0;
+        for p in queue.iter() {
+            let len = frame::encoded_len(p.payload.len()) as u64;
+            if take > 0 && bytes + len > budget {
+                break;
+            }
+            bytes += len;
+            take += 1;
+        }
+        let rest = queue.split_off(take);
+        Some(std::mem::replace(&mut *queue, rest))
+    }
+
+    async fn write_batch(&self, batch: Vec<Pending>) {
+        if self.poisoned.get() {
+            for p in batch {
+                let _ = p.reply.send(Err(AppendError::Poisoned));
+            }
+            return;
+        }
+        match self.write_and_sync(&batch).await {
+            Ok(first) => {
+                for (i, p) in batch.into_iter().enumerate() {
+                    let _ = p.reply.send(Ok(first + i as u64));
+                }
+                let n = {
+                    let st = self.state.borrow();
+                    (st.next_offset - first) as usize
+                };
+                self.appended.notify(usize::MAX);
+                if let Some(f) = self.on_append.borrow().as_ref() {
+                    f(n);
+                }
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Writes the batch to the active segment (rolling first if it would overflow) and syncs per policy.
+    /// On success assigns the offsets; on failure leaves no trace (positions and file length rolled back).
+    async fn write_and_sync(&self, batch: &[Pending]) -> Result<u64, AppendError> {
+        let batch_bytes: u64 = batch
+            .iter()
+            .map(|p| frame::encoded_len(p.payload.len()) as u64)
+            .sum();
+        let (active_len, first) = {
+            let st = self.state.borrow();
+            let active = st.segments.last().expect("a log always has a segment");
+            (active.len, st.next_offset)
+        };
+        if active_len > 0 && active_len + batch_bytes > self.opts.segment_bytes {
+            self.roll(first).await?;
+        }
+        let timestamp_ms = super::wall_clock_ms();
+        let (file, start_pos, old_positions) = {
+            let mut st = self.state.borrow_mut();
+            let active = st.segments.last_mut().expect("a log always has a segment");
+            let start_pos = active.len;
+            let old_positions = active.positions.len();
+            (active.file.clone(), start_pos, old_positions)
+        };
+        let mut buf = Vec::with_capacity(batch_bytes as usize);
+        let mut positions = Vec::with_capacity(batch.len());
+        for (i, p) in batch.iter().enumerate() {
+            positions.push((start_pos + buf.len() as u64) as u32);
+            frame::encode(first + i as u64, timestamp_ms, &p.payload, &mut buf);
+        }
+        let result = match file.write_at(buf, start_pos).await {
+            Ok(n) if n as u64 == batch_bytes => Ok(()),
+            Ok(n) => Err(format!("short write: {n} of {batch_bytes} bytes")),
+            Err(e) => Err(io_text(e)),
+        };
+        if let Err(e) = result {
+            error!(dir = %self.dir.display(), error = %e, "append failed; rolling back");
+            // A failed or short write may have left bytes past start_pos: cut them so the next batch lands cleanly.
+            if let Err(te) = file.truncate(start_pos).await {
+                error!(dir = %self.dir.display(), error = %te, "cannot truncate after a failed write: refusing appends until restart");
+                self.poisoned.set(true);
+            }
+            return Err(AppendError::Io(e));
+        }
+        if self.opts.fsync == FsyncPolicy::Always {
+            if let Err(e) = file.fdatasync().await {
+                error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
+                self.poisoned.set(true);
+                return Err(AppendError::Io(io_text(e)));
+            }
+        }
+        let mut st = self.state.borrow_mut();
+        let active = st.segments.last_mut().expect("a log always has a segment");
+        debug_assert_eq!(active.positions.len(), old_positions);
+        active.positions.extend_from_slice(&positions);
+        active.len = start_pos + batch_bytes;
+        active.last_timestamp_ms = timestamp_ms;
+        st.next_offset = first + batch.len() as u64;
+        st.dirty = true;
+        Ok(first)
+    }
+
+    /// Seals the active segment (synced) and starts a new one at `base`.
+    async fn roll(&self, base: u64) -> Result<(), AppendError> {
+        let old = self
+            .state
+            .borrow()
+            .segments
+            .last()
+            .map(|s| s.file.clone())
+            .expect("a log always has a segment");
+        if let Err(e) = old.fdatasync().await {
+            self.poisoned.set(true);
+            return Err(AppendError::Io(io_text(e)));
+        }
+        let segment = Self::create_segment(&self.dir, base)
+            .await
+            .map_err(|e| AppendError::Io(io_text(e)))?;
+        super::atomic_file::sync_dir(&self.dir)
+            .await
+            .map_err(|e| AppendError::Io(io_text(e)))?;
+        info!(dir = %self.dir.display(), base, "rolled to a new segment");
+        self.state.borrow_mut().segments.push(segment);
+        Ok(())
+    }
+
+    async fn run_interval_syncer(self: Rc<Self>, interval_ms: u64) {
+        while !self.writer_done.get() {
+            glommio::timer::sleep(Duration::from_millis(interval_ms)).await;
+            self.sync_if_dirty().await;
+        }
+    }
+
+    async fn sync_if_dirty(&self) {
+        let file = {
+            let mut st = self.state.borrow_mut();
+            if !st.dirty {
+                return;
+            }
+            st.dirty = false;
+            st.segments.last().map(|s| s.file.clone())
+        };
+        if let Some(file) = file {
+            if let Err(e) = file.fdatasync().await {
+                error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
+                self.poisoned.set(true);
+            }
+        }
+    }
+
+    async fn final_sync(&self) {
+        self.state.borrow_mut().dirty = true;
+        self.sync_if_dirty().await;
+    }
+
+    /// Stops accepting appends, lets the writer finish the queue, syncs. Idempotent.
+    pub async fn close(&self) {
+        self.closed.set(true);
+        self.queue_event.notify(usize::MAX);
+        while !self.writer_done.get() {
+            let listener = self.writer_done_event.listen();
+            if self.writer_done.get() {
+                break;
+            }
+            listener.await;
+        }
+    }
+
+    /// Reads the record at `offset` and verifies it.
+    pub async fn read(&self, offset: u64) -> Result<Record, ReadError> {
+        let (file, pos, len) = {
+            let st = self.state.borrow();
+            let start = st.segments.first().map_or(0, |s| s.base);
+            if offset < start {
+                return Err(ReadError::OutOfRetention { start });
+            }
+            if offset >= st.next_offset {
+                return Err(ReadError::NotYet);
+            }
+            if st.corrupt.contains(&offset) {
+                return Err(ReadError::Corrupt);
+            }
+            let idx = st.segments.partition_point(|s| s.base <= offset);
+            let Some(seg) = idx.checked_sub(1).map(|i| &st.segments[i]) else {
+                return Err(ReadError::Corrupt);
+            };
+            let slot = (offset - seg.base) as usize;
+            let Some(&pos) = seg.positions.get(slot) else {
+                return Err(ReadError::Corrupt);
+            };
+            if pos == NO_POSITION {
+                return Err(ReadError::Corrupt);
+            }
+            let end = seg.positions[slot + 1..]
+                .iter()
+                .find(|&&p| p != NO_POSITION)
+                .map_or(seg.len, |&p| p as u64);
+            (seg.file.clone(), pos as u64, end.saturating_sub(pos as u64))
+        };
+        let bytes = file
+            .read_at(pos, len as usize)
+            .await
+            .map_err(|e| ReadError::Io(e.into()))?;
+        match frame::decode_frame(&bytes, offset, self.opts.max_payload) {
+            Ok((header, payload)) => Ok(Record {
+                offset,
+                timestamp_ms: header.timestamp_ms,
+                payload: Bytes::copy_from_slice(payload),
+            }),
+            Err(e) => {
+                error!(dir = %self.dir.display(), offset, error = ?e, "frame failed its check on read");
+                Err(ReadError::Corrupt)
+            }
+        }
+    }
+
+    /// Deletes sealed segments whose newest record is older than `retention_ms`; returns the new start offset.
+    pub async fn apply_retention(&self, now_ms: u64, retention_ms: u64) -> u64 {
+        loop {
+            let victim = {
+                let st = self.state.borrow();
+                match st.segments.as_slice() {
+                    [first, _second, ..]
+                        if first.last_timestamp_ms.saturating_add(retention_ms) < now_ms =>
+                    {
+                        Some(first.path.clone())
+                    }
+                    _ => None,
+                }
+            };
+            let Some(path) = victim else { break };
+            let segment = {
+                let mut st = self.state.borrow_mut();
+                let seg = st.segments.remove(0);
+                let start = st.segments[0].base;
+                st.corrupt = st.corrupt.split_off(&start);
+                seg
+            };
+            info!(segment = %path.display(), "retention removed a segment");
+            if let Err(e) = glommio::io::remove(&path).await {
+                warn!(segment = %path.display(), error = %e, "cannot remove an expired segment");
+            }
+            drop(segment);
+        }
+        self.start_offset()
+    }
+}
