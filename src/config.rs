@@ -75,6 +75,8 @@ pub struct Config {
     pub fsync: FsyncPolicy,
     /// Largest message body accepted. Default 1 MiB.
     pub max_message_bytes: usize,
+    /// Listen backlog of each core's socket. Default 1024.
+    pub listen_backlog: u32,
     /// Open client connections across the whole server. Default 10000.
     pub max_connections: usize,
     /// Open client connections on one core. Default 4096.
@@ -116,6 +118,7 @@ impl Default for Config {
             cpus: None,
             fsync: FsyncPolicy::Always,
             max_message_bytes: 1 << 20,
+            listen_backlog: 1024,
             max_connections: 10_000,
             max_connections_per_core: 4096,
             max_header_bytes: 16 << 10,

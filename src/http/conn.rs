@@ -37,12 +37,15 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     // When the first byte of the request being read arrived (None while idle between requests).
     let mut request_started: Option<Instant> = None;
+    // `100 Continue` was already sent for the request being read.
+    let mut continued = false;
     loop {
         // Answer every complete request already buffered, in order.
         loop {
             match request::parse(&buf, &limits) {
                 Ok(Parsed::Complete(req, used)) => {
                     buf.advance(used);
+                    continued = false;
                     request_started = (!buf.is_empty()).then(Instant::now);
                     let started = Instant::now();
                     let close = req.close;
@@ -55,7 +58,15 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
                         return;
                     }
                 }
-                Ok(Parsed::Partial { .. }) => break,
+                Ok(Parsed::Partial {
+                    expect_continue, ..
+                }) => {
+                    if expect_continue && !continued {
+                        out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                        continued = true;
+                    }
+                    break;
+                }
                 Err(e) => {
                     parse_error_response(&e).encode(true, &mut out);
                     if e == ParseError::HeadersTooLarge {

@@ -44,8 +44,12 @@ pub enum ParseError {
 pub enum Parsed {
     /// A whole request and the number of buffer bytes it used.
     Complete(Request, usize),
-    /// More bytes are needed; `head_done` says whether the head is complete (only the body is missing).
-    Partial { head_done: bool },
+    /// More bytes are needed; `head_done` says whether the head is complete (only the body is missing), and
+    /// `expect_continue` whether the client waits for `100 Continue` before sending that body.
+    Partial {
+        head_done: bool,
+        expect_continue: bool,
+    },
 }
 
 /// Parses one request from the front of `buf`.
@@ -58,7 +62,10 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             if buf.len() > limits.max_header_bytes {
                 return Err(ParseError::HeadersTooLarge);
             }
-            return Ok(Parsed::Partial { head_done: false });
+            return Ok(Parsed::Partial {
+                head_done: false,
+                expect_continue: false,
+            });
         }
         Err(httparse::Error::TooManyHeaders) => return Err(ParseError::HeadersTooLarge),
         Err(e) => return Err(ParseError::Malformed(format!("malformed request: {e}"))),
@@ -70,6 +77,7 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     let mut content_length: Option<usize> = None;
     let mut close = version == 0;
     let mut authorization = None;
+    let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             let text = std::str::from_utf8(h.value)
@@ -95,6 +103,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             } else if value.contains("keep-alive") {
                 close = false;
             }
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
         } else if h.name.eq_ignore_ascii_case("authorization") {
             authorization = Some(String::from_utf8_lossy(h.value).into_owned());
         }
@@ -107,7 +117,10 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     }
     let total = head_len + body_len;
     if buf.len() < total {
-        return Ok(Parsed::Partial { head_done: true });
+        return Ok(Parsed::Partial {
+            head_done: true,
+            expect_continue,
+        });
     }
     let target = req.path.unwrap_or("/");
     let (path, query) = match target.split_once('?') {
@@ -172,7 +185,13 @@ mod tests {
     #[test]
     fn a_body_still_arriving_is_partial() {
         let r = parse(b"POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", &LIMITS).unwrap();
-        assert!(matches!(r, Parsed::Partial { head_done: true }));
+        assert!(matches!(
+            r,
+            Parsed::Partial {
+                head_done: true,
+                expect_continue: false
+            }
+        ));
     }
 
     #[test]
@@ -219,7 +238,10 @@ mod tests {
         ));
         assert!(matches!(
             parse(b"GET", &LIMITS),
-            Ok(Parsed::Partial { head_done: false })
+            Ok(Parsed::Partial {
+                head_done: false,
+                ..
+            })
         ));
     }
 

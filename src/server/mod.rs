@@ -99,13 +99,34 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
-/// Fails if the address is taken (a plain bind sees SO_REUSEPORT holders too); resolves port 0 to a free port.
+/// A listening socket with SO_REUSEPORT (every core binds the same address; the kernel spreads connections) and
+/// SO_REUSEADDR (a restart right after a crash is not refused for the old connections in TIME_WAIT).
+fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::unix::io::{FromRawFd, IntoRawFd};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    // SAFETY: the descriptor is a bound, listening TCP socket whose ownership moves into the listener.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
+/// Fails if another process listens on the address (the probe has no SO_REUSEPORT, so any listener blocks it, while
+/// SO_REUSEADDR lets it past connections in TIME_WAIT); resolves port 0 to a concrete free port.
 fn check_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let fail = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
     let probe =
-        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    probe
-        .local_addr()
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
+    probe.set_reuse_address(true).map_err(fail)?;
+    probe.bind(&addr.into()).map_err(fail)?;
+    probe.listen(1).map_err(fail)?;
+    let local = probe.local_addr().map_err(fail)?;
+    local
+        .as_socket()
+        .ok_or_else(|| format!("cannot listen on {addr}: not an IP address"))
 }
 
 /// The CPUs to pin to: `cpus` if given, else the first `cores` that core_affinity lists.
@@ -174,7 +195,7 @@ async fn core_main(
     }
     glommio::spawn_local(timers::run_expiry(core.clone())).detach();
     glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();
-    let listener = match TcpListener::bind(config.listen) {
+    let listener = match bind_listener(config.listen, config.listen_backlog) {
         Ok(l) => l,
         Err(e) => {
             stop.trigger();

@@ -1,0 +1,220 @@
+//! Test harness: starts the real `berth` binary on a free port with a temp data dir, and a few helpers around the
+//! HTTP client. Shared by every end-to-end test file (`mod common;`).
+#![allow(dead_code)]
+
+use berth::client::{Answer, Client};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Serialises timing-sensitive tests within one test binary (two cores run the whole suite).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running berth server.
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub args: Vec<String>,
+    pub client: Client,
+    _tmp: Option<tempfile::TempDir>,
+    log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
+    l.local_addr().unwrap().port()
+}
+
+impl Server {
+    /// Starts a server with `cores` cores on a new temp data dir; `extra` are more `serve` flags.
+    pub fn start(cores: usize, extra: &[&str]) -> Server {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = tmp.path().join("data");
+        let mut s = Server::start_in(&data_dir, cores, extra);
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// Starts a server on an existing data dir.
+    pub fn start_in(data_dir: &Path, cores: usize, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--cores".into(),
+            cores.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = data_dir.with_extension(format!("{port}.log"));
+        let mut s = Server {
+            child: None,
+            port,
+            data_dir: data_dir.to_path_buf(),
+            args,
+            client: Client::new(&format!("http://127.0.0.1:{port}")),
+            _tmp: None,
+            log,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        std::fs::create_dir_all(self.data_dir.parent().unwrap()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(&self.args)
+            .env("BERTH_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn berth");
+        self.child = Some(child);
+        self.wait_healthy();
+    }
+
+    /// Waits (bounded) until /health answers 200.
+    pub fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(a) = self.client.call("GET", "/health", &[]) {
+                if a.status == 200 {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("berth exited during start ({status}); log:\n{}", self.log_text());
+            }
+            assert!(Instant::now() < deadline, "berth did not become healthy; log:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("berth did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the same server again on the same data dir and port.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn get(&self, path: &str) -> Answer {
+        self.client.call("GET", path, &[]).expect("GET")
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> Answer {
+        self.client.call("POST", path, body).expect("POST")
+    }
+
+    pub fn put(&self, path: &str) -> Answer {
+        self.client.call("PUT", path, &[]).expect("PUT")
+    }
+
+    pub fn delete(&self, path: &str) -> Answer {
+        self.client.call("DELETE", path, &[]).expect("DELETE")
+    }
+
+    /// Creates a topic, asserting 201.
+    pub fn create_topic(&self, name: &str, query: &str) {
+        let a = self.put(&format!("/topics/{name}?{query}"));
+        assert_eq!(a.status, 201, "create {name}: {}", a.text());
+    }
+
+    /// Produces, asserting 200; returns (partition, offset).
+    pub fn produce(&self, topic: &str, extra: &str, body: &[u8]) -> (u64, u64) {
+        let a = self.post(&format!("/produce?topic={topic}{extra}"), body);
+        assert_eq!(a.status, 200, "produce: {}", a.text());
+        let j = a.json();
+        (j["partition"].as_u64().unwrap(), j["offset"].as_u64().unwrap())
+    }
+
+    /// The topic's partitions from GET /topics/{topic}.
+    pub fn partitions(&self, topic: &str) -> Vec<serde_json::Value> {
+        let a = self.get(&format!("/topics/{topic}"));
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.json()["partitions"].as_array().unwrap().clone()
+    }
+
+    /// The data directory of one partition.
+    pub fn partition_dir(&self, topic: &str, partition: u64) -> PathBuf {
+        self.data_dir.join("topics").join(topic).join(partition.to_string())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A delivered message: (partition, offset, receipt handle, body).
+pub type Delivered = (u64, u64, String, Vec<u8>);
+
+/// One queue-style consume; None on 204.
+pub fn consume(client: &Client, topic: &str, extra: &str) -> Option<Delivered> {
+    let a = client
+        .call("GET", &format!("/consume?topic={topic}{extra}"), &[])
+        .expect("consume");
+    match a.status {
+        204 => None,
+        200 => Some((
+            a.header("partition").unwrap().parse().unwrap(),
+            a.header("offset").unwrap().parse().unwrap(),
+            a.header("receipt-handle").unwrap().to_string(),
+            a.body.clone(),
+        )),
+        s => panic!("consume answered {s}: {}", a.text()),
+    }
+}
+
+/// Settles a handle; returns the status.
+pub fn settle(client: &Client, op: &str, topic: &str, handle: &str, extra: &str) -> u16 {
+    client
+        .call("POST", &format!("/{op}?topic={topic}&receipt_handle={handle}{extra}"), &[])
+        .expect("settle")
+        .status
+}
