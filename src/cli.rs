@@ -6,6 +6,9 @@ use clap::{Args, Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+/// Where client commands go by default (the serve default).
+const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "berth",
@@ -13,14 +16,9 @@ use std::path::PathBuf;
     about = "A thread-per-core message-queue broker with leases"
 )]
 struct Cli {
-    /// Server to talk to (client commands).
-    #[arg(
-        long,
-        global = true,
-        default_value = "http://127.0.0.1:7070",
-        env = "BERTH_SERVER"
-    )]
-    server: String,
+    /// Server to talk to [default http://127.0.0.1:7070; for bench: an embedded server].
+    #[arg(long, global = true, env = "BERTH_SERVER")]
+    server: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -75,6 +73,8 @@ enum Command {
         topic: String,
         receipt_handle: String,
     },
+    /// The load generator: per-core HDR histograms per operation.
+    Bench(crate::bench::BenchArgs),
     /// Extend a lease to now + visibility.
     Extend {
         topic: String,
@@ -135,7 +135,11 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        other => client_command(&Client::new(&cli.server), other),
+        Command::Bench(args) => crate::bench::run(&args, cli.server.as_deref()).map(|_| 0),
+        other => client_command(
+            &Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER)),
+            other,
+        ),
     };
     match result {
         Ok(code) => code,
@@ -200,7 +204,7 @@ fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
 
 fn client_command(client: &Client, command: Command) -> Result<i32, String> {
     match command {
-        Command::Serve(_) => unreachable!("handled by main"),
+        Command::Serve(_) | Command::Bench(_) => unreachable!("handled by main"),
         Command::Topic(t) => topic_command(client, t),
         Command::Produce {
             topic,

@@ -3,6 +3,7 @@
 //! Layers, one direction: `cli` → `server` (executors, listeners, shutdown) → `http` (parse, route, status codes)
 //! → `broker` (topics, ownership, cross-core commands) → `partition` (log + lease shard + frontier) → `storage`.
 
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod client;

@@ -70,6 +70,14 @@ const PARTITION_COUNTERS: [(&str, &str); 7] = [
     ("lease_gone", "settle attempts answered 410"),
 ];
 
+/// A per-partition gauge: name, Prometheus type, help, and how to read it.
+type Gauge = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&PartitionInfo) -> u64,
+);
+
 /// Renders every core's snapshot as Prometheus text exposition.
 pub fn render(stats: &[CoreStats]) -> String {
     let mut out = String::with_capacity(4096);
@@ -165,7 +173,7 @@ pub fn render(stats: &[CoreStats]) -> String {
             }
         }
     }
-    let gauges: [(&str, &str, &str, fn(&PartitionInfo) -> u64); 6] = [
+    let gauges: [Gauge; 6] = [
         (
             "corrupt_skipped_total",
             "counter",

@@ -68,6 +68,9 @@ pub enum ReadError {
     Io(std::io::Error),
 }
 
+/// Called after each durable batch with the number of new records.
+pub type AppendHook = Box<dyn Fn(usize)>;
+
 /// One segment file.
 struct Segment {
     /// Offset of its first frame.
@@ -112,7 +115,7 @@ pub struct Log {
     /// Notified with every newly readable batch (replay long-polls listen here).
     appended: Event,
     /// Called with the number of newly readable records after each durable batch (long-poll wake-ups).
-    on_append: RefCell<Option<Box<dyn Fn(usize)>>>,
+    on_append: RefCell<Option<AppendHook>>,
     closed: Cell<bool>,
     poisoned: Cell<bool>,
     writer_done: Cell<bool>,
@@ -240,7 +243,7 @@ impl Log {
     }
 
     /// Registers the callback run after each durable batch with the number of new records.
-    pub fn set_on_append(&self, f: Box<dyn Fn(usize)>) {
+    pub fn set_on_append(&self, f: AppendHook) {
         *self.on_append.borrow_mut() = Some(f);
     }
 

@@ -1,0 +1,467 @@
+//! Bench results: per-core histograms per operation, their merge, and the outputs (table, JSON, `.hgrm`, SVG).
+
+use super::BenchArgs;
+use hdrhistogram::Histogram;
+use serde_json::json;
+use std::fmt::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// An operation the load generator times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Produce,
+    Consume,
+    Ack,
+    Cycle,
+}
+
+pub const OPS: [Op; 4] = [Op::Produce, Op::Consume, Op::Ack, Op::Cycle];
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Produce => "produce",
+            Op::Consume => "consume",
+            Op::Ack => "ack",
+            Op::Cycle => "cycle",
+        }
+    }
+}
+
+/// Percentiles every output reports.
+pub const PERCENTILES: [(f64, &str); 6] = [
+    (50.0, "p50"),
+    (90.0, "p90"),
+    (99.0, "p99"),
+    (99.9, "p99.9"),
+    (99.99, "p99.99"),
+    (100.0, "max"),
+];
+
+/// One client core's (or the merged) results.
+#[derive(Debug, Clone)]
+pub struct CoreResult {
+    pub cpu: usize,
+    /// Latency in µs per operation, indexed like OPS.
+    pub latency_us: Vec<Histogram<u64>>,
+    /// Answers that were not the expected success, per operation.
+    pub errors: [u64; 4],
+}
+
+impl CoreResult {
+    pub fn new(cpu: usize) -> CoreResult {
+        CoreResult {
+            cpu,
+            latency_us: OPS.iter().map(|_| super::new_histogram()).collect(),
+            errors: [0; 4],
+        }
+    }
+
+    pub fn record(&mut self, op: Op, started: Instant, ok: bool) {
+        let i = op as usize;
+        self.latency_us[i].saturating_record((started.elapsed().as_micros() as u64).max(1));
+        if !ok {
+            self.errors[i] += 1;
+        }
+    }
+
+    /// Adds another result's counts (histograms merge exactly: same bounds).
+    pub fn merge(&mut self, other: &CoreResult) {
+        for i in 0..OPS.len() {
+            self.latency_us[i]
+                .add(&other.latency_us[i])
+                .expect("same histogram bounds");
+            self.errors[i] += other.errors[i];
+        }
+    }
+}
+
+/// A whole run.
+pub struct RunReport {
+    pub args: BenchArgs,
+    pub elapsed: Duration,
+    pub cores: Vec<CoreResult>,
+    pub merged: CoreResult,
+    /// Server CPU time spent during the run, µs (embedded server or --server-pid).
+    pub server_cpu_us: Option<u64>,
+    /// The server's own request-latency percentiles per core, from /metrics: (core, [(quantile, µs)]).
+    pub server_latency: Vec<(String, Vec<(String, u64)>)>,
+    pub client_cpus: Vec<usize>,
+    pub server_cpus: Vec<usize>,
+}
+
+/// Parses `berth_request_latency_us{core="N",quantile="Q"} V` lines.
+pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
+    let mut out: Vec<(String, Vec<(String, u64)>)> = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("berth_request_latency_us{core=\"") else {
+            continue;
+        };
+        let Some((core, rest)) = rest.split_once("\",quantile=\"") else {
+            continue;
+        };
+        let Some((q, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<u64>() else {
+            continue;
+        };
+        match out.iter_mut().find(|(c, _)| c == core) {
+            Some((_, qs)) => qs.push((q.to_string(), value)),
+            None => out.push((core.to_string(), vec![(q.to_string(), value)])),
+        }
+    }
+    out
+}
+
+impl RunReport {
+    pub fn new(
+        args: &BenchArgs,
+        elapsed: Duration,
+        cores: Vec<CoreResult>,
+        server_cpu_us: Option<u64>,
+        server_latency: Vec<(String, Vec<(String, u64)>)>,
+        client_cpus: Vec<usize>,
+        server_cpus: Vec<usize>,
+    ) -> RunReport {
+        let mut merged = CoreResult::new(usize::MAX);
+        for c in &cores {
+            merged.merge(c);
+        }
+        RunReport {
+            args: args.clone(),
+            elapsed,
+            cores,
+            merged,
+            server_cpu_us,
+            server_latency,
+            client_cpus,
+            server_cpus,
+        }
+    }
+
+    /// The operation that defines "one unit of work" for CPU per op: cycle for cycle/consume, else produce.
+    fn unit_op(&self) -> Op {
+        match self.args.workload {
+            super::Workload::Produce => Op::Produce,
+            _ => Op::Cycle,
+        }
+    }
+
+    fn rows(&self) -> Vec<(String, &CoreResult)> {
+        let mut rows: Vec<(String, &CoreResult)> = self
+            .cores
+            .iter()
+            .map(|c| (format!("cpu{}", c.cpu), c))
+            .collect();
+        rows.push(("all".into(), &self.merged));
+        rows
+    }
+
+    /// The stdout table.
+    pub fn table(&self) -> String {
+        let secs = self.elapsed.as_secs_f64();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "berth bench: workload={:?} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
+            self.args.workload, self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
+            self.args.partitions, secs,
+            self.args.rate.map(|r| format!(" open-loop rate={r}/s")).unwrap_or_default()
+        );
+        let _ = writeln!(
+            out,
+            "{:<6} {:<8} {:>10} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7}",
+            "client",
+            "op",
+            "count",
+            "per_sec",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "p99.99",
+            "max",
+            "errors"
+        );
+        for (label, core) in self.rows() {
+            for op in OPS {
+                let h = &core.latency_us[op as usize];
+                if h.is_empty() {
+                    continue;
+                }
+                let _ = write!(
+                    out,
+                    "{:<6} {:<8} {:>10} {:>10.0}",
+                    label,
+                    op.name(),
+                    h.len(),
+                    h.len() as f64 / secs
+                );
+                for (p, _) in PERCENTILES {
+                    let _ = write!(out, " {:>7}", h.value_at_percentile(p));
+                }
+                let _ = writeln!(out, " {:>7}", core.errors[op as usize]);
+            }
+        }
+        let _ = writeln!(out, "(latencies in µs, measured at the client)");
+        if let Some(cpu) = self.server_cpu_us {
+            let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
+            let _ = writeln!(
+                out,
+                "server CPU: {:.1} µs per {} ({:.2} cores busy)",
+                cpu as f64 / units as f64,
+                self.unit_op().name(),
+                cpu as f64 / 1e6 / secs
+            );
+        }
+        for (core, qs) in &self.server_latency {
+            let parts: Vec<String> = qs.iter().map(|(q, v)| format!("q{q}={v}")).collect();
+            let _ = writeln!(
+                out,
+                "server core {core} request latency µs (whole server lifetime): {}",
+                parts.join(" ")
+            );
+        }
+        out
+    }
+
+    fn histogram_json(h: &Histogram<u64>, secs: f64, errors: u64) -> serde_json::Value {
+        let mut v = json!({"count": h.len(), "per_sec": h.len() as f64 / secs, "errors": errors, "mean_us": h.mean()});
+        for (p, name) in PERCENTILES {
+            v[format!("{name}_us")] = json!(h.value_at_percentile(p));
+        }
+        v
+    }
+
+    /// The JSON document (`--json`): the same figures as the table, plus the settings.
+    pub fn json(&self) -> serde_json::Value {
+        let secs = self.elapsed.as_secs_f64();
+        let mut clients = serde_json::Map::new();
+        for (label, core) in self.rows() {
+            let mut ops = serde_json::Map::new();
+            for op in OPS {
+                let h = &core.latency_us[op as usize];
+                if !h.is_empty() {
+                    ops.insert(
+                        op.name().into(),
+                        Self::histogram_json(h, secs, core.errors[op as usize]),
+                    );
+                }
+            }
+            clients.insert(label, ops.into());
+        }
+        let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
+        json!({
+            "settings": self.args,
+            "client_cpus": self.client_cpus,
+            "server_cpus": self.server_cpus,
+            "elapsed_s": secs,
+            "clients": clients,
+            "server_cpu_us_total": self.server_cpu_us,
+            "server_cpu_us_per_unit": self.server_cpu_us.map(|c| c as f64 / units as f64),
+            "server_latency_us": self.server_latency.iter().map(|(c, qs)| (c.clone(), qs.iter().map(|(q, v)| (q.clone(), json!(v))).collect::<serde_json::Map<_, _>>().into())).collect::<serde_json::Map<String, serde_json::Value>>(),
+        })
+    }
+
+    /// Writes `{label}-{op}.hgrm` percentile distributions (HdrHistogram's text format, values in µs).
+    pub fn write_hgrm(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (label, core) in self.rows() {
+            for op in OPS {
+                let h = &core.latency_us[op as usize];
+                if h.is_empty() {
+                    continue;
+                }
+                let path = dir.join(format!("{label}-{}.hgrm", op.name()));
+                std::fs::write(&path, hgrm(h)).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An SVG percentile plot of the unit operation, one line per client core plus the merged line.
+    pub fn svg(&self) -> String {
+        let op = self.unit_op();
+        let series: Vec<(String, &Histogram<u64>)> = self
+            .rows()
+            .into_iter()
+            .map(|(l, c)| (l, &c.latency_us[op as usize]))
+            .collect();
+        svg_plot(
+            &format!("berth bench {} latency by percentile", op.name()),
+            &series,
+        )
+    }
+}
+
+/// HdrHistogram's percentile-distribution text (as `outputPercentileDistribution` prints it, scaling 1).
+pub fn hgrm(h: &Histogram<u64>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>12} {:>14} {:>10} {:>14}\n",
+        "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+    );
+    for v in h.iter_quantiles(5) {
+        let q = v.quantile_iterated_to();
+        let inverse = if q < 1.0 {
+            format!("{:>14.2}", 1.0 / (1.0 - q))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "{:>12.3} {:>14.12} {:>10} {}",
+            v.value_iterated_to() as f64,
+            q,
+            v.count_since_last_iteration() as u64 + 0,
+            inverse
+        );
+    }
+    let _ = writeln!(
+        out,
+        "#[Mean    = {:>12.3}, StdDeviation   = {:>12.3}]\n#[Max     = {:>12.3}, Total count    = {:>12}]\n#[Buckets = {:>12}, SubBuckets     = {:>12}]",
+        h.mean(), h.stdev(), h.max() as f64, h.len(), h.buckets(), h.distinct_values()
+    );
+    out
+}
+
+/// A self-contained SVG: x = percentile on HdrHistogram's log "nines" scale (0, 90, 99, 99.9, ...), y = latency
+/// (µs, log scale), one polyline per series.
+pub fn svg_plot(title: &str, series: &[(String, &Histogram<u64>)]) -> String {
+    const W: f64 = 900.0;
+    const H: f64 = 520.0;
+    const L: f64 = 80.0;
+    const R: f64 = 150.0;
+    const T: f64 = 40.0;
+    const B: f64 = 60.0;
+    let max_nines = 5.0f64;
+    let max_us = series
+        .iter()
+        .map(|(_, h)| h.max())
+        .max()
+        .unwrap_or(1)
+        .max(10) as f64;
+    let min_us = series
+        .iter()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(_, h)| h.min())
+        .min()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let (ylo, yhi) = (
+        min_us.log10().floor(),
+        max_us.log10().ceil().max(min_us.log10().floor() + 1.0),
+    );
+    let x_of = |q: f64| L + (W - L - R) * ((-(1.0 - q).max(1e-5).log10()) / max_nines).min(1.0);
+    let y_of = |v: f64| T + (H - T - B) * (1.0 - (v.max(1.0).log10() - ylo) / (yhi - ylo));
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+        "#000000",
+    ];
+    let mut out = String::new();
+    let _ = writeln!(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">");
+    let _ = writeln!(out, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/><text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{title}</text>", W / 2.0);
+    for (i, label) in ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%"]
+        .iter()
+        .enumerate()
+    {
+        let x = L + (W - L - R) * i as f64 / max_nines;
+        let _ = writeln!(out, "<line x1=\"{x}\" y1=\"{T}\" x2=\"{x}\" y2=\"{}\" stroke=\"#ddd\"/><text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{label}</text>", H - B, H - B + 18.0);
+    }
+    let mut decade = ylo;
+    while decade <= yhi {
+        let y = y_of(10f64.powf(decade));
+        let _ = writeln!(out, "<line x1=\"{L}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} µs</text>", W - R, L - 6.0, y + 4.0, 10f64.powf(decade));
+        decade += 1.0;
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">percentile</text>",
+        L + (W - L - R) / 2.0,
+        H - 15.0
+    );
+    for (i, (label, h)) in series.iter().enumerate() {
+        if h.is_empty() {
+            continue;
+        }
+        let color = colors[i % colors.len()];
+        let mut points = String::new();
+        for v in h.iter_quantiles(5) {
+            let _ = write!(
+                points,
+                "{:.1},{:.1} ",
+                x_of(v.quantile_iterated_to()),
+                y_of(v.value_iterated_to() as f64)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{points}\"/>"
+        );
+        let ly = T + 20.0 * i as f64;
+        let _ = writeln!(out, "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{}\" y=\"{}\">{label}</text>", W - R + 10.0, W - R + 30.0, W - R + 36.0, ly + 4.0);
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(cpu: usize, values: &[u64]) -> CoreResult {
+        let mut r = CoreResult::new(cpu);
+        for &v in values {
+            r.latency_us[Op::Produce as usize].record(v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn merged_counts_are_the_sum_and_merged_percentiles_lie_between_the_cores() {
+        let a = result(0, &(1..=1000).collect::<Vec<_>>());
+        let b = result(1, &(500..=5000).step_by(3).collect::<Vec<_>>());
+        let mut merged = CoreResult::new(usize::MAX);
+        merged.merge(&a);
+        merged.merge(&b);
+        let (ha, hb, hm) = (&a.latency_us[0], &b.latency_us[0], &merged.latency_us[0]);
+        assert_eq!(hm.len(), ha.len() + hb.len());
+        for (p, _) in PERCENTILES {
+            let (lo, hi) = (
+                ha.value_at_percentile(p).min(hb.value_at_percentile(p)),
+                ha.value_at_percentile(p).max(hb.value_at_percentile(p)),
+            );
+            let m = hm.value_at_percentile(p);
+            assert!(lo <= m && m <= hi, "p{p}: {m} not within [{lo}, {hi}]");
+        }
+    }
+
+    #[test]
+    fn server_latency_lines_are_parsed_per_core() {
+        let text = "berth_request_latency_us{core=\"0\",quantile=\"0.5\"} 12\nberth_request_latency_us{core=\"1\",quantile=\"0.99\"} 80\nother 1\n";
+        let parsed = server_latency(text);
+        assert_eq!(
+            parsed,
+            vec![
+                ("0".into(), vec![("0.5".into(), 12)]),
+                ("1".into(), vec![("0.99".into(), 80)])
+            ]
+        );
+    }
+
+    #[test]
+    fn hgrm_and_svg_are_well_formed() {
+        let r = result(0, &[10, 20, 30, 1000]);
+        let text = hgrm(&r.latency_us[0]);
+        assert!(text.contains("Total count    =            4"));
+        let svg = svg_plot("t", &[("cpu0".into(), &r.latency_us[0])]);
+        assert!(
+            svg.starts_with("<svg")
+                && svg.trim_end().ends_with("</svg>")
+                && svg.contains("polyline")
+        );
+    }
+}
