@@ -1,29 +1,25 @@
 //! One client connection: read, parse every complete request in the buffer (pipelining), answer them in order,
 //! write the answers in one go, repeat. Enforces the header-read and idle timeouts and closes at shutdown.
 
+use super::reaper::ConnTable;
 use super::request::{self, Limits, ParseError, Parsed};
 use super::response::Response;
 use super::routes;
 use crate::broker::core::Core;
+use crate::partition::now_ms;
 use bytes::{Buf, BytesMut};
-use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
+use std::os::unix::io::AsRawFd;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Bytes read per socket read.
 const READ_CHUNK: usize = 16 << 10;
 
-/// What one read attempt produced.
-enum ReadOutcome {
-    Data(usize),
-    Closed,
-    TimedOut,
-    Stopping,
-}
-
-/// Serves a connection until the client closes, a limit is hit, or the server stops.
-pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
+/// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (header read time,
+/// idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
+pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let config = core.config.clone();
     let limits = Limits {
@@ -31,12 +27,12 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
         max_headers: config.max_headers,
         max_body_bytes: config.max_message_bytes,
     };
-    let header_timeout = Duration::from_millis(config.header_read_timeout_ms);
-    let idle_timeout = Duration::from_millis(config.idle_timeout_ms);
+    let registration = table.register(stream.as_raw_fd(), now_ms() + config.idle_timeout_ms);
+    let watch = &registration.watch;
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     // When the first byte of the request being read arrived (None while idle between requests).
-    let mut request_started: Option<Instant> = None;
+    let mut request_started_ms: Option<u64> = None;
     // `100 Continue` was already sent for the request being read.
     let mut continued = false;
     loop {
@@ -46,7 +42,7 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
                 Ok(Parsed::Complete(req, used)) => {
                     buf.advance(used);
                     continued = false;
-                    request_started = (!buf.is_empty()).then(Instant::now);
+                    request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
                     let close = req.close;
                     let response = routes::handle(&core, req).await;
@@ -83,26 +79,31 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
             }
             out.clear();
         }
-        let budget = match request_started {
-            Some(started) => header_timeout.saturating_sub(started.elapsed()),
-            None => idle_timeout,
-        };
-        match read_some(&core, &mut stream, &mut buf, budget).await {
-            ReadOutcome::Data(_) => {
-                if request_started.is_none() {
-                    request_started = Some(Instant::now());
-                }
+        let idle = buf.is_empty();
+        if idle && core.stopping.get() {
+            return;
+        }
+        watch.idle.set(idle);
+        watch.deadline_ms.set(match request_started_ms {
+            Some(started) => started + config.header_read_timeout_ms,
+            None => now_ms() + config.idle_timeout_ms,
+        });
+        let len = buf.len();
+        buf.resize(len + READ_CHUNK, 0);
+        let n = stream.read(&mut buf[len..]).await.unwrap_or(0);
+        buf.truncate(len + n);
+        watch.idle.set(false);
+        if n == 0 {
+            if watch.expired.get() && request_started_ms.is_some() {
+                bump_timed_out(&core);
+                Response::error(408, "request_timeout", "request not received in time")
+                    .encode(true, &mut out);
+                let _ = stream.write_all(&out).await;
             }
-            ReadOutcome::Closed | ReadOutcome::Stopping => return,
-            ReadOutcome::TimedOut => {
-                if request_started.is_some() {
-                    bump_timed_out(&core);
-                    Response::error(408, "request_timeout", "request not received in time")
-                        .encode(true, &mut out);
-                    let _ = stream.write_all(&out).await;
-                }
-                return;
-            }
+            return;
+        }
+        if request_started_ms.is_none() {
+            request_started_ms = Some(now_ms());
         }
     }
 }
@@ -110,55 +111,6 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
 fn bump_timed_out(core: &Core) {
     let c = &core.metrics.connections_timed_out;
     c.set(c.get() + 1);
-}
-
-/// Reads into the spare end of `buf`, racing the timeout and (while idle) the server's stop signal.
-async fn read_some(
-    core: &Core,
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    budget: Duration,
-) -> ReadOutcome {
-    if core.stopping.get() && buf.is_empty() {
-        return ReadOutcome::Stopping;
-    }
-    let len = buf.len();
-    buf.resize(len + READ_CHUNK, 0);
-    let stop = core.stop_event.listen();
-    let idle = len == 0;
-    let outcome = future::or(
-        async {
-            match glommio::timer::timeout(budget, async {
-                stream
-                    .read(&mut buf[len..])
-                    .await
-                    .map_err(glommio::GlommioError::from)
-            })
-            .await
-            {
-                Ok(0) => ReadOutcome::Closed,
-                Ok(n) => ReadOutcome::Data(n),
-                Err(glommio::GlommioError::TimedOut(_)) => ReadOutcome::TimedOut,
-                Err(_) => ReadOutcome::Closed,
-            }
-        },
-        async {
-            if idle && !core.stopping.get() {
-                stop.await;
-            } else {
-                future::pending::<()>().await;
-            }
-            ReadOutcome::Stopping
-        },
-    )
-    .await;
-    let got = if let ReadOutcome::Data(n) = outcome {
-        n
-    } else {
-        0
-    };
-    buf.truncate(len + got);
-    outcome
 }
 
 fn parse_error_response(e: &ParseError) -> Response {

@@ -2,6 +2,7 @@
 //! (`request`), responses (`response`) and routing with the one error → status mapping (`routes`).
 
 pub mod conn;
+pub mod reaper;
 pub mod request;
 pub mod response;
 pub mod routes;

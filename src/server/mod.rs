@@ -8,6 +8,7 @@ use crate::broker::core::{Core, Shared};
 use crate::broker::mesh::Mesh;
 use crate::broker::timers;
 use crate::config::Config;
+use crate::http::reaper::{self, ConnTable};
 use futures_lite::{future, StreamExt};
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
@@ -205,9 +206,17 @@ async fn core_main(
     if shared.ready.fetch_add(1, Ordering::AcqRel) + 1 == cores {
         info!(listen = %config.listen, cores, "berth serving");
     }
-    accept_loop(&core, &listener, &stop).await;
+    let table = Rc::new(ConnTable::default());
+    let tick = Duration::from_millis((config.header_read_timeout_ms / 4).clamp(10, 1000));
+    let sweeper = core.clone();
+    glommio::spawn_local(reaper::run(table.clone(), tick, move || {
+        sweeper.stopping.get()
+    }))
+    .detach();
+    accept_loop(&core, &table, &listener, &stop).await;
     drop(listener);
     core.begin_stop();
+    table.close_idle();
     shared.ready.fetch_sub(1, Ordering::AcqRel);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let started = Instant::now();
@@ -228,7 +237,12 @@ async fn core_main(
     Ok(())
 }
 
-async fn accept_loop(core: &Rc<Core>, listener: &TcpListener, stop: &Arc<Shutdown>) {
+async fn accept_loop(
+    core: &Rc<Core>,
+    table: &Rc<ConnTable>,
+    listener: &TcpListener,
+    stop: &Arc<Shutdown>,
+) {
     let config = core.config.clone();
     loop {
         if stop.is_triggered() {
@@ -275,8 +289,9 @@ async fn accept_loop(core: &Rc<Core>, listener: &TcpListener, stop: &Arc<Shutdow
         }
         m.connections_open.set(m.connections_open.get() + 1);
         let core = core.clone();
+        let table = table.clone();
         glommio::spawn_local(async move {
-            crate::http::conn::serve(core.clone(), stream).await;
+            crate::http::conn::serve(core.clone(), table, stream).await;
             let m = &core.metrics;
             m.connections_open.set(m.connections_open.get() - 1);
             core.shared.connections.fetch_sub(1, Ordering::AcqRel);

@@ -126,6 +126,33 @@ fn segment_name(base: u64) -> String {
     format!("{base:020}.log")
 }
 
+/// Writes the whole buffer at `pos` with pwrite(2) from the owning core. A page-cache write of one batch takes
+/// microseconds, while an io_uring buffered write is punted to an io-wq worker that inherits this core's affinity
+/// and competes with it (measured: 60 µs to 1.3 ms per batch that way); the sync, which does wait for the device,
+/// stays on io_uring.
+fn write_fully(file: &BufferedFile, buf: &[u8], pos: u64) -> Result<(), String> {
+    use std::os::unix::io::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut done = 0usize;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        // SAFETY: the pointer and length describe `rest`, a live borrowed slice; fd is an open file.
+        let n = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), (pos + done as u64) as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e.to_string());
+        }
+        if n == 0 {
+            return Err(format!("short write: {done} of {} bytes", buf.len()));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 fn io_text(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
@@ -379,11 +406,7 @@ impl Log {
             positions.push((start_pos + buf.len() as u64) as u32);
             frame::encode(first + i as u64, timestamp_ms, &p.payload, &mut buf);
         }
-        let result = match file.write_at(buf, start_pos).await {
-            Ok(n) if n as u64 == batch_bytes => Ok(()),
-            Ok(n) => Err(format!("short write: {n} of {batch_bytes} bytes")),
-            Err(e) => Err(io_text(e)),
-        };
+        let result = write_fully(&file, &buf, start_pos);
         if let Err(e) = result {
             error!(dir = %self.dir.display(), error = %e, "append failed; rolling back");
             // A failed or short write may have left bytes past start_pos: cut them so the next batch lands cleanly.

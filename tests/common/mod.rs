@@ -94,10 +94,21 @@ impl Server {
                     return;
                 }
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("berth exited during start ({status}); log:\n{}", self.log_text());
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "berth exited during start ({status}); log:\n{}",
+                    self.log_text()
+                );
             }
-            assert!(Instant::now() < deadline, "berth did not become healthy; log:\n{}", self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "berth did not become healthy; log:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -169,7 +180,10 @@ impl Server {
         let a = self.post(&format!("/produce?topic={topic}{extra}"), body);
         assert_eq!(a.status, 200, "produce: {}", a.text());
         let j = a.json();
-        (j["partition"].as_u64().unwrap(), j["offset"].as_u64().unwrap())
+        (
+            j["partition"].as_u64().unwrap(),
+            j["offset"].as_u64().unwrap(),
+        )
     }
 
     /// The topic's partitions from GET /topics/{topic}.
@@ -181,7 +195,10 @@ impl Server {
 
     /// The data directory of one partition.
     pub fn partition_dir(&self, topic: &str, partition: u64) -> PathBuf {
-        self.data_dir.join("topics").join(topic).join(partition.to_string())
+        self.data_dir
+            .join("topics")
+            .join(topic)
+            .join(partition.to_string())
     }
 }
 
@@ -214,7 +231,11 @@ pub fn consume(client: &Client, topic: &str, extra: &str) -> Option<Delivered> {
 /// Settles a handle; returns the status.
 pub fn settle(client: &Client, op: &str, topic: &str, handle: &str, extra: &str) -> u16 {
     client
-        .call("POST", &format!("/{op}?topic={topic}&receipt_handle={handle}{extra}"), &[])
+        .call(
+            "POST",
+            &format!("/{op}?topic={topic}&receipt_handle={handle}{extra}"),
+            &[],
+        )
         .expect("settle")
         .status
 }
