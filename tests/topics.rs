@@ -201,26 +201,6 @@ fn custom_config_round_trips_through_describe() {
 }
 
 #[test]
-fn the_largest_partition_count_4096_is_accepted_and_4096_is_out_of_range() {
-    let t0 = Instant::now();
-    let server = Server::start(2, &[]);
-    eprintln!("started {:?}", t0.elapsed());
-    let a = server.put("/topics/huge?partitions=4096");
-    eprintln!("created {:?}", t0.elapsed());
-    assert_eq!(a.status, 201, "{}", a.text());
-    let parts = server.partitions("huge");
-    assert_eq!(parts.len(), 4096);
-    assert_eq!(parts[4095]["partition"], 4095);
-    assert_eq!(
-        server.produce("huge", "&partition=4095", b"last"),
-        (4095, 0)
-    );
-    let a = server.post("/produce?topic=huge&partition=4096", b"beyond");
-    assert_error(&a, 404, "partition_not_found");
-    eprintln!("done {:?}", t0.elapsed());
-}
-
-#[test]
 fn invalid_topic_names_are_400_invalid_topic_and_create_nothing() {
     let server = Server::start(1, &[]);
     server.create_topic("keep", "");

@@ -52,7 +52,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
             .ring_depth(config.ring_depth)
             .preempt_timer(Duration::from_millis(config.preempt_timer_ms));
         let handle = builder
-            .spawn(move || async move { core_main(id, cores, config, shared, stop, mesh).await })
+            .spawn(move || async move { core_main(cores, config, shared, stop, mesh).await })
             .map_err(|e| format!("cannot start the executor for cpu {cpu}: {e}"))?;
         handles.push(handle);
     }
@@ -159,7 +159,6 @@ fn choose_cpus(config: &Config) -> Result<Vec<usize>, String> {
 }
 
 async fn core_main(
-    id: usize,
     cores: usize,
     config: Config,
     shared: Arc<Shared>,
@@ -170,7 +169,7 @@ async fn core_main(
         .join()
         .await
         .map_err(|_| "cannot join the core mesh".to_string())?;
-    debug_assert_eq!(senders.peer_id(), id);
+    // Core ids are mesh peer ids (join order), which every core agrees on.
     let id = senders.peer_id();
     let config = Rc::new(config);
     let core = Rc::new(Core::new(

@@ -137,7 +137,14 @@ fn write_fully(file: &BufferedFile, buf: &[u8], pos: u64) -> Result<(), String> 
     while done < buf.len() {
         let rest = &buf[done..];
         // SAFETY: the pointer and length describe `rest`, a live borrowed slice; fd is an open file.
-        let n = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), (pos + done as u64) as libc::off_t) };
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                rest.as_ptr().cast(),
+                rest.len(),
+                (pos + done as u64) as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
