@@ -19,6 +19,9 @@ struct Cli {
     /// Server to talk to [default http://127.0.0.1:7070; for bench: an embedded server].
     #[arg(long, global = true, env = "BERTH_SERVER")]
     server: Option<String>,
+    /// Bearer token for a server started with --auth-token-file.
+    #[arg(long, global = true, env = "BERTH_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -104,6 +107,12 @@ struct ServeArgs {
     /// A TOML file with any of the settings in the README.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` with the token in this file (`/health` stays open).
+    #[arg(long)]
+    auth_token_file: Option<PathBuf>,
+    /// Allow a non-loopback --listen address without --auth-token-file.
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -136,10 +145,11 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Bench(args) => crate::bench::run(&args, cli.server.as_deref()).map(|_| 0),
-        other => client_command(
-            &Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER)),
-            other,
-        ),
+        other => {
+            let client = Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER))
+                .with_token(cli.auth_token);
+            client_command(&client, other)
+        }
     };
     match result {
         Ok(code) => code,
@@ -179,6 +189,12 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     }
     if let Some(v) = args.fsync {
         config.fsync = v;
+    }
+    if let Some(v) = args.auth_token_file {
+        config.auth_token_file = Some(v);
+    }
+    if args.insecure {
+        config.insecure = true;
     }
     crate::server::run(config)?;
     Ok(0)

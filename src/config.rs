@@ -107,6 +107,14 @@ pub struct Config {
     pub ring_depth: usize,
     /// glommio: preemption timer for task fairness. Default 100 ms (glommio's default).
     pub preempt_timer_ms: u64,
+    /// A file holding the bearer token clients must send (`Authorization: Bearer TOKEN`); `/health` stays open.
+    /// Default: none (no authentication; only allowed on a loopback address unless `insecure`).
+    pub auth_token_file: Option<PathBuf>,
+    /// Allow listening on a non-loopback address without authentication. Default false.
+    pub insecure: bool,
+    /// The token read from `auth_token_file` at start (not a config key).
+    #[serde(skip)]
+    pub auth_token: Option<String>,
 }
 
 impl Default for Config {
@@ -134,6 +142,9 @@ impl Default for Config {
             io_memory_bytes: 10 << 20,
             ring_depth: 128,
             preempt_timer_ms: 100,
+            auth_token_file: None,
+            insecure: false,
+            auth_token: None,
         }
     }
 }
@@ -144,6 +155,29 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
         toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Reads the token file and refuses an unauthenticated non-loopback listener (unless `insecure`).
+    pub fn resolve_auth(&mut self) -> Result<(), String> {
+        if let Some(path) = &self.auth_token_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read auth token file {}: {e}", path.display()))?;
+            let token = text.trim().to_string();
+            if token.len() < 16 {
+                return Err(format!(
+                    "auth token in {} is shorter than 16 characters",
+                    path.display()
+                ));
+            }
+            self.auth_token = Some(token);
+        }
+        if self.auth_token.is_none() && !self.listen.ip().is_loopback() && !self.insecure {
+            return Err(format!(
+                "refusing to listen on {} without --auth-token-file (pass --insecure to allow it)",
+                self.listen
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the limits against each other and against what the formats can hold.

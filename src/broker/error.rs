@@ -36,6 +36,8 @@ pub enum BrokerError {
     LogUnavailable,
     /// 500 storage_error: a write, sync or read failed.
     Storage(String),
+    /// 507 insufficient_storage: the disk is full; nothing was written. Produce recovers once space returns.
+    NoSpace,
 }
 
 impl std::fmt::Display for BrokerError {
@@ -77,6 +79,7 @@ impl std::fmt::Display for BrokerError {
                 "this partition's log refused appends after a failed sync; restart the server"
             ),
             Self::Storage(e) => write!(f, "storage error: {e}"),
+            Self::NoSpace => write!(f, "no space left on the data device; nothing was written"),
         }
     }
 }

@@ -33,6 +33,7 @@ impl Answer {
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    token: Option<String>,
 }
 
 impl Client {
@@ -46,13 +47,23 @@ impl Client {
         Client {
             base: base.trim_end_matches('/').to_string(),
             agent,
+            token: None,
         }
+    }
+
+    /// Sends `Authorization: Bearer TOKEN` with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token;
+        self
     }
 
     /// Sends a request; `path_and_query` starts with '/'. Transport failures are `Err`; HTTP errors are answers.
     pub fn call(&self, method: &str, path_and_query: &str, body: &[u8]) -> Result<Answer, String> {
         let url = format!("{}{}", self.base, path_and_query);
-        let request = self.agent.request(method, &url);
+        let mut request = self.agent.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.set("authorization", &format!("Bearer {token}"));
+        }
         let result = if method == "GET" || method == "DELETE" {
             request.call()
         } else {

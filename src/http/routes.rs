@@ -34,6 +34,7 @@ pub fn status_of(e: &BrokerError) -> (u16, &'static str) {
         BrokerError::ShuttingDown => (503, "shutting_down"),
         BrokerError::LogUnavailable => (503, "log_unavailable"),
         BrokerError::Storage(_) => (500, "storage_error"),
+        BrokerError::NoSpace => (507, "insufficient_storage"),
     }
 }
 
@@ -133,6 +134,14 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
         )
         .with_header("allow", allowed);
     }
+    if path != "/health" {
+        if let Some(token) = &core.config.auth_token {
+            if !authorized(token, req.authorization.as_deref()) {
+                return Response::error(401, "unauthorized", "missing or wrong bearer token")
+                    .with_header("www-authenticate", "Bearer");
+            }
+        }
+    }
     let params = Params(query_pairs(&req.query));
     let result = match path {
         "/health" => Ok(health(core)),
@@ -163,6 +172,15 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
         }
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// `Authorization: Bearer TOKEN`, compared in constant time.
+fn authorized(token: &str, header: Option<&str>) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(presented) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+        return false;
+    };
+    presented.trim().as_bytes().ct_eq(token.as_bytes()).into()
 }
 
 fn percent_decode(text: &str) -> String {
@@ -346,6 +364,22 @@ mod tests {
             "+1:2:3",
         ] {
             assert_eq!(parse_receipt_handle(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn bearer_tokens_must_match_exactly() {
+        let token = "0123456789abcdef";
+        assert!(authorized(token, Some("Bearer 0123456789abcdef")));
+        for bad in [
+            None,
+            Some(""),
+            Some("Bearer "),
+            Some("Bearer 0123456789abcde"),
+            Some("Basic 0123456789abcdef"),
+            Some("Bearer 0123456789abcdefX"),
+        ] {
+            assert!(!authorized(token, bad), "{bad:?}");
         }
     }
 

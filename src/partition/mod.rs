@@ -276,6 +276,7 @@ impl Partition {
     pub async fn append(&self, payload: Bytes) -> BrokerResult<u64> {
         self.log.append(payload).await.map_err(|e| match e {
             AppendError::Io(e) => BrokerError::Storage(e),
+            AppendError::NoSpace => BrokerError::NoSpace,
             AppendError::Poisoned => BrokerError::LogUnavailable,
             AppendError::Closed => BrokerError::ShuttingDown,
         })

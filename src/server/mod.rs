@@ -24,6 +24,7 @@ use tracing::{info, warn};
 /// Runs the broker until SIGTERM or SIGINT. Errors are one-line reasons for the exit status.
 pub fn run(mut config: Config) -> Result<(), String> {
     config.validate()?;
+    config.resolve_auth()?;
     std::fs::create_dir_all(config.data_dir.join("topics")).map_err(|e| {
         format!(
             "data directory {} is unusable: {e}",

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The tuning lab runner: for each profile, record the host's current settings, apply the profile's knobs (skipping
+# and reporting every one the host refuses), run the same `berth bench` workload, revert everything, and finally
+# write a side-by-side comparison (markdown + JSON) and an overlaid latency plot.
+#
+#   tuning/run.sh [--profiles "baseline low-latency throughput"] [--duration 10s] [--out tuning/results/DATE]
+#                 [--bench-args "--workload cycle --connections 16"]
+#
+# Needs root for kernel knobs (without it every kernel knob is reported as skipped). Safe to interrupt: an EXIT trap
+# reverts whatever was applied.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+profiles="baseline low-latency throughput"
+duration="10s"
+out="$here/results/$(date -u +%Y-%m-%dT%H%M%SZ)"
+bench_args="--workload cycle --connections 16 --message-bytes 100"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profiles) profiles="$2"; shift 2 ;;
+    --duration) duration="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --bench-args) bench_args="$2"; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+berth="$root/target/release/berth"
+[ -x "$berth" ] || (cd "$root" && cargo build --release) || exit 1
+
+# ---- revert journal: every change is recorded as a command that undoes it, run in reverse order at the end ----
+journal="$out/.revert"
+: > "$journal"
+revert_all() {
+  if [ -s "$journal" ]; then
+    tac "$journal" | while IFS= read -r cmd; do eval "$cmd" >/dev/null 2>&1 || echo "  revert failed: $cmd" >&2; done
+    : > "$journal"
+  fi
+}
+trap revert_all EXIT INT TERM
+
+report=""   # per-profile lines "knob<TAB>status<TAB>detail"
+note() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$out/$profile.knobs.tsv"; printf '    %-34s %-8s %s\n' "$1" "$2" "$3"; }
+
+apply_sysctl() {
+  local kv="$1" key="${1%%=*}" value="${1#*=}" old
+  if ! old=$(sysctl -n "$key" 2>/dev/null); then note "$key" skipped "not present on this kernel"; return; fi
+  if [ "$old" = "$value" ]; then note "$key" same "already $value"; return; fi
+  if sysctl -w "$kv" >/dev/null 2>&1 && [ "$(sysctl -n "$key")" = "$value" ]; then
+    echo "sysctl -w '$key=$old'" >> "$journal"; note "$key" applied "$old -> $value"
+  else
+    note "$key" refused "host refused (was $old)"
+  fi
+}
+
+apply_file() {  # apply_file NAME PATH VALUE: write VALUE to a sysfs file, remembering the old selection
+  local name="$1" path="$2" value="$3" old
+  if [ ! -w "$path" ]; then note "$name" skipped "$path not writable or absent"; return; fi
+  old=$(cat "$path" 2>/dev/null); old=$(echo "$old" | sed -n 's/.*\[\(.*\)\].*/\1/p;t;p' | head -1)
+  if echo "$value" > "$path" 2>/dev/null; then
+    echo "echo '$old' > '$path'" >> "$journal"; note "$name" applied "$old -> $value"
+  else
+    note "$name" refused "write refused (was $old)"
+  fi
+}
+
+apply_governor() {
+  local gov="$1" n=0 f
+  for f in /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor; do
+    [ -e "$f" ] || continue
+    apply_file "governor($(basename "$(dirname "$(dirname "$f")")"))" "$f" "$gov"; n=$((n + 1))
+  done
+  [ "$n" -gt 0 ] || note "cpu governor" skipped "no cpufreq on this host (VMs rarely expose it)"
+}
+
+apply_irqs() {
+  local cpus="$1" mask=0 c n=0 irq f old
+  for c in ${cpus//,/ }; do mask=$((mask | (1 << c))); done
+  mask=$(printf '%x' "$mask")
+  for f in /proc/irq/[0-9]*/smp_affinity; do
+    irq=$(basename "$(dirname "$f")")
+    old=$(cat "$f" 2>/dev/null) || continue
+    if echo "$mask" > "$f" 2>/dev/null; then echo "echo '$old' > '$f'" >> "$journal"; n=$((n + 1)); fi
+  done
+  if [ "$n" -gt 0 ]; then note "irq affinity" applied "$n IRQs -> cpus $cpus"; else note "irq affinity" refused "no IRQ accepted a new affinity"; fi
+}
+
+echo "tuning lab: profiles [$profiles], bench: $bench_args --duration $duration; results in $out"
+echo "host: $(uname -sr), $(nproc) CPUs, memlock $(ulimit -l), user $(id -un)" | tee "$out/host.txt"
+for profile in $profiles; do
+  file="$here/profiles/$profile.profile"
+  [ -f "$file" ] || { echo "no profile $file" >&2; continue; }
+  DESCRIPTION=""; SYSCTLS=""; GOVERNOR=""; THP=""; IRQ_CPUS=""; ENGINE_TOML=""
+  # shellcheck disable=SC1090
+  . "$file"
+  : > "$out/$profile.knobs.tsv"
+  echo "== $profile: $DESCRIPTION"
+  for kv in $SYSCTLS; do apply_sysctl "$kv"; done
+  [ -n "$GOVERNOR" ] && apply_governor "$GOVERNOR"
+  if [ -n "$THP" ]; then
+    apply_file "transparent_hugepage" /sys/kernel/mm/transparent_hugepage/enabled "$THP"
+  fi
+  [ -n "$IRQ_CPUS" ] && apply_irqs "$IRQ_CPUS"
+  printf '%s\n' "$ENGINE_TOML" > "$out/$profile.engine.toml"
+  if [ -n "$ENGINE_TOML" ]; then note "engine" applied "$(echo "$ENGINE_TOML" | tr '\n' ' ')"; fi
+  # shellcheck disable=SC2086
+  "$berth" bench $bench_args --duration "$duration" --server-config "$out/$profile.engine.toml" \
+      --json "$out/$profile.json" --hgrm-dir "$out/$profile-hgrm" --svg "$out/$profile.svg" \
+      > "$out/$profile.txt" 2> "$out/$profile.stderr" || echo "  bench failed for $profile (see $out/$profile.stderr)"
+  sed -n '1,40p' "$out/$profile.txt" | sed 's/^/    /'
+  revert_all
+  echo "  reverted"
+done
+python3 "$here/compare.py" "$out" $profiles && echo "comparison: $out/comparison.md, $out/comparison.json, $out/comparison.svg"
