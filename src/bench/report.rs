@@ -304,8 +304,10 @@ pub fn hgrm(h: &Histogram<u64>) -> String {
         "{:>12} {:>14} {:>10} {:>14}\n",
         "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
     );
+    let mut total = 0u64;
     for v in h.iter_quantiles(5) {
         let q = v.quantile_iterated_to();
+        total += v.count_since_last_iteration();
         let inverse = if q < 1.0 {
             format!("{:>14.2}", 1.0 / (1.0 - q))
         } else {
@@ -316,7 +318,7 @@ pub fn hgrm(h: &Histogram<u64>) -> String {
             "{:>12.3} {:>14.12} {:>10} {}",
             v.value_iterated_to() as f64,
             q,
-            v.count_since_last_iteration() as u64 + 0,
+            total,
             inverse
         );
     }

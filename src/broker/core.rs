@@ -252,6 +252,9 @@ impl Core {
             let entry = entry.map_err(|e| e.to_string())?;
             let name = entry.file_name().to_string_lossy().to_string();
             if name.starts_with(".deleted-") {
+                if self.id == 0 {
+                    remove_in_background(entry.path());
+                }
                 continue;
             }
             let meta = entry.path().join("topic.json");
@@ -342,7 +345,8 @@ impl Core {
         crate::storage::atomic_file::sync_dir(&self.topics_dir())
             .await
             .map_err(storage)?;
-        std::fs::remove_dir_all(&trash).map_err(storage)?;
+        // The data goes in the background: removing many segment files must not stall this core.
+        remove_in_background(trash);
         info!(topic = %name, "topic deleted");
         Ok(())
     }
@@ -458,8 +462,12 @@ impl Core {
                 return Ok(None);
             }
             let wait = Duration::from_millis(deadline - now);
+            let stop = self.stop_event.listen();
+            if self.stopping.get() {
+                return Ok(None);
+            }
             let _ = glommio::timer::timeout(wait, async {
-                listener.await;
+                futures_lite::future::or(listener, stop).await;
                 Ok(())
             })
             .await;
@@ -597,6 +605,20 @@ impl Core {
                 let _ = reply.send(core.local_replay(&topic, partition, offset, wait_ms).await);
             }),
         }
+    }
+}
+
+/// Removes a renamed-away topic directory on a plain thread (it is no longer reachable by any core).
+fn remove_in_background(dir: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("berth-remove".into())
+        .spawn(move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted topic's data");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the removal thread; deleted data stays until the next start");
     }
 }
 

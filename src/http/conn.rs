@@ -68,7 +68,7 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                     if e == ParseError::HeadersTooLarge {
                         bump_timed_out(&core);
                     }
-                    let _ = stream.write_all(&out).await;
+                    close_after_error(&mut stream, watch, &out, config.max_message_bytes).await;
                     return;
                 }
             }
@@ -104,6 +104,34 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
         }
         if request_started_ms.is_none() {
             request_started_ms = Some(now_ms());
+        }
+    }
+}
+
+/// How long a refused request's remaining bytes are drained before the socket closes.
+const LINGER_MS: u64 = 2000;
+
+/// Sends the error answer, then half-closes and drains what the client is still sending (bounded in bytes and by
+/// the sweeper's deadline) before closing: closing with unread data would make the kernel reset the connection
+/// and the client would see a reset instead of the 413/431.
+async fn close_after_error(
+    stream: &mut TcpStream,
+    watch: &super::reaper::Watch,
+    out: &[u8],
+    max_body: usize,
+) {
+    if stream.write_all(out).await.is_err() {
+        return;
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write).await;
+    watch.deadline_ms.set(now_ms() + LINGER_MS);
+    let limit = max_body.saturating_mul(2).max(1 << 20);
+    let mut sink = vec![0u8; READ_CHUNK];
+    let mut drained = 0usize;
+    while drained < limit {
+        match stream.read(&mut sink).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
         }
     }
 }

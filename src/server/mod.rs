@@ -117,18 +117,31 @@ fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener>
 
 /// Fails if another process listens on the address (the probe has no SO_REUSEPORT, so any listener blocks it, while
 /// SO_REUSEADDR lets it past connections in TIME_WAIT); resolves port 0 to a concrete free port.
+///
+/// A port still held by a process that was just killed (its io_uring sockets linger for a few ms while the kernel
+/// tears them down) is retried for up to a second, so a restart right after kill -9 succeeds.
 fn check_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match probe_listen_address(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => return result.map_err(|e| format!("cannot listen on {addr}: {e}")),
+        }
+    }
+}
+
+fn probe_listen_address(addr: SocketAddr) -> std::io::Result<SocketAddr> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let fail = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
-    let probe =
-        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
-    probe.set_reuse_address(true).map_err(fail)?;
-    probe.bind(&addr.into()).map_err(fail)?;
-    probe.listen(1).map_err(fail)?;
-    let local = probe.local_addr().map_err(fail)?;
-    local
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into())?;
+    probe.listen(1)?;
+    probe
+        .local_addr()?
         .as_socket()
-        .ok_or_else(|| format!("cannot listen on {addr}: not an IP address"))
+        .ok_or_else(|| std::io::Error::other("not an IP address"))
 }
 
 /// The CPUs to pin to: `cpus` if given, else the first `cores` that core_affinity lists.
