@@ -1012,7 +1012,8 @@ fn eight_consumers_receive_a_thousand_messages_exactly_once() {
         .collect();
 
     let total = Arc::new(AtomicUsize::new(0));
-    let got: Arc<Mutex<Vec<(u64, u64, Vec<u8>)>>> = Arc::new(Mutex::new(Vec::new()));
+    // (partition, offset, body) of every delivery.
+    let got = Arc::new(Mutex::new(Vec::<(u64, u64, Vec<u8>)>::new()));
     let consumers: Vec<_> = (0..8)
         .map(|_| {
             let c = Client::new(&s.url());
@@ -1154,6 +1155,37 @@ fn graceful_shutdown_flushes_the_frontier() {
     }
     assert_eq!(s.terminate(), Some(0), "SIGTERM exits 0");
     assert_eq!(read_frontier(&s.partition_dir("term", 0)), Some(4));
+}
+
+#[test]
+fn sigterm_answers_a_parked_consumer_and_exits_0_promptly() {
+    let _g = common::serial();
+    let mut s = Server::start(1, &[]);
+    s.create_topic("bye", "");
+    let (tx, rx) = mpsc::channel();
+    let client = Client::new(&s.url());
+    let t = thread::spawn(move || {
+        let a = client.call("GET", "/consume?topic=bye&wait=30s", &[]);
+        let _ = tx.send((Instant::now(), a));
+    });
+    thread::sleep(ms(300));
+    assert!(rx.try_recv().is_err(), "the consumer should be parked");
+    let start = Instant::now();
+    assert_eq!(s.terminate(), Some(0), "SIGTERM exits 0");
+    let took = start.elapsed();
+    let (_, answer) = rx.recv_timeout(ms(5000)).expect("consumer thread");
+    t.join().unwrap();
+    let answer = answer.expect("the parked consume is answered, not cut off");
+    assert!(
+        answer.status == 204 || answer.status == 503,
+        "parked consume at shutdown answered {}: {}",
+        answer.status,
+        answer.text()
+    );
+    assert!(
+        took < ms(3000),
+        "a parked long poll held shutdown for {took:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -394,14 +394,18 @@ impl Core {
         self.partition(topic, p)?.append(payload).await
     }
 
-    /// Tries every owned partition of the topic, round-robin from a moving start.
+    /// Tries every owned partition of the topic, round-robin from a moving start. AtCap only when every partition
+    /// that had nothing to give was at its cap.
     pub async fn local_take(&self, topic: &str, visibility_ms: Option<u64>) -> BrokerResult<Take> {
         let t = self.topic(topic)?;
         let visibility_ms = visibility_ms.unwrap_or(t.config.visibility_ms);
         let n = t.owned.len();
         let start = t.cursor.get();
         t.cursor.set(start.wrapping_add(1));
-        let mut at_cap = false;
+        if n == 0 {
+            return Ok(Take::NoPartitions);
+        }
+        let mut all_at_cap = true;
         for i in 0..n {
             let p = t.owned[(start + i) % n];
             let Some(partition) = t.partitions[p as usize].clone() else {
@@ -412,11 +416,11 @@ impl Core {
                     self.note_lease(now_ms() + visibility_ms);
                     return Ok(Take::Leased(d));
                 }
-                Take::AtCap => at_cap = true,
-                Take::Empty => {}
+                Take::AtCap => {}
+                Take::Empty | Take::NoPartitions => all_at_cap = false,
             }
         }
-        Ok(if at_cap { Take::AtCap } else { Take::Empty })
+        Ok(if all_at_cap { Take::AtCap } else { Take::Empty })
     }
 
     pub fn local_settle(

@@ -147,11 +147,13 @@ impl Core {
             let parking = wait_ms > 0 && !self.stopping.get();
             // Listen before looking, so a wake between the look and the park is not lost.
             let listener = parking.then(|| t.signal.event.listen());
-            let mut at_cap = false;
+            // 204 at once only when every partition of the topic is at its in-flight cap; a partition below its
+            // cap may still receive something, so then the consumer parks (acks on a capped partition wake it too).
+            let mut all_at_cap = true;
             match self.local_take(topic, visibility_ms).await? {
                 Take::Leased(d) => return Ok(Some(d)),
-                Take::AtCap => at_cap = true,
-                Take::Empty => {}
+                Take::AtCap | Take::NoPartitions => {}
+                Take::Empty => all_at_cap = false,
             }
             for core in self.others() {
                 if parking {
@@ -169,8 +171,8 @@ impl Core {
                     .await;
                 match outcome {
                     Ok(Take::Leased(d)) => return Ok(Some(d)),
-                    Ok(Take::AtCap) => at_cap = true,
-                    Ok(Take::Empty) | Err(BrokerError::Overloaded) => {}
+                    Ok(Take::AtCap) | Ok(Take::NoPartitions) => {}
+                    Ok(Take::Empty) | Err(BrokerError::Overloaded) => all_at_cap = false,
                     Err(e) => return Err(e),
                 }
             }
@@ -178,7 +180,7 @@ impl Core {
             let Some(listener) = listener else {
                 return Ok(None);
             };
-            if at_cap || now >= deadline {
+            if all_at_cap || now >= deadline {
                 return Ok(None);
             }
             let _ = glommio::timer::timeout(Duration::from_millis(deadline - now), async {

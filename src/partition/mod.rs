@@ -35,12 +35,16 @@ pub enum SettleOp {
     Extend(u64),
 }
 
-/// Result of trying to lease from one partition.
+/// Result of trying to lease from one partition (or from all of a core's partitions of a topic).
 #[derive(Debug)]
 pub enum Take {
     Leased(Delivery),
+    /// Nothing deliverable (on at least one partition below its cap).
     Empty,
+    /// Something is deliverable, but every partition tried is at its in-flight cap.
     AtCap,
+    /// The core owns no partition of the topic.
+    NoPartitions,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
@@ -236,7 +240,15 @@ impl Partition {
         match result {
             Ok(()) => {
                 match op {
-                    SettleOp::Ack => bump(&self.counters.acked, 1),
+                    SettleOp::Ack => {
+                        bump(&self.counters.acked, 1);
+                        // Freeing a slot of a capped partition makes its waiting offsets deliverable again.
+                        let was_at_cap =
+                            self.with_shard(|s| s.in_flight() + 1 >= self.limits.max_in_flight);
+                        if was_at_cap && self.has_deliverable() {
+                            (self.wake)(1);
+                        }
+                    }
                     SettleOp::Nack => {
                         bump(&self.counters.nacked, 1);
                         (self.wake)(1);
