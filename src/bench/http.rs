@@ -4,6 +4,7 @@
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::net::SocketAddr;
+use std::time::Instant;
 
 /// A response as the load generator needs it.
 pub struct Reply {
@@ -41,8 +42,32 @@ impl Conn {
         path: &str,
         body: &[u8],
     ) -> std::io::Result<Reply> {
-        use std::io::Write;
         self.out.clear();
+        self.push(method, path, body);
+        self.stream.write_all(&self.out).await?;
+        self.read_reply().await
+    }
+
+    /// Sends several requests in one write (HTTP pipelining) and returns each response with the time it arrived.
+    pub async fn pipeline(
+        &mut self,
+        requests: &[(&str, &str, &[u8])],
+    ) -> std::io::Result<Vec<(Reply, Instant)>> {
+        self.out.clear();
+        for (method, path, body) in requests {
+            self.push(method, path, body);
+        }
+        self.stream.write_all(&self.out).await?;
+        let mut replies = Vec::with_capacity(requests.len());
+        for _ in requests {
+            let reply = self.read_reply().await?;
+            replies.push((reply, Instant::now()));
+        }
+        Ok(replies)
+    }
+
+    fn push(&mut self, method: &str, path: &str, body: &[u8]) {
+        use std::io::Write;
         let _ = write!(
             self.out,
             "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n\r\n",
@@ -50,7 +75,9 @@ impl Conn {
             body.len()
         );
         self.out.extend_from_slice(body);
-        self.stream.write_all(&self.out).await?;
+    }
+
+    async fn read_reply(&mut self) -> std::io::Result<Reply> {
         loop {
             if let Some((reply, used)) = parse_reply(&self.buf)? {
                 self.buf.drain(..used);

@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// A `berth serve` config file for the embedded server (engine knobs for tuning experiments).
     #[arg(long)]
     pub server_config: Option<PathBuf>,
+    /// cycle: pipeline each cycle's requests on the connection (the previous message's ack, this produce and
+    /// this consume in one write), as a batching client would. Default: one request at a time.
+    #[arg(long)]
+    pub pipeline: bool,
     /// fsync policy of the embedded server.
     #[arg(long, default_value = "always")]
     pub fsync: String,
@@ -371,6 +375,7 @@ fn run_clients_with(
     for (index, &cpu) in plan.client_cpus.iter().enumerate() {
         let job = Job {
             workload: plan.args.workload,
+            pipeline: plan.args.pipeline,
             connections: plan.args.connections,
             message: Arc::new(vec![b'x'; plan.args.message_bytes]),
             topic: topic.to_string(),
@@ -400,6 +405,7 @@ fn run_clients_with(
 /// What one client core runs.
 struct Job {
     workload: Workload,
+    pipeline: bool,
     connections: usize,
     message: Arc<Vec<u8>>,
     topic: String,
@@ -456,6 +462,8 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
     );
     let io = |e: std::io::Error| format!("request failed: {e}");
     let mut intended = Instant::now();
+    // Pipelined cycles ack the previous message together with the next produce.
+    let mut pending_ack: Option<String> = None;
     loop {
         if job.stop.load(Ordering::Relaxed)
             || Instant::now() >= job.deadline
@@ -505,6 +513,29 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
                 result.record(Op::Ack, t1, ack.status == 200);
                 result.record(Op::Cycle, start, ack.status == 200);
             }
+            Workload::Cycle if job.pipeline => {
+                let ack_path = pending_ack
+                    .take()
+                    .map(|h| format!("/ack?topic={}&receipt_handle={h}", job.topic));
+                let mut requests: Vec<(&str, &str, &[u8])> = Vec::with_capacity(3);
+                if let Some(path) = &ack_path {
+                    requests.push(("POST", path, &[]));
+                }
+                requests.push(("POST", &produce_path, &job.message));
+                requests.push(("GET", &consume_path, &[]));
+                let mut replies = conn.pipeline(&requests).await.map_err(io)?.into_iter();
+                if ack_path.is_some() {
+                    let (ack, at) = replies.next().expect("one reply per request");
+                    result.record_span(Op::Ack, start, at, ack.status == 200);
+                }
+                let (produced, at) = replies.next().expect("one reply per request");
+                result.record_span(Op::Produce, start, at, produced.status == 200);
+                let (consumed, at) = replies.next().expect("one reply per request");
+                let delivered = consumed.status == 200 && consumed.body_len == job.message.len();
+                result.record_span(Op::Consume, start, at, delivered);
+                result.record_span(Op::Cycle, start, at, delivered);
+                pending_ack = consumed.receipt_handle;
+            }
             Workload::Cycle => {
                 let reply = conn
                     .request("POST", &produce_path, &job.message)
@@ -534,6 +565,10 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
             }
         }
         job.progress.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(handle) = pending_ack {
+        let path = format!("/ack?topic={}&receipt_handle={handle}", job.topic);
+        let _ = conn.request("POST", &path, &[]).await;
     }
     Ok(result)
 }

@@ -66,6 +66,16 @@ impl CoreResult {
         }
     }
 
+    /// Records a latency measured between two instants (pipelined replies arrive at different times).
+    pub fn record_span(&mut self, op: Op, started: Instant, ended: Instant, ok: bool) {
+        let i = op as usize;
+        let us = ended.saturating_duration_since(started).as_micros() as u64;
+        self.latency_us[i].saturating_record(us.max(1));
+        if !ok {
+            self.errors[i] += 1;
+        }
+    }
+
     /// Adds another result's counts (histograms merge exactly: same bounds).
     pub fn merge(&mut self, other: &CoreResult) {
         for i in 0..OPS.len() {
@@ -165,8 +175,8 @@ impl RunReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "berth bench: workload={:?} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
-            self.args.workload, self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
+            "berth bench: workload={:?}{} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
+            self.args.workload, if self.args.pipeline { " (pipelined)" } else { "" }, self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
             self.args.partitions, secs,
             self.args.rate.map(|r| format!(" open-loop rate={r}/s")).unwrap_or_default()
         );

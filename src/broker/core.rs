@@ -96,6 +96,8 @@ pub struct Core {
     pub stop_event: Event,
     /// Process-wide readiness and connection counts (shared by every core; not on the data path).
     pub shared: std::sync::Arc<Shared>,
+    /// Where partitions keep their files.
+    pub storage: Rc<dyn crate::storage::backend::Storage>,
 }
 
 /// The little state every core shares: readiness for /health and the server-wide connection count.
@@ -128,6 +130,7 @@ impl Core {
             stopping: Cell::new(false),
             stop_event: Event::new(),
             shared,
+            storage: Rc::new(crate::storage::backend::Disk),
         }
     }
 
@@ -199,6 +202,7 @@ impl Core {
                 })
             };
             let partition = Partition::open(
+                self.storage.clone(),
                 &dir.join(p.to_string()),
                 p,
                 self.id,

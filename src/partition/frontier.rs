@@ -1,6 +1,7 @@
 //! `consumer.offset`: the committed frontier of one partition, 12 bytes (u64 LE + crc32c LE of those 8 bytes),
 //! replaced atomically. Read lazily at the partition's first touch; written by its core's 100 ms flush task.
 
+use crate::storage::backend::Storage;
 use std::path::Path;
 use tracing::error;
 
@@ -25,9 +26,9 @@ pub fn decode(bytes: &[u8]) -> Option<u64> {
 
 /// Reads the frontier of the partition in `dir`: missing → 0; damaged → 0 with a loud log (everything above the
 /// log start redelivers: duplicates, never loss). Blocking read of 12 bytes, once per partition lifetime.
-pub fn read(dir: &Path) -> u64 {
+pub fn read(storage: &dyn Storage, dir: &Path) -> u64 {
     let path = dir.join(FILE_NAME);
-    match std::fs::read(&path) {
+    match storage.read(&path) {
         Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
             error!(file = %path.display(), len = bytes.len(), "consumer.offset fails its check: treating the frontier as 0, everything retained redelivers");
             0
@@ -41,8 +42,10 @@ pub fn read(dir: &Path) -> u64 {
 }
 
 /// Durably replaces the frontier file (temp + fdatasync + rename + directory fsync).
-pub async fn write(dir: &Path, committed: u64) -> std::io::Result<()> {
-    crate::storage::atomic_file::replace(&dir.join(FILE_NAME), encode(committed)).await
+pub async fn write(storage: &dyn Storage, dir: &Path, committed: u64) -> std::io::Result<()> {
+    storage
+        .replace(&dir.join(FILE_NAME), encode(committed))
+        .await
 }
 
 #[cfg(test)]

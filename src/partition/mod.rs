@@ -5,6 +5,7 @@ pub mod frontier;
 pub mod inflight;
 
 use crate::broker::error::{BrokerError, BrokerResult};
+use crate::storage::backend::Storage;
 use crate::storage::log::{AppendError, Log, ReadError, Record};
 use bytes::Bytes;
 use inflight::{InFlight, Limits, Reserve, SettleError};
@@ -86,6 +87,8 @@ pub struct Partition {
     pub core: usize,
     /// Its directory: segments and consumer.offset.
     dir: PathBuf,
+    /// Where its files live (the disk, or a simulator in tests).
+    storage: Rc<dyn Storage>,
     /// The durable log.
     pub log: Rc<Log>,
     /// The lease shard; None until the first touch loads the frontier file.
@@ -122,6 +125,7 @@ fn map_settle(e: SettleError) -> BrokerError {
 impl Partition {
     /// Opens the partition's log (recovery runs here) and wires the wake-up for parked consumers.
     pub async fn open(
+        storage: Rc<dyn Storage>,
         dir: &Path,
         id: u32,
         core: usize,
@@ -129,11 +133,12 @@ impl Partition {
         limits: Limits,
         wake: Wake,
     ) -> std::io::Result<Rc<Partition>> {
-        let log = Log::open(dir, log_options).await?;
+        let log = Log::open(storage.clone(), dir, log_options).await?;
         let partition = Rc::new(Partition {
             id,
             core,
             dir: dir.to_path_buf(),
+            storage,
             log,
             shard: RefCell::new(None),
             limits,
@@ -156,7 +161,7 @@ impl Partition {
     fn with_shard<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
         let mut slot = self.shard.borrow_mut();
         let shard = slot.get_or_insert_with(|| {
-            let stored = frontier::read(&self.dir);
+            let stored = frontier::read(&*self.storage, &self.dir);
             let (start, end) = (self.log.start_offset(), self.log.end_offset());
             let committed = if stored > end {
                 error!(dir = %self.dir.display(), stored, log_end = end, "consumer.offset is beyond the log end: clamping to the log end");
@@ -332,7 +337,7 @@ impl Partition {
             return;
         }
         self.flushing.set(true);
-        match frontier::write(&self.dir, committed).await {
+        match frontier::write(&*self.storage, &self.dir, committed).await {
             Ok(()) => self.flushed.set(Some(committed)),
             Err(e) => {
                 warn!(dir = %self.dir.display(), error = %e, "cannot write consumer.offset; will retry")

@@ -5,12 +5,12 @@
 //! `write_at` and makes it durable with one `fdatasync`, so concurrent producers share a sync (group commit). Offsets
 //! are assigned, and become readable, only once their batch is durable under the fsync policy.
 
+use super::backend::{SegmentFile, Storage};
 use super::frame::{self, NO_POSITION};
 use crate::config::FsyncPolicy;
 use bytes::Bytes;
 use event_listener::Event;
 use futures_channel::oneshot;
-use glommio::io::{BufferedFile, OpenOptions};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -78,7 +78,7 @@ struct Segment {
     /// Offset of its first frame.
     base: u64,
     /// The open file (reads share it; only the writer task writes).
-    file: Rc<BufferedFile>,
+    file: Rc<dyn SegmentFile>,
     /// Byte position of each frame, by offset - base; NO_POSITION for a frame lost to damage.
     positions: Vec<u32>,
     /// Bytes of the file holding frames (the next write position).
@@ -109,6 +109,7 @@ struct Pending {
 /// The log of one partition.
 pub struct Log {
     dir: PathBuf,
+    storage: Rc<dyn Storage>,
     opts: LogOptions,
     state: RefCell<LogState>,
     queue: RefCell<Vec<Pending>>,
@@ -128,63 +129,6 @@ fn segment_name(base: u64) -> String {
     format!("{base:020}.log")
 }
 
-/// Writes the whole buffer at `pos` with pwrite(2) from the owning core. A page-cache write of one batch takes
-/// microseconds, while an io_uring buffered write is punted to an io-wq worker that inherits this core's affinity
-/// and competes with it (measured: 60 µs to 1.3 ms per batch that way); the sync, which does wait for the device,
-/// stays on io_uring.
-fn write_fully(file: &BufferedFile, buf: &[u8], pos: u64) -> Result<(), String> {
-    use std::os::unix::io::AsRawFd;
-    let fd = file.as_raw_fd();
-    let mut done = 0usize;
-    while done < buf.len() {
-        let rest = &buf[done..];
-        // SAFETY: the pointer and length describe `rest`, a live borrowed slice; fd is an open file.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                rest.as_ptr().cast(),
-                rest.len(),
-                (pos + done as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e.to_string());
-        }
-        if n == 0 {
-            return Err(format!("short write: {done} of {} bytes", buf.len()));
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
-/// Reads from the page cache without blocking (preadv2 with RWF_NOWAIT); None when the data is not all cached (or
-/// on any error), and the caller then reads through io_uring, which waits for the device off this core's thread.
-/// Consumers mostly read what was just written, so this saves an io_uring round trip per delivery.
-fn read_cached(file: &BufferedFile, pos: u64, len: usize) -> Option<Vec<u8>> {
-    use std::os::unix::io::AsRawFd;
-    let mut buf = vec![0u8; len];
-    let iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    // SAFETY: one iovec describing `buf`, which lives across the call; fd is an open file.
-    let n = unsafe {
-        libc::preadv2(
-            file.as_raw_fd(),
-            &iov,
-            1,
-            pos as libc::off_t,
-            libc::RWF_NOWAIT,
-        )
-    };
-    (n >= 0 && n as usize == len).then_some(buf)
-}
-
 fn io_text(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
@@ -192,12 +136,14 @@ fn io_text(e: impl std::fmt::Display) -> String {
 impl Log {
     /// Opens (or creates) the log in `dir`: scans every segment, truncates a torn tail of the last one, rebuilds the
     /// index and records damaged frames. Reads segments with blocking reads: this runs once per partition at boot.
-    pub async fn open(dir: &Path, opts: LogOptions) -> std::io::Result<Rc<Log>> {
-        std::fs::create_dir_all(dir)?;
+    pub async fn open(
+        storage: Rc<dyn Storage>,
+        dir: &Path,
+        opts: LogOptions,
+    ) -> std::io::Result<Rc<Log>> {
+        storage.create_dir_all(dir)?;
         let mut bases: Vec<u64> = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let name = entry?.file_name();
-            let name = name.to_string_lossy();
+        for name in storage.list(dir)? {
             if let Some(stem) = name.strip_suffix(".log") {
                 match stem.parse::<u64>() {
                     Ok(base) if stem.len() == 20 => bases.push(base),
@@ -214,7 +160,7 @@ impl Log {
         let count = bases.len();
         for (i, base) in bases.into_iter().enumerate() {
             let path = dir.join(segment_name(base));
-            let bytes = std::fs::read(&path)?;
+            let bytes = storage.read(&path)?;
             let scan = frame::scan(&bytes, base, opts.max_payload);
             if base > next_offset {
                 error!(dir = %dir.display(), from = next_offset, to = base, "offsets missing between segments: recorded as corrupt, never delivered");
@@ -230,23 +176,16 @@ impl Log {
             if scan.valid_len < bytes.len() as u64 {
                 if last {
                     warn!(dir = %dir.display(), segment = base, kept = scan.valid_len, cut = bytes.len() as u64 - scan.valid_len, "truncating a torn tail");
-                    let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-                    f.set_len(scan.valid_len)?;
-                    f.sync_all()?;
+                    storage.truncate_file(&path, scan.valid_len)?;
                 } else {
                     error!(dir = %dir.display(), segment = base, "garbage after the last valid frame of a sealed segment");
                 }
             }
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .buffered_open(&path)
-                .await
-                .map_err(std::io::Error::from)?;
+            let file = storage.open(&path, false).await?;
             next_offset = scan.next_offset.max(next_offset);
             segments.push(Segment {
                 base,
-                file: Rc::new(file),
+                file,
                 positions: scan.positions,
                 len: scan.valid_len,
                 last_timestamp_ms: scan.last_timestamp_ms.unwrap_or(0),
@@ -254,11 +193,12 @@ impl Log {
             });
         }
         if segments.is_empty() {
-            segments.push(Self::create_segment(dir, 0).await?);
-            super::atomic_file::sync_dir(dir).await?;
+            segments.push(Self::create_segment(&*storage, dir, 0).await?);
+            storage.sync_dir(dir).await?;
         }
         let log = Rc::new(Log {
             dir: dir.to_path_buf(),
+            storage,
             opts,
             state: RefCell::new(LogState {
                 segments,
@@ -282,18 +222,16 @@ impl Log {
         Ok(log)
     }
 
-    async fn create_segment(dir: &Path, base: u64) -> std::io::Result<Segment> {
+    async fn create_segment(
+        storage: &dyn Storage,
+        dir: &Path,
+        base: u64,
+    ) -> std::io::Result<Segment> {
         let path = dir.join(segment_name(base));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .buffered_open(&path)
-            .await
-            .map_err(std::io::Error::from)?;
+        let file = storage.open(&path, true).await?;
         Ok(Segment {
             base,
-            file: Rc::new(file),
+            file,
             positions: Vec::new(),
             len: 0,
             last_timestamp_ms: 0,
@@ -438,7 +376,7 @@ impl Log {
             positions.push((start_pos + buf.len() as u64) as u32);
             frame::encode(first + i as u64, timestamp_ms, &p.payload, &mut buf);
         }
-        let result = write_fully(&file, &buf, start_pos);
+        let result = file.write_at(&buf, start_pos);
         if let Err(e) = result {
             error!(dir = %self.dir.display(), error = %e, "append failed; rolling back");
             // A failed or short write may have left bytes past start_pos: cut them so the next batch lands cleanly.
@@ -446,16 +384,14 @@ impl Log {
                 error!(dir = %self.dir.display(), error = %te, "cannot truncate after a failed write: refusing appends until restart");
                 self.poisoned.set(true);
             }
-            return Err(
-                if e.contains("No space left") || e.contains("os error 28") {
-                    AppendError::NoSpace
-                } else {
-                    AppendError::Io(e)
-                },
-            );
+            return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+                AppendError::NoSpace
+            } else {
+                AppendError::Io(io_text(e))
+            });
         }
         if self.opts.fsync == FsyncPolicy::Always {
-            if let Err(e) = file.fdatasync().await {
+            if let Err(e) = file.sync().await {
                 error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
                 self.poisoned.set(true);
                 return Err(AppendError::Io(io_text(e)));
@@ -481,14 +417,15 @@ impl Log {
             .last()
             .map(|s| s.file.clone())
             .expect("a log always has a segment");
-        if let Err(e) = old.fdatasync().await {
+        if let Err(e) = old.sync().await {
             self.poisoned.set(true);
             return Err(AppendError::Io(io_text(e)));
         }
-        let segment = Self::create_segment(&self.dir, base)
+        let segment = Self::create_segment(&*self.storage, &self.dir, base)
             .await
             .map_err(|e| AppendError::Io(io_text(e)))?;
-        super::atomic_file::sync_dir(&self.dir)
+        self.storage
+            .sync_dir(&self.dir)
             .await
             .map_err(|e| AppendError::Io(io_text(e)))?;
         info!(dir = %self.dir.display(), base, "rolled to a new segment");
@@ -513,7 +450,7 @@ impl Log {
             st.segments.last().map(|s| s.file.clone())
         };
         if let Some(file) = file {
-            if let Err(e) = file.fdatasync().await {
+            if let Err(e) = file.sync().await {
                 error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
                 self.poisoned.set(true);
             }
@@ -569,13 +506,12 @@ impl Log {
                 .map_or(seg.len, |&p| p as u64);
             (seg.file.clone(), pos as u64, end.saturating_sub(pos as u64))
         };
-        let bytes = match read_cached(&file, pos, len as usize) {
+        let bytes = match file.read_cached(pos, len as usize) {
             Some(bytes) => bytes,
             None => file
                 .read_at(pos, len as usize)
                 .await
-                .map_err(|e| ReadError::Io(e.into()))?
-                .to_vec(),
+                .map_err(ReadError::Io)?,
         };
         match frame::decode_frame(&bytes, offset, self.opts.max_payload) {
             Ok((header, payload)) => Ok(Record {
@@ -613,7 +549,7 @@ impl Log {
                 seg
             };
             info!(segment = %path.display(), "retention removed a segment");
-            if let Err(e) = glommio::io::remove(&path).await {
+            if let Err(e) = self.storage.remove(&path).await {
                 warn!(segment = %path.display(), error = %e, "cannot remove an expired segment");
             }
             drop(segment);

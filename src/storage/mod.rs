@@ -2,8 +2,10 @@
 //! Owned by the partition layer on its core; nothing here is shared between cores.
 
 pub mod atomic_file;
+pub mod backend;
 pub mod frame;
 pub mod log;
+pub mod sim;
 
 /// Milliseconds since the Unix epoch (record timestamps, retention).
 pub fn wall_clock_ms() -> u64 {
