@@ -7,6 +7,9 @@ pub mod frame;
 pub mod log;
 pub mod sim;
 
+#[cfg(test)]
+mod fault_tests;
+
 /// Milliseconds since the Unix epoch (record timestamps, retention).
 pub fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()
