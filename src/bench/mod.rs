@@ -577,3 +577,52 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
 pub fn new_histogram() -> Histogram<u64> {
     crate::broker::metrics::new_latency_histogram()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn plan(extra: &[&str]) -> Result<Plan, String> {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(extra);
+        let wrapper = Wrapper::try_parse_from(argv).map_err(|e| e.to_string())?;
+        wrapper.args.plan()
+    }
+
+    #[test]
+    fn defaults_make_a_valid_plan() {
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.duration, Duration::from_secs(10));
+        assert_eq!(p.args.connections, 16);
+        assert!(!p.client_cpus.is_empty() && !p.server_cpus.is_empty());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_a_reason() {
+        for (args, needle) in [
+            (vec!["--connections", "0"], "--connections"),
+            (vec!["--connections", "5000"], "--connections"),
+            (vec!["--partitions", "0"], "--partitions"),
+            (vec!["--rate", "0"], "--rate"),
+            (vec!["--duration", "0"], "--duration"),
+            (vec!["--duration", "ten"], "--duration"),
+            (vec!["--visibility=-1"], "--visibility"),
+            (vec!["--fsync", "sometimes"], "fsync"),
+            (vec!["--message-bytes", "2000000"], "--message-bytes"),
+            (vec!["--client-cpus", "999"], "cpu 999"),
+            (vec!["--workload", "dance"], "dance"),
+        ] {
+            let err = plan(&args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} accepted"));
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+}
