@@ -108,6 +108,31 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
     }
 }
 
+/// Answers a connection over a connection cap with 503 and closes it, draining what the client sends meanwhile
+/// (bounded in bytes and time) so it reads the answer instead of a reset.
+pub async fn refuse(mut stream: TcpStream) {
+    let mut out = Vec::new();
+    Response::error(503, "too_many_connections", "connection limit reached")
+        .with_header("retry-after", 1)
+        .encode(true, &mut out);
+    if stream.write_all(&out).await.is_err() {
+        return;
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write).await;
+    let _ = glommio::timer::timeout(std::time::Duration::from_millis(LINGER_MS), async {
+        let mut sink = vec![0u8; READ_CHUNK];
+        let mut drained = 0usize;
+        while drained < (1 << 20) {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+        Ok(())
+    })
+    .await;
+}
+
 /// How long a refused request's remaining bytes are drained before the socket closes.
 const LINGER_MS: u64 = 2000;
 

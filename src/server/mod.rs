@@ -193,6 +193,11 @@ async fn core_main(
         Mesh::new(senders),
         shared.clone(),
     ));
+    // Topics load before this core serves its peers: a request forwarded here meanwhile waits in the channel
+    // instead of finding no topic (a false 404 right after a restart).
+    if let Err(e) = core.load_topics().await {
+        return fail(&stop, format!("cannot load topics: {e}")).await;
+    }
     for (_, stream) in receivers.streams() {
         let core = core.clone();
         glommio::spawn_local(async move {
@@ -203,18 +208,11 @@ async fn core_main(
         })
         .detach();
     }
-    if let Err(e) = core.load_topics().await {
-        stop.trigger();
-        return Err(format!("cannot load topics: {e}"));
-    }
     glommio::spawn_local(timers::run_expiry(core.clone())).detach();
     glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();
     let listener = match bind_listener(config.listen, config.listen_backlog) {
         Ok(l) => l,
-        Err(e) => {
-            stop.trigger();
-            return Err(format!("cannot listen on {}: {e}", config.listen));
-        }
+        Err(e) => return fail(&stop, format!("cannot listen on {}: {e}", config.listen)).await,
     };
     if shared.ready.fetch_add(1, Ordering::AcqRel) + 1 == cores {
         info!(listen = %config.listen, cores, "berth serving");
@@ -250,6 +248,15 @@ async fn core_main(
     Ok(())
 }
 
+/// A core that cannot start stops the whole server, and still meets the others at the shutdown barriers so they
+/// can finish.
+async fn fail(stop: &Shutdown, reason: String) -> Result<(), String> {
+    stop.trigger();
+    stop.drained_and_wait().await;
+    stop.closed_and_wait().await;
+    Err(reason)
+}
+
 async fn accept_loop(
     core: &Rc<Core>,
     table: &Rc<ConnTable>,
@@ -270,7 +277,7 @@ async fn accept_loop(
         })
         .await;
         let Some(accepted) = accepted else { return };
-        let mut stream = match accepted {
+        let stream = match accepted {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %e, "accept failed");
@@ -285,19 +292,7 @@ async fn accept_loop(
         {
             core.shared.connections.fetch_sub(1, Ordering::AcqRel);
             m.connections_refused.set(m.connections_refused.get() + 1);
-            glommio::spawn_local(async move {
-                use futures_lite::AsyncWriteExt;
-                let mut out = Vec::new();
-                crate::http::response::Response::error(
-                    503,
-                    "too_many_connections",
-                    "connection limit reached",
-                )
-                .with_header("retry-after", 1)
-                .encode(true, &mut out);
-                let _ = stream.write_all(&out).await;
-            })
-            .detach();
+            glommio::spawn_local(crate::http::conn::refuse(stream)).detach();
             continue;
         }
         m.connections_open.set(m.connections_open.get() + 1);

@@ -268,6 +268,22 @@ pub fn scan(buf: &[u8], base_offset: u64, max_payload: u32) -> Scan {
         }
     };
 
+    // Damaged frames with nothing valid after them where the walk stopped are a torn tail too: keeping them would
+    // make the result depend on bytes that truncation to valid_len then removes (a rescan must agree).
+    let mut valid_len = valid_len;
+    while let Some(&last) = corrupt.last() {
+        let Some(slot) = last.checked_sub(base_offset).map(|s| s as usize) else {
+            break;
+        };
+        if last + 1 != expected || positions.get(slot).is_none_or(|&p| p == NO_POSITION) {
+            break;
+        }
+        valid_len = positions[slot] as usize;
+        positions.truncate(slot);
+        corrupt.pop();
+        expected = last;
+    }
+
     Scan {
         positions,
         corrupt,

@@ -397,11 +397,19 @@ impl Log {
             frame::encode(first + i as u64, timestamp_ms, &p.payload, &mut buf);
         }
         let end = start_pos + batch_bytes;
-        let mut result = file.write_at(&buf, start_pos);
+        let result = file.write_at(&buf, start_pos);
         let mut new_zeroed_to = zeroed_to.max(end);
         if result.is_ok() && end > zeroed_to {
-            new_zeroed_to = (end + PREZERO_BYTES).min(self.opts.segment_bytes).max(end);
-            result = file.write_at(&vec![0u8; (new_zeroed_to - end) as usize], end);
+            // Best effort: on a nearly full disk the reserve may not fit while the batch did.
+            let reserve_to = (end + PREZERO_BYTES).min(self.opts.segment_bytes).max(end);
+            if file
+                .write_at(&vec![0u8; (reserve_to - end) as usize], end)
+                .is_ok()
+            {
+                new_zeroed_to = reserve_to;
+            } else if file.truncate(end).await.is_err() {
+                self.poisoned.set(true);
+            }
         }
         if let Err(e) = result {
             self.state

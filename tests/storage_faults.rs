@@ -1,0 +1,215 @@
+//! Storage faults on the real binary: a full disk (a small tmpfs) and a write failing with EIO (strace's syscall
+//! fault injection). Fsync failures cannot be injected this way (berth syncs through io_uring, which strace does
+//! not see); they are covered on the simulated disk in `src/storage/fault_tests.rs`.
+
+mod common;
+
+use common::Server;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A tmpfs mounted for one test, unmounted on drop.
+struct Tmpfs {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let tmp = tempfile::tempdir().ok()?;
+        let dir = tmp.path().join("mnt");
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        ok.then_some(Tmpfs { dir, _tmp: tmp })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+fn fill(path: &Path, bytes: usize) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    let mut written = 0;
+    while written < bytes {
+        match f.write(&chunk[..chunk.len().min(bytes - written)]) {
+            Ok(n) if n > 0 => written += n,
+            _ => break,
+        }
+    }
+    let _ = f.sync_all();
+}
+
+#[test]
+fn a_full_disk_answers_507_quickly_keeps_consume_working_and_recovers_without_restart() {
+    let Some(fs) = Tmpfs::mount("8m") else {
+        panic!("cannot mount a tmpfs (this test needs root, as CI has)");
+    };
+    let server = Server::start_in(&fs.dir.join("data"), 1, &[]);
+    server.create_topic("full", "");
+    // Leave little room: a ballast file takes most of the space.
+    let ballast = fs.dir.join("ballast");
+    fill(&ballast, 5 << 20);
+    let body = vec![b'f'; 16 << 10];
+    let mut produced = 0u64;
+    let mut first_refusal = None;
+    for _ in 0..1000 {
+        let started = Instant::now();
+        let a = server.post("/produce?topic=full", &body);
+        match a.status {
+            200 => {
+                assert_eq!(
+                    a.json()["offset"].as_u64(),
+                    Some(produced),
+                    "offsets stay contiguous"
+                );
+                produced += 1;
+            }
+            507 => {
+                assert_eq!(a.json()["error"], "insufficient_storage");
+                assert!(
+                    started.elapsed() < Duration::from_secs(1),
+                    "507 took {:?}",
+                    started.elapsed()
+                );
+                first_refusal = Some(produced);
+                break;
+            }
+            s => panic!("produce on a full disk answered {s}: {}", a.text()),
+        }
+    }
+    assert!(first_refusal.is_some(), "the disk never filled");
+    assert!(produced > 0, "nothing fit before the disk filled");
+    // Another refused produce changes nothing.
+    assert_eq!(server.post("/produce?topic=full", &body).status, 507);
+    // Consume and ack keep working on a full disk.
+    let (p, o, handle, got) = common::consume(&server.client, "full", "").expect("a message");
+    assert_eq!((p, o), (0, 0));
+    assert_eq!(got, body);
+    assert_eq!(
+        common::settle(&server.client, "ack", "full", &handle, ""),
+        200
+    );
+    // Space returns: produce works again without a restart and continues at the next offset.
+    std::fs::remove_file(&ballast).unwrap();
+    let a = server.post("/produce?topic=full", b"after");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["offset"].as_u64(), Some(produced));
+    let replay = server.get(&format!(
+        "/consume?topic=full&partition=0&offset={produced}"
+    ));
+    assert_eq!(replay.body, b"after");
+}
+
+fn strace() -> Option<PathBuf> {
+    let out = Command::new("which").arg("strace").output().ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+#[test]
+fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
+    let Some(strace) = strace() else {
+        panic!("strace is not installed (.ci/run installs it)");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Segment appends are the server's only pwrite64 calls: per batch the frames, then the zero reserve when it
+    // grows. Call 1 = first batch, call 2 = its reserve, call 3 = the second batch: that one fails with EIO.
+    let mut child = Command::new(strace)
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "inject=pwrite64:error=EIO:when=3",
+        ])
+        .arg(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--cores",
+            "1",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = berth::client::Client::new(&format!("http://127.0.0.1:{port}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.call("GET", "/health", &[]).map(|a| a.status) != Ok(200) {
+        assert!(
+            Instant::now() < deadline,
+            "server under strace did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(client.call("PUT", "/topics/eio", &[]).unwrap().status, 201);
+    let first = client.call("POST", "/produce?topic=eio", b"one").unwrap();
+    assert_eq!(
+        (first.status, first.json()["offset"].as_u64()),
+        (200, Some(0))
+    );
+    let failed = client.call("POST", "/produce?topic=eio", b"two").unwrap();
+    assert_eq!(
+        failed.status,
+        500,
+        "a failed write must not be acknowledged: {}",
+        failed.text()
+    );
+    assert_eq!(failed.json()["error"], "storage_error");
+    let third = client.call("POST", "/produce?topic=eio", b"three").unwrap();
+    assert_eq!(
+        (third.status, third.json()["offset"].as_u64()),
+        (200, Some(1)),
+        "no hole after a failed write"
+    );
+    let replay = client
+        .call("GET", "/consume?topic=eio&partition=0&offset=1", &[])
+        .unwrap();
+    assert_eq!(replay.body, b"three");
+    // Killing strace would leave the traced server running: kill the server first (strace's child), then strace.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
+        .unwrap_or_default();
+    for pid in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        // SAFETY: signalling a process this test started (through strace).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the traced server did not go away"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // After a restart without faults the log holds exactly the two acknowledged records.
+    let server = Server::start_in(&data, 1, &[]);
+    assert_eq!(server.partitions("eio")[0]["end_offset"], 2);
+}
