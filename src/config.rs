@@ -73,6 +73,9 @@ pub struct Config {
     pub cpus: Option<Vec<usize>>,
     /// Produce durability. Default always.
     pub fsync: FsyncPolicy,
+    /// How segment syncs are issued: `inline` (the core calls fdatasync itself; default) or `io_uring` (an io-wq
+    /// worker syncs while the core keeps serving). See `storage::backend::SyncVia` for the measured trade-off.
+    pub sync_via: crate::storage::backend::SyncVia,
     /// Largest message body accepted. Default 1 MiB.
     pub max_message_bytes: usize,
     /// Listen backlog of each core's socket. Default 1024.
@@ -125,6 +128,7 @@ impl Default for Config {
             cores: None,
             cpus: None,
             fsync: FsyncPolicy::Always,
+            sync_via: crate::storage::backend::SyncVia::Inline,
             max_message_bytes: 1 << 20,
             listen_backlog: 1024,
             max_connections: 10_000,

@@ -11,7 +11,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-profiles="baseline low-latency throughput"
+profiles="baseline low-latency throughput io-uring-sync"
 duration="10s"
 out="$here/results/$(date -u +%Y-%m-%dT%H%M%SZ)"
 bench_args="--workload cycle --connections 16 --message-bytes 100"

@@ -2,6 +2,7 @@
 //! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation; then a table,
 //! JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core histograms from `/metrics`.
 
+mod beanstalk;
 mod http;
 pub mod report;
 
@@ -28,12 +29,26 @@ pub enum Workload {
     Cycle,
 }
 
+/// Which broker the load generator talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// berth's HTTP API.
+    Berth,
+    /// beanstalkd's text protocol (put / reserve-with-timeout / delete), as a baseline in the same run; needs
+    /// `--server HOST:PORT` of a running beanstalkd (and `--server-pid` for its CPU).
+    Beanstalkd,
+}
+
 /// `berth bench` options.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct BenchArgs {
     /// produce | consume | cycle.
     #[arg(long, value_enum, default_value = "cycle")]
     pub workload: Workload,
+    /// berth, or beanstalkd as a baseline.
+    #[arg(long, value_enum, default_value = "berth")]
+    pub protocol: Protocol,
     /// Connections per client core.
     #[arg(long, default_value_t = 16)]
     pub connections: usize,
@@ -81,6 +96,11 @@ pub struct BenchArgs {
     /// Write an SVG latency-percentile plot (one line per core) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Client executors busy-poll this long before sleeping. A sleeping client makes every server send pay for
+    /// waking it (an inter-processor interrupt, costly in VMs); spinning keeps that cost off the server's CPU, as
+    /// a busy remote client would. 0 lets the client sleep.
+    #[arg(long, default_value_t = 0)]
+    pub client_spin_us: u64,
     /// Server process id, to report server CPU per operation against an external server.
     #[arg(long)]
     pub server_pid: Option<u32>,
@@ -240,20 +260,31 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     let server_pid = args.server_pid.or(embedded.as_ref().map(|e| e.child.id()));
     let client = crate::client::Client::new(&format!("http://{addr}"));
     let topic = format!("bench-{}", crate::storage::wall_clock_ms());
-    let created = client.call(
-        "PUT",
-        &format!(
+    if plan.args.protocol == Protocol::Beanstalkd {
+        if embedded.is_some() {
+            return Err(
+                "--protocol beanstalkd needs --server HOST:PORT of a running beanstalkd".into(),
+            );
+        }
+        if plan.args.workload == Workload::Consume || plan.args.rate.is_some() {
+            return Err(
+                "--protocol beanstalkd supports the produce and cycle workloads, closed loop"
+                    .into(),
+            );
+        }
+    } else {
+        let path = format!(
             "/topics/{topic}?partitions={}&visibility={}",
             plan.args.partitions, plan.visibility
-        ),
-        &[],
-    )?;
-    if created.status != 201 {
-        return Err(format!(
-            "cannot create the bench topic: {} {}",
-            created.status,
-            created.text()
-        ));
+        );
+        let created = client.call("PUT", &path, &[])?;
+        if created.status != 201 {
+            return Err(format!(
+                "cannot create the bench topic: {} {}",
+                created.status,
+                created.text()
+            ));
+        }
     }
     if plan.args.workload == Workload::Consume {
         eprintln!("pre-filling {} messages...", plan.args.messages);
@@ -271,10 +302,14 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     stop.store(true, Ordering::Relaxed);
     let _ = ticker.join();
     eprintln!();
-    let server_metrics = client
-        .call("GET", "/metrics", &[])
-        .map(|a| a.text())
-        .unwrap_or_default();
+    let server_metrics = if plan.args.protocol == Protocol::Berth {
+        client
+            .call("GET", "/metrics", &[])
+            .map(|a| a.text())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
     let report = RunReport::new(
         &plan.args,
         elapsed,
@@ -305,7 +340,9 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         std::fs::write(path, report.svg()).map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
+    if plan.args.protocol == Protocol::Berth {
+        let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
+    }
     drop(embedded);
     Ok(())
 }
@@ -374,6 +411,7 @@ fn run_clients_with(
     });
     for (index, &cpu) in plan.client_cpus.iter().enumerate() {
         let job = Job {
+            protocol: plan.args.protocol,
             workload: plan.args.workload,
             pipeline: plan.args.pipeline,
             connections: plan.args.connections,
@@ -388,6 +426,7 @@ fn run_clients_with(
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("bench-client-{index}"))
+            .spin_before_park(Duration::from_micros(plan.args.client_spin_us))
             .spawn(move || async move { client_core(cpu, addr, job).await })
             .map_err(|e| format!("cannot start a client executor on cpu {cpu}: {e}"))?;
         handles.push(handle);
@@ -404,6 +443,7 @@ fn run_clients_with(
 
 /// What one client core runs.
 struct Job {
+    protocol: Protocol,
     workload: Workload,
     pipeline: bool,
     connections: usize,
@@ -424,7 +464,10 @@ async fn client_core(cpu: usize, addr: SocketAddr, job: Job) -> Result<CoreResul
     for _ in 0..job.connections {
         let job = job.clone();
         tasks.push(glommio::spawn_local(async move {
-            connection_loop(addr, &job).await
+            match job.protocol {
+                Protocol::Berth => connection_loop(addr, &job).await,
+                Protocol::Beanstalkd => beanstalk_loop(addr, &job).await,
+            }
         }));
     }
     let mut result = CoreResult::new(cpu);
@@ -569,6 +612,64 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
     if let Some(handle) = pending_ack {
         let path = format!("/ack?topic={}&receipt_handle={handle}", job.topic);
         let _ = conn.request("POST", &path, &[]).await;
+    }
+    Ok(result)
+}
+
+/// The same loop against beanstalkd: put (produce), reserve-with-timeout (consume), delete (ack).
+async fn beanstalk_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, String> {
+    let mut conn = beanstalk::Conn::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut result = CoreResult::new(0);
+    let io = |e: std::io::Error| format!("beanstalkd request failed: {e}");
+    // Pipelined cycles delete the previous job together with the next put.
+    let mut pending: Option<u64> = None;
+    loop {
+        if job.stop.load(Ordering::Relaxed)
+            || Instant::now() >= job.deadline
+            || !take_budget(&job.budget)
+        {
+            break;
+        }
+        let start = Instant::now();
+        if job.pipeline {
+            let (deleted, (inserted, put_at), (reserved, reserved_at)) = conn
+                .cycle(pending.take(), &job.message, 1)
+                .await
+                .map_err(io)?;
+            if let Some((ok, at)) = deleted {
+                result.record_span(Op::Ack, start, at, ok);
+            }
+            result.record_span(Op::Produce, start, put_at, inserted);
+            let delivered = reserved.is_some_and(|(_, len)| len == job.message.len());
+            result.record_span(Op::Consume, start, reserved_at, delivered);
+            result.record_span(Op::Cycle, start, reserved_at, delivered);
+            pending = reserved.map(|(id, _)| id);
+            job.progress.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let inserted = conn.put(&job.message).await.map_err(io)?;
+        result.record(Op::Produce, start, inserted);
+        if job.workload == Workload::Cycle {
+            let t1 = Instant::now();
+            let reserved = conn.reserve(1).await.map_err(io)?;
+            result.record(
+                Op::Consume,
+                t1,
+                reserved.is_some_and(|(_, len)| len == job.message.len()),
+            );
+            if let Some((id, _)) = reserved {
+                let t2 = Instant::now();
+                let deleted = conn.delete(id).await.map_err(io)?;
+                result.record(Op::Ack, t2, deleted);
+                result.record(Op::Cycle, start, deleted);
+            }
+        }
+        job.progress.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(id) = pending {
+        let _ = conn.delete(id).await;
     }
     Ok(result)
 }

@@ -117,6 +117,7 @@ impl Core {
         mesh: Mesh,
         shared: std::sync::Arc<Shared>,
     ) -> Core {
+        let sync_via = config.sync_via;
         Core {
             id,
             cores,
@@ -130,7 +131,7 @@ impl Core {
             stopping: Cell::new(false),
             stop_event: Event::new(),
             shared,
-            storage: Rc::new(crate::storage::backend::Disk),
+            storage: Rc::new(crate::storage::backend::Disk { sync_via }),
         }
     }
 

@@ -173,6 +173,20 @@ pub fn render(stats: &[CoreStats]) -> String {
             }
         }
     }
+    let io: [Gauge; 2] = [
+        (
+            "log_batches_total",
+            "counter",
+            "append batches written (records / batches = group commit size)",
+            |p| p.io_counts.0,
+        ),
+        (
+            "log_syncs_total",
+            "counter",
+            "fdatasyncs of segment files",
+            |p| p.io_counts.1,
+        ),
+    ];
     let gauges: [Gauge; 6] = [
         (
             "corrupt_skipped_total",
@@ -200,7 +214,7 @@ pub fn render(stats: &[CoreStats]) -> String {
             p.end_offset
         }),
     ];
-    for (name, kind, help, f) in gauges {
+    for (name, kind, help, f) in io.into_iter().chain(gauges) {
         let _ = writeln!(
             out,
             "# HELP berth_{name} {help}\n# TYPE berth_{name} {kind}"

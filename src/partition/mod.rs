@@ -77,6 +77,9 @@ pub struct PartitionInfo {
     pub corrupt_skipped: u64,
     #[serde(skip)]
     pub counters: [u64; 7],
+    /// (append batches, fdatasyncs) of its log.
+    #[serde(skip)]
+    pub io_counts: (u64, u64),
 }
 
 /// One partition on its owning core.
@@ -375,6 +378,7 @@ impl Partition {
             in_flight,
             acked_ahead,
             corrupt_skipped,
+            io_counts: self.log.io_counts(),
             counters: [
                 c.produced.get(),
                 c.delivered.get(),

@@ -46,11 +46,26 @@ pub trait Storage {
     fn replace<'a>(&'a self, path: &'a Path, bytes: Vec<u8>) -> IoFuture<'a, ()>;
 }
 
+/// How the real disk makes data durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncVia {
+    /// fdatasync(2) called by the core itself: the core waits for the device (~100 µs here), but requests that
+    /// arrive meanwhile are served in one batch afterwards. Measured on this 2-core VM at 64 connections: 86k fsynced
+    /// produces/s at 9.8 µs of server CPU each.
+    Inline,
+    /// IORING_OP_FSYNC: the core keeps serving while an io-wq kernel worker syncs. The worker shares the core, and
+    /// the hand-off costs context switches and interrupts: measured 47k/s at 17.5 µs each on the same setup.
+    IoUring,
+}
+
 /// The real disk.
-pub struct Disk;
+pub struct Disk {
+    pub sync_via: SyncVia,
+}
 
 /// A segment on the real disk.
-struct DiskFile(BufferedFile);
+struct DiskFile(BufferedFile, SyncVia);
 
 impl SegmentFile for DiskFile {
     /// pwrite from the owning core: a page-cache write of one batch takes microseconds, while an io_uring
@@ -86,7 +101,21 @@ impl SegmentFile for DiskFile {
     }
 
     fn sync(&self) -> IoFuture<'_, ()> {
-        Box::pin(async move { self.0.fdatasync().await.map_err(io::Error::from) })
+        Box::pin(async move {
+            match self.1 {
+                SyncVia::IoUring => self.0.fdatasync().await.map_err(io::Error::from),
+                SyncVia::Inline => loop {
+                    // SAFETY: fdatasync on a descriptor this file owns.
+                    if unsafe { libc::fdatasync(self.0.as_raw_fd()) } == 0 {
+                        return Ok(());
+                    }
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                },
+            }
+        })
     }
 
     /// preadv2 with RWF_NOWAIT: served from the page cache or not at all. Consumers mostly read what was just
@@ -154,7 +183,7 @@ impl Storage for Disk {
                 .buffered_open(path)
                 .await
                 .map_err(io::Error::from)?;
-            Ok(Rc::new(DiskFile(file)) as Rc<dyn SegmentFile>)
+            Ok(Rc::new(DiskFile(file, self.sync_via)) as Rc<dyn SegmentFile>)
         })
     }
 

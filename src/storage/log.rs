@@ -129,6 +129,10 @@ pub struct Log {
     on_append: RefCell<Option<AppendHook>>,
     closed: Cell<bool>,
     poisoned: Cell<bool>,
+    /// Batches written (records per batch = group-commit effectiveness).
+    batches: Cell<u64>,
+    /// fdatasyncs issued on segments.
+    syncs: Cell<u64>,
     writer_done: Cell<bool>,
     writer_done_event: Event,
 }
@@ -226,6 +230,8 @@ impl Log {
             on_append: RefCell::new(None),
             closed: Cell::new(false),
             poisoned: Cell::new(false),
+            batches: Cell::new(0),
+            syncs: Cell::new(0),
             writer_done: Cell::new(false),
             writer_done_event: Event::new(),
         });
@@ -267,6 +273,11 @@ impl Log {
     /// One past the newest readable offset (== the next offset to be written once the queue is empty).
     pub fn end_offset(&self) -> u64 {
         self.state.borrow().next_offset
+    }
+
+    /// (batches written, fdatasyncs issued) since open.
+    pub fn io_counts(&self) -> (u64, u64) {
+        (self.batches.get(), self.syncs.get())
     }
 
     /// Offsets known to be damaged (found at recovery), for describe and tests.
@@ -340,6 +351,7 @@ impl Log {
             }
             return;
         }
+        self.batches.set(self.batches.get() + 1);
         match self.write_and_sync(&batch).await {
             Ok(first) => {
                 for (i, p) in batch.into_iter().enumerate() {
@@ -431,7 +443,11 @@ impl Log {
             });
         }
         if self.opts.fsync == FsyncPolicy::Always {
-            if let Err(e) = file.sync().await {
+            if let Err(e) = file
+                .sync()
+                .await
+                .inspect(|_| self.syncs.set(self.syncs.get() + 1))
+            {
                 error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
                 self.poisoned.set(true);
                 return Err(AppendError::Io(io_text(e)));
@@ -460,7 +476,10 @@ impl Log {
             .expect("a log always has a segment");
         // Drop the zero-filled reserve: a sealed segment ends at its last frame.
         let sealed = match old.truncate(len).await {
-            Ok(()) => old.sync().await,
+            Ok(()) => old
+                .sync()
+                .await
+                .inspect(|_| self.syncs.set(self.syncs.get() + 1)),
             Err(e) => Err(e),
         };
         if let Err(e) = sealed {
@@ -496,7 +515,11 @@ impl Log {
             st.segments.last().map(|s| s.file.clone())
         };
         if let Some(file) = file {
-            if let Err(e) = file.sync().await {
+            if let Err(e) = file
+                .sync()
+                .await
+                .inspect(|_| self.syncs.set(self.syncs.get() + 1))
+            {
                 error!(dir = %self.dir.display(), error = %e, "fdatasync failed: refusing appends until restart");
                 self.poisoned.set(true);
             }

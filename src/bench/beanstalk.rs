@@ -1,0 +1,153 @@
+//! A beanstalkd client for the load generator, so berth and beanstalkd are measured by the same client in the
+//! same run: produce = `put`, consume = `reserve-with-timeout`, ack = `delete`.
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use std::io;
+use std::net::SocketAddr;
+
+/// One beanstalkd connection.
+pub struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(8 << 10),
+            out: Vec::with_capacity(4 << 10),
+        })
+    }
+
+    async fn send(&mut self) -> io::Result<()> {
+        self.stream.write_all(&self.out).await
+    }
+
+    /// Reads one `\r\n`-terminated line, plus `body` bytes and their `\r\n` when asked.
+    async fn read_line(&mut self, body: impl Fn(&str) -> usize) -> io::Result<(String, usize)> {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+                let extra = body(&line);
+                let need = end + 2 + if extra > 0 { extra + 2 } else { 0 };
+                if self.buf.len() >= need {
+                    self.buf.drain(..need);
+                    return Ok((line, extra));
+                }
+            }
+            let len = self.buf.len();
+            self.buf.resize(len + (8 << 10), 0);
+            let n = self.stream.read(&mut self.buf[len..]).await?;
+            self.buf.truncate(len + n);
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "beanstalkd closed",
+                ));
+            }
+        }
+    }
+
+    /// `put`: returns whether the job was inserted.
+    pub async fn put(&mut self, body: &[u8]) -> io::Result<bool> {
+        use std::io::Write;
+        self.out.clear();
+        let _ = write!(self.out, "put 0 0 60 {}\r\n", body.len());
+        self.out.extend_from_slice(body);
+        self.out.extend_from_slice(b"\r\n");
+        self.send().await?;
+        let (line, _) = self.read_line(|_| 0).await?;
+        Ok(line.starts_with("INSERTED"))
+    }
+
+    /// `reserve-with-timeout`: the job id and body length, or None on TIMED_OUT.
+    pub async fn reserve(&mut self, timeout_s: u32) -> io::Result<Option<(u64, usize)>> {
+        use std::io::Write;
+        self.out.clear();
+        let _ = write!(self.out, "reserve-with-timeout {timeout_s}\r\n");
+        self.send().await?;
+        let body_len = |line: &str| -> usize {
+            line.strip_prefix("RESERVED ")
+                .and_then(|rest| rest.split(' ').nth(1))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let (line, len) = self.read_line(body_len).await?;
+        if let Some(rest) = line.strip_prefix("RESERVED ") {
+            let id = rest
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| bad(&line))?;
+            return Ok(Some((id, len)));
+        }
+        if line.starts_with("TIMED_OUT") || line.starts_with("DEADLINE_SOON") {
+            return Ok(None);
+        }
+        Err(bad(&line))
+    }
+
+    /// Pipelined cycle: `delete` of the previous job (if any), `put`, `reserve-with-timeout` in one write; returns
+    /// (deleted, inserted, reserved job) with the time each answer arrived.
+    pub async fn cycle(
+        &mut self,
+        previous: Option<u64>,
+        body: &[u8],
+        timeout_s: u32,
+    ) -> io::Result<(
+        Option<(bool, std::time::Instant)>,
+        (bool, std::time::Instant),
+        (Option<(u64, usize)>, std::time::Instant),
+    )> {
+        use std::io::Write;
+        self.out.clear();
+        if let Some(id) = previous {
+            let _ = write!(self.out, "delete {id}\r\n");
+        }
+        let _ = write!(self.out, "put 0 0 60 {}\r\n", body.len());
+        self.out.extend_from_slice(body);
+        let _ = write!(self.out, "\r\nreserve-with-timeout {timeout_s}\r\n");
+        self.send().await?;
+        let deleted = match previous {
+            Some(_) => {
+                let (line, _) = self.read_line(|_| 0).await?;
+                Some((line.starts_with("DELETED"), std::time::Instant::now()))
+            }
+            None => None,
+        };
+        let (line, _) = self.read_line(|_| 0).await?;
+        let inserted = (line.starts_with("INSERTED"), std::time::Instant::now());
+        let body_len = |line: &str| -> usize {
+            line.strip_prefix("RESERVED ")
+                .and_then(|rest| rest.split(' ').nth(1))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let (line, len) = self.read_line(body_len).await?;
+        let job = line
+            .strip_prefix("RESERVED ")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .map(|id| (id, len));
+        Ok((deleted, inserted, (job, std::time::Instant::now())))
+    }
+
+    /// `delete`: whether the job was deleted.
+    pub async fn delete(&mut self, id: u64) -> io::Result<bool> {
+        use std::io::Write;
+        self.out.clear();
+        let _ = write!(self.out, "delete {id}\r\n");
+        self.send().await?;
+        let (line, _) = self.read_line(|_| 0).await?;
+        Ok(line.starts_with("DELETED"))
+    }
+}

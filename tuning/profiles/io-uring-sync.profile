@@ -1,0 +1,8 @@
+# io-uring-sync: the engine knob sync_via = io_uring (an io-wq worker syncs while the core keeps serving) instead of
+# the default inline fdatasync; kernel untouched. Shows what the sync hand-off costs on this host.
+DESCRIPTION="segment syncs through io_uring (io-wq) instead of inline fdatasync"
+SYSCTLS=""
+GOVERNOR=""
+THP=""
+IRQ_CPUS=""
+ENGINE_TOML='sync_via = "io_uring"'
