@@ -1,47 +1,7 @@
-//! `berth::http::routes::parse_receipt_handle` on arbitrary text: no panic; whatever it accepts is exactly three
-//! groups of ASCII digits separated by two colons, holding the values it returned, and re-formatting those values
-//! as `p:o:n` parses back to them. `tests/fuzz_corpus_replay.rs` holds a copy of `check` for stable CI.
+//! Fuzz target `receipt_handle`: the checks live in `tests/fuzz_checks/receipt_handle.rs`, shared with the stable corpus replay.
 #![no_main]
 
-use berth::http::routes::parse_receipt_handle;
-use libfuzzer_sys::fuzz_target;
+#[path = "../../tests/fuzz_checks/receipt_handle.rs"]
+mod checks;
 
-fuzz_target!(|data: &[u8]| check(data));
-
-fn check(data: &[u8]) {
-    check_text(&String::from_utf8_lossy(data));
-    // Any three u64s round-trip.
-    if let Some(b) = data.get(..24) {
-        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        let (p, o, n) = (word(0), word(1), word(2));
-        assert_eq!(
-            parse_receipt_handle(&format!("{p}:{o}:{n}")),
-            Some((p, o, n))
-        );
-    }
-}
-
-fn check_text(text: &str) {
-    let Some((p, o, n)) = parse_receipt_handle(text) else {
-        return;
-    };
-    let again = format!("{p}:{o}:{n}");
-    assert_eq!(
-        parse_receipt_handle(&again),
-        Some((p, o, n)),
-        "{text:?} -> {again:?}"
-    );
-    let parts: Vec<&str> = text.split(':').collect();
-    assert_eq!(parts.len(), 3, "{text:?} accepted");
-    for (part, value) in parts.iter().zip([p, o, n]) {
-        assert!(
-            !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()),
-            "{text:?} accepted"
-        );
-        assert_eq!(
-            part.parse::<u128>().ok(),
-            Some(u128::from(value)),
-            "{text:?} read as {value}"
-        );
-    }
-}
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::check(data));
