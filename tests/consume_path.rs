@@ -82,20 +82,6 @@ fn read_frontier(partition_dir: &Path) -> Option<u64> {
     decode_frontier(&std::fs::read(partition_dir.join("consumer.offset")).ok()?)
 }
 
-/// Waits (bounded) until `port` can be bound again. A SIGKILLed server's listening socket outlives the reaped process
-/// by a few ms (io_uring releases its files asynchronously), and the new server's listen probe refuses a port with a
-/// live listener; `Server::restart` does not wait for this.
-fn wait_port_free(port: u16) {
-    let start = Instant::now();
-    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < ms(5000),
-            "port {port} still taken 5 s after kill -9"
-        );
-        thread::sleep(ms(5));
-    }
-}
-
 /// Values of the Prometheus series `name` whose labels include every pair of `want`.
 fn metric_values(text: &str, name: &str, want: &[(&str, &str)]) -> Vec<f64> {
     text.lines()
@@ -1117,7 +1103,7 @@ fn crash_redelivers_exactly_the_unsettled_offsets_above_the_flushed_frontier() {
     }
 
     s.kill9();
-    wait_port_free(s.port);
+    common::wait_port_free(s.port);
     s.restart();
 
     assert_eq!(

@@ -485,23 +485,10 @@ fn read_frontier(partition_dir: &Path) -> Result<u64, String> {
     }
 }
 
-/// Waits (bounded) until `port` can be bound again: a SIGKILLed server's listener outlives the reaped process by
-/// a few ms.
-fn wait_port_free(port: u16) {
-    let start = Instant::now();
-    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < ms(5000),
-            "port {port} still taken 5 s after kill -9"
-        );
-        thread::sleep(ms(5));
-    }
-}
-
 /// Restarts the server on the same data dir and port, retrying (up to ~5 s) a start that fails, e.g. with
 /// EADDRINUSE right after a kill.
 fn restart_with_retry(server: &mut Server) {
-    wait_port_free(server.port);
+    common::wait_port_free(server.port);
     let start = Instant::now();
     let mut attempts = 0;
     loop {

@@ -4,8 +4,8 @@
 
 mod common;
 
-use berth::client::{Answer, Client};
-use common::Server;
+use berth::client::Client;
+use common::{assert_error, Server};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -21,42 +21,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const HEADER: usize = 32;
 /// The frame magic as it lies on disk.
 const MAGIC: [u8; 4] = *b"FRTB";
-
-/// Asserts an error answer: exact status, exact `error` code, and a non-empty human `message`.
-fn assert_error(a: &Answer, status: u16, code: &str) {
-    let j = a.json();
-    assert_eq!(
-        (a.status, j["error"].as_str()),
-        (status, Some(code)),
-        "body: {}",
-        a.text()
-    );
-    assert!(
-        j["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "error without a message: {}",
-        a.text()
-    );
-}
-
-/// kill -9, then the same server again on the same data dir and port. A killed server's sockets outlive the
-/// reaped process by a few milliseconds (io_uring tears down asynchronously), and a server started inside that
-/// window exits with "Address already in use": wait (bounded) until the port binds before starting it again.
-fn crash_and_restart(server: &mut Server) {
-    server.kill9();
-    wait_port_free(server.port);
-    server.restart();
-}
-
-fn wait_port_free(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "port {port} still bound 5 s after the server exited"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -386,7 +350,7 @@ fn the_same_key_always_lands_on_the_same_partition_even_after_restart() {
     assert!(used.len() >= 3, "24 keys hashed onto only {used:?}");
     assert_eq!(end_offsets(&server, "keyed"), counts);
 
-    crash_and_restart(&mut server);
+    server.restart();
     for key in &keys {
         let (p, _) = server.produce("keyed", &format!("&key={key}"), b"later");
         assert_eq!(p, home[key], "key {key} maps elsewhere after a restart");
@@ -512,7 +476,7 @@ fn every_acknowledged_produce_survives_kill9() {
     let before = end_offsets(&server, "durable");
     assert_eq!(before.iter().sum::<u64>(), 400);
 
-    crash_and_restart(&mut server);
+    server.restart();
 
     assert_eq!(end_offsets(&server, "durable"), before);
     for ((p, o), body) in &produced {
@@ -628,7 +592,6 @@ fn a_torn_tail_is_cut_at_every_cut_point_and_the_log_continues() {
             None => (&f).write_all(&[0u8; 4096]).unwrap(),
         }
     }
-    wait_port_free(server.port);
     server.restart();
 
     for (topic, cut) in &cases {
@@ -665,7 +628,7 @@ fn a_torn_tail_is_cut_at_every_cut_point_and_the_log_continues() {
         assert_replay(&server, topic, 0, kept, &again);
     }
     // The repaired logs and the records written after the repair survive another crash.
-    crash_and_restart(&mut server);
+    server.restart();
     for (topic, cut) in &cases {
         let kept = if cut.is_some() { N - 1 } else { N };
         assert_eq!(end_offsets(&server, topic), vec![kept + 1], "{topic}");
@@ -698,7 +661,6 @@ fn a_flipped_byte_makes_only_that_record_corrupt_and_it_is_never_delivered() {
         bytes[*at] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
     }
-    wait_port_free(server.port);
     server.restart();
 
     for (topic, _) in &cases {
@@ -868,7 +830,6 @@ fn sigterm_exits_zero_and_every_record_is_there_after_restart() {
         "{}",
         plain_log(&server)
     );
-    wait_port_free(server.port);
     server.restart();
     assert_eq!(end_offsets(&server, "graceful"), vec![30, 30]);
     for (p, o, body) in &produced {

@@ -3,47 +3,13 @@
 
 mod common;
 
-use berth::client::Answer;
-use common::Server;
+use common::{assert_error, Server};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-/// Asserts an error answer: exact status, exact `error` code, and a non-empty human `message`.
-fn assert_error(a: &Answer, status: u16, code: &str) {
-    let j = a.json();
-    assert_eq!(
-        (a.status, j["error"].as_str()),
-        (status, Some(code)),
-        "body: {}",
-        a.text()
-    );
-    assert!(
-        j["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "error without a message: {}",
-        a.text()
-    );
-}
-
-/// kill -9, then the same server again on the same data dir and port. A killed server's sockets outlive the
-/// reaped process by a few milliseconds (io_uring tears down asynchronously), and a server started inside that
-/// window exits with "Address already in use": wait (bounded) until the port binds before starting it again.
-fn crash_and_restart(server: &mut Server) {
-    server.kill9();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpListener::bind(("127.0.0.1", server.port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "port {} still bound 5 s after kill -9",
-            server.port
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    server.restart();
-}
+use std::time::Duration;
 
 /// `GET /topics` as a sorted set of names.
 fn topic_names(server: &Server) -> BTreeSet<String> {
@@ -365,7 +331,7 @@ fn delete_removes_topic_and_its_data_and_recreating_starts_at_offset_zero() {
 
     // The deletion also survives a restart (nothing resurrects from disk).
     let mut server = server;
-    crash_and_restart(&mut server);
+    server.restart();
     assert_eq!(topic_names(&server), names(&["gone", "stays"]));
     assert_eq!(server.partitions("gone").len(), 3);
     assert_eq!(server.produce("gone", "&partition=0", b"after"), (0, 1));
@@ -386,7 +352,7 @@ fn topic_metadata_survives_kill9_restart() {
         .collect();
     assert_eq!(before[2]["config"]["visibility"], "2500ms");
 
-    crash_and_restart(&mut server);
+    server.restart();
 
     assert_eq!(topic_names(&server), names(&["one", "many", "acks"]));
     for (t, old) in ["one", "many", "acks"].iter().zip(&before) {

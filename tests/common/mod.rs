@@ -143,9 +143,11 @@ impl Server {
         }
     }
 
-    /// Starts the same server again on the same data dir and port.
+    /// kill -9, then the same server again on the same data dir and port (after the port is free again: a killed
+    /// server's sockets outlive the reaped process by a few ms while io_uring tears down).
     pub fn restart(&mut self) {
         self.kill9();
+        wait_port_free(self.port);
         self.spawn();
     }
 
@@ -206,6 +208,34 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Waits (bounded) until `port` can be bound again.
+pub fn wait_port_free(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "port {port} still bound 5 s after the server exited"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Asserts an error answer: exact status, exact `error` code, and a non-empty human `message`.
+pub fn assert_error(a: &Answer, status: u16, code: &str) {
+    let j = a.json();
+    assert_eq!(
+        (a.status, j["error"].as_str()),
+        (status, Some(code)),
+        "body: {}",
+        a.text()
+    );
+    assert!(
+        j["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "error without a message: {}",
+        a.text()
+    );
 }
 
 /// A delivered message: (partition, offset, receipt handle, body).
