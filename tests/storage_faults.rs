@@ -213,3 +213,71 @@ fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
     let server = Server::start_in(&data, 1, &[]);
     assert_eq!(server.partitions("eio")[0]["end_offset"], 2);
 }
+
+/// The 12-byte frontier file (u64 LE + crc32c LE of those 8 bytes), as docs/format.md writes it down.
+fn frontier_bytes(value: u64) -> Vec<u8> {
+    let mut out = value.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc32c::crc32c(&value.to_le_bytes()).to_le_bytes());
+    out
+}
+
+#[test]
+fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
+    let mut server = Server::start(1, &[]);
+    server.create_topic("front", "partitions=2");
+    for p in 0..2 {
+        for i in 0..10 {
+            server.produce(
+                "front",
+                &format!("&partition={p}"),
+                format!("m{i}").as_bytes(),
+            );
+        }
+    }
+    server.kill9();
+    // Partition 0: a frontier far beyond the log end (10). Partition 1: a frontier with a flipped bit.
+    let mut damaged = frontier_bytes(4);
+    damaged[0] ^= 0x10;
+    std::fs::write(
+        server.partition_dir("front", 0).join("consumer.offset"),
+        frontier_bytes(1_000_000),
+    )
+    .unwrap();
+    std::fs::write(
+        server.partition_dir("front", 1).join("consumer.offset"),
+        damaged,
+    )
+    .unwrap();
+    server.restart();
+    let parts = server.partitions("front");
+    assert_eq!(
+        parts[0]["committed"], 10,
+        "a frontier beyond the log end is clamped to it"
+    );
+    assert_eq!(
+        parts[1]["committed"], 0,
+        "a damaged frontier reads as 0: everything redelivers"
+    );
+    let log = server.log_text();
+    assert!(
+        log.contains("beyond the log end"),
+        "no loud log line for the clamp:\n{log}"
+    );
+    assert!(
+        log.contains("fails its check"),
+        "no loud log line for the damaged file:\n{log}"
+    );
+    // Partition 1 redelivers all ten; partition 0 nothing, and new records there are delivered normally.
+    let mut seen = Vec::new();
+    while let Some((p, o, handle, _)) = common::consume(&server.client, "front", "") {
+        seen.push((p, o));
+        assert_eq!(
+            common::settle(&server.client, "ack", "front", &handle, ""),
+            200
+        );
+    }
+    assert_eq!(seen, (0..10).map(|o| (1, o)).collect::<Vec<_>>());
+    server.produce("front", "&partition=0", b"new");
+    let (p, o, _, body) = common::consume(&server.client, "front", "").expect("the new record");
+    assert_eq!((p, o, body.as_slice()), (0, 10, &b"new"[..]));
+}
