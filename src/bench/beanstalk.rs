@@ -17,6 +17,14 @@ fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
+/// The body length announced by a `RESERVED <id> <bytes>` line (0 for any other line).
+fn reserved_body_len(line: &str) -> usize {
+    line.strip_prefix("RESERVED ")
+        .and_then(|rest| rest.split(' ').nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 impl Conn {
     pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
         let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
@@ -75,13 +83,7 @@ impl Conn {
         self.out.clear();
         let _ = write!(self.out, "reserve-with-timeout {timeout_s}\r\n");
         self.send().await?;
-        let body_len = |line: &str| -> usize {
-            line.strip_prefix("RESERVED ")
-                .and_then(|rest| rest.split(' ').nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        let (line, len) = self.read_line(body_len).await?;
+        let (line, len) = self.read_line(reserved_body_len).await?;
         if let Some(rest) = line.strip_prefix("RESERVED ") {
             let id = rest
                 .split(' ')
@@ -126,13 +128,7 @@ impl Conn {
         };
         let (line, _) = self.read_line(|_| 0).await?;
         let inserted = (line.starts_with("INSERTED"), std::time::Instant::now());
-        let body_len = |line: &str| -> usize {
-            line.strip_prefix("RESERVED ")
-                .and_then(|rest| rest.split(' ').nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        let (line, len) = self.read_line(body_len).await?;
+        let (line, len) = self.read_line(reserved_body_len).await?;
         let job = line
             .strip_prefix("RESERVED ")
             .and_then(|rest| rest.split(' ').next())
