@@ -1576,13 +1576,10 @@ fn the_server_wide_connection_cap_holds_across_cores() {
     assert_alive(&server);
 }
 
-/// Not enforced (see the `ignore` reason): a long-poll consume whose client has hung up stays parked for its whole
-/// `wait`, and when a message arrives it is leased to that dead request, so live consumers see `204` for the
-/// topic's `visibility` (30 s by default). SQS behaves alike when a client's timeout is shorter than its
-/// `WaitTimeSeconds`, so this is a hardening question for the lead rather than a contract violation; run with
-/// `--ignored` to see it.
+/// A long-poll consume whose client has hung up must not lease the next message to that dead request (live
+/// consumers would otherwise see `204` for the topic's whole visibility): the server watches a parked
+/// long-poll's socket and drops the request when the client closes.
 #[test]
-#[ignore = "berth leases messages to long-polls whose client already hung up (SQS-like; decision pending)"]
 fn a_long_poll_whose_client_hung_up_does_not_swallow_a_message() {
     let _serial = common::serial();
     let server = Server::start(1, &[]);

@@ -45,7 +45,15 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
                     let close = req.close;
-                    let response = routes::handle(&core, req).await;
+                    let response = if is_long_poll(&req) {
+                        // A long-poll whose client hangs up must not go on to lease a message nobody will read.
+                        match unless_hung_up(&stream, routes::handle(&core, req)).await {
+                            Some(response) => response,
+                            None => return,
+                        }
+                    } else {
+                        routes::handle(&core, req).await
+                    };
                     core.metrics.record(started.elapsed().as_micros() as u64);
                     let close = close || core.stopping.get();
                     response.encode(close, &mut out);
@@ -159,6 +167,32 @@ async fn close_after_error(
             Ok(n) => drained += n,
         }
     }
+}
+
+/// A queue-style or replay consume that may park (`wait` other than 0).
+fn is_long_poll(req: &request::Request) -> bool {
+    req.method == "GET"
+        && req.path == "/consume"
+        && request::query_pairs(&req.query)
+            .iter()
+            .any(|(k, v)| k == "wait" && v.trim_start_matches('0') != "" && !v.starts_with("0ms"))
+}
+
+/// Runs `work` unless the client closes its side first (EOF seen by a peek), in which case `work` is dropped —
+/// cancelling a parked consume before it leases anything — and None is returned. Pipelined bytes that arrive
+/// meanwhile stay in the socket for the next request.
+async fn unless_hung_up(
+    stream: &TcpStream,
+    work: impl std::future::Future<Output = Response>,
+) -> Option<Response> {
+    let hangup = async {
+        let mut probe = [0u8; 1];
+        match stream.peek(&mut probe).await {
+            Ok(0) | Err(_) => None,
+            Ok(_) => futures_lite::future::pending().await,
+        }
+    };
+    futures_lite::future::or(async { Some(work.await) }, hangup).await
 }
 
 fn bump_timed_out(core: &Core) {
