@@ -173,9 +173,9 @@ async fn close_after_error(
 fn is_long_poll(req: &request::Request) -> bool {
     req.method == "GET"
         && req.path == "/consume"
-        && request::query_pairs(&req.query)
-            .iter()
-            .any(|(k, v)| k == "wait" && v.trim_start_matches('0') != "" && !v.starts_with("0ms"))
+        && request::query_pairs(&req.query).iter().any(|(k, v)| {
+            k == "wait" && crate::duration::parse_duration_ms(v).is_ok_and(|ms| ms > 0)
+        })
 }
 
 /// Runs `work` unless the client closes its side first (EOF seen by a peek), in which case `work` is dropped —
