@@ -102,6 +102,8 @@ pub struct Partition {
     flushed: Cell<Option<u64>>,
     /// A flush is running (the flush task and shutdown must not overlap on one file).
     flushing: Cell<bool>,
+    /// Notified when a running flush ends.
+    flushed_event: event_listener::Event,
     /// Wakes parked consumers of the topic.
     wake: Wake,
     /// Monotonic counters.
@@ -147,6 +149,7 @@ impl Partition {
             limits,
             flushed: Cell::new(None),
             flushing: Cell::new(false),
+            flushed_event: event_listener::Event::new(),
             wake,
             counters: Counters::default(),
         });
@@ -347,12 +350,16 @@ impl Partition {
             }
         }
         self.flushing.set(false);
+        self.flushed_event.notify(usize::MAX);
     }
 
     /// Flushes the frontier (waiting out a running flush) and closes the log.
     pub async fn close(&self) {
         while self.flushing.get() {
-            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            let done = self.flushed_event.listen();
+            if self.flushing.get() {
+                done.await;
+            }
         }
         self.flush_frontier().await;
         self.log.close().await;
