@@ -1422,3 +1422,38 @@ fn cli_consume_with_ack_prints_json_lines_and_settles() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("410"), "stderr: {stderr}");
 }
+
+#[test]
+fn a_long_poll_outlasting_the_idle_and_header_timeouts_is_still_answered() {
+    let _g = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("short.toml");
+    std::fs::write(
+        &config,
+        "idle_timeout_ms = 1000\nheader_read_timeout_ms = 1000\n",
+    )
+    .unwrap();
+    let server = Server::start(1, &["--config", config.to_str().unwrap()]);
+    server.create_topic("slow", "");
+    // Idle for a while first, so the connection's idle deadline is already half spent when the long-poll starts.
+    let client = berth::client::Client::new(&server.url());
+    assert_eq!(client.call("GET", "/health", &[]).unwrap().status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let url = server.url();
+    let producer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1800));
+        berth::client::Client::new(&url)
+            .call("POST", "/produce?topic=slow", b"late")
+            .unwrap()
+            .status
+    });
+    let started = std::time::Instant::now();
+    let got = common::consume(&client, "slow", "&wait=4s")
+        .expect("the long-poll must be answered with the message");
+    assert_eq!(got.3, b"late");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "answered before the produce"
+    );
+    assert_eq!(producer.join().unwrap(), 200);
+}

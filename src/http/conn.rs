@@ -42,6 +42,9 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                 Ok(Parsed::Complete(req, used)) => {
                     buf.advance(used);
                     continued = false;
+                    // Read and idle deadlines do not run while a request is being served (a long-poll may
+                    // outlast them); the next read sets a fresh one.
+                    watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
                     let close = req.close;
