@@ -1457,3 +1457,55 @@ fn a_long_poll_outlasting_the_idle_and_header_timeouts_is_still_answered() {
     );
     assert_eq!(producer.join().unwrap(), 200);
 }
+
+#[test]
+fn retention_removes_old_segments_replay_below_start_is_410_and_the_queue_moves_past_them() {
+    let _g = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("small.toml");
+    // Small segments so a few records roll several of them; retention sweeps run every 200 ms.
+    std::fs::write(
+        &config,
+        "max_message_bytes = 1024\nsegment_bytes = 4096\npurge_interval_ms = 200\n",
+    )
+    .unwrap();
+    let server = Server::start(1, &["--config", config.to_str().unwrap()]);
+    server.create_topic("old", "retention=1s");
+    let body = vec![b'r'; 1000];
+    for i in 0..12 {
+        assert_eq!(server.produce("old", "", &body), (0, i));
+    }
+    // Sealed segments whose newest record is older than 1 s go; the active one stays.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let start = loop {
+        let start = server.partitions("old")[0]["start_offset"]
+            .as_u64()
+            .unwrap();
+        if start > 0 {
+            break start;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention never removed a segment"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(start < 12, "the active segment must stay");
+    let a = server.get("/consume?topic=old&partition=0&offset=0");
+    assert_eq!(
+        (a.status, a.json()["error"].as_str()),
+        (410, Some("offset_out_of_retention")),
+        "{}",
+        a.text()
+    );
+    let a = server.get(&format!("/consume?topic=old&partition=0&offset={start}"));
+    assert_eq!(a.status, 200);
+    // The queue starts at the oldest retained offset: nothing below it is ever delivered.
+    let (_, offset, handle, _) =
+        common::consume(&server.client, "old", "").expect("a retained record");
+    assert_eq!(offset, start);
+    assert_eq!(
+        common::settle(&server.client, "ack", "old", &handle, ""),
+        200
+    );
+}
