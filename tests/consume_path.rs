@@ -68,18 +68,8 @@ fn wait_for_field(
     }
 }
 
-/// Decodes `consumer.offset` independently of the server: 12 bytes, u64 LE + CRC-32C LE of those 8 bytes.
-fn decode_frontier(bytes: &[u8]) -> Option<u64> {
-    if bytes.len() != 12 {
-        return None;
-    }
-    let value: [u8; 8] = bytes[..8].try_into().unwrap();
-    let crc = u32::from_le_bytes(bytes[8..].try_into().unwrap());
-    (crc32c::crc32c(&value) == crc).then(|| u64::from_le_bytes(value))
-}
-
 fn read_frontier(partition_dir: &Path) -> Option<u64> {
-    decode_frontier(&std::fs::read(partition_dir.join("consumer.offset")).ok()?)
+    common::decode_frontier(&std::fs::read(partition_dir.join("consumer.offset")).ok()?)
 }
 
 /// Values of the Prometheus series `name` whose labels include every pair of `want`.
@@ -1071,7 +1061,7 @@ fn crash_redelivers_exactly_the_unsettled_offsets_above_the_flushed_frontier() {
     let _g = common::serial();
     // The decoder agrees with docs/format.md's example.
     assert_eq!(
-        decode_frontier(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 0x87, 0x29, 0x6b, 0x51]),
+        common::decode_frontier(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 0x87, 0x29, 0x6b, 0x51]),
         Some(42)
     );
     let mut s = Server::start(1, &[]);

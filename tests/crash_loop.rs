@@ -464,21 +464,11 @@ fn consumer(client: Client, epoch: Arc<Epochs>, mode: Mode, mut rng: XorShift) -
 // Server handling
 // ---------------------------------------------------------------------------------------------------------------
 
-/// Decodes `consumer.offset`: 12 bytes, u64 LE frontier + CRC-32C LE of those 8 bytes.
-fn decode_frontier(bytes: &[u8]) -> Option<u64> {
-    if bytes.len() != 12 {
-        return None;
-    }
-    let value: [u8; 8] = bytes[..8].try_into().unwrap();
-    let crc = u32::from_le_bytes(bytes[8..].try_into().unwrap());
-    (crc32c::crc32c(&value) == crc).then(|| u64::from_le_bytes(value))
-}
-
 /// The frontier on disk: missing = 0; an unreadable file is an error (it is only ever replaced atomically).
 fn read_frontier(partition_dir: &Path) -> Result<u64, String> {
     let path = partition_dir.join("consumer.offset");
     match std::fs::read(&path) {
-        Ok(bytes) => decode_frontier(&bytes)
+        Ok(bytes) => common::decode_frontier(&bytes)
             .ok_or_else(|| format!("{} does not decode: {bytes:02x?}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(format!("{}: {e}", path.display())),

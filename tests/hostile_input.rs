@@ -1707,37 +1707,11 @@ fn a_bearer_token_is_required_everywhere_but_health() {
 /// Runs `berth serve` directly and waits (bounded) for its exit; returns (code, stderr).
 fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .arg("serve")
-        .args(args)
-        .arg("--data-dir")
-        .arg(tmp.path().join("data"))
-        .arg("--cores")
-        .arg("1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn berth");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("berth serve {args:?} did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status.code(), stderr)
+    let data = tmp.path().join("data");
+    let mut all: Vec<&str> = vec!["serve"];
+    all.extend_from_slice(args);
+    all.extend(["--data-dir", data.to_str().unwrap(), "--cores", "1"]);
+    common::run_until_exit(&all)
 }
 
 fn free_port_on_all_interfaces() -> u16 {

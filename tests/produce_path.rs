@@ -875,40 +875,22 @@ fn a_second_server_on_the_same_data_dir_is_refused() {
     let server = Server::start(1, &[]);
     server.create_topic("mine", "");
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--cores",
-            "1",
-            "--data-dir",
-        ])
-        .arg(&server.data_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a second server on the same data dir kept running");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    assert!(!status.success(), "second server exited {status}");
+    let listen = format!("127.0.0.1:{port}");
+    let data = server.data_dir.to_str().unwrap();
+    let (code, stderr) = common::run_until_exit(&[
+        "serve",
+        "--listen",
+        &listen,
+        "--cores",
+        "1",
+        "--data-dir",
+        data,
+    ]);
+    assert_ne!(
+        code,
+        Some(0),
+        "a second server on the same data dir must not start"
+    );
     assert!(
         stderr.contains("data directory") && stderr.contains("in use"),
         "stderr: {stderr}"

@@ -214,13 +214,6 @@ fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
     assert_eq!(server.partitions("eio")[0]["end_offset"], 2);
 }
 
-/// The 12-byte frontier file (u64 LE + crc32c LE of those 8 bytes), as docs/format.md writes it down.
-fn frontier_bytes(value: u64) -> Vec<u8> {
-    let mut out = value.to_le_bytes().to_vec();
-    out.extend_from_slice(&crc32c::crc32c(&value.to_le_bytes()).to_le_bytes());
-    out
-}
-
 #[test]
 fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
     let mut server = Server::start(1, &[]);
@@ -236,11 +229,11 @@ fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
     }
     server.kill9();
     // Partition 0: a frontier far beyond the log end (10). Partition 1: a frontier with a flipped bit.
-    let mut damaged = frontier_bytes(4);
+    let mut damaged = common::encode_frontier(4);
     damaged[0] ^= 0x10;
     std::fs::write(
         server.partition_dir("front", 0).join("consumer.offset"),
-        frontier_bytes(1_000_000),
+        common::encode_frontier(1_000_000),
     )
     .unwrap();
     std::fs::write(

@@ -238,6 +238,52 @@ pub fn assert_error(a: &Answer, status: u16, code: &str) {
     );
 }
 
+/// Runs `berth ARGS` expecting it to exit by itself (bounded: 15 s); returns its exit code and stderr.
+pub fn run_until_exit<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn berth");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("berth did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stderr)
+}
+
+/// `consumer.offset` as docs/format.md writes it down (12 bytes: u64 LE + CRC-32C LE of those 8 bytes), coded
+/// independently of the server so the tests check the format, not the server against itself.
+pub fn encode_frontier(value: u64) -> Vec<u8> {
+    let mut out = value.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc32c::crc32c(&value.to_le_bytes()).to_le_bytes());
+    out
+}
+
+/// Decodes a `consumer.offset` file's bytes; None when the length or the check is wrong.
+pub fn decode_frontier(bytes: &[u8]) -> Option<u64> {
+    let value: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    let crc = u32::from_le_bytes(bytes.get(8..)?.try_into().ok()?);
+    (crc32c::crc32c(&value) == crc).then(|| u64::from_le_bytes(value))
+}
+
 /// A delivered message: (partition, offset, receipt handle, body).
 pub type Delivered = (u64, u64, String, Vec<u8>);
 
