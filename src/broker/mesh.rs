@@ -40,11 +40,6 @@ impl Mesh {
         self.send(to, make(tx))?;
         rx.await.unwrap_or(Err(BrokerError::ShuttingDown))
     }
-
-    /// Closes the outgoing channels (shutdown).
-    pub fn close(&self) {
-        self.senders.close();
-    }
 }
 
 #[cfg(test)]

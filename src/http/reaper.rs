@@ -84,14 +84,6 @@ impl ConnTable {
             }
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.conns.borrow().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Sweeps the table every `tick` until `stopped` says so.

@@ -280,11 +280,6 @@ impl Log {
         (self.batches.get(), self.syncs.get())
     }
 
-    /// Offsets known to be damaged (found at recovery), for describe and tests.
-    pub fn known_corrupt(&self) -> usize {
-        self.state.borrow().corrupt.len()
-    }
-
     /// Appends one record; resolves with its offset once durable under the fsync policy.
     pub async fn append(&self, payload: Bytes) -> Result<u64, AppendError> {
         if self.closed.get() {

@@ -28,8 +28,6 @@ struct State {
     fail_writes: Option<(i32, u32)>,
     /// errno and count of syncs still to fail.
     fail_syncs: Option<(i32, u32)>,
-    /// Writes and syncs performed (for crash points).
-    ops: u64,
 }
 
 /// The simulated disk.
@@ -64,11 +62,6 @@ impl Sim {
     /// The next `count` syncs fail with `errno`; what they should have made durable is not.
     pub fn fail_syncs(&self, errno: i32, count: u32) {
         self.state.borrow_mut().fail_syncs = (count > 0).then_some((errno, count));
-    }
-
-    /// Writes and syncs performed so far.
-    pub fn ops(&self) -> u64 {
-        self.state.borrow().ops
     }
 
     /// The page-cache content of a file.
@@ -139,7 +132,6 @@ struct SimSegment {
 impl SegmentFile for SimSegment {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         let mut st = self.sim.state.borrow_mut();
-        st.ops += 1;
         if let Some(e) = take_fault(&mut st.fail_writes) {
             return Err(e);
         }
@@ -159,7 +151,6 @@ impl SegmentFile for SimSegment {
         Box::pin(async move {
             futures_lite::future::yield_now().await;
             let mut st = self.sim.state.borrow_mut();
-            st.ops += 1;
             if let Some(e) = take_fault(&mut st.fail_syncs) {
                 return Err(e);
             }
@@ -256,7 +247,6 @@ impl Storage for SimStorage {
     fn sync_dir<'a>(&'a self, dir: &'a Path) -> IoFuture<'a, ()> {
         Box::pin(async move {
             let mut st = self.0.state.borrow_mut();
-            st.ops += 1;
             if let Some(e) = take_fault(&mut st.fail_syncs) {
                 return Err(e);
             }
@@ -281,7 +271,6 @@ impl Storage for SimStorage {
         Box::pin(async move {
             futures_lite::future::yield_now().await;
             let mut st = self.0.state.borrow_mut();
-            st.ops += 1;
             if let Some(e) = take_fault(&mut st.fail_syncs) {
                 return Err(e);
             }
