@@ -115,10 +115,34 @@ pub struct Config {
     pub auth_token_file: Option<PathBuf>,
     /// Allow listening on a non-loopback address without authentication. Default false.
     pub insecure: bool,
+    /// Most topics this node holds; more is `409 topic_limit`. Default 10000.
+    pub max_topics: usize,
+    /// Most partitions this node holds, over all topics; more is `409 partition_limit`. Also bounded at start by
+    /// the file-descriptor limit (see `fit_fd_limit`). Default 100000.
+    pub max_partitions: usize,
+    /// Host names (besides loopback names and addresses) that requests may name in `Host` and `Origin` when no
+    /// token is configured: guards against DNS rebinding from a browser. Default none.
+    pub allowed_hosts: Vec<String>,
+    /// Responses a connection may have queued but not yet written before berth stops reading its further
+    /// pipelined requests until they drain. Default 1 MiB.
+    pub max_pending_output_bytes: usize,
+    /// A response write that makes no progress for this long closes the connection (a client that pipelines
+    /// without reading). Default 30 s.
+    pub write_timeout_ms: u64,
     /// The token read from `auth_token_file` at start (not a config key).
     #[serde(skip)]
     pub auth_token: Option<String>,
+    /// Partitions this node may hold: `max_partitions`, lowered to what the file-descriptor limit allows (set at
+    /// start by `fit_fd_limit`; not a config key).
+    #[serde(skip)]
+    pub partition_budget: usize,
 }
+
+/// Descriptors kept aside for everything that is neither a client connection nor a partition: listeners, io_uring
+/// rings, files being replaced, directories being synced, the signal thread. 256.
+pub const FD_RESERVE: u64 = 256;
+/// Descriptors one partition may hold open: its active segment and one sealed segment being read. 2.
+pub const FDS_PER_PARTITION: u64 = 2;
 
 impl Default for Config {
     fn default() -> Self {
@@ -149,6 +173,12 @@ impl Default for Config {
             auth_token_file: None,
             insecure: false,
             auth_token: None,
+            max_topics: 10_000,
+            max_partitions: 100_000,
+            allowed_hosts: Vec::new(),
+            max_pending_output_bytes: 1 << 20,
+            write_timeout_ms: 30_000,
+            partition_budget: 100_000,
         }
     }
 }
@@ -184,6 +214,33 @@ impl Config {
         Ok(())
     }
 
+    /// Shares the file-descriptor limit between connections and partitions: partitions get what connections and
+    /// `FD_RESERVE` leave, at least a quarter of the rest (`max_connections` is lowered, with a warning, to leave
+    /// them that), at `FDS_PER_PARTITION` each.
+    pub fn fit_fd_limit(&mut self, fd_limit: u64) {
+        let available = fd_limit.saturating_sub(FD_RESERVE);
+        let most_connections = available - available / 4;
+        if self.max_connections as u64 > most_connections {
+            tracing::warn!(
+                fd_limit,
+                configured = self.max_connections,
+                lowered_to = most_connections,
+                "max_connections lowered to fit the file-descriptor limit"
+            );
+            self.max_connections = most_connections as usize;
+            self.max_connections_per_core = self.max_connections_per_core.min(self.max_connections);
+        }
+        let for_partitions = (available - self.max_connections as u64) / FDS_PER_PARTITION;
+        self.partition_budget = self.max_partitions.min(for_partitions as usize);
+        if self.partition_budget < self.max_partitions {
+            tracing::info!(
+                fd_limit,
+                partitions = self.partition_budget,
+                "the file-descriptor limit bounds the partitions this node can hold"
+            );
+        }
+    }
+
     /// Checks the limits against each other and against what the formats can hold.
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -205,6 +262,13 @@ impl Config {
             ("purge_interval_ms", self.purge_interval_ms),
             ("ring_depth", self.ring_depth as u64),
             ("preempt_timer_ms", self.preempt_timer_ms),
+            ("max_topics", self.max_topics as u64),
+            ("max_partitions", self.max_partitions as u64),
+            (
+                "max_pending_output_bytes",
+                self.max_pending_output_bytes as u64,
+            ),
+            ("write_timeout_ms", self.write_timeout_ms),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod http;

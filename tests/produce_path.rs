@@ -700,7 +700,7 @@ fn a_flipped_byte_makes_only_that_record_corrupt_and_it_is_never_delivered() {
     for (topic, _) in &cases {
         let dir = server.partition_dir(topic, 0).display().to_string();
         let hit = log.lines().any(|l| {
-            l.contains("ERROR") && l.contains("check") && l.contains("offset=5") && l.contains(&dir)
+            l.contains("ERROR") && l.contains("check") && l.contains("from=5") && l.contains(&dir)
         });
         assert!(
             hit,
@@ -946,9 +946,9 @@ fn pipelined_requests_are_answered_in_order_on_one_kept_alive_connection() {
     server.create_topic("pipe", "");
     let mut s = raw_connect(server.port);
     s.write_all(
-        b"POST /produce?topic=pipe HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nfirst\
-          POST /produce?topic=pipe HTTP/1.1\r\nHost: t\r\nContent-Length: 6\r\n\r\nsecond\
-          GET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"POST /produce?topic=pipe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nfirst\
+          POST /produce?topic=pipe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 6\r\n\r\nsecond\
+          GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     )
     .unwrap();
     let mut buf = Vec::new();
@@ -978,22 +978,25 @@ fn pipelined_requests_are_answered_in_order_on_one_kept_alive_connection() {
     }
 
     // Still open: a replay and an error on the same connection, then a request split over many writes.
-    s.write_all(b"GET /consume?topic=pipe&partition=0&offset=1 HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        b"GET /consume?topic=pipe&partition=0&offset=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .unwrap();
     let replay = read_response(&mut s, &mut buf);
     assert_eq!(
         (replay.status, replay.body.as_slice()),
         (200, &b"second"[..])
     );
     assert_eq!(replay.header("offset"), Some("1"));
-    s.write_all(b"GET /topics/nosuch HTTP/1.1\r\nHost: t\r\n\r\n")
+    s.write_all(b"GET /topics/nosuch HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .unwrap();
     let missing = read_response(&mut s, &mut buf);
     assert_eq!(
         (missing.status, missing.json()["error"].as_str()),
         (404, Some("topic_not_found"))
     );
-    let split = b"POST /produce?topic=pipe HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nthird";
+    let split =
+        b"POST /produce?topic=pipe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nthird";
     for piece in split.chunks(7) {
         s.write_all(piece).unwrap();
         s.flush().unwrap();
@@ -1005,7 +1008,7 @@ fn pipelined_requests_are_answered_in_order_on_one_kept_alive_connection() {
     );
 
     // Connection: close is honoured after the reply.
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .unwrap();
     let last = read_response(&mut s, &mut buf);
     assert_eq!(
@@ -1019,7 +1022,7 @@ fn pipelined_requests_are_answered_in_order_on_one_kept_alive_connection() {
 fn headers_over_16_kib_get_431_and_the_server_stays_up() {
     let server = Server::start(1, &[]);
     for size in [17 << 10, 64 << 10] {
-        let mut req = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: ".to_vec();
+        let mut req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".to_vec();
         req.extend(std::iter::repeat_n(b'a', size));
         req.extend_from_slice(b"\r\n\r\n");
         let r = refused_request(server.port, &req);
@@ -1031,7 +1034,7 @@ fn headers_over_16_kib_get_431_and_the_server_stays_up() {
         assert_healthy(&server);
     }
     // Many small headers add up just the same.
-    let mut req = b"GET /health HTTP/1.1\r\nHost: t\r\n".to_vec();
+    let mut req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
     for i in 0..40 {
         req.extend(format!("X-H{i}: {}\r\n", "b".repeat(500)).into_bytes());
     }
@@ -1039,7 +1042,7 @@ fn headers_over_16_kib_get_431_and_the_server_stays_up() {
     let r = refused_request(server.port, &req);
     assert_eq!(r.status, 431, "{r:?}");
     // Just under the limit is fine.
-    let mut req = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: ".to_vec();
+    let mut req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".to_vec();
     req.extend(std::iter::repeat_n(b'a', 15 << 10));
     req.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
     let mut s = raw_connect(server.port);
@@ -1054,7 +1057,7 @@ fn chunked_bodies_get_411_and_nothing_is_written() {
     server.create_topic("chunky", "");
     let r = refused_request(
         server.port,
-        b"POST /produce?topic=chunky HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /produce?topic=chunky HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     );
     assert_eq!(
         (r.status, r.json()["error"].as_str()),

@@ -215,7 +215,7 @@ fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
 }
 
 #[test]
-fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
+fn a_frontier_beyond_the_log_moves_its_end_up_and_a_damaged_one_reads_as_zero() {
     let mut server = Server::start(1, &[]);
     server.create_topic("front", "partitions=2");
     for p in 0..2 {
@@ -243,18 +243,19 @@ fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
     .unwrap();
     server.restart();
     let parts = server.partitions("front");
-    assert_eq!(
-        parts[0]["committed"], 10,
-        "a frontier beyond the log end is clamped to it"
-    );
+    // The durable frontier proves offsets below it existed: the log continues there (never reusing an offset a
+    // consumer may have settled), and the missing ones count as corrupt-skipped.
+    assert_eq!(parts[0]["committed"], 1_000_000, "{}", parts[0]);
+    assert_eq!(parts[0]["end_offset"], 1_000_000, "{}", parts[0]);
+    assert_eq!(parts[0]["corrupt_skipped"], 1_000_000 - 10, "{}", parts[0]);
     assert_eq!(
         parts[1]["committed"], 0,
         "a damaged frontier reads as 0: everything redelivers"
     );
     let log = server.log_text();
     assert!(
-        log.contains("beyond the log end"),
-        "no loud log line for the clamp:\n{log}"
+        log.contains("beyond the recovered log end"),
+        "no loud log line for the lost offsets:\n{log}"
     );
     assert!(
         log.contains("fails its check"),
@@ -272,5 +273,5 @@ fn a_too_large_or_damaged_consumer_offset_is_never_trusted_beyond_the_log() {
     assert_eq!(seen, (0..10).map(|o| (1, o)).collect::<Vec<_>>());
     server.produce("front", "&partition=0", b"new");
     let (p, o, _, body) = common::consume(&server.client, "front", "").expect("the new record");
-    assert_eq!((p, o, body.as_slice()), (0, 10, &b"new"[..]));
+    assert_eq!((p, o, body.as_slice()), (0, 1_000_000, &b"new"[..]));
 }

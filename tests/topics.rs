@@ -40,7 +40,11 @@ fn names(list: &[&str]) -> BTreeSet<String> {
 fn raw_request(port: u16, head_line: &str) -> (u16, Value) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "{head_line}\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "{head_line}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut reply = Vec::new();
     s.read_to_end(&mut reply).expect("read reply");
     let text = String::from_utf8_lossy(&reply).into_owned();

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Long-poll wiring of one topic on one core.
 pub struct TopicSignal {
@@ -44,7 +44,8 @@ impl TopicSignal {
     /// Wakes up to `n` consumers parked here and every core that registered interest. A wake that cannot be sent
     /// (full channel) keeps the interest so the next one retries.
     fn wake(&self, n: usize, mesh: &Mesh, me: usize) {
-        self.event.notify(n);
+        // Additional: listeners notified by an earlier wake and not yet run must not absorb this one.
+        self.event.notify_additional(n);
         let mut interest = self.remote_interest.borrow_mut();
         for (core, wanted) in interest.iter_mut().enumerate() {
             if *wanted {
@@ -83,6 +84,8 @@ pub struct Core {
     pub config: Rc<Config>,
     pub mesh: Mesh,
     topics: RefCell<HashMap<String, Rc<TopicLocal>>>,
+    /// Topics that could not be opened at start (name → why): they answer 503 topic_unavailable.
+    quarantined: RefCell<std::collections::BTreeMap<String, String>>,
     /// Serialises topic creation and deletion (core 0 only).
     admin_lock: glommio::sync::Semaphore,
     pub metrics: CoreMetrics,
@@ -100,13 +103,19 @@ pub struct Core {
     pub storage: Rc<dyn crate::storage::backend::Storage>,
 }
 
-/// The little state every core shares: readiness for /health and the server-wide connection count.
+/// The little state every core shares: readiness for /health, the server-wide connection count, and the boot-time
+/// agreement on quarantined topics (never on the data path).
 #[derive(Default)]
 pub struct Shared {
     /// Cores serving (listening) now.
     pub ready: std::sync::atomic::AtomicUsize,
     /// Client connections open across all cores.
     pub connections: std::sync::atomic::AtomicUsize,
+    /// Topics some core could not open at boot (name → why), gathered before any core serves.
+    pub boot_failures: std::sync::Mutex<Vec<(String, String)>>,
+    /// Cores done loading their topics (a barrier with `loaded_event`).
+    pub loaded: std::sync::atomic::AtomicUsize,
+    pub loaded_event: Event,
 }
 
 impl Core {
@@ -124,6 +133,7 @@ impl Core {
             config,
             mesh,
             topics: RefCell::new(HashMap::new()),
+            quarantined: RefCell::new(std::collections::BTreeMap::new()),
             admin_lock: glommio::sync::Semaphore::new(1),
             metrics: CoreMetrics::default(),
             expiry_rearm: Event::new(),
@@ -149,16 +159,19 @@ impl Core {
 
     /// The topic as this core knows it.
     pub fn topic(&self, name: &str) -> BrokerResult<Rc<TopicLocal>> {
-        self.topics
-            .borrow()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
+        if let Some(topic) = self.topics.borrow().get(name) {
+            return Ok(topic.clone());
+        }
+        if self.quarantined.borrow().contains_key(name) {
+            return Err(BrokerError::TopicUnavailable(name.to_string()));
+        }
+        Err(BrokerError::TopicNotFound(name.to_string()))
     }
 
-    /// Every topic name, sorted.
+    /// Every topic name (quarantined ones included), sorted.
     pub fn topic_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.topics.borrow().keys().cloned().collect();
+        names.extend(self.quarantined.borrow().keys().cloned());
         names.sort();
         names
     }
@@ -234,48 +247,128 @@ impl Core {
 
     /// Forgets a topic: wakes its parked consumers, flushes and closes its partitions here.
     pub async fn drop_topic(&self, name: &str) -> BrokerResult<()> {
+        self.quarantined.borrow_mut().remove(name);
         let Some(topic) = self.topics.borrow_mut().remove(name) else {
             return Ok(());
         };
         topic.deleted.set(true);
         topic.signal.event.notify(usize::MAX);
         for p in topic.partitions.iter().flatten() {
-            p.log.close().await;
+            p.close_deleted().await;
         }
         Ok(())
     }
 
-    /// Opens every stored topic at boot.
-    pub async fn load_topics(self: &Rc<Self>) -> Result<(), String> {
+    /// Opens every stored topic at boot. A topic that cannot be opened here is not a reason to stay down: it is
+    /// returned (name, reason) for quarantine, which every core then applies alike (`quarantine`).
+    pub async fn load_topics(self: &Rc<Self>) -> Result<Vec<(String, String)>, String> {
         let dir = self.topics_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(format!("{}: {e}", dir.display())),
         };
+        let mut failed = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| e.to_string())?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with(".deleted-") {
-                if self.id == 0 {
-                    remove_in_background(entry.path());
-                }
-                continue;
-            }
             let meta = entry.path().join("topic.json");
             if !meta.exists() {
                 continue;
             }
-            let config = TopicConfig::load(&meta)?;
-            self.apply_topic(config).await.map_err(|e| e.to_string())?;
+            let config = match TopicConfig::load(&meta) {
+                Ok(config) if config.name == name => config,
+                // A deleted topic's data left in place by an older release: core 0 trashes it after the load.
+                Ok(_) if is_leftover(&name) => continue,
+                Ok(config) => {
+                    failed.push((
+                        name,
+                        format!("topic.json names another topic, '{}'", config.name),
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    failed.push((name, e));
+                    continue;
+                }
+            };
+            if let Err(e) = self.apply_topic(config).await {
+                failed.push((name, e.to_string()));
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Takes topics that some core could not open out of service on this core: their partitions here close, and
+    /// every request naming them answers 503 topic_unavailable until a restart opens them (or they are deleted).
+    pub async fn quarantine(&self, topics: &[(String, String)]) {
+        for (name, reason) in topics {
+            let _ = self.drop_topic(name).await;
+            if self.id == 0 {
+                error!(topic = %name, reason = %reason, "topic quarantined: it could not be opened at start; it answers 503 topic_unavailable until a restart can open it, or until it is deleted");
+            }
+            self.quarantined
+                .borrow_mut()
+                .insert(name.clone(), reason.clone());
         }
         if self.id == 0 {
-            info!(topics = self.topics.borrow().len(), "topics loaded");
+            info!(
+                topics = self.topics.borrow().len(),
+                quarantined = topics.len(),
+                "topics loaded"
+            );
         }
+    }
+
+    /// Moves a directory into the trash (same file system), from where it is removed in the background.
+    fn trash(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let target = self.config.data_dir.join("trash").join(format!(
+            "{name}-{}-{}",
+            crate::storage::wall_clock_ms(),
+            TRASH_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::rename(dir, &target)?;
+        remove_in_background(target);
         Ok(())
     }
 
-    /// Creates a topic (core 0 only, serialised): writes topic.json, then has every core open its partitions.
+    /// Empties the trash left by an earlier run, and trashes deleted topics an older release left under topics/
+    /// (core 0, at boot, once every core has loaded).
+    pub fn empty_trash(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                let leftover = is_leftover(&name)
+                    && TopicConfig::load(&entry.path().join("topic.json"))
+                        .is_ok_and(|c| c.name != name);
+                if leftover {
+                    info!(dir = %entry.path().display(), "moving a deleted topic's leftover data to the trash");
+                    if let Err(e) = self.trash(&entry.path()) {
+                        warn!(dir = %entry.path().display(), error = %e, "cannot trash a deleted topic's leftover data");
+                    }
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.config.data_dir.join("trash")) {
+            for entry in entries.flatten() {
+                remove_in_background(entry.path());
+            }
+        }
+    }
+
+    /// Partitions this node holds over every topic (quarantined ones count by what their metadata says).
+    fn partitions_held(&self) -> usize {
+        self.topics
+            .borrow()
+            .values()
+            .map(|t| t.config.partitions as usize)
+            .sum()
+    }
+
+    /// Creates a topic (core 0 only, serialised): checks the node's caps before anything is written, writes
+    /// topic.json, then has every core open its partitions. All or nothing: if any core cannot open its share, every
+    /// core forgets the topic and its directory goes, so no core is left disagreeing and no restart trips on it.
     pub async fn create_topic(
         self: &Rc<Self>,
         config: TopicConfig,
@@ -295,27 +388,87 @@ impl Core {
                 partitions: existing.config.partitions,
             });
         }
+        let held_topics = self.topics.borrow().len() + self.quarantined.borrow().len();
+        if held_topics >= self.config.max_topics {
+            return Err(BrokerError::TopicLimit {
+                limit: self.config.max_topics,
+            });
+        }
+        let budget = self.config.partition_budget;
+        if self.partitions_held() + config.partitions as usize > budget {
+            let reason = if budget < self.config.max_partitions {
+                "bounded by the file-descriptor limit; raise it with ulimit -n".to_string()
+            } else {
+                "max_partitions".to_string()
+            };
+            return Err(BrokerError::PartitionLimit {
+                limit: budget,
+                reason: format!("{reason}; {} held now", self.partitions_held()),
+            });
+        }
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
-        std::fs::create_dir_all(&dir).map_err(|e| BrokerError::Storage(e.to_string()))?;
-        let json = serde_json::to_vec_pretty(&config).expect("topic config serialises");
         let storage = |e: std::io::Error| BrokerError::Storage(e.to_string());
-        crate::storage::atomic_file::replace(&dir.join("topic.json"), json)
-            .await
-            .map_err(storage)?;
-        crate::storage::atomic_file::sync_dir(&self.topics_dir())
-            .await
-            .map_err(storage)?;
-        self.broadcast(
-            |core| {
-                let config = config.clone();
-                async move { core.apply_topic(config).await }
-            },
-            |reply| Command::ApplyTopic {
-                config: config.clone(),
-                reply,
-            },
-        )
-        .await?;
+        std::fs::create_dir_all(&dir).map_err(storage)?;
+        let written = async {
+            let json = serde_json::to_vec_pretty(&config).expect("topic config serialises");
+            crate::storage::atomic_file::replace(&dir.join("topic.json"), json)
+                .await
+                .map_err(storage)?;
+            crate::storage::atomic_file::sync_dir(&self.topics_dir())
+                .await
+                .map_err(storage)
+        }
+        .await;
+        let applied = match written {
+            Ok(()) => {
+                self.broadcast(
+                    |core| {
+                        let config = config.clone();
+                        async move { core.apply_topic(config).await }
+                    },
+                    |reply| Command::ApplyTopic {
+                        config: config.clone(),
+                        reply,
+                    },
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = applied {
+            error!(topic = %config.name, error = %e, "topic creation failed: undoing it on every core");
+            let name = config.name.clone();
+            let undone = self
+                .broadcast(
+                    |core| {
+                        let name = name.clone();
+                        async move { core.drop_topic(&name).await }
+                    },
+                    |reply| Command::DropTopic {
+                        name: name.clone(),
+                        reply,
+                    },
+                )
+                .await;
+            if let Err(undo) = undone {
+                error!(topic = %config.name, error = %undo, "cannot undo a failed topic creation on every core");
+            }
+            if let Err(trash) = self.trash(&dir) {
+                error!(topic = %config.name, error = %trash, "cannot remove a failed topic's directory");
+            }
+            let _ = crate::storage::atomic_file::sync_dir(&self.topics_dir()).await;
+            return Err(match e {
+                BrokerError::Storage(text)
+                    if text.contains("os error 24") || text.contains("os error 23") =>
+                {
+                    BrokerError::PartitionLimit {
+                        limit: self.partitions_held(),
+                        reason: format!("the process ran out of file descriptors: {text}"),
+                    }
+                }
+                other => other,
+            });
+        }
         info!(topic = %config.name, partitions = config.partitions, "topic created");
         Ok((true, config))
     }
@@ -328,7 +481,10 @@ impl Core {
             .acquire_permit(1)
             .await
             .map_err(|_| BrokerError::ShuttingDown)?;
-        self.topic(&name)?;
+        match self.topic(&name) {
+            Ok(_) | Err(BrokerError::TopicUnavailable(_)) => {}
+            Err(e) => return Err(e),
+        }
         self.broadcast(
             |core| {
                 let name = name.clone();
@@ -341,17 +497,13 @@ impl Core {
         )
         .await?;
         let dir = TopicConfig::dir(&self.config.data_dir, &name);
-        let trash = self.topics_dir().join(format!(
-            ".deleted-{name}-{}",
-            crate::storage::wall_clock_ms()
-        ));
         let storage = |e: std::io::Error| BrokerError::Storage(e.to_string());
-        std::fs::rename(&dir, &trash).map_err(storage)?;
+        // Into the trash, outside the topics namespace (the data goes in the background: removing many segment
+        // files must not stall this core).
+        self.trash(&dir).map_err(storage)?;
         crate::storage::atomic_file::sync_dir(&self.topics_dir())
             .await
             .map_err(storage)?;
-        // The data goes in the background: removing many segment files must not stall this core.
-        remove_in_background(trash);
         info!(topic = %name, "topic deleted");
         Ok(())
     }
@@ -411,6 +563,7 @@ impl Core {
             return Ok(Take::NoPartitions);
         }
         let mut all_at_cap = true;
+        let mut unavailable = false;
         for i in 0..n {
             let p = t.owned[(start + i) % n];
             let Some(partition) = t.partitions[p as usize].clone() else {
@@ -422,13 +575,20 @@ impl Core {
                     return Ok(Take::Leased(d));
                 }
                 Take::AtCap => {}
+                Take::Unavailable => unavailable = true,
                 Take::Empty | Take::NoPartitions => all_at_cap = false,
             }
         }
-        Ok(if all_at_cap { Take::AtCap } else { Take::Empty })
+        Ok(if unavailable {
+            Take::Unavailable
+        } else if all_at_cap {
+            Take::AtCap
+        } else {
+            Take::Empty
+        })
     }
 
-    pub fn local_settle(
+    pub async fn local_settle(
         &self,
         topic: &str,
         p: u32,
@@ -436,9 +596,10 @@ impl Core {
         nonce: u64,
         op: SettleOp,
     ) -> BrokerResult<()> {
-        self.partition(topic, p)?.settle(offset, nonce, op)?;
-        if let SettleOp::Extend(visibility_ms) = op {
-            self.note_lease(now_ms() + visibility_ms);
+        let partition = self.partition(topic, p)?;
+        partition.settle(offset, nonce, op).await?;
+        if let (SettleOp::Extend(_), Some(deadline)) = (op, partition.next_expiry_ms()) {
+            self.note_lease(deadline);
         }
         Ok(())
     }
@@ -483,15 +644,19 @@ impl Core {
         }
     }
 
-    pub fn local_describe(&self, topic: &str) -> BrokerResult<Vec<PartitionInfo>> {
+    pub async fn local_describe(&self, topic: &str) -> BrokerResult<Vec<PartitionInfo>> {
         let t = self.topic(topic)?;
-        Ok(t.partitions.iter().flatten().map(|p| p.info()).collect())
+        let mut out = Vec::new();
+        for p in t.partitions.iter().flatten() {
+            out.push(p.info().await);
+        }
+        Ok(out)
     }
 
-    pub fn local_stats(&self) -> CoreStats {
+    pub async fn local_stats(&self) -> CoreStats {
         let mut partitions = Vec::new();
         for (topic, p) in self.owned_partitions() {
-            partitions.push((topic.config.name.clone(), p.info()));
+            partitions.push((topic.config.name.clone(), p.info().await));
         }
         partitions.sort_by(|a, b| (&a.0, a.1.partition).cmp(&(&b.0, b.1.partition)));
         let m = &self.metrics;
@@ -561,12 +726,12 @@ impl Core {
         match command {
             Command::Interest { topic, from } => self.note_interest(&topic, from),
             Command::Wake { topic, from } => self.note_wake(&topic, from),
-            Command::Describe { topic, reply } => {
-                let _ = reply.send(self.local_describe(&topic));
-            }
-            Command::Stats { reply } => {
-                let _ = reply.send(Ok(self.local_stats()));
-            }
+            Command::Describe { topic, reply } => spawn(async move {
+                let _ = reply.send(core.local_describe(&topic).await);
+            }),
+            Command::Stats { reply } => spawn(async move {
+                let _ = reply.send(Ok(core.local_stats().await));
+            }),
             Command::Settle {
                 topic,
                 partition,
@@ -574,9 +739,12 @@ impl Core {
                 nonce,
                 op,
                 reply,
-            } => {
-                let _ = reply.send(self.local_settle(&topic, partition, offset, nonce, op));
-            }
+            } => spawn(async move {
+                let _ = reply.send(
+                    core.local_settle(&topic, partition, offset, nonce, op)
+                        .await,
+                );
+            }),
             Command::CreateTopic { config, reply } => spawn(async move {
                 let _ = reply.send(core.create_topic(config).await);
             }),
@@ -616,6 +784,15 @@ impl Core {
         }
     }
 }
+
+/// A directory an older release renamed a deleted topic to (`.deleted-{name}-{ms}`, its topic.json still naming
+/// the old topic).
+fn is_leftover(dir_name: &str) -> bool {
+    dir_name.starts_with(".deleted-")
+}
+
+/// Makes trash names unique within a process.
+static TRASH_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Removes a renamed-away topic directory on a plain thread (it is no longer reachable by any core).
 fn remove_in_background(dir: PathBuf) {

@@ -34,6 +34,15 @@ pub enum BrokerError {
     ShuttingDown,
     /// 503 log_unavailable: a sync failed earlier; the partition refuses appends until a restart rescans it.
     LogUnavailable,
+    /// 503 partition_unavailable: the partition cannot be served now (its frontier or a record could not be
+    /// read); retried at the next touch.
+    PartitionUnavailable(String),
+    /// 503 topic_unavailable: the topic could not be opened at boot and is quarantined until a restart.
+    TopicUnavailable(String),
+    /// 409 topic_limit: the node holds `max_topics` topics.
+    TopicLimit { limit: usize },
+    /// 409 partition_limit: the topic would take the node past its partition budget.
+    PartitionLimit { limit: usize, reason: String },
     /// 500 storage_error: a write, sync or read failed.
     Storage(String),
     /// 507 insufficient_storage: the disk is full; nothing was written. Produce recovers once space returns.
@@ -78,6 +87,28 @@ impl std::fmt::Display for BrokerError {
                 f,
                 "this partition's log refused appends after a failed sync; restart the server"
             ),
+            Self::PartitionUnavailable(why) => {
+                write!(
+                    f,
+                    "the partition cannot be served now: {why}; retry shortly"
+                )
+            }
+            Self::TopicUnavailable(t) => write!(
+                f,
+                "topic '{t}' could not be opened at start and is quarantined; see the server log"
+            ),
+            Self::TopicLimit { limit } => {
+                write!(
+                    f,
+                    "this node holds its maximum of {limit} topics (max_topics)"
+                )
+            }
+            Self::PartitionLimit { limit, reason } => {
+                write!(
+                    f,
+                    "this node can hold at most {limit} partitions ({reason})"
+                )
+            }
             Self::Storage(e) => write!(f, "storage error: {e}"),
             Self::NoSpace => write!(f, "no space left on the data device; nothing was written"),
         }

@@ -60,7 +60,7 @@ pub struct CoreStats {
     pub partitions: Vec<(String, PartitionInfo)>,
 }
 
-const PARTITION_COUNTERS: [(&str, &str); 7] = [
+const PARTITION_COUNTERS: [(&str, &str); 8] = [
     ("produced", "records made durable"),
     ("delivered", "leases handed to consumers"),
     ("acked", "leases acked"),
@@ -68,6 +68,10 @@ const PARTITION_COUNTERS: [(&str, &str); 7] = [
     ("extended", "leases extended"),
     ("expired", "leases expired (the offset redelivers)"),
     ("lease_gone", "settle attempts answered 410"),
+    (
+        "read_errors",
+        "records that failed to read (I/O errors; released for a retry)",
+    ),
 ];
 
 /// A per-partition gauge: name, Prometheus type, help, and how to read it.

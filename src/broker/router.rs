@@ -47,7 +47,7 @@ impl Core {
         topic: &str,
     ) -> BrokerResult<(TopicConfig, Vec<PartitionInfo>)> {
         let config = self.topic(topic)?.config.clone();
-        let mut all = self.local_describe(topic)?;
+        let mut all = self.local_describe(topic).await?;
         for core in self.others() {
             let topic = topic.to_string();
             all.extend(
@@ -62,7 +62,7 @@ impl Core {
 
     /// Every core's counters, this core first.
     pub async fn stats(self: &Rc<Self>) -> BrokerResult<Vec<CoreStats>> {
-        let mut all = vec![self.local_stats()];
+        let mut all = vec![self.local_stats().await];
         for core in self.others() {
             all.push(
                 self.mesh
@@ -150,9 +150,11 @@ impl Core {
             // 204 at once only when every partition of the topic is at its in-flight cap; a partition below its
             // cap may still receive something, so then the consumer parks (acks on a capped partition wake it too).
             let mut all_at_cap = true;
+            let mut unavailable = false;
             match self.local_take(topic, visibility_ms).await? {
                 Take::Leased(d) => return Ok(Some(d)),
                 Take::AtCap | Take::NoPartitions => {}
+                Take::Unavailable => unavailable = true,
                 Take::Empty => all_at_cap = false,
             }
             for core in self.others() {
@@ -172,9 +174,16 @@ impl Core {
                 match outcome {
                     Ok(Take::Leased(d)) => return Ok(Some(d)),
                     Ok(Take::AtCap) | Ok(Take::NoPartitions) => {}
+                    Ok(Take::Unavailable) => unavailable = true,
                     Ok(Take::Empty) | Err(BrokerError::Overloaded) => all_at_cap = false,
                     Err(e) => return Err(e),
                 }
+            }
+            if unavailable {
+                // A partition with something to deliver could not be served: say so (503, retry) rather than park.
+                return Err(BrokerError::PartitionUnavailable(format!(
+                    "a partition of '{topic}' could not be read; see the server log"
+                )));
             }
             let now = now_ms();
             let Some(listener) = listener else {
@@ -210,7 +219,7 @@ impl Core {
         let partition = Self::check_partition(topic, &t.config, partition)?;
         let core = owner(topic, partition, self.cores);
         if core == self.id {
-            self.local_settle(topic, partition, offset, nonce, op)
+            self.local_settle(topic, partition, offset, nonce, op).await
         } else {
             let topic = topic.to_string();
             self.mesh

@@ -17,6 +17,40 @@ use std::time::Instant;
 /// Bytes read per socket read.
 const READ_CHUNK: usize = 16 << 10;
 
+/// A connection's read or write buffer larger than this is released once empty. 64 KiB.
+const MAX_IDLE_BUFFER: usize = 64 << 10;
+
+/// Bytes written per write call; each one that completes renews the write deadline. 64 KiB.
+const WRITE_CHUNK: usize = 64 << 10;
+
+/// Writes `out` in chunks, each of which must complete within `timeout_ms` (the core's sweeper cuts the connection
+/// otherwise): a client that stops reading cannot hold a connection and its buffers forever.
+async fn write_out(
+    stream: &mut TcpStream,
+    watch: &super::reaper::Watch,
+    out: &[u8],
+    timeout_ms: u64,
+) -> std::io::Result<()> {
+    watch.writing.set(true);
+    let mut result = Ok(());
+    for chunk in out.chunks(WRITE_CHUNK) {
+        watch.deadline_ms.set(now_ms() + timeout_ms);
+        result = stream.write_all(chunk).await;
+        if result.is_err() || watch.expired.get() {
+            break;
+        }
+    }
+    watch.writing.set(false);
+    watch.deadline_ms.set(u64::MAX);
+    if watch.expired.get() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client did not read its answers in time",
+        ));
+    }
+    result
+}
+
 /// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (header read time,
 /// idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
 pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) {
@@ -36,8 +70,15 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
     // `100 Continue` was already sent for the request being read.
     let mut continued = false;
     loop {
-        // Answer every complete request already buffered, in order.
+        // Answer the complete requests already buffered, in order, until the queued answers reach the per-connection
+        // bound: a client that pipelines without reading then waits for its answers to drain before more of its
+        // requests are served, so its output never grows without bound.
+        let mut more_buffered = false;
         loop {
+            if out.len() >= config.max_pending_output_bytes {
+                more_buffered = true;
+                break;
+            }
             match request::parse(&buf, &limits) {
                 Ok(Parsed::Complete(req, used)) => {
                     buf.advance(used);
@@ -58,10 +99,10 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                         routes::handle(&core, req).await
                     };
                     core.metrics.record(started.elapsed().as_micros() as u64);
-                    let close = close || core.stopping.get();
+                    let close = close || response.close || core.stopping.get();
                     response.encode(close, &mut out);
                     if close {
-                        let _ = stream.write_all(&out).await;
+                        let _ = write_out(&mut stream, watch, &out, config.write_timeout_ms).await;
                         return;
                     }
                 }
@@ -76,6 +117,7 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                 }
                 Err(e) => {
                     parse_error_response(&e).encode(true, &mut out);
+                    watch.deadline_ms.set(now_ms() + config.write_timeout_ms);
                     if e == ParseError::HeadersTooLarge {
                         bump_timed_out(&core);
                     }
@@ -85,10 +127,23 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
             }
         }
         if !out.is_empty() {
-            if stream.write_all(&out).await.is_err() {
+            if write_out(&mut stream, watch, &out, config.write_timeout_ms)
+                .await
+                .is_err()
+            {
                 return;
             }
             out.clear();
+            if out.capacity() > MAX_IDLE_BUFFER {
+                // A large answer (metrics of many partitions) must not pin its memory on an idle connection.
+                out = Vec::with_capacity(READ_CHUNK);
+            }
+        }
+        if more_buffered {
+            continue;
+        }
+        if buf.is_empty() && buf.capacity() > MAX_IDLE_BUFFER {
+            buf = BytesMut::with_capacity(READ_CHUNK);
         }
         let idle = buf.is_empty();
         if idle && core.stopping.get() {

@@ -18,6 +18,8 @@ pub struct Watch {
     pub idle: Cell<bool>,
     /// Set when the sweeper cut the connection for its deadline.
     pub expired: Cell<bool>,
+    /// A response write is in progress: its deadline cuts both directions (a blocked send must end too).
+    pub writing: Cell<bool>,
 }
 
 /// One core's open connections.
@@ -40,9 +42,9 @@ impl Drop for Registration {
     }
 }
 
-fn shut_read(fd: RawFd) {
+fn shut(fd: RawFd, how: libc::c_int) {
     // SAFETY: shutdown(2) on a socket descriptor the connection still owns (it deregisters before closing).
-    unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+    unsafe { libc::shutdown(fd, how) };
 }
 
 impl ConnTable {
@@ -54,6 +56,7 @@ impl ConnTable {
             deadline_ms: Cell::new(deadline_ms),
             idle: Cell::new(true),
             expired: Cell::new(false),
+            writing: Cell::new(false),
         });
         self.conns.borrow_mut().insert(id, watch.clone());
         Registration {
@@ -69,7 +72,12 @@ impl ConnTable {
         for watch in self.conns.borrow().values() {
             if !watch.expired.get() && watch.deadline_ms.get() <= now_ms {
                 watch.expired.set(true);
-                shut_read(watch.fd);
+                let how = if watch.writing.get() {
+                    libc::SHUT_RDWR
+                } else {
+                    libc::SHUT_RD
+                };
+                shut(watch.fd, how);
                 cut += 1;
             }
         }
@@ -80,7 +88,7 @@ impl ConnTable {
     pub fn close_idle(&self) {
         for watch in self.conns.borrow().values() {
             if watch.idle.get() {
-                shut_read(watch.fd);
+                shut(watch.fd, libc::SHUT_RD);
             }
         }
     }

@@ -16,6 +16,10 @@ pub struct Request {
     pub close: bool,
     /// The Authorization header, if any.
     pub authorization: Option<String>,
+    /// The Host header, if any.
+    pub host: Option<String>,
+    /// The Origin header, if any (sent by browsers).
+    pub origin: Option<String>,
 }
 
 /// Limits applied while parsing.
@@ -77,6 +81,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     let mut content_length: Option<usize> = None;
     let mut close = version == 0;
     let mut authorization = None;
+    let mut host = None;
+    let mut origin = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -107,6 +113,10 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
         } else if h.name.eq_ignore_ascii_case("authorization") {
             authorization = Some(String::from_utf8_lossy(h.value).into_owned());
+        } else if h.name.eq_ignore_ascii_case("host") {
+            host = Some(String::from_utf8_lossy(h.value).into_owned());
+        } else if h.name.eq_ignore_ascii_case("origin") {
+            origin = Some(String::from_utf8_lossy(h.value).into_owned());
         }
     }
     let body_len = content_length.unwrap_or(0);
@@ -135,6 +145,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             body: Bytes::copy_from_slice(&buf[head_len..total]),
             close,
             authorization,
+            host,
+            origin,
         },
         total,
     ))

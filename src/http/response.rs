@@ -10,6 +10,8 @@ pub struct Response {
     /// Extra headers (Receipt-Handle, Partition, Offset, Retry-After, Allow, ...).
     pub headers: Vec<(&'static str, String)>,
     pub body: Bytes,
+    /// Close the connection after this response (a refused credential, a refused host).
+    pub close: bool,
 }
 
 impl Response {
@@ -19,6 +21,7 @@ impl Response {
             content_type: "text/plain",
             headers: Vec::new(),
             body: Bytes::new(),
+            close: false,
         }
     }
 
@@ -28,6 +31,7 @@ impl Response {
             content_type: "application/json",
             headers: Vec::new(),
             body: Bytes::from(value.to_string()),
+            close: false,
         }
     }
 
@@ -37,6 +41,7 @@ impl Response {
             content_type,
             headers: Vec::new(),
             body,
+            close: false,
         }
     }
 
@@ -47,28 +52,31 @@ impl Response {
         )
     }
 
+    /// Marks the response as the connection's last.
+    pub fn closing(mut self) -> Response {
+        self.close = true;
+        self
+    }
+
     pub fn with_header(mut self, name: &'static str, value: impl ToString) -> Response {
         self.headers.push((name, value.to_string()));
         self
     }
 
-    /// Appends the encoded response to `out`.
+    /// Appends the encoded response to `out`. A 204 carries no Content-Length (RFC 9110 §8.6).
     pub fn encode(&self, close: bool, out: &mut Vec<u8>) {
         use std::io::Write;
-        let _ = write!(
-            out,
-            "HTTP/1.1 {} {}\r\ncontent-length: {}\r\n",
-            self.status,
-            reason(self.status),
-            self.body.len()
-        );
+        let _ = write!(out, "HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
+        if self.status != 204 {
+            let _ = write!(out, "content-length: {}\r\n", self.body.len());
+        }
         if !self.body.is_empty() {
             let _ = write!(out, "content-type: {}\r\n", self.content_type);
         }
         for (name, value) in &self.headers {
             let _ = write!(out, "{name}: {value}\r\n");
         }
-        if close {
+        if close || self.close {
             out.extend_from_slice(b"connection: close\r\n");
         }
         out.extend_from_slice(b"\r\n");
@@ -83,6 +91,7 @@ fn reason(status: u16) -> &'static str {
         204 => "No Content",
         400 => "Bad Request",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",

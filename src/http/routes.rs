@@ -33,6 +33,10 @@ pub fn status_of(e: &BrokerError) -> (u16, &'static str) {
         BrokerError::Overloaded => (503, "overloaded"),
         BrokerError::ShuttingDown => (503, "shutting_down"),
         BrokerError::LogUnavailable => (503, "log_unavailable"),
+        BrokerError::PartitionUnavailable(_) => (503, "partition_unavailable"),
+        BrokerError::TopicUnavailable(_) => (503, "topic_unavailable"),
+        BrokerError::TopicLimit { .. } => (409, "topic_limit"),
+        BrokerError::PartitionLimit { .. } => (409, "partition_limit"),
         BrokerError::Storage(_) => (500, "storage_error"),
         BrokerError::NoSpace => (507, "insufficient_storage"),
     }
@@ -134,11 +138,41 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
         )
         .with_header("allow", allowed);
     }
-    if path != "/health" {
-        if let Some(token) = &core.config.auth_token {
-            if !authorized(token, req.authorization.as_deref()) {
+    match &core.config.auth_token {
+        Some(token) => {
+            if path != "/health" && !authorized(token, req.authorization.as_deref()) {
                 return Response::error(401, "unauthorized", "missing or wrong bearer token")
-                    .with_header("www-authenticate", "Bearer");
+                    .with_header("www-authenticate", "Bearer")
+                    .closing();
+            }
+        }
+        None => {
+            // Without a token, only loopback (or configured) host names, and no cross-origin browser requests:
+            // a web page must not reach the broker through DNS rebinding.
+            if let Some(host) = req.host.as_deref() {
+                // An address is not a name a rebinding page can use; names must be loopback or configured.
+                let name = host_name(host);
+                if name.parse::<std::net::IpAddr>().is_err()
+                    && !host_allowed(name, &core.config.allowed_hosts)
+                {
+                    return Response::error(
+                        403,
+                        "host_not_allowed",
+                        "the Host header names a host this server does not answer for without a token (allowed_hosts)",
+                    )
+                    .closing();
+                }
+            }
+            if let Some(origin) = req.origin.as_deref() {
+                let host = origin.split_once("://").map_or("", |(_, rest)| rest);
+                if !host_allowed(host_name(host), &core.config.allowed_hosts) {
+                    return Response::error(
+                        403,
+                        "cross_origin_refused",
+                        "cross-origin browser requests are refused without a token",
+                    )
+                    .closing();
+                }
             }
         }
     }
@@ -149,18 +183,15 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
         "/topics" => Ok(Response::json(200, &json!(core.topic_names()))),
         "/produce" => produce(core, &params, req.body).await,
         "/consume" => consume(core, &params).await,
-        "/ack" => settle(core, &params, |_| Ok(SettleOp::Ack)).await,
-        "/nack" => settle(core, &params, |_| Ok(SettleOp::Nack)).await,
+        "/ack" => settle(core, &params, Ok(SettleOp::Ack)).await,
+        "/nack" => settle(core, &params, Ok(SettleOp::Nack)).await,
         "/extend" => {
-            settle(core, &params, |config| {
-                let visibility = params.duration(
-                    "visibility",
-                    topic::MIN_VISIBILITY_MS,
-                    topic::MAX_VISIBILITY_MS,
-                )?;
-                Ok(SettleOp::Extend(visibility.unwrap_or(config.visibility_ms)))
-            })
-            .await
+            let visibility = params.duration(
+                "visibility",
+                topic::MIN_VISIBILITY_MS,
+                topic::MAX_VISIBILITY_MS,
+            );
+            settle(core, &params, visibility.map(SettleOp::Extend)).await
         }
         _ => {
             let name = percent_decode(&path["/topics/".len()..]);
@@ -174,13 +205,40 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
     result.unwrap_or_else(|e| error_response(&e))
 }
 
-/// `Authorization: Bearer TOKEN`, compared in constant time.
+/// `Authorization: Bearer TOKEN`, compared in constant time over SHA-256 digests, so neither the content nor the
+/// length of the token leaks through timing.
 fn authorized(token: &str, header: Option<&str>) -> bool {
+    use sha2::{Digest, Sha256};
     use subtle::ConstantTimeEq;
-    let Some(presented) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
-        return false;
-    };
-    presented.trim().as_bytes().ct_eq(token.as_bytes()).into()
+    let presented = header
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    let want = Sha256::digest(token.as_bytes());
+    let got = Sha256::digest(presented.as_bytes());
+    let equal: bool = want.ct_eq(&got).into();
+    equal && header.is_some()
+}
+
+/// The host name of a `Host` header or an origin's authority: the port and IPv6 brackets removed.
+fn host_name(authority: &str) -> &str {
+    let authority = authority.trim();
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    authority
+        .rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(authority, |(host, _)| host)
+}
+
+/// Loopback names and addresses, and the configured `allowed_hosts`.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(host))
 }
 
 fn percent_decode(text: &str) -> String {
@@ -330,12 +388,12 @@ async fn consume(core: &Rc<Core>, params: &Params) -> Result<Response, BrokerErr
 async fn settle(
     core: &Rc<Core>,
     params: &Params,
-    op: impl FnOnce(&TopicConfig) -> Result<SettleOp, BrokerError>,
+    op: Result<SettleOp, BrokerError>,
 ) -> Result<Response, BrokerError> {
     let topic = params.topic()?;
     let (partition, offset, nonce) = params.receipt_handle()?;
-    let config = core.topic(&topic)?.config.clone();
-    let op = op(&config)?;
+    core.topic(&topic)?;
+    let op = op?;
     core.settle(&topic, partition, offset, nonce, op).await?;
     Ok(Response::empty(200))
 }
@@ -364,6 +422,28 @@ mod tests {
             "+1:2:3",
         ] {
             assert_eq!(parse_receipt_handle(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_names_lose_port_and_brackets_and_only_loopback_or_configured_names_pass() {
+        assert_eq!(host_name("localhost:7070"), "localhost");
+        assert_eq!(host_name("[::1]:7070"), "::1");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        assert_eq!(host_name("broker.internal:80"), "broker.internal");
+        let allowed = vec!["broker.internal".to_string()];
+        for ok in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "broker.internal",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in ["evil.example", "localhost.evil.example", "10.0.0.1", ""] {
+            assert!(!host_allowed(bad, &allowed), "{bad}");
         }
     }
 

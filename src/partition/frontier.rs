@@ -25,19 +25,18 @@ pub fn decode(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Reads the frontier of the partition in `dir`: missing → 0; damaged → 0 with a loud log (everything above the
-/// log start redelivers: duplicates, never loss). Blocking read of 12 bytes, once per partition lifetime.
-pub fn read(storage: &dyn Storage, dir: &Path) -> u64 {
+/// log start redelivers: duplicates, never loss). Any other read error (EIO, EMFILE, EACCES, a directory in its
+/// place) is returned: the caller must not guess, since a guessed 0 would be written back over the good file.
+/// Blocking read of 12 bytes, once per partition lifetime.
+pub fn read(storage: &dyn Storage, dir: &Path) -> std::io::Result<u64> {
     let path = dir.join(FILE_NAME);
     match storage.read(&path) {
-        Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
+        Ok(bytes) => Ok(decode(&bytes).unwrap_or_else(|| {
             error!(file = %path.display(), len = bytes.len(), "consumer.offset fails its check: treating the frontier as 0, everything retained redelivers");
             0
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => {
-            error!(file = %path.display(), error = %e, "cannot read consumer.offset: treating the frontier as 0");
-            0
-        }
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
     }
 }
 

@@ -3,8 +3,9 @@
 //! Driven only by the partition's owning core; it lives on that core alone (no locks,
 //! no clock: every time-dependent call takes `now_ms`, no I/O).
 
+use crate::storage::runs::Runs;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 /// The expiry heap is rebuilt from the live leases once it holds more than
 /// `HEAP_SLACK_FACTOR * live + HEAP_SLACK_BASE` slots (superseded/stale slots pile up
@@ -58,6 +59,8 @@ pub enum SettleError {
 struct Slot {
     nonce: u64,
     expires_at_ms: u64,
+    /// The lease length it was granted with; an extend without a length re-arms this one.
+    visibility_ms: u64,
 }
 
 /// In-flight state of one partition.
@@ -90,7 +93,7 @@ pub struct InFlight {
     /// Corrupt-skipped offsets above `committed`, as maximal disjoint half-open runs
     /// `start -> end`. Run-length encoded so a long stretch of unreadable records costs
     /// O(1) memory: the number of runs is bounded by the caps, not by the log.
-    corrupt_runs: BTreeMap<u64, u64>,
+    corrupt_runs: Runs,
     /// Total number of corrupt skips ever reported to this shard (since construction).
     corrupt_skipped_total: u64,
     /// Min-heap of `(expires_at_ms, offset, nonce)`. May hold stale slots (superseded by
@@ -111,7 +114,7 @@ impl InFlight {
             leases: HashMap::new(),
             redeliver: BTreeSet::new(),
             acked_ahead: BTreeSet::new(),
-            corrupt_runs: BTreeMap::new(),
+            corrupt_runs: Runs::new(),
             corrupt_skipped_total: 0,
             expiry: BinaryHeap::new(),
         }
@@ -169,13 +172,13 @@ impl InFlight {
                 break;
             }
             self.expiry.pop();
-            let current = Slot {
-                nonce,
-                expires_at_ms: at,
-            };
             // Only the slot matching the live lease exactly may evict it; superseded
             // deadlines (after an extend) and slots of settled leases are skipped.
-            if self.leases.get(&offset) == Some(&current) {
+            let matches = self
+                .leases
+                .get(&offset)
+                .is_some_and(|slot| slot.nonce == nonce && slot.expires_at_ms == at);
+            if matches {
                 self.leases.remove(&offset);
                 let fresh = self.redeliver.insert(offset);
                 debug_assert!(fresh, "leased offset {offset} was also in redeliver");
@@ -215,9 +218,10 @@ impl InFlight {
             Slot {
                 nonce,
                 expires_at_ms,
+                visibility_ms,
             },
         );
-        debug_assert!(prev.is_none(), "offset {offset} leased twice");
+        assert!(prev.is_none(), "offset {offset} leased twice");
         self.push_expiry(expires_at_ms, offset, nonce);
         Reserve::Leased(Lease {
             offset,
@@ -267,19 +271,22 @@ impl InFlight {
     }
 
     /// Purges first. Ok only if `offset` has a live lease with exactly this `nonce`.
-    /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before);
-    /// the nonce is unchanged. Returns the updated lease.
+    /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before), or,
+    /// without a length, to `now_ms +` the length the lease was granted or last extended
+    /// with; the nonce is unchanged. Returns the updated lease.
     pub fn extend(
         &mut self,
         offset: u64,
         nonce: u64,
         now_ms: u64,
-        visibility_ms: u64,
+        visibility_ms: Option<u64>,
     ) -> Result<Lease, SettleError> {
         self.purge_expired(now_ms);
-        let expires_at_ms = now_ms.saturating_add(visibility_ms);
         match self.leases.get_mut(&offset) {
             Some(slot) if slot.nonce == nonce => {
+                let visibility_ms = visibility_ms.unwrap_or(slot.visibility_ms);
+                let expires_at_ms = now_ms.saturating_add(visibility_ms);
+                slot.visibility_ms = visibility_ms;
                 let changed = slot.expires_at_ms != expires_at_ms;
                 slot.expires_at_ms = expires_at_ms;
                 if changed {
@@ -315,6 +322,29 @@ impl InFlight {
         self.committed
     }
 
+    /// Like [`InFlight::skip_corrupt`] for a whole run: the caller reserved `(offset,
+    /// nonce)` and the log says every offset in `[offset, end)` is unreadable. When the
+    /// lease was fresh (the rest of the run was never handed out), the run is settled in
+    /// one step; otherwise only `offset` is. Returns the new `committed`.
+    pub fn skip_corrupt_run(&mut self, offset: u64, nonce: u64, end: u64) -> u64 {
+        if !self.is_live(offset, nonce) {
+            return self.committed;
+        }
+        if end <= offset + 1 || offset + 1 != self.cursor {
+            return self.skip_corrupt(offset, nonce);
+        }
+        self.leases.remove(&offset);
+        self.cursor = end;
+        self.corrupt_skipped_total = self.corrupt_skipped_total.saturating_add(end - offset);
+        if offset == self.committed {
+            self.committed = end;
+            self.advance_frontier();
+        } else {
+            self.corrupt_runs.insert(offset, end);
+        }
+        self.committed
+    }
+
     /// Retention removed everything below `start`: if `committed < start`, moves
     /// `committed` to `start` (and then over any settled run at `start`), forgetting
     /// leases / acked-ahead / corrupt / redelivery state below it; handles below `start`
@@ -328,17 +358,7 @@ impl InFlight {
         self.leases.retain(|&offset, _| offset >= start);
         self.redeliver = self.redeliver.split_off(&start);
         self.acked_ahead = self.acked_ahead.split_off(&start);
-        let straddling_end = self
-            .corrupt_runs
-            .range(..start)
-            .next_back()
-            .map(|(_, &end)| end)
-            .filter(|&end| end > start);
-        let mut upper = self.corrupt_runs.split_off(&start);
-        if let Some(end) = straddling_end {
-            upper.insert(start, end);
-        }
-        self.corrupt_runs = upper;
+        self.corrupt_runs.drop_below(start);
         self.advance_frontier();
         // Slots of dropped leases are now stale; shed them if they dominate the heap.
         self.maybe_compact_expiry();
@@ -405,7 +425,7 @@ impl InFlight {
             if self.acked_ahead.first() == Some(&self.committed) {
                 self.acked_ahead.pop_first();
                 self.committed += 1;
-            } else if let Some(end) = self.corrupt_runs.remove(&self.committed) {
+            } else if let Some(end) = self.corrupt_runs.remove_starting_at(self.committed) {
                 self.committed = end;
             } else {
                 break;
@@ -418,19 +438,12 @@ impl InFlight {
     /// adjacent runs so runs stay maximal.
     fn insert_corrupt(&mut self, offset: u64) {
         debug_assert!(offset > self.committed && offset < self.cursor);
-        let mut start = offset;
+        debug_assert!(
+            !self.corrupt_runs.contains(offset),
+            "offset {offset} already corrupt"
+        );
         // offset < cursor <= u64::MAX, so this cannot overflow.
-        let mut end = offset + 1;
-        if let Some((&prev_start, &prev_end)) = self.corrupt_runs.range(..offset).next_back() {
-            debug_assert!(prev_end <= offset, "offset {offset} already corrupt");
-            if prev_end == offset {
-                start = prev_start;
-            }
-        }
-        if let Some(next_end) = self.corrupt_runs.remove(&end) {
-            end = next_end;
-        }
-        self.corrupt_runs.insert(start, end);
+        self.corrupt_runs.insert(offset, offset + 1);
     }
 
     /// Test-only full consistency check (O(n)).
@@ -459,7 +472,7 @@ impl InFlight {
             covered += 1;
         }
         let mut last_end = None;
-        for (&s, &e) in &self.corrupt_runs {
+        for (s, e) in self.corrupt_runs.iter() {
             assert!(
                 s < e && s > self.committed && e <= self.cursor,
                 "bad run {s}..{e}"
@@ -484,7 +497,7 @@ impl InFlight {
 
     #[cfg(test)]
     fn in_corrupt(&self, o: u64) -> bool {
-        matches!(self.corrupt_runs.range(..=o).next_back(), Some((_, &e)) if o < e)
+        self.corrupt_runs.contains(o)
     }
 }
 
@@ -533,7 +546,10 @@ mod tests {
         assert_eq!((second.offset, second.nonce), (0, 102));
         assert_eq!(s.ack(0, first.nonce, 1_000), Err(SettleError::Gone));
         assert_eq!(s.nack(0, first.nonce, 1_000), Err(SettleError::Gone));
-        assert_eq!(s.extend(0, first.nonce, 1_000, 5), Err(SettleError::Gone));
+        assert_eq!(
+            s.extend(0, first.nonce, 1_000, Some(5)),
+            Err(SettleError::Gone)
+        );
         assert_eq!(s.skip_corrupt(0, first.nonce), 0);
         assert_eq!(s.corrupt_skipped_total(), 0);
         assert_eq!(s.in_flight(), 1);
@@ -557,7 +573,7 @@ mod tests {
     fn extended_lease_outlives_first_deadline() {
         let mut s = InFlight::new(0, 0, limits(10, 10));
         let l = leased(s.reserve(5, 0, 100));
-        let ext = s.extend(l.offset, l.nonce, 50, 100).expect("live");
+        let ext = s.extend(l.offset, l.nonce, 50, Some(100)).expect("live");
         assert_eq!(
             ext,
             Lease {
@@ -573,7 +589,7 @@ mod tests {
     fn superseded_heap_slot_does_not_evict_extended_lease() {
         let mut s = InFlight::new(0, 0, limits(10, 10));
         let l = leased(s.reserve(5, 0, 100));
-        s.extend(l.offset, l.nonce, 10, 1_000).expect("live");
+        s.extend(l.offset, l.nonce, 10, Some(1_000)).expect("live");
         assert_eq!(s.next_expiry_ms(), Some(100)); // the superseded slot, a mere hint
         assert_eq!(s.purge_expired(100), 0);
         assert_eq!(s.in_flight(), 1);
@@ -588,7 +604,7 @@ mod tests {
     fn extend_can_shorten_and_old_later_slot_is_then_stale() {
         let mut s = InFlight::new(0, 0, limits(10, 10));
         let l = leased(s.reserve(5, 0, 1_000));
-        s.extend(l.offset, l.nonce, 10, 10).expect("live");
+        s.extend(l.offset, l.nonce, 10, Some(10)).expect("live");
         assert_eq!(s.purge_expired(20), 1);
         let again = leased(s.reserve(5, 20, 5_000));
         assert_eq!(again.offset, 0);
@@ -602,7 +618,10 @@ mod tests {
         let mut s = InFlight::new(0, 0, limits(10, 10));
         let l = leased(s.reserve(5, 7, 0));
         assert_eq!(l.expires_at_ms, 7);
-        assert_eq!(s.extend(l.offset, l.nonce, 7, 10), Err(SettleError::Gone));
+        assert_eq!(
+            s.extend(l.offset, l.nonce, 7, Some(10)),
+            Err(SettleError::Gone)
+        );
         assert_eq!(leased(s.reserve(5, 7, 10)).offset, 0);
     }
 
@@ -630,7 +649,7 @@ mod tests {
         assert_eq!(s.in_flight(), 2);
         assert_eq!(s.acked_ahead(), 1);
         // The refused lease is still live and extendable.
-        s.extend(2, ls[2].nonce, 0, 100).expect("still live");
+        s.extend(2, ls[2].nonce, 0, Some(100)).expect("still live");
         // An ack at the frontier needs no slot even though the set is full.
         assert_eq!(s.ack(0, ls[0].nonce, 0), Ok(2));
         assert_eq!(s.ack(2, ls[2].nonce, 0), Ok(3));
@@ -790,7 +809,7 @@ mod tests {
         let mut s = InFlight::new(0, 0, limits(4, 4));
         let l = leased(s.reserve(10, 0, 100));
         for t in 1..10_000u64 {
-            s.extend(l.offset, l.nonce, t, 100).expect("live");
+            s.extend(l.offset, l.nonce, t, Some(100)).expect("live");
             assert!(s.expiry.len() <= HEAP_SLACK_FACTOR + HEAP_SLACK_BASE);
         }
         s.check_invariants();
@@ -803,7 +822,7 @@ mod tests {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum St {
         Free,
-        Leased { nonce: u64, expiry: u64 },
+        Leased { nonce: u64, expiry: u64, vis: u64 },
         Acked,
         Corrupt,
         Dropped,
@@ -816,6 +835,8 @@ mod tests {
         last_nonce: u64,
         limits: Limits,
         corrupt_total: u64,
+        /// One past the highest offset ever leased (offsets are handed out lowest first).
+        handed_end: u64,
     }
 
     impl Model {
@@ -873,7 +894,9 @@ mod tests {
             self.st[o as usize] = St::Leased {
                 nonce: self.last_nonce,
                 expiry,
+                vis,
             };
+            self.handed_end = self.handed_end.max(o + 1);
             Reserve::Leased(Lease {
                 offset: o,
                 nonce: self.last_nonce,
@@ -900,13 +923,25 @@ mod tests {
             self.st[o as usize] = St::Free;
             Ok(())
         }
-        fn extend(&mut self, o: u64, n: u64, now: u64, vis: u64) -> Result<Lease, SettleError> {
+        fn extend(
+            &mut self,
+            o: u64,
+            n: u64,
+            now: u64,
+            vis: Option<u64>,
+        ) -> Result<Lease, SettleError> {
             self.purge(now);
-            if !self.live(o, n) {
-                return Err(SettleError::Gone);
-            }
+            let own = match self.st.get(o as usize) {
+                Some(St::Leased { nonce, vis, .. }) if *nonce == n => *vis,
+                _ => return Err(SettleError::Gone),
+            };
+            let vis = vis.unwrap_or(own);
             let expiry = now.saturating_add(vis);
-            self.st[o as usize] = St::Leased { nonce: n, expiry };
+            self.st[o as usize] = St::Leased {
+                nonce: n,
+                expiry,
+                vis,
+            };
             Ok(Lease {
                 offset: o,
                 nonce: n,
@@ -921,6 +956,21 @@ mod tests {
             }
             self.committed
         }
+        fn skip_run(&mut self, o: u64, n: u64, end: u64) -> u64 {
+            if !self.live(o, n) {
+                return self.committed;
+            }
+            if end <= o + 1 || o + 1 != self.handed_end {
+                return self.skip(o, n);
+            }
+            for s in &mut self.st[o as usize..end as usize] {
+                *s = St::Corrupt;
+            }
+            self.corrupt_total += end - o;
+            self.handed_end = end;
+            self.advance();
+            self.committed
+        }
         fn advance_to(&mut self, start: u64) {
             if start <= self.committed {
                 return;
@@ -929,6 +979,7 @@ mod tests {
                 *s = St::Dropped;
             }
             self.committed = start;
+            self.handed_end = self.handed_end.max(start);
             self.advance();
         }
     }
@@ -950,8 +1001,9 @@ mod tests {
         Reserve(u64),
         Ack(H),
         Nack(H),
-        Extend(H, u64),
+        Extend(H, Option<u64>),
         Skip(H),
+        SkipRun(H, u64),
         Tick(u64),
         Purge,
         Grow(u64),
@@ -979,8 +1031,9 @@ mod tests {
             8 => vis.clone().prop_map(Op::Reserve),
             6 => handle().prop_map(Op::Ack),
             2 => handle().prop_map(Op::Nack),
-            3 => (handle(), vis).prop_map(|(h, v)| Op::Extend(h, v)),
+            3 => (handle(), proptest::option::of(vis)).prop_map(|(h, v)| Op::Extend(h, v)),
             1 => handle().prop_map(Op::Skip),
+            1 => (handle(), 0..6u64).prop_map(|(h, n)| Op::SkipRun(h, n)),
             3 => (0..30u64).prop_map(Op::Tick),
             1 => Just(Op::Purge),
             2 => (0..4u64).prop_map(Op::Grow),
@@ -997,6 +1050,7 @@ mod tests {
             last_nonce: seed,
             limits: lim,
             corrupt_total: 0,
+            handed_end: committed,
         };
         model.st.resize((committed + end0) as usize, St::Free);
         let mut now = 0u64;
@@ -1070,6 +1124,20 @@ mod tests {
                     }
                     assert_eq!(real.skip_corrupt(o, n), model.skip(o, n), "skip({o},{n})");
                 }
+                Op::SkipRun(h, len) => {
+                    let (o, n) = resolve(h, &model, &issued);
+                    let end = (o + 1 + len).min(model.end());
+                    let was_live = model.live(o, n);
+                    let got = real.skip_corrupt_run(o, n, end);
+                    assert_eq!(got, model.skip_run(o, n, end), "skip_run({o},{n},{end})");
+                    if was_live {
+                        for x in o..end {
+                            if model.st[x as usize] == St::Corrupt {
+                                ever_settled.insert(x);
+                            }
+                        }
+                    }
+                }
                 Op::Tick(dt) => now += dt,
                 Op::Purge => assert_eq!(real.purge_expired(now), model.purge(now), "purge"),
                 Op::Grow(n) => {
@@ -1102,13 +1170,14 @@ mod tests {
             let mut min_expiry = None;
             for (o, s) in model.st.iter().enumerate() {
                 match *s {
-                    St::Leased { nonce, expiry } => {
+                    St::Leased { nonce, expiry, vis } => {
                         let slot = real.leases.get(&(o as u64));
                         assert_eq!(
                             slot,
                             Some(&Slot {
                                 nonce,
-                                expires_at_ms: expiry
+                                expires_at_ms: expiry,
+                                visibility_ms: vis,
                             })
                         );
                         min_expiry = Some(min_expiry.map_or(expiry, |m: u64| m.min(expiry)));

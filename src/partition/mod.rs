@@ -32,8 +32,8 @@ pub struct Delivery {
 pub enum SettleOp {
     Ack,
     Nack,
-    /// Re-arm the expiry to now + this many ms.
-    Extend(u64),
+    /// Re-arm the expiry to now + this many ms (None: the lease's own length).
+    Extend(Option<u64>),
 }
 
 /// Result of trying to lease from one partition (or from all of a core's partitions of a topic).
@@ -46,6 +46,9 @@ pub enum Take {
     AtCap,
     /// The core owns no partition of the topic.
     NoPartitions,
+    /// A partition could not be served now (its frontier or a record could not be read); counted and logged,
+    /// and tried again at the next touch.
+    Unavailable,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
@@ -58,6 +61,7 @@ pub struct Counters {
     pub extended: Cell<u64>,
     pub expired: Cell<u64>,
     pub lease_gone: Cell<u64>,
+    pub read_errors: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -76,10 +80,22 @@ pub struct PartitionInfo {
     pub acked_ahead: usize,
     pub corrupt_skipped: u64,
     #[serde(skip)]
-    pub counters: [u64; 7],
+    pub counters: [u64; 8],
     /// (append batches, fdatasyncs) of its log.
     #[serde(skip)]
     pub io_counts: (u64, u64),
+}
+
+/// How many times a record may fail to read (an I/O error, not a failed check) before it is treated as corrupt.
+pub const MAX_READ_FAILURES: u32 = 3;
+
+/// Where the lease shard stands: loaded lazily at the first touch, from the frontier file on disk.
+enum ShardSlot {
+    /// Not touched yet (or the last load failed and will be retried).
+    Unloaded,
+    /// A touch is reading the frontier; others wait for `loaded_event`.
+    Loading,
+    Loaded(InFlight),
 }
 
 /// One partition on its owning core.
@@ -88,22 +104,33 @@ pub struct Partition {
     pub id: u32,
     /// The core that owns it (this one).
     pub core: usize,
+    /// The glommio executor that owns it: every touch asserts it runs there.
+    executor: usize,
     /// Its directory: segments and consumer.offset.
     dir: PathBuf,
     /// Where its files live (the disk, or a simulator in tests).
     storage: Rc<dyn Storage>,
     /// The durable log.
     pub log: Rc<Log>,
-    /// The lease shard; None until the first touch loads the frontier file.
-    shard: RefCell<Option<InFlight>>,
+    /// The lease shard, loaded at the first touch.
+    shard: RefCell<ShardSlot>,
+    /// Notified when a load ends (successfully or not).
+    loaded_event: event_listener::Event,
     /// Caps from the topic config.
     limits: Limits,
-    /// Frontier value last made durable in consumer.offset (None: never written by this process).
-    flushed: Cell<Option<u64>>,
+    /// Frontier value known durable in consumer.offset (what was read at the first touch, then each flush).
+    flushed: Cell<u64>,
     /// A flush is running (the flush task and shutdown must not overlap on one file).
     flushing: Cell<bool>,
     /// Notified when a running flush ends.
     flushed_event: event_listener::Event,
+    /// Set when the partition is closed (topic deleted or shutdown): no file of it is written after this, since its
+    /// directory may already belong to a new topic of the same name.
+    closed: Cell<bool>,
+    /// Offsets lost below the durable frontier at recovery (the log ended before it): counted as corrupt-skipped.
+    lost_below_frontier: Cell<u64>,
+    /// Read failures per offset (I/O errors), for the offsets that failed recently.
+    read_failures: RefCell<std::collections::BTreeMap<u64, u32>>,
     /// Wakes parked consumers of the topic.
     wake: Wake,
     /// Monotonic counters.
@@ -142,14 +169,19 @@ impl Partition {
         let partition = Rc::new(Partition {
             id,
             core,
+            executor: glommio::executor().id(),
             dir: dir.to_path_buf(),
             storage,
             log,
-            shard: RefCell::new(None),
+            shard: RefCell::new(ShardSlot::Unloaded),
+            loaded_event: event_listener::Event::new(),
             limits,
-            flushed: Cell::new(None),
+            flushed: Cell::new(0),
             flushing: Cell::new(false),
             flushed_event: event_listener::Event::new(),
+            closed: Cell::new(false),
+            lost_below_frontier: Cell::new(0),
+            read_failures: RefCell::new(std::collections::BTreeMap::new()),
             wake,
             counters: Counters::default(),
         });
@@ -163,31 +195,105 @@ impl Partition {
         Ok(partition)
     }
 
-    /// Runs `f` on the shard, loading the frontier from disk at the first touch (clamped to the log).
-    fn with_shard<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
-        let mut slot = self.shard.borrow_mut();
-        let shard = slot.get_or_insert_with(|| {
-            let stored = frontier::read(&*self.storage, &self.dir);
-            let (start, end) = (self.log.start_offset(), self.log.end_offset());
-            let committed = if stored > end {
-                error!(dir = %self.dir.display(), stored, log_end = end, "consumer.offset is beyond the log end: clamping to the log end");
-                end
-            } else {
-                stored.max(start)
-            };
-            self.flushed.set(Some(stored));
-            let nonce_seed = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(1)
-                << 8;
-            InFlight::new(committed, nonce_seed, self.limits)
-        });
-        f(shard)
+    /// Every touch runs on the owning core's executor: the shard and the log are not shared.
+    fn assert_owner(&self) {
+        assert_eq!(
+            glommio::executor().id(),
+            self.executor,
+            "partition {} of core {} touched from another executor",
+            self.id,
+            self.core
+        );
     }
 
-    /// Leases the lowest deliverable offset and reads it; corrupt records are skipped, counted and logged.
+    /// Loads the lease shard at the first touch: reads consumer.offset from disk (a read error other than "not
+    /// found" fails this touch with 503 and the next touch retries; the frontier is never guessed as 0), and if the
+    /// durable frontier is beyond what recovery found in the log, moves the log's end up to it so no offset a
+    /// consumer may have settled is ever handed out again.
+    pub async fn ensure_loaded(&self) -> BrokerResult<()> {
+        self.assert_owner();
+        loop {
+            let listener = match &*self.shard.borrow() {
+                ShardSlot::Loaded(_) => return Ok(()),
+                ShardSlot::Loading => Some(self.loaded_event.listen()),
+                ShardSlot::Unloaded => None,
+            };
+            match listener {
+                Some(listener) => listener.await,
+                None => break,
+            }
+        }
+        if self.closed.get() {
+            return Err(BrokerError::ShuttingDown);
+        }
+        *self.shard.borrow_mut() = ShardSlot::Loading;
+        let result = self.load_shard().await;
+        let outcome = match result {
+            Ok(shard) => {
+                *self.shard.borrow_mut() = ShardSlot::Loaded(shard);
+                Ok(())
+            }
+            Err(e) => {
+                *self.shard.borrow_mut() = ShardSlot::Unloaded;
+                Err(e)
+            }
+        };
+        self.loaded_event.notify(usize::MAX);
+        outcome
+    }
+
+    async fn load_shard(&self) -> BrokerResult<InFlight> {
+        let stored = frontier::read(&*self.storage, &self.dir).map_err(|e| {
+            error!(dir = %self.dir.display(), error = %e, "cannot read consumer.offset: the partition answers 503 until it can");
+            BrokerError::PartitionUnavailable(format!("cannot read its frontier: {e}"))
+        })?;
+        let recovered_end = self.log.end_offset();
+        if stored > recovered_end {
+            self.log.skip_to(stored).await.map_err(|e| {
+                error!(dir = %self.dir.display(), error = %e, "cannot move the log end up to the durable frontier");
+                BrokerError::PartitionUnavailable(format!("cannot move the log to its frontier: {e}"))
+            })?;
+            self.lost_below_frontier.set(stored - recovered_end);
+        }
+        let (start, end) = (self.log.start_offset(), self.log.end_offset());
+        let committed = stored.max(start);
+        assert!(
+            committed <= end,
+            "frontier {committed} beyond the recovered end {end}"
+        );
+        self.flushed.set(stored);
+        let nonce_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1)
+            << 8;
+        Ok(InFlight::new(committed, nonce_seed, self.limits))
+    }
+
+    /// Runs `f` on the loaded shard (None when it is not loaded).
+    fn with_loaded<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> Option<R> {
+        self.assert_owner();
+        match &mut *self.shard.borrow_mut() {
+            ShardSlot::Loaded(shard) => Some(f(shard)),
+            _ => None,
+        }
+    }
+
+    /// Runs `f` on the shard, which the caller has loaded (`ensure_loaded`).
+    fn with_shard<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
+        self.with_loaded(f)
+            .expect("the shard is loaded before it is used")
+    }
+
+    /// Leases the lowest deliverable offset and reads it; corrupt records are skipped, counted and logged (one line
+    /// per run); a record that fails to read is released, counted, and after `MAX_READ_FAILURES` treated as corrupt.
     pub async fn take(&self, visibility_ms: u64) -> BrokerResult<Take> {
+        if let Err(e) = self.ensure_loaded().await {
+            return match e {
+                BrokerError::PartitionUnavailable(_) => Ok(Take::Unavailable),
+                other => Err(other),
+            };
+        }
         loop {
             let now = now_ms();
             let end = self.log.end_offset();
@@ -209,8 +315,15 @@ impl Partition {
                     }));
                 }
                 Err(ReadError::Corrupt) => {
-                    error!(dir = %self.dir.display(), offset = lease.offset, "skipping a corrupt record: it will never be delivered");
-                    self.with_shard(|s| s.skip_corrupt(lease.offset, lease.nonce));
+                    let run_end = self
+                        .log
+                        .corrupt_run_end(lease.offset)
+                        .unwrap_or(lease.offset + 1)
+                        .min(end);
+                    error!(dir = %self.dir.display(), from = lease.offset, to = run_end, "skipping corrupt records from..to: they will never be delivered");
+                    self.with_shard(|s| s.skip_corrupt_run(lease.offset, lease.nonce, run_end));
+                    // A long run must not hold the core.
+                    futures_lite::future::yield_now().await;
                 }
                 Err(ReadError::OutOfRetention { start }) => {
                     self.with_shard(|s| s.advance_to(start));
@@ -221,9 +334,23 @@ impl Partition {
                     return Ok(Take::Empty);
                 }
                 Err(ReadError::Io(e)) => {
+                    bump(&self.counters.read_errors, 1);
+                    let failures = {
+                        let mut map = self.read_failures.borrow_mut();
+                        let n = map.entry(lease.offset).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if failures >= MAX_READ_FAILURES {
+                        error!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read too many times: skipping it as corrupt, it will never be delivered");
+                        self.read_failures.borrow_mut().remove(&lease.offset);
+                        self.with_shard(|s| s.skip_corrupt(lease.offset, lease.nonce));
+                        continue;
+                    }
+                    warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
                     self.with_shard(|s| s.nack(lease.offset, lease.nonce, now))
                         .ok();
-                    return Err(BrokerError::Storage(e.to_string()));
+                    return Ok(Take::Unavailable);
                 }
             }
         }
@@ -237,7 +364,8 @@ impl Partition {
     }
 
     /// Acks, nacks or extends the lease `(offset, nonce)`.
-    pub fn settle(&self, offset: u64, nonce: u64, op: SettleOp) -> BrokerResult<()> {
+    pub async fn settle(&self, offset: u64, nonce: u64, op: SettleOp) -> BrokerResult<()> {
+        self.ensure_loaded().await?;
         let now = now_ms();
         let released = self.with_shard(|s| s.purge_expired(now));
         self.note_expired(released);
@@ -279,24 +407,20 @@ impl Partition {
 
     /// Releases expired leases (the background purger); returns how many.
     pub fn purge(&self, now: u64) -> usize {
-        if self.shard.borrow().is_none() {
-            return 0;
-        }
-        let released = self.with_shard(|s| s.purge_expired(now));
+        let released = self.with_loaded(|s| s.purge_expired(now)).unwrap_or(0);
         self.note_expired(released);
         released
     }
 
     /// Earliest lease deadline, if the shard is loaded and holds leases.
     pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.shard
-            .borrow()
-            .as_ref()
-            .and_then(|s| s.next_expiry_ms())
+        self.with_loaded(|s| s.next_expiry_ms()).flatten()
     }
 
-    /// Appends a message; resolves once durable.
+    /// Appends a message; resolves once durable. The first touch loads the frontier first, so an append never
+    /// takes an offset below the durable frontier.
     pub async fn append(&self, payload: Bytes) -> BrokerResult<u64> {
+        self.ensure_loaded().await?;
         self.log.append(payload).await.map_err(|e| match e {
             AppendError::Io(e) => BrokerError::Storage(e),
             AppendError::NoSpace => BrokerError::NoSpace,
@@ -307,6 +431,7 @@ impl Partition {
 
     /// Reads a record for replay, without touching leases.
     pub async fn replay(&self, offset: u64) -> BrokerResult<Option<Record>> {
+        self.assert_owner();
         match self.log.read(offset).await {
             Ok(record) => Ok(Some(record)),
             Err(ReadError::NotYet) => Ok(None),
@@ -323,28 +448,34 @@ impl Partition {
 
     /// Applies retention and moves the frontier over what it removed.
     pub async fn apply_retention(&self, retention_ms: u64) {
+        if self.closed.get() {
+            return;
+        }
         let start = self
             .log
             .apply_retention(crate::storage::wall_clock_ms(), retention_ms)
             .await;
-        if self.shard.borrow().is_some() {
-            self.with_shard(|s| s.advance_to(start));
-        }
+        self.with_loaded(|s| s.advance_to(start));
     }
 
     /// Writes consumer.offset if the frontier moved since the last write. A failed write leaves the old value
-    /// as the durable one and is retried at the next tick.
+    /// as the durable one and is retried at the next tick. Never writes a lower value than the one on disk, and
+    /// never after the partition closed (its directory may belong to a new topic by then).
     pub async fn flush_frontier(&self) {
-        let committed = match self.shard.borrow().as_ref() {
-            Some(s) => s.committed(),
-            None => return,
+        let Some(committed) = self.with_loaded(|s| s.committed()) else {
+            return;
         };
-        if self.flushed.get() == Some(committed) || self.flushing.get() {
+        if self.flushed.get() == committed || self.flushing.get() || self.closed.get() {
             return;
         }
+        assert!(
+            committed > self.flushed.get(),
+            "frontier {committed} would replace the durable {} with a lower one",
+            self.flushed.get()
+        );
         self.flushing.set(true);
         match frontier::write(&*self.storage, &self.dir, committed).await {
-            Ok(()) => self.flushed.set(Some(committed)),
+            Ok(()) => self.flushed.set(committed),
             Err(e) => {
                 warn!(dir = %self.dir.display(), error = %e, "cannot write consumer.offset; will retry")
             }
@@ -353,28 +484,46 @@ impl Partition {
         self.flushed_event.notify(usize::MAX);
     }
 
-    /// Flushes the frontier (waiting out a running flush) and closes the log.
-    pub async fn close(&self) {
+    /// Waits out a running flush.
+    async fn wait_flush(&self) {
         while self.flushing.get() {
             let done = self.flushed_event.listen();
             if self.flushing.get() {
                 done.await;
             }
         }
+    }
+
+    /// Graceful close (shutdown): flushes the frontier (waiting out a running flush), then closes the log.
+    pub async fn close(&self) {
+        self.wait_flush().await;
         self.flush_frontier().await;
+        self.closed.set(true);
         self.log.close().await;
     }
 
-    /// A snapshot for describe and metrics (loads the shard: describe counts as a touch).
-    pub fn info(&self) -> PartitionInfo {
-        let (committed, in_flight, acked_ahead, corrupt_skipped) = self.with_shard(|s| {
-            (
-                s.committed(),
-                s.in_flight(),
-                s.acked_ahead(),
-                s.corrupt_skipped_total(),
-            )
-        });
+    /// Close for a deleted topic: nothing more is written to its files (a running flush is waited out, no new one
+    /// starts), then the log closes.
+    pub async fn close_deleted(&self) {
+        self.closed.set(true);
+        self.wait_flush().await;
+        self.log.close().await;
+    }
+
+    /// A snapshot for describe and metrics (loads the shard: describe counts as a touch). A partition whose
+    /// frontier cannot be read shows the durable frontier it knows of (none) and no leases.
+    pub async fn info(&self) -> PartitionInfo {
+        let _ = self.ensure_loaded().await;
+        let (committed, in_flight, acked_ahead, corrupt_skipped) = self
+            .with_loaded(|s| {
+                (
+                    s.committed(),
+                    s.in_flight(),
+                    s.acked_ahead(),
+                    s.corrupt_skipped_total(),
+                )
+            })
+            .unwrap_or((self.flushed.get(), 0, 0, 0));
         let c = &self.counters;
         PartitionInfo {
             partition: self.id,
@@ -384,7 +533,7 @@ impl Partition {
             committed,
             in_flight,
             acked_ahead,
-            corrupt_skipped,
+            corrupt_skipped: corrupt_skipped + self.lost_below_frontier.get(),
             io_counts: self.log.io_counts(),
             counters: [
                 c.produced.get(),
@@ -394,6 +543,7 @@ impl Partition {
                 c.extended.get(),
                 c.expired.get(),
                 c.lease_gone.get(),
+                c.read_errors.get(),
             ],
         }
     }
@@ -401,9 +551,7 @@ impl Partition {
     /// Is anything deliverable right now (cheap; the shard is not loaded by this check)?
     pub fn has_deliverable(&self) -> bool {
         let end = self.log.end_offset();
-        match self.shard.borrow().as_ref() {
-            Some(s) => s.has_deliverable(end),
-            None => end > self.log.start_offset(),
-        }
+        self.with_loaded(|s| s.has_deliverable(end))
+            .unwrap_or(end > self.log.start_offset())
     }
 }

@@ -25,14 +25,24 @@ use tracing::{info, warn};
 pub fn run(mut config: Config) -> Result<(), String> {
     config.validate()?;
     config.resolve_auth()?;
-    std::fs::create_dir_all(config.data_dir.join("topics")).map_err(|e| {
+    // Files and directories berth creates are readable by their owner only (topics hold message bodies).
+    // SAFETY: umask(2) only changes this process's file-creation mask.
+    unsafe { libc::umask(0o077) };
+    let unusable = |e: std::io::Error| {
         format!(
             "data directory {} is unusable: {e}",
             config.data_dir.display()
         )
-    })?;
+    };
+    std::fs::create_dir_all(config.data_dir.join("topics")).map_err(unusable)?;
+    std::fs::create_dir_all(config.data_dir.join("trash")).map_err(unusable)?;
+    // One absolute path from here on: io_uring opens relative to no directory, and a symlink or `..` in the
+    // path given must not change meaning later.
+    config.data_dir = std::fs::canonicalize(&config.data_dir).map_err(unusable)?;
     let _lock = lock_data_dir(&config.data_dir)?;
     config.listen = check_listen_address(config.listen)?;
+    let fd_limit = raise_fd_limit();
+    config.fit_fd_limit(fd_limit);
     let cpus = choose_cpus(&config)?;
     let cores = cpus.len();
     let shared = Arc::new(Shared::default());
@@ -78,6 +88,31 @@ pub fn run(mut config: Config) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Raises the soft file-descriptor limit to the hard one (partitions and connections each hold descriptors);
+/// returns the limit in force.
+fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit.rlim_cur = limit.rlim_max;
+            }
+        }
+    }
+    limit.rlim_cur
 }
 
 /// Takes an exclusive lock on the data directory so two servers never share it.
@@ -195,8 +230,30 @@ async fn core_main(
     ));
     // Topics load before this core serves its peers: a request forwarded here meanwhile waits in the channel
     // instead of finding no topic (a false 404 right after a restart).
-    if let Err(e) = core.load_topics().await {
-        return fail(&stop, format!("cannot load topics: {e}")).await;
+    let failed = match core.load_topics().await {
+        Ok(failed) => failed,
+        Err(e) => {
+            shutdown::barrier(&shared.loaded, &shared.loaded_event, cores).await;
+            return fail(&stop, format!("cannot load topics: {e}")).await;
+        }
+    };
+    // Every core quarantines what any core could not open, so all agree on each topic before serving.
+    shared
+        .boot_failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(failed);
+    shutdown::barrier(&shared.loaded, &shared.loaded_event, cores).await;
+    let mut quarantine = shared
+        .boot_failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    quarantine.sort();
+    quarantine.dedup_by(|a, b| a.0 == b.0);
+    core.quarantine(&quarantine).await;
+    if id == 0 {
+        core.empty_trash();
     }
     for (_, stream) in receivers.streams() {
         let core = core.clone();

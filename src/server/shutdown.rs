@@ -56,7 +56,8 @@ impl Shutdown {
     }
 }
 
-async fn barrier(count: &AtomicUsize, event: &Event, cores: usize) {
+/// Counts this core in and waits until `cores` cores have arrived.
+pub async fn barrier(count: &AtomicUsize, event: &Event, cores: usize) {
     count.fetch_add(1, Ordering::AcqRel);
     event.notify(usize::MAX);
     loop {

@@ -238,11 +238,11 @@ fn a_frontier_replace_is_old_or_new_after_a_cut() {
             .unwrap();
         let after = sim.power_cut(|_, _| 0);
         assert_eq!(
-            crate::partition::frontier::read(&SimStorage(before), dir()),
+            crate::partition::frontier::read(&SimStorage(before), dir()).unwrap(),
             5
         );
         assert_eq!(
-            crate::partition::frontier::read(&SimStorage(after), dir()),
+            crate::partition::frontier::read(&SimStorage(after), dir()).unwrap(),
             9
         );
         sim.fail_syncs(libc::EIO, 1);
@@ -250,7 +250,7 @@ fn a_frontier_replace_is_old_or_new_after_a_cut() {
             .await
             .is_err());
         assert_eq!(
-            crate::partition::frontier::read(&disk, dir()),
+            crate::partition::frontier::read(&disk, dir()).unwrap(),
             9,
             "a failed write must not move the frontier"
         );

@@ -7,22 +7,30 @@
 
 use super::backend::{SegmentFile, Storage};
 use super::frame::{self, NO_POSITION};
+use super::runs::Runs;
 use crate::config::FsyncPolicy;
 use bytes::Bytes;
 use event_listener::Event;
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 use tracing::{error, info, warn};
 
-/// The active segment is kept zero-filled this far beyond its last frame, so most batches overwrite blocks that
-/// are already allocated and sized and their fdatasync flushes data without a journal commit for the file size
+/// The active segment is kept zero-filled ahead of its last frame, so most batches overwrite blocks that are
+/// already allocated and sized and their fdatasync flushes data without a journal commit for the file size
 /// (measured here: ~90 µs instead of ~140 µs per sync). The zeros are a torn tail to recovery and are cut at
-/// restart and when the segment is sealed. 1 MiB.
-const PREZERO_BYTES: u64 = 1 << 20;
+/// restart and when the segment is sealed. The reserve grows with what the segment holds, from `PREZERO_MIN_BYTES`
+/// (a partition that received one record costs 4 KiB, not a megabyte) to `PREZERO_MAX_BYTES` for a hot one, and is
+/// trimmed back to at most `PREZERO_IDLE_BYTES` once the partition has been idle (see `Log::trim_idle_reserve`).
+const PREZERO_MIN_BYTES: u64 = 4 << 10;
+const PREZERO_MAX_BYTES: u64 = 1 << 20;
+/// Most zero-filled bytes an idle partition keeps beyond its records. 64 KiB.
+pub const PREZERO_IDLE_BYTES: u64 = 64 << 10;
+
+/// A partition with no append for this long gives back its reserve beyond `PREZERO_IDLE_BYTES`. 2 s.
+const IDLE_TRIM_MS: u64 = 2000;
 
 /// Largest number of frame bytes one batch writes (further appends wait for the next batch). 4 MiB.
 const MAX_BATCH_BYTES: u64 = 4 << 20;
@@ -83,8 +91,10 @@ pub type AppendHook = Box<dyn Fn(usize)>;
 struct Segment {
     /// Offset of its first frame.
     base: u64,
-    /// The open file (reads share it; only the writer task writes).
-    file: Rc<dyn SegmentFile>,
+    /// The open file of the active segment (reads share it; only the writer task writes). None for a sealed
+    /// segment: it is opened when read (see `Log::sealed_file`), so a partition holds at most two descriptors
+    /// however many segments it has.
+    file: Option<Rc<dyn SegmentFile>>,
     /// Byte position of each frame, by offset - base; NO_POSITION for a frame lost to damage.
     positions: Vec<u32>,
     /// Bytes of the file holding frames (the next write position).
@@ -102,8 +112,8 @@ struct LogState {
     segments: Vec<Segment>,
     /// The next offset a batch will assign; also the readable end (offsets are assigned once durable).
     next_offset: u64,
-    /// Offsets found damaged at recovery: never delivered.
-    corrupt: BTreeSet<u64>,
+    /// Offsets found damaged at recovery, or lost below a durable frontier: never delivered.
+    corrupt: Runs,
     /// Data written since the last sync (fsync interval policy).
     dirty: bool,
 }
@@ -129,12 +139,23 @@ pub struct Log {
     on_append: RefCell<Option<AppendHook>>,
     closed: Cell<bool>,
     poisoned: Cell<bool>,
+    /// The sealed segment opened last for a read (base, file).
+    sealed_cache: RefCell<Option<(u64, Rc<dyn SegmentFile>)>>,
     /// Batches written (records per batch = group-commit effectiveness).
     batches: Cell<u64>,
     /// fdatasyncs issued on segments.
     syncs: Cell<u64>,
     writer_done: Cell<bool>,
     writer_done_event: Event,
+}
+
+impl Segment {
+    /// The active segment's file (always open).
+    fn open_file(&self) -> Rc<dyn SegmentFile> {
+        self.file
+            .clone()
+            .expect("the active segment's file is open")
+    }
 }
 
 fn segment_name(base: u64) -> String {
@@ -167,7 +188,7 @@ impl Log {
         }
         bases.sort_unstable();
         let mut segments = Vec::with_capacity(bases.len().max(1));
-        let mut corrupt = BTreeSet::new();
+        let mut corrupt = Runs::new();
         let mut next_offset = bases.first().copied().unwrap_or(0);
         let count = bases.len();
         for (i, base) in bases.into_iter().enumerate() {
@@ -176,14 +197,18 @@ impl Log {
             let scan = frame::scan(&bytes, base, opts.max_payload);
             if base > next_offset {
                 error!(dir = %dir.display(), from = next_offset, to = base, "offsets missing between segments: recorded as corrupt, never delivered");
-                corrupt.extend(next_offset..base);
+                corrupt.insert(next_offset, base);
             } else if base < next_offset {
                 error!(dir = %dir.display(), base, next_offset, "segment overlaps its predecessor; later frames win");
             }
-            for offset in &scan.corrupt {
-                error!(dir = %dir.display(), offset, "frame failed its check at recovery: it will be skipped, never delivered");
+            let mut damaged = Runs::new();
+            for &offset in &scan.corrupt {
+                damaged.insert(offset, offset + 1);
             }
-            corrupt.extend(scan.corrupt.iter().copied());
+            for (from, to) in damaged.iter() {
+                error!(dir = %dir.display(), from, to, "frames failed their check at recovery: offsets from..to will be skipped, never delivered");
+                corrupt.insert(from, to);
+            }
             let last = i + 1 == count;
             if scan.valid_len < bytes.len() as u64 {
                 if last {
@@ -198,7 +223,11 @@ impl Log {
                     error!(dir = %dir.display(), segment = base, "garbage after the last valid frame of a sealed segment");
                 }
             }
-            let file = storage.open(&path, false).await?;
+            let file = if last {
+                Some(storage.open(&path, false).await?)
+            } else {
+                None
+            };
             next_offset = scan.next_offset.max(next_offset);
             segments.push(Segment {
                 base,
@@ -230,6 +259,7 @@ impl Log {
             on_append: RefCell::new(None),
             closed: Cell::new(false),
             poisoned: Cell::new(false),
+            sealed_cache: RefCell::new(None),
             batches: Cell::new(0),
             syncs: Cell::new(0),
             writer_done: Cell::new(false),
@@ -251,7 +281,7 @@ impl Log {
         let file = storage.open(&path, true).await?;
         Ok(Segment {
             base,
-            file,
+            file: Some(file),
             positions: Vec::new(),
             len: 0,
             zeroed_to: 0,
@@ -312,9 +342,48 @@ impl Log {
                     self.writer_done_event.notify(usize::MAX);
                     return;
                 }
-                listener.await;
+                if self.idle_reserve_excess() {
+                    // Idle with a large reserve: give the disk back unless appends arrive first.
+                    let idle =
+                        glommio::timer::timeout(Duration::from_millis(IDLE_TRIM_MS), async {
+                            listener.await;
+                            Ok(())
+                        })
+                        .await;
+                    if idle.is_err() {
+                        self.trim_idle_reserve().await;
+                    }
+                } else {
+                    listener.await;
+                }
             };
             self.write_batch(batch).await;
+        }
+    }
+
+    /// The active segment's zero-filled reserve is above what an idle partition may keep.
+    fn idle_reserve_excess(&self) -> bool {
+        let st = self.state.borrow();
+        let active = st.segments.last().expect("a log always has a segment");
+        active.zeroed_to > active.len + PREZERO_IDLE_BYTES
+    }
+
+    /// Cuts the active segment's reserve down to `PREZERO_IDLE_BYTES` (runs in the writer task, between batches).
+    async fn trim_idle_reserve(&self) {
+        let (file, keep) = {
+            let st = self.state.borrow();
+            let active = st.segments.last().expect("a log always has a segment");
+            (active.open_file(), active.len + PREZERO_IDLE_BYTES)
+        };
+        match file.truncate(keep).await {
+            Ok(()) => {
+                let mut st = self.state.borrow_mut();
+                let active = st.segments.last_mut().expect("a log always has a segment");
+                active.zeroed_to = active.zeroed_to.min(keep);
+            }
+            Err(e) => {
+                warn!(dir = %self.dir.display(), error = %e, "cannot trim an idle segment's reserve")
+            }
         }
     }
 
@@ -391,7 +460,7 @@ impl Log {
             let start_pos = active.len;
             let old_positions = active.positions.len();
             (
-                active.file.clone(),
+                active.open_file(),
                 start_pos,
                 old_positions,
                 active.zeroed_to,
@@ -408,7 +477,8 @@ impl Log {
         let mut new_zeroed_to = zeroed_to.max(end);
         if result.is_ok() && end > zeroed_to {
             // Best effort: on a nearly full disk the reserve may not fit while the batch did.
-            let reserve_to = (end + PREZERO_BYTES).min(self.opts.segment_bytes).max(end);
+            let reserve = end.clamp(PREZERO_MIN_BYTES, PREZERO_MAX_BYTES);
+            let reserve_to = (end + reserve).min(self.opts.segment_bytes).max(end);
             if file
                 .write_at(&vec![0u8; (reserve_to - end) as usize], end)
                 .is_ok()
@@ -467,7 +537,7 @@ impl Log {
             .borrow()
             .segments
             .last()
-            .map(|s| (s.file.clone(), s.len))
+            .map(|s| (s.open_file(), s.len))
             .expect("a log always has a segment");
         // Drop the zero-filled reserve: a sealed segment ends at its last frame.
         let sealed = match old.truncate(len).await {
@@ -489,7 +559,11 @@ impl Log {
             .await
             .map_err(|e| AppendError::Io(io_text(e)))?;
         info!(dir = %self.dir.display(), base, "rolled to a new segment");
-        self.state.borrow_mut().segments.push(segment);
+        let mut st = self.state.borrow_mut();
+        if let Some(sealed) = st.segments.last_mut() {
+            sealed.file = None;
+        }
+        st.segments.push(segment);
         Ok(())
     }
 
@@ -507,7 +581,7 @@ impl Log {
                 return;
             }
             st.dirty = false;
-            st.segments.last().map(|s| s.file.clone())
+            st.segments.last().map(|s| s.open_file())
         };
         if let Some(file) = file {
             if let Err(e) = file
@@ -539,6 +613,62 @@ impl Log {
         }
     }
 
+    /// The end of the run of known-unreadable offsets holding `offset`, if it is in one.
+    pub fn corrupt_run_end(&self, offset: u64) -> Option<u64> {
+        self.state
+            .borrow()
+            .corrupt
+            .run_at(offset)
+            .map(|(_, end)| end)
+    }
+
+    /// Moves the log's end up to `offset` when a durable frontier proves that offsets below it existed but recovery
+    /// found fewer (a damaged or lost tail): the missing offsets are recorded as lost (never delivered, counted as
+    /// corrupt) and the next append gets `offset`, never an offset a consumer may already have settled. The gap is
+    /// kept on disk by starting a new segment at `offset` (recovery reads a gap between segments as lost offsets).
+    pub async fn skip_to(&self, offset: u64) -> std::io::Result<()> {
+        let (end, active_empty, active_path) = {
+            let st = self.state.borrow();
+            let active = st.segments.last().expect("a log always has a segment");
+            (st.next_offset, active.len == 0, active.path.clone())
+        };
+        if offset <= end {
+            return Ok(());
+        }
+        assert!(
+            self.queue.borrow().is_empty(),
+            "skip_to must run before the first append"
+        );
+        let segment = Self::create_segment(&*self.storage, &self.dir, offset).await?;
+        if active_empty {
+            // An empty active segment holds nothing: it is replaced by the one at the new base.
+            self.storage.remove(&active_path).await?;
+        } else {
+            let old = self
+                .state
+                .borrow()
+                .segments
+                .last()
+                .map(|s| (s.open_file(), s.len));
+            if let Some((file, len)) = old {
+                file.truncate(len).await?;
+                file.sync().await?;
+            }
+        }
+        self.storage.sync_dir(&self.dir).await?;
+        error!(dir = %self.dir.display(), from = end, to = offset, "the durable frontier is beyond the recovered log end: offsets from..to are lost and counted as corrupt; the log continues at the frontier");
+        let mut st = self.state.borrow_mut();
+        if active_empty {
+            st.segments.pop();
+        } else if let Some(sealed) = st.segments.last_mut() {
+            sealed.file = None;
+        }
+        st.segments.push(segment);
+        st.corrupt.insert(end, offset);
+        st.next_offset = offset;
+        Ok(())
+    }
+
     /// Reads the record at `offset` and verifies it.
     pub async fn read(&self, offset: u64) -> Result<Record, ReadError> {
         let (file, pos, len) = {
@@ -550,7 +680,7 @@ impl Log {
             if offset >= st.next_offset {
                 return Err(ReadError::NotYet);
             }
-            if st.corrupt.contains(&offset) {
+            if st.corrupt.contains(offset) {
                 return Err(ReadError::Corrupt);
             }
             let idx = st.segments.partition_point(|s| s.base <= offset);
@@ -568,7 +698,15 @@ impl Log {
                 .iter()
                 .find(|&&p| p != NO_POSITION)
                 .map_or(seg.len, |&p| p as u64);
-            (seg.file.clone(), pos as u64, end.saturating_sub(pos as u64))
+            (
+                seg.file.clone().ok_or(seg.base),
+                pos as u64,
+                end.saturating_sub(pos as u64),
+            )
+        };
+        let file = match file {
+            Ok(file) => file,
+            Err(base) => self.sealed_file(base).await.map_err(ReadError::Io)?,
         };
         let bytes = match file.read_cached(pos, len as usize) {
             Some(bytes) => bytes,
@@ -590,6 +728,22 @@ impl Log {
         }
     }
 
+    /// The file of the sealed segment at `base`, opened for this read (and kept for the next one, so a consumer
+    /// reading through a sealed segment opens it once).
+    async fn sealed_file(&self, base: u64) -> std::io::Result<Rc<dyn SegmentFile>> {
+        if let Some((cached, file)) = &*self.sealed_cache.borrow() {
+            if *cached == base {
+                return Ok(file.clone());
+            }
+        }
+        let file = self
+            .storage
+            .open(&self.dir.join(segment_name(base)), false)
+            .await?;
+        *self.sealed_cache.borrow_mut() = Some((base, file.clone()));
+        Ok(file)
+    }
+
     /// Deletes sealed segments whose newest record is older than `retention_ms`; returns the new start offset.
     pub async fn apply_retention(&self, now_ms: u64, retention_ms: u64) -> u64 {
         loop {
@@ -609,9 +763,12 @@ impl Log {
                 let mut st = self.state.borrow_mut();
                 let seg = st.segments.remove(0);
                 let start = st.segments[0].base;
-                st.corrupt = st.corrupt.split_off(&start);
+                st.corrupt.drop_below(start);
                 seg
             };
+            self.sealed_cache
+                .borrow_mut()
+                .take_if(|(base, _)| *base == segment.base);
             info!(segment = %path.display(), "retention removed a segment");
             if let Err(e) = self.storage.remove(&path).await {
                 warn!(segment = %path.display(), error = %e, "cannot remove an expired segment");

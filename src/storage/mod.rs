@@ -5,6 +5,7 @@ pub mod atomic_file;
 pub mod backend;
 pub mod frame;
 pub mod log;
+pub mod runs;
 pub mod sim;
 
 #[cfg(test)]
