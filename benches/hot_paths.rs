@@ -51,7 +51,7 @@ fn inflight(c: &mut Criterion) {
         let mut now = 1;
         b.iter(|| {
             now += 1;
-            black_box(s.extend(l.offset, l.nonce, now, 30_000).unwrap());
+            black_box(s.extend(l.offset, l.nonce, now, Some(30_000)).unwrap());
         })
     });
     g.bench_function("purge 1024 expired", |b| {
