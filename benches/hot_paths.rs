@@ -101,6 +101,7 @@ fn requests(c: &mut Criterion) {
         max_header_bytes: 16 << 10,
         max_headers: 64,
         max_body_bytes: 1 << 20,
+        max_batch_bytes: 16 << 20,
     };
     let produce = format!(
         "POST /produce?topic=bench HTTP/1.1\r\nhost: 127.0.0.1:7070\r\ncontent-length: 100\r\n\r\n{}",

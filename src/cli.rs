@@ -33,7 +33,9 @@ enum Command {
     /// Create, list, describe or delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
-    /// Produce one message (the argument, or stdin when absent).
+    /// Produce the argument as one message; without it, every line of stdin as a message (or, with --frames,
+    /// every frame: a 4-byte little-endian length, then the bytes), sent in batches. Prints one JSON line per
+    /// message.
     Produce {
         topic: String,
         message: Option<String>,
@@ -41,6 +43,12 @@ enum Command {
         key: Option<String>,
         #[arg(long)]
         partition: Option<u64>,
+        /// Read stdin as frames (binary-safe) instead of lines.
+        #[arg(long)]
+        frames: bool,
+        /// Messages per request when reading stdin.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
     },
     /// Lease messages (queue style), or replay one with --partition and --offset.
     Consume {
@@ -54,6 +62,9 @@ enum Command {
         /// Messages to take before stopping (stops early when none is available).
         #[arg(long, default_value_t = 1)]
         count: u64,
+        /// Messages per request (a batch consume; acks and nacks are sent as one batch too).
+        #[arg(long, default_value_t = 1)]
+        max: u64,
         /// Ack each message once printed.
         #[arg(long, conflicts_with = "nack")]
         ack: bool,
@@ -227,17 +238,9 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             message,
             key,
             partition,
+            frames,
+            batch,
         } => {
-            let body = match message {
-                Some(m) => m.into_bytes(),
-                None => {
-                    let mut buf = Vec::new();
-                    std::io::stdin()
-                        .read_to_end(&mut buf)
-                        .map_err(|e| format!("reading stdin: {e}"))?;
-                    buf
-                }
-            };
             let mut path = format!("/produce?topic={}", enc(&topic));
             if let Some(k) = key {
                 path += &format!("&key={}", enc(&k));
@@ -245,13 +248,26 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             if let Some(p) = partition {
                 path += &format!("&partition={p}");
             }
-            finish(client.call("POST", &path, &body)?, &[200])
+            if let Some(m) = message {
+                return finish(client.call("POST", &path, m.as_bytes())?, &[200]);
+            }
+            let mut input = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut input)
+                .map_err(|e| format!("reading stdin: {e}"))?;
+            let messages = if frames {
+                split_frames(&input)?
+            } else {
+                split_lines(&input)
+            };
+            produce_batches(client, &path, &messages, batch.max(1))
         }
         Command::Consume {
             topic,
             wait,
             visibility,
             count,
+            max,
             ack,
             nack,
             partition,
@@ -277,6 +293,9 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             } else {
                 None
             };
+            if max > 1 {
+                return consume_batches(client, &topic, &path, count, max, settle);
+            }
             for _ in 0..count {
                 let answer = client.call("GET", &path, &[])?;
                 if !print_messages(client, &topic, answer, settle)? {
@@ -308,6 +327,143 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
     }
 }
 
+/// Lines of `input` (without their `\n` or `\r\n`); a last line without a newline counts, an empty input has none.
+fn split_lines(input: &[u8]) -> Vec<&[u8]> {
+    let mut lines: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
+    if lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    lines
+        .into_iter()
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .collect()
+}
+
+/// Frames of `input`: a 4-byte little-endian length, then that many bytes.
+fn split_frames(input: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < input.len() {
+        let len = input
+            .get(pos..pos + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or("stdin ends inside a frame length")?;
+        let body = input
+            .get(pos + 4..pos + 4 + len)
+            .ok_or("stdin ends inside a frame")?;
+        out.push(body);
+        pos += 4 + len;
+    }
+    Ok(out)
+}
+
+/// Sends messages in batches (binary-safe frames) and prints one JSON result line per message, in order.
+fn produce_batches(
+    client: &Client,
+    path: &str,
+    messages: &[&[u8]],
+    batch: usize,
+) -> Result<i32, String> {
+    let mut failed = 0;
+    let mut out = std::io::stdout().lock();
+    for chunk in messages.chunks(batch) {
+        let mut body = Vec::new();
+        for m in chunk {
+            body.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            body.extend_from_slice(m);
+        }
+        let answer = client.call_with(
+            "POST",
+            path,
+            &[("content-type", crate::ops::params::FRAMES)],
+            &body,
+        )?;
+        if answer.status != 200 {
+            return finish(answer, &[]);
+        }
+        let json = answer.json();
+        for r in json["results"].as_array().into_iter().flatten() {
+            if r.get("error").is_some() {
+                failed += 1;
+            }
+            let _ = writeln!(out, "{r}");
+        }
+    }
+    if failed > 0 {
+        return Err(format!(
+            "{failed} of {} messages were not written",
+            messages.len()
+        ));
+    }
+    Ok(0)
+}
+
+/// Batch consumes of up to `max` until `count` messages were printed (or none is available), settling each
+/// batch with one request when asked.
+fn consume_batches(
+    client: &Client,
+    topic: &str,
+    path: &str,
+    count: u64,
+    max: u64,
+    settle_with: Option<&str>,
+) -> Result<i32, String> {
+    let mut printed = 0u64;
+    let mut out = std::io::stdout().lock();
+    while printed < count {
+        let want = max.min(count - printed);
+        let answer = client.call_with(
+            "GET",
+            &format!("{path}&max={want}"),
+            &[("accept", crate::ops::params::NDJSON)],
+            &[],
+        )?;
+        match answer.status {
+            204 => {
+                eprintln!("no message available");
+                break;
+            }
+            200 => {}
+            _ => return finish(answer, &[]),
+        }
+        let text = answer.text();
+        let mut handles = Vec::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let _ = writeln!(out, "{line}");
+            printed += 1;
+            if let Some(h) = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["receipt_handle"].as_str().map(str::to_string))
+            {
+                handles.push(h);
+            }
+        }
+        if let (Some(op), false) = (settle_with, handles.is_empty()) {
+            let body = handles.join("\n");
+            let answer = client.call_with(
+                "POST",
+                &format!("/{op}?topic={}", enc(topic)),
+                &[("content-type", "text/plain")],
+                body.as_bytes(),
+            )?;
+            if answer.status != 200 {
+                return finish(answer, &[]);
+            }
+            let failed: Vec<String> = answer.json()["results"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["status"] != 200)
+                .map(|r| r.to_string())
+                .collect();
+            if !failed.is_empty() {
+                return Err(format!("{op} failed for: {}", failed.join(", ")));
+            }
+        }
+    }
+    Ok(0)
+}
+
 /// Prints one delivered message as a JSON line; returns false on 204.
 fn print_messages(
     client: &Client,
@@ -323,6 +479,7 @@ fn print_messages(
                 "partition": answer.header("partition").and_then(|v| v.parse::<u64>().ok()),
                 "offset": answer.header("offset").and_then(|v| v.parse::<u64>().ok()),
                 "receipt_handle": handle,
+                "delivery_count": answer.header("delivery-count").and_then(|v| v.parse::<u64>().ok()),
                 "body": answer.text(),
             });
             let mut out = std::io::stdout().lock();

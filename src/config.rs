@@ -5,59 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// When a produce is made durable before its reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsyncPolicy {
-    /// fdatasync before every reply; concurrent appends to one partition share one sync. Loses nothing acked.
-    Always,
-    /// Reply after the write; a timer fdatasyncs every N ms. A power loss can drop up to N ms of acked produces.
-    IntervalMs(u64),
-    /// Reply after the write; never sync explicitly (the kernel writes back). A power loss can drop any unsynced data;
-    /// a process crash (kill -9) loses nothing, since the page cache survives it.
-    Never,
-}
-
-impl std::str::FromStr for FsyncPolicy {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "always" => Ok(Self::Always),
-            "never" => Ok(Self::Never),
-            _ => match text.strip_prefix("interval:") {
-                Some(ms) => match ms.parse::<u64>() {
-                    Ok(ms) if ms > 0 && ms <= 60_000 => Ok(Self::IntervalMs(ms)),
-                    _ => Err(format!("fsync interval '{ms}' must be 1..=60000 ms")),
-                },
-                None => Err(format!(
-                    "fsync policy '{text}' is not always|interval:MS|never"
-                )),
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for FsyncPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Always => write!(f, "always"),
-            Self::IntervalMs(ms) => write!(f, "interval:{ms}"),
-            Self::Never => write!(f, "never"),
-        }
-    }
-}
-
-impl Serialize for FsyncPolicy {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for FsyncPolicy {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+pub use crate::storage::FsyncPolicy;
 
 /// Everything `berth serve` can be told. Field names are the TOML keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +63,10 @@ pub struct Config {
     pub auth_token_file: Option<PathBuf>,
     /// Allow listening on a non-loopback address without authentication. Default false.
     pub insecure: bool,
+    /// Most records (or receipt handles) in one batch request; more is `413 batch_too_large`. Default 1000.
+    pub max_batch_records: usize,
+    /// Largest batch request body; more is `413 batch_too_large`. Default 16 MiB.
+    pub max_batch_bytes: usize,
     /// Most topics this node holds; more is `409 topic_limit`. Default 10000.
     pub max_topics: usize,
     /// Most partitions this node holds, over all topics; more is `409 partition_limit`. Also bounded at start by
@@ -173,6 +125,8 @@ impl Default for Config {
             auth_token_file: None,
             insecure: false,
             auth_token: None,
+            max_batch_records: 1000,
+            max_batch_bytes: 16 << 20,
             max_topics: 10_000,
             max_partitions: 100_000,
             allowed_hosts: Vec::new(),
@@ -263,6 +217,8 @@ impl Config {
             ("ring_depth", self.ring_depth as u64),
             ("preempt_timer_ms", self.preempt_timer_ms),
             ("max_topics", self.max_topics as u64),
+            ("max_batch_records", self.max_batch_records as u64),
+            ("max_batch_bytes", self.max_batch_bytes as u64),
             ("max_partitions", self.max_partitions as u64),
             (
                 "max_pending_output_bytes",
@@ -277,6 +233,12 @@ impl Config {
         }
         if self.max_message_bytes > (256 << 20) {
             return Err("max_message_bytes must be at most 256 MiB".into());
+        }
+        if self.max_batch_bytes > (1 << 30) {
+            return Err("max_batch_bytes must be at most 1 GiB".into());
+        }
+        if self.max_batch_records > 1_000_000 {
+            return Err("max_batch_records must be at most 1000000".into());
         }
         if self.mesh_channel_depth < 2 {
             return Err("mesh_channel_depth must be at least 2 (glommio #555)".into());

@@ -1,16 +1,23 @@
 //! berth: a thread-per-core message-queue broker with a leasing consume path.
 //!
 //! Layers, one direction: `cli` → `server` (executors, listeners, shutdown) → `http` (parse, route, status codes)
-//! → `broker` (topics, ownership, cross-core commands) → `partition` (log + lease shard + frontier) → `storage`.
+//! → `front` (what the core that took a request does for it) → `transport` (the router: a direct call, the mesh)
+//! → `ops` (one file per operation: request, owner-side apply, reply) → `engine` (one core's topics, partitions,
+//! parked consumers, timers) → `partition` (log + per-group lease shards + frontier files) → `storage`. `clock`,
+//! `config` and `duration` are leaves every layer may use.
 
 pub mod bench;
-pub mod broker;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod duration;
+pub mod engine;
+pub mod front;
 pub mod http;
+pub mod ops;
 pub mod partition;
 pub mod server;
 pub mod storage;
+pub mod transport;

@@ -1330,14 +1330,30 @@ fn metrics_count_per_partition_and_time_per_core() {
     assert_eq!(settle(&s.client, "nack", "met", &handles[2], ""), 200);
 
     let m = metrics(&s);
+    // Latency is a Prometheus histogram in seconds per core: cumulative buckets ending in +Inf == _count.
+    let mut answered = 0.0;
     for core in ["0", "1"] {
-        let p99 = metric_values(
+        let c = [("core", core)];
+        let inf = metric_values(
             &m,
-            "berth_request_latency_us",
-            &[("core", core), ("quantile", "0.99")],
+            "berth_request_duration_seconds_bucket",
+            &[("core", core), ("le", "+Inf")],
         );
-        assert_eq!(p99.len(), 1, "p99 latency line for core {core}:\n{m}");
+        let count = metric_values(&m, "berth_request_duration_seconds_count", &c);
+        assert_eq!(
+            (inf.len(), count.len()),
+            (1, 1),
+            "histogram of core {core}:\n{m}"
+        );
+        assert_eq!(inf[0], count[0], "+Inf bucket is the count");
+        let buckets = metric_values(&m, "berth_request_duration_seconds_bucket", &c);
+        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative");
+        answered += count[0];
     }
+    assert!(
+        answered >= 9.0,
+        "the requests so far were counted: {answered}"
+    );
     let t = [("topic", "met")];
     assert_eq!(
         metric_values(&m, "berth_produced_total", &t).len(),

@@ -88,8 +88,9 @@ fn stdout_json(out: &Output) -> Value {
 }
 
 /// api.md's defaults, as `config` shows them.
+/// Version 2's settings of a topic created with no parameters: version 1's, then the delivery policies.
 fn default_config() -> Value {
-    json!({
+    with_v2_defaults(json!({
         "partitions": 1,
         "visibility": "30s",
         "visibility_ms": 30_000,
@@ -97,7 +98,25 @@ fn default_config() -> Value {
         "max_acked_ahead": 1024,
         "retention": "7d",
         "retention_ms": 604_800_000u64,
-    })
+    }))
+}
+
+/// Adds the version 2 settings at their defaults to a version 1 `config` object.
+fn with_v2_defaults(mut v1: Value) -> Value {
+    let v2 = json!({
+        "redelivery_delay": "0ms",
+        "redelivery_delay_ms": 0,
+        "redelivery_backoff": "fixed",
+        "redelivery_delay_max": "15m",
+        "redelivery_delay_max_ms": 900_000,
+        "max_deliveries": 0,
+        "dead_letter": null,
+        "max_groups": 32,
+    });
+    for (k, v) in v2.as_object().unwrap() {
+        v1[k] = v.clone();
+    }
+    v1
 }
 
 #[test]
@@ -145,7 +164,7 @@ fn custom_config_round_trips_through_describe() {
         "/topics/tuned?partitions=5&visibility=90s&max_in_flight=7&max_acked_ahead=9&retention=2h",
     );
     assert_eq!(a.status, 201, "{}", a.text());
-    let expected = json!({
+    let expected = with_v2_defaults(json!({
         "partitions": 5,
         "visibility": "90s",
         "visibility_ms": 90_000,
@@ -153,7 +172,7 @@ fn custom_config_round_trips_through_describe() {
         "max_acked_ahead": 9,
         "retention": "2h",
         "retention_ms": 7_200_000,
-    });
+    }));
     assert_eq!(a.json()["config"], expected);
     let described = server.get("/topics/tuned").json();
     assert_eq!(described["config"], expected);

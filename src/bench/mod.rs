@@ -259,7 +259,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     };
     let server_pid = args.server_pid.or(embedded.as_ref().map(|e| e.child.id()));
     let client = crate::client::Client::new(&format!("http://{addr}"));
-    let topic = format!("bench-{}", crate::storage::wall_clock_ms());
+    let topic = format!("bench-{}", crate::clock::wall_clock_ms());
     if plan.args.protocol == Protocol::Beanstalkd {
         if embedded.is_some() {
             return Err(
@@ -676,7 +676,7 @@ async fn beanstalk_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Strin
 
 /// Histogram for one operation on one core (µs, 1 µs to 60 s).
 pub fn new_histogram() -> Histogram<u64> {
-    crate::broker::metrics::new_latency_histogram()
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("static histogram bounds")
 }
 
 #[cfg(test)]

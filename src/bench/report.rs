@@ -101,28 +101,56 @@ pub struct RunReport {
     pub server_cpus: Vec<usize>,
 }
 
-/// Parses `berth_request_latency_us{core="N",quantile="Q"} V` lines.
+/// The server's per-core request latency from its `/metrics` histogram (`berth_request_duration_seconds_bucket`):
+/// per core, the quantiles 0.5, 0.9, 0.99 and 0.999 in µs, each the upper bound of the bucket that holds it (so
+/// at the histogram's bucket resolution, not exact).
 pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
-    let mut out: Vec<(String, Vec<(String, u64)>)> = Vec::new();
+    // core -> [(upper bound µs, cumulative count)]
+    let mut cores: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("berth_request_latency_us{core=\"") else {
+        let Some(rest) = line.strip_prefix("berth_request_duration_seconds_bucket{core=\"") else {
             continue;
         };
-        let Some((core, rest)) = rest.split_once("\",quantile=\"") else {
+        let Some((core, rest)) = rest.split_once("\",le=\"") else {
             continue;
         };
-        let Some((q, value)) = rest.split_once("\"} ") else {
+        let Some((le, value)) = rest.split_once("\"} ") else {
             continue;
         };
-        let Ok(value) = value.trim().parse::<u64>() else {
+        let Ok(count) = value.trim().parse::<u64>() else {
             continue;
         };
-        match out.iter_mut().find(|(c, _)| c == core) {
-            Some((_, qs)) => qs.push((q.to_string(), value)),
-            None => out.push((core.to_string(), vec![(q.to_string(), value)])),
+        let bound_us = match le {
+            "+Inf" => u64::MAX,
+            secs => match secs.parse::<f64>() {
+                Ok(s) => (s * 1e6).round() as u64,
+                Err(_) => continue,
+            },
+        };
+        match cores.iter_mut().find(|(c, _)| c == core) {
+            Some((_, buckets)) => buckets.push((bound_us, count)),
+            None => cores.push((core.to_string(), vec![(bound_us, count)])),
         }
     }
-    out
+    cores
+        .into_iter()
+        .map(|(core, buckets)| {
+            let total = buckets.last().map_or(0, |b| b.1);
+            let qs = ["0.5", "0.9", "0.99", "0.999"]
+                .iter()
+                .filter(|_| total > 0)
+                .map(|q| {
+                    let want = (q.parse::<f64>().unwrap_or(1.0) * total as f64).ceil() as u64;
+                    let bound = buckets
+                        .iter()
+                        .find(|(_, c)| *c >= want)
+                        .map_or(u64::MAX, |(b, _)| *b);
+                    (q.to_string(), bound)
+                })
+                .collect();
+            (core, qs)
+        })
+        .collect()
 }
 
 impl RunReport {
@@ -230,7 +258,7 @@ impl RunReport {
             let parts: Vec<String> = qs.iter().map(|(q, v)| format!("q{q}={v}")).collect();
             let _ = writeln!(
                 out,
-                "server core {core} request latency µs (whole server lifetime): {}",
+                "server core {core} request latency µs (whole server lifetime, bucket upper bounds): {}",
                 parts.join(" ")
             );
         }
@@ -453,13 +481,26 @@ mod tests {
 
     #[test]
     fn server_latency_lines_are_parsed_per_core() {
-        let text = "berth_request_latency_us{core=\"0\",quantile=\"0.5\"} 12\nberth_request_latency_us{core=\"1\",quantile=\"0.99\"} 80\nother 1\n";
+        let text = "berth_request_duration_seconds_bucket{core=\"0\",le=\"0.00001\"} 50\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",le=\"0.0001\"} 99\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",le=\"0.001\"} 100\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",le=\"+Inf\"} 100\n\
+                    berth_request_duration_seconds_bucket{core=\"1\",le=\"0.00001\"} 0\n\
+                    berth_request_duration_seconds_bucket{core=\"1\",le=\"+Inf\"} 0\nother 1\n";
         let parsed = server_latency(text);
         assert_eq!(
             parsed,
             vec![
-                ("0".into(), vec![("0.5".into(), 12)]),
-                ("1".into(), vec![("0.99".into(), 80)])
+                (
+                    "0".into(),
+                    vec![
+                        ("0.5".into(), 10),
+                        ("0.9".into(), 100),
+                        ("0.99".into(), 100),
+                        ("0.999".into(), 1000)
+                    ]
+                ),
+                ("1".into(), vec![])
             ]
         );
     }

@@ -59,8 +59,22 @@ impl Client {
 
     /// Sends a request; `path_and_query` starts with '/'. Transport failures are `Err`; HTTP errors are answers.
     pub fn call(&self, method: &str, path_and_query: &str, body: &[u8]) -> Result<Answer, String> {
+        self.call_with(method, path_and_query, &[], body)
+    }
+
+    /// `call` with extra headers (`Content-Type`, `Accept`).
+    pub fn call_with(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, String> {
         let url = format!("{}{}", self.base, path_and_query);
         let mut request = self.agent.request(method, &url);
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
         if let Some(token) = &self.token {
             request = request.set("authorization", &format!("Bearer {token}"));
         }

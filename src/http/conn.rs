@@ -5,8 +5,9 @@ use super::reaper::ConnTable;
 use super::request::{self, Limits, ParseError, Parsed};
 use super::response::Response;
 use super::routes;
-use crate::broker::core::Core;
-use crate::partition::now_ms;
+use crate::clock::monotonic_ms as now_ms;
+use crate::engine::Engine;
+use crate::front::Front;
 use bytes::{Buf, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
@@ -53,13 +54,15 @@ async fn write_out(
 
 /// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (header read time,
 /// idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
-pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) {
+pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream) {
+    let core = front.engine().clone();
     let _ = stream.set_nodelay(true);
-    let config = core.config.clone();
+    let config = core.config().clone();
     let limits = Limits {
         max_header_bytes: config.max_header_bytes,
         max_headers: config.max_headers,
         max_body_bytes: config.max_message_bytes,
+        max_batch_bytes: config.max_batch_bytes,
     };
     let registration = table.register(stream.as_raw_fd(), now_ms() + config.idle_timeout_ms);
     let watch = &registration.watch;
@@ -91,15 +94,15 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
                     let close = req.close;
                     let response = if is_long_poll(&req) {
                         // A long-poll whose client hangs up must not go on to lease a message nobody will read.
-                        match unless_hung_up(&stream, routes::handle(&core, req)).await {
+                        match unless_hung_up(&stream, routes::handle(&front, req)).await {
                             Some(response) => response,
                             None => return,
                         }
                     } else {
-                        routes::handle(&core, req).await
+                        routes::handle(&front, req).await
                     };
-                    core.metrics.record(started.elapsed().as_micros() as u64);
-                    let close = close || response.close || core.stopping.get();
+                    core.metrics().record(started.elapsed().as_micros() as u64);
+                    let close = close || response.close || core.is_stopping();
                     response.encode(close, &mut out);
                     if close {
                         let _ = write_out(&mut stream, watch, &out, config.write_timeout_ms).await;
@@ -146,7 +149,7 @@ pub async fn serve(core: Rc<Core>, table: Rc<ConnTable>, mut stream: TcpStream) 
             buf = BytesMut::with_capacity(READ_CHUNK);
         }
         let idle = buf.is_empty();
-        if idle && core.stopping.get() {
+        if idle && core.is_stopping() {
             return;
         }
         watch.idle.set(idle);
@@ -253,8 +256,8 @@ async fn unless_hung_up(
     futures_lite::future::or(async { Some(work.await) }, hangup).await
 }
 
-fn bump_timed_out(core: &Core) {
-    let c = &core.metrics.connections_timed_out;
+fn bump_timed_out(core: &Engine) {
+    let c = &core.metrics().connections_timed_out;
     c.set(c.get() + 1);
 }
 
@@ -266,10 +269,18 @@ fn parse_error_response(e: &ParseError) -> Response {
             "headers_too_large",
             "request head exceeds the header limits",
         ),
-        ParseError::BodyTooLarge { limit } => Response::error(
+        ParseError::BodyTooLarge {
+            limit,
+            batch: false,
+        } => Response::error(
             413,
             "message_too_large",
             &format!("body exceeds {limit} bytes"),
+        ),
+        ParseError::BodyTooLarge { limit, batch: true } => Response::error(
+            413,
+            "batch_too_large",
+            &format!("batch body exceeds {limit} bytes (max_batch_bytes)"),
         ),
         ParseError::UnsupportedTransferEncoding => Response::error(
             411,

@@ -6,3 +6,4 @@ pub mod reaper;
 pub mod request;
 pub mod response;
 pub mod routes;
+pub mod status;

@@ -20,6 +20,10 @@ pub struct Request {
     pub host: Option<String>,
     /// The Origin header, if any (sent by browsers).
     pub origin: Option<String>,
+    /// The Content-Type header, if any (batch framing).
+    pub content_type: Option<String>,
+    /// The Accept header, if any (consume batch framing).
+    pub accept: Option<String>,
 }
 
 /// Limits applied while parsing.
@@ -27,7 +31,10 @@ pub struct Request {
 pub struct Limits {
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// A single message's body (`max_message_bytes`).
     pub max_body_bytes: usize,
+    /// A batch body: a produce in a batch media type, or a settle's list of handles (`max_batch_bytes`).
+    pub max_batch_bytes: usize,
 }
 
 /// Why a request cannot be served; each ends the connection after the error response.
@@ -37,14 +44,16 @@ pub enum ParseError {
     Malformed(String),
     /// 431: the head is larger than max_header_bytes or has more than max_headers headers.
     HeadersTooLarge,
-    /// 413: Content-Length above max_body_bytes.
-    BodyTooLarge { limit: usize },
+    /// 413: Content-Length above max_body_bytes (or, for a batch, max_batch_bytes).
+    BodyTooLarge { limit: usize, batch: bool },
     /// 411/501: Transfer-Encoding bodies are not accepted; send Content-Length.
     UnsupportedTransferEncoding,
 }
 
-/// Outcome of parsing the front of a buffer.
+/// Outcome of parsing the front of a buffer. (`Partial` is small and transient: boxing the request to even out
+/// the variants would cost an allocation per request for nothing.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Parsed {
     /// A whole request and the number of buffer bytes it used.
     Complete(Request, usize),
@@ -83,6 +92,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     let mut authorization = None;
     let mut host = None;
     let mut origin = None;
+    let mut content_type = None;
+    let mut accept = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -117,13 +128,22 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             host = Some(String::from_utf8_lossy(h.value).into_owned());
         } else if h.name.eq_ignore_ascii_case("origin") {
             origin = Some(String::from_utf8_lossy(h.value).into_owned());
+        } else if h.name.eq_ignore_ascii_case("content-type") {
+            content_type = Some(String::from_utf8_lossy(h.value).into_owned());
+        } else if h.name.eq_ignore_ascii_case("accept") {
+            accept = Some(String::from_utf8_lossy(h.value).into_owned());
         }
     }
     let body_len = content_length.unwrap_or(0);
-    if body_len > limits.max_body_bytes {
-        return Err(ParseError::BodyTooLarge {
-            limit: limits.max_body_bytes,
-        });
+    let target = req.path.unwrap_or("/");
+    let batch = is_batch_body(target, content_type.as_deref());
+    let limit = if batch {
+        limits.max_batch_bytes
+    } else {
+        limits.max_body_bytes
+    };
+    if body_len > limit {
+        return Err(ParseError::BodyTooLarge { limit, batch });
     }
     let total = head_len + body_len;
     if buf.len() < total {
@@ -132,7 +152,6 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             expect_continue,
         });
     }
-    let target = req.path.unwrap_or("/");
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, q),
         None => (target, ""),
@@ -147,9 +166,20 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
             authorization,
             host,
             origin,
+            content_type,
+            accept,
         },
         total,
     ))
+}
+
+/// A body of several records (a produce in a batch media type) or of receipt handles (a settle): bounded by
+/// `max_batch_bytes` instead of `max_message_bytes`.
+fn is_batch_body(target: &str, content_type: Option<&str>) -> bool {
+    use crate::ops::params::Media;
+    let path = target.split('?').next().unwrap_or("");
+    matches!(path, "/ack" | "/nack" | "/extend")
+        || matches!(Media::of(content_type), Media::Ndjson | Media::Frames)
 }
 
 /// Decoded query parameters in order.
@@ -167,6 +197,7 @@ mod tests {
         max_header_bytes: 1024,
         max_headers: 8,
         max_body_bytes: 16,
+        max_batch_bytes: 32,
     };
 
     fn complete(buf: &[u8]) -> (Request, usize) {
@@ -222,7 +253,18 @@ mod tests {
         let body = b"POST / HTTP/1.1\r\nContent-Length: 17\r\n\r\n";
         assert_eq!(
             parse(body, &LIMITS).unwrap_err(),
-            ParseError::BodyTooLarge { limit: 16 }
+            ParseError::BodyTooLarge {
+                limit: 16,
+                batch: false
+            }
+        );
+        let batch = b"POST /produce HTTP/1.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: 33\r\n\r\n";
+        assert_eq!(
+            parse(batch, &LIMITS).unwrap_err(),
+            ParseError::BodyTooLarge {
+                limit: 32,
+                batch: true
+            }
         );
     }
 

@@ -1,133 +1,41 @@
-//! Routing of requests to broker operations, parameter parsing, and the one place where a `BrokerError` becomes a
-//! status code (`status_of`). Called by `http::conn` for each parsed request.
+//! Routing: path and method to operation, the checks every request passes (method, token, host and origin), and
+//! each operation's reply rendered as HTTP. Parsing of parameters is each operation's own (`ops::*::parse`); the
+//! status of every error is decided in `http::status`. Called by `http::conn` for each parsed request.
 
 use super::request::{query_pairs, Request};
 use super::response::Response;
-use crate::broker::core::Core;
-use crate::broker::error::BrokerError;
-use crate::broker::router::Target;
-use crate::broker::topic::{self, TopicConfig};
-use crate::duration::{format_ms, parse_duration_in};
-use crate::partition::SettleOp;
+use super::status::{error_response, status_of};
+use crate::duration::format_ms;
+use crate::engine::topic::{validate_name, TopicConfig};
+use crate::front::Front;
+use crate::ops::consume::ConsumeRequest;
+use crate::ops::params::{BatchLimits, Media, Query, FRAMES, NDJSON};
+use crate::ops::settle::Verb;
+use crate::ops::{self, OpError, OpResult};
+use crate::partition::Delivery;
+use base64::Engine as _;
+use bytes::Bytes;
 use serde_json::json;
 use std::rc::Rc;
 
-/// Longest long-poll a consume may ask for (api.md: 0 to 60 s).
-pub const MAX_WAIT_MS: u64 = 60_000;
-
-/// The status and error code of every broker error: the only mapping in the code base.
-pub fn status_of(e: &BrokerError) -> (u16, &'static str) {
-    match e {
-        BrokerError::InvalidTopic(_) => (400, "invalid_topic"),
-        BrokerError::InvalidDuration(_) => (400, "invalid_duration"),
-        BrokerError::InvalidReceiptHandle(_) => (400, "invalid_receipt_handle"),
-        BrokerError::InvalidParameter(_) => (400, "invalid_parameter"),
-        BrokerError::TopicNotFound(_) => (404, "topic_not_found"),
-        BrokerError::PartitionNotFound { .. } => (404, "partition_not_found"),
-        BrokerError::TopicExists { .. } => (409, "topic_exists"),
-        BrokerError::LeaseGone => (410, "lease_gone"),
-        BrokerError::OffsetOutOfRetention { .. } => (410, "offset_out_of_retention"),
-        BrokerError::MessageTooLarge { .. } => (413, "message_too_large"),
-        BrokerError::CorruptRecord { .. } => (422, "corrupt_record"),
-        BrokerError::AckedAheadFull => (503, "acked_ahead_full"),
-        BrokerError::Overloaded => (503, "overloaded"),
-        BrokerError::ShuttingDown => (503, "shutting_down"),
-        BrokerError::LogUnavailable => (503, "log_unavailable"),
-        BrokerError::PartitionUnavailable(_) => (503, "partition_unavailable"),
-        BrokerError::TopicUnavailable(_) => (503, "topic_unavailable"),
-        BrokerError::TopicLimit { .. } => (409, "topic_limit"),
-        BrokerError::PartitionLimit { .. } => (409, "partition_limit"),
-        BrokerError::Storage(_) => (500, "storage_error"),
-        BrokerError::NoSpace => (507, "insufficient_storage"),
+/// The batch limits of the server's configuration.
+pub fn batch_limits(front: &Front) -> BatchLimits {
+    let c = front.engine().config();
+    BatchLimits {
+        max_batch_records: c.max_batch_records,
+        max_batch_bytes: c.max_batch_bytes,
+        max_message_bytes: c.max_message_bytes,
     }
-}
-
-/// The error response for a broker error (503s carry Retry-After).
-pub fn error_response(e: &BrokerError) -> Response {
-    let (status, code) = status_of(e);
-    let response = Response::error(status, code, &e.to_string());
-    if status == 503 {
-        response.with_header("retry-after", 1)
-    } else {
-        response
-    }
-}
-
-/// A request's query parameters.
-struct Params(Vec<(String, String)>);
-
-impl Params {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn topic(&self) -> Result<String, BrokerError> {
-        let name = self
-            .get("topic")
-            .ok_or_else(|| BrokerError::InvalidTopic(String::new()))?;
-        topic::validate_name(name)?;
-        Ok(name.to_string())
-    }
-
-    fn duration(&self, name: &str, min_ms: u64, max_ms: u64) -> Result<Option<u64>, BrokerError> {
-        self.get(name)
-            .map(|text| {
-                parse_duration_in(text, min_ms, max_ms)
-                    .map_err(|e| BrokerError::InvalidDuration(format!("{name}: {}", e.0)))
-            })
-            .transpose()
-    }
-
-    fn number(&self, name: &str, min: u64, max: u64) -> Result<Option<u64>, BrokerError> {
-        self.get(name)
-            .map(|text| match text.parse::<u64>() {
-                Ok(v) if text.bytes().all(|b| b.is_ascii_digit()) && (min..=max).contains(&v) => {
-                    Ok(v)
-                }
-                _ => Err(BrokerError::InvalidParameter(format!(
-                    "{name} must be an integer from {min} to {max}, not '{text}'"
-                ))),
-            })
-            .transpose()
-    }
-
-    /// `partition` for replay/produce: any unsigned integer (range is checked against the topic: 404).
-    fn partition(&self) -> Result<Option<u64>, BrokerError> {
-        self.number("partition", 0, u64::MAX)
-    }
-
-    fn receipt_handle(&self) -> Result<(u64, u64, u64), BrokerError> {
-        let text = self.get("receipt_handle").unwrap_or("");
-        parse_receipt_handle(text)
-            .ok_or_else(|| BrokerError::InvalidReceiptHandle(text.chars().take(100).collect()))
-    }
-}
-
-/// `partition:offset:nonce`, three unsigned decimal integers.
-pub fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
-    let mut parts = text.split(':');
-    let mut next = || -> Option<u64> {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        part.parse().ok()
-    };
-    let handle = (next()?, next()?, next()?);
-    parts.next().is_none().then_some(handle)
 }
 
 /// Serves one request.
-pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
+pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     let method = req.method.as_str();
     let path = req.path.as_str();
     let allowed: &str = match path {
         "/health" | "/metrics" | "/topics" | "/consume" => "GET",
         "/produce" | "/ack" | "/nack" | "/extend" => "POST",
-        p if p.starts_with("/topics/") && p.len() > "/topics/".len() => "GET, PUT, DELETE",
+        p if p.starts_with("/topics/") && p.len() > "/topics/".len() => "GET, PUT, PATCH, DELETE",
         _ => return Response::error(404, "not_found", &format!("no route for {path}")),
     };
     if !allowed.split(", ").any(|m| m == method) {
@@ -138,71 +46,90 @@ pub async fn handle(core: &Rc<Core>, req: Request) -> Response {
         )
         .with_header("allow", allowed);
     }
-    match &core.config.auth_token {
-        Some(token) => {
-            if path != "/health" && !authorized(token, req.authorization.as_deref()) {
-                return Response::error(401, "unauthorized", "missing or wrong bearer token")
-                    .with_header("www-authenticate", "Bearer")
-                    .closing();
-            }
-        }
-        None => {
-            // Without a token, only loopback (or configured) host names, and no cross-origin browser requests:
-            // a web page must not reach the broker through DNS rebinding.
-            if let Some(host) = req.host.as_deref() {
-                // An address is not a name a rebinding page can use; names must be loopback or configured.
-                let name = host_name(host);
-                if name.parse::<std::net::IpAddr>().is_err()
-                    && !host_allowed(name, &core.config.allowed_hosts)
-                {
-                    return Response::error(
-                        403,
-                        "host_not_allowed",
-                        "the Host header names a host this server does not answer for without a token (allowed_hosts)",
-                    )
-                    .closing();
-                }
-            }
-            if let Some(origin) = req.origin.as_deref() {
-                let host = origin.split_once("://").map_or("", |(_, rest)| rest);
-                if !host_allowed(host_name(host), &core.config.allowed_hosts) {
-                    return Response::error(
-                        403,
-                        "cross_origin_refused",
-                        "cross-origin browser requests are refused without a token",
-                    )
-                    .closing();
-                }
-            }
-        }
+    if let Some(refused) = refuse(front, &req) {
+        return refused;
     }
-    let params = Params(query_pairs(&req.query));
+    let query = Query(query_pairs(&req.query));
+    let limits = batch_limits(front);
     let result = match path {
-        "/health" => Ok(health(core)),
-        "/metrics" => metrics(core).await,
-        "/topics" => Ok(Response::json(200, &json!(core.topic_names()))),
-        "/produce" => produce(core, &params, req.body).await,
-        "/consume" => consume(core, &params).await,
-        "/ack" => settle(core, &params, Ok(SettleOp::Ack)).await,
-        "/nack" => settle(core, &params, Ok(SettleOp::Nack)).await,
-        "/extend" => {
-            let visibility = params.duration(
-                "visibility",
-                topic::MIN_VISIBILITY_MS,
-                topic::MAX_VISIBILITY_MS,
-            );
-            settle(core, &params, visibility.map(SettleOp::Extend)).await
+        "/health" => Ok(health(front)),
+        "/metrics" => metrics(front).await,
+        "/topics" => Ok(Response::json(200, &json!(front.engine().topic_names()))),
+        "/produce" => {
+            produce(
+                front,
+                &query,
+                req.content_type.as_deref(),
+                req.body,
+                &limits,
+            )
+            .await
         }
+        "/consume" => consume(front, &query, req.accept.as_deref(), &limits).await,
+        "/ack" => settle(front, Verb::Ack, &query, &req.body, &limits).await,
+        "/nack" => settle(front, Verb::Nack, &query, &req.body, &limits).await,
+        "/extend" => settle(front, Verb::Extend, &query, &req.body, &limits).await,
         _ => {
             let name = percent_decode(&path["/topics/".len()..]);
             match method {
-                "PUT" => create_topic(core, &name, &params).await,
-                "GET" => describe_topic(core, &name).await,
-                _ => delete_topic(core, &name).await,
+                "PUT" => create_topic(front, &name, &query).await,
+                "PATCH" => change_topic(front, &name, &query).await,
+                "GET" => describe_topic(front, &name).await,
+                _ => delete_topic(front, &name).await,
             }
         }
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// The checks before any operation: the bearer token when one is configured; without one, only loopback (or
+/// configured) host names and no cross-origin browser requests, so a web page cannot reach the broker through DNS
+/// rebinding. A refusal closes the connection.
+fn refuse(front: &Front, req: &Request) -> Option<Response> {
+    let config = front.engine().config();
+    match &config.auth_token {
+        Some(token) => {
+            if req.path != "/health" && !authorized(token, req.authorization.as_deref()) {
+                return Some(
+                    Response::error(401, "unauthorized", "missing or wrong bearer token")
+                        .with_header("www-authenticate", "Bearer")
+                        .closing(),
+                );
+            }
+        }
+        None => {
+            if let Some(host) = req.host.as_deref() {
+                // An address is not a name a rebinding page can use; names must be loopback or configured.
+                let name = host_name(host);
+                if name.parse::<std::net::IpAddr>().is_err()
+                    && !host_allowed(name, &config.allowed_hosts)
+                {
+                    return Some(
+                        Response::error(
+                            403,
+                            "host_not_allowed",
+                            "the Host header names a host this server does not answer for without a token (allowed_hosts)",
+                        )
+                        .closing(),
+                    );
+                }
+            }
+            if let Some(origin) = req.origin.as_deref() {
+                let host = origin.split_once("://").map_or("", |(_, rest)| rest);
+                if !host_allowed(host_name(host), &config.allowed_hosts) {
+                    return Some(
+                        Response::error(
+                            403,
+                            "cross_origin_refused",
+                            "cross-origin browser requests are refused without a token",
+                        )
+                        .closing(),
+                    );
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `Authorization: Bearer TOKEN`, compared in constant time over SHA-256 digests, so neither the content nor the
@@ -248,22 +175,26 @@ fn percent_decode(text: &str) -> String {
         .unwrap_or_default()
 }
 
-fn health(core: &Core) -> Response {
-    let ready = core.shared.ready.load(std::sync::atomic::Ordering::Acquire);
-    if ready >= core.cores && !core.stopping.get() {
-        Response::json(200, &json!({"status": "ok", "cores": core.cores}))
+fn health(front: &Front) -> Response {
+    let engine = front.engine();
+    let ready = engine
+        .shared()
+        .ready
+        .load(std::sync::atomic::Ordering::Acquire);
+    if ready >= engine.cores() && !engine.is_stopping() {
+        Response::json(200, &json!({"status": "ok", "cores": engine.cores()}))
     } else {
         Response::error(
             503,
             "not_ready",
-            &format!("{ready} of {} cores serving", core.cores),
+            &format!("{ready} of {} cores serving", engine.cores()),
         )
     }
 }
 
-async fn metrics(core: &Rc<Core>) -> Result<Response, BrokerError> {
-    let stats = core.stats().await?;
-    let text = crate::broker::metrics::render(&stats);
+async fn metrics(front: &Front) -> OpResult<Response> {
+    let stats = front.stats().await?;
+    let text = crate::engine::metrics::render(&stats);
     Ok(Response::bytes(
         200,
         "text/plain; version=0.0.4",
@@ -280,150 +211,211 @@ fn config_json(c: &TopicConfig) -> serde_json::Value {
         "max_acked_ahead": c.max_acked_ahead,
         "retention": format_ms(c.retention_ms),
         "retention_ms": c.retention_ms,
+        "redelivery_delay": format_ms(c.redelivery_delay_ms),
+        "redelivery_delay_ms": c.redelivery_delay_ms,
+        "redelivery_backoff": c.redelivery_backoff,
+        "redelivery_delay_max": format_ms(c.redelivery_delay_max_ms),
+        "redelivery_delay_max_ms": c.redelivery_delay_max_ms,
+        "max_deliveries": c.max_deliveries,
+        "dead_letter": c.dead_letter,
+        "max_groups": c.max_groups,
     })
 }
 
-async fn create_topic(
-    core: &Rc<Core>,
-    name: &str,
-    params: &Params,
-) -> Result<Response, BrokerError> {
-    topic::validate_name(name)?;
-    let mut config = TopicConfig::with_defaults(name);
-    if let Some(p) = params.number("partitions", 1, topic::MAX_PARTITIONS as u64)? {
-        config.partitions = p as u32;
-    }
-    if let Some(v) = params.duration(
-        "visibility",
-        topic::MIN_VISIBILITY_MS,
-        topic::MAX_VISIBILITY_MS,
-    )? {
-        config.visibility_ms = v;
-    }
-    if let Some(v) = params.number("max_in_flight", 1, topic::MAX_CAP as u64)? {
-        config.max_in_flight = v as usize;
-    }
-    if let Some(v) = params.number("max_acked_ahead", 1, topic::MAX_CAP as u64)? {
-        config.max_acked_ahead = v as usize;
-    }
-    if let Some(v) = params.duration("retention", 1000, topic::MAX_RETENTION_MS)? {
-        config.retention_ms = v;
-    }
-    let (created, config) = core.create(config).await?;
+async fn create_topic(front: &Front, name: &str, query: &Query) -> OpResult<Response> {
+    validate_name(name)?;
+    let settings = ops::topics::parse_settings(query)?;
+    let (created, config) = front.create_topic(settings.new_topic(name)).await?;
     let body = json!({"name": config.name, "created": created, "config": config_json(&config)});
     Ok(Response::json(if created { 201 } else { 200 }, &body))
 }
 
-async fn describe_topic(core: &Rc<Core>, name: &str) -> Result<Response, BrokerError> {
-    topic::validate_name(name)?;
-    let (config, partitions) = core.describe(name).await?;
+async fn change_topic(front: &Front, name: &str, query: &Query) -> OpResult<Response> {
+    validate_name(name)?;
+    let settings = ops::topics::parse_settings(query)?;
+    let config = front.change_topic(name.to_string(), settings).await?;
+    Ok(Response::json(
+        200,
+        &json!({"name": config.name, "config": config_json(&config)}),
+    ))
+}
+
+async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    let (config, partitions) = front.describe_topic(name).await?;
     let body =
         json!({"name": config.name, "config": config_json(&config), "partitions": partitions});
     Ok(Response::json(200, &body))
 }
 
-async fn delete_topic(core: &Rc<Core>, name: &str) -> Result<Response, BrokerError> {
-    topic::validate_name(name)?;
-    core.delete(name).await?;
+async fn delete_topic(front: &Front, name: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    front.delete_topic(name.to_string()).await?;
     Ok(Response::empty(204))
 }
 
+fn error_json(e: &OpError) -> serde_json::Value {
+    let (_, code) = status_of(e);
+    json!({"error": code, "message": e.to_string()})
+}
+
 async fn produce(
-    core: &Rc<Core>,
-    params: &Params,
-    body: bytes::Bytes,
-) -> Result<Response, BrokerError> {
-    let topic = params.topic()?;
-    let target = match (params.partition()?, params.get("key")) {
-        (Some(p), _) => Target::Partition(p),
-        (None, Some(key)) => Target::Key(key.as_bytes()),
-        (None, None) => Target::Any,
-    };
-    let (partition, offset) = core.produce(&topic, target, body).await?;
+    front: &Front,
+    query: &Query,
+    content_type: Option<&str>,
+    body: Bytes,
+    limits: &BatchLimits,
+) -> OpResult<Response> {
+    let params = ops::produce::parse(query, content_type, body, limits)?;
+    let batch = params.batch;
+    let results = front.produce(params).await?;
+    if !batch {
+        let (partition, offset) = results
+            .into_iter()
+            .next()
+            .expect("a single produce has one result")?;
+        return Ok(Response::json(
+            200,
+            &json!({"partition": partition, "offset": offset}),
+        ));
+    }
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let results: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| match r {
+            Ok((partition, offset)) => json!({"partition": partition, "offset": offset}),
+            Err(e) => error_json(e),
+        })
+        .collect();
     Ok(Response::json(
         200,
-        &json!({"partition": partition, "offset": offset}),
+        &json!({"results": results, "failed": failed}),
     ))
 }
 
-async fn consume(core: &Rc<Core>, params: &Params) -> Result<Response, BrokerError> {
-    let topic = params.topic()?;
-    let wait_ms = params.duration("wait", 0, MAX_WAIT_MS)?.unwrap_or(0);
-    let visibility = params.duration(
-        "visibility",
-        topic::MIN_VISIBILITY_MS,
-        topic::MAX_VISIBILITY_MS,
-    )?;
-    let partition = params.partition()?;
-    let offset = params.number("offset", 0, u64::MAX)?;
-    match (partition, offset) {
-        (Some(p), Some(o)) => {
-            let Some(record) = core.replay(&topic, p, o, wait_ms).await? else {
+async fn consume(
+    front: &Front,
+    query: &Query,
+    accept: Option<&str>,
+    limits: &BatchLimits,
+) -> OpResult<Response> {
+    match ops::consume::parse(query, accept, limits)? {
+        ConsumeRequest::Replay(params) => {
+            let partition = params.partition;
+            let Some(record) = front.replay(params).await? else {
                 return Ok(Response::empty(204));
             };
             Ok(
                 Response::bytes(200, "application/octet-stream", record.payload)
-                    .with_header("partition", p)
+                    .with_header("partition", partition)
                     .with_header("offset", record.offset),
             )
         }
-        (None, None) => {
-            let Some(d) = core.consume(&topic, wait_ms, visibility).await? else {
+        ConsumeRequest::Queue(params) => {
+            let media = params.media;
+            let deliveries = front.consume(params).await?;
+            if deliveries.is_empty() {
                 return Ok(Response::empty(204));
-            };
-            Ok(Response::bytes(200, "application/octet-stream", d.payload)
-                .with_header(
-                    "receipt-handle",
-                    format!("{}:{}:{}", d.partition, d.offset, d.nonce),
-                )
-                .with_header("partition", d.partition)
-                .with_header("offset", d.offset))
+            }
+            Ok(match media {
+                None => single_delivery(deliveries),
+                Some(Media::Frames) => frames_reply(&deliveries),
+                Some(_) => ndjson_reply(&deliveries),
+            })
         }
-        _ => Err(BrokerError::InvalidParameter(
-            "replay needs both partition and offset".into(),
-        )),
     }
 }
 
+fn handle_of(d: &Delivery) -> String {
+    format!("{}:{}:{}", d.partition, d.offset, d.nonce)
+}
+
+fn single_delivery(deliveries: Vec<Delivery>) -> Response {
+    let d = deliveries
+        .into_iter()
+        .next()
+        .expect("a non-empty delivery list");
+    let handle = handle_of(&d);
+    Response::bytes(200, "application/octet-stream", d.payload)
+        .with_header("receipt-handle", handle)
+        .with_header("partition", d.partition)
+        .with_header("offset", d.offset)
+        .with_header("delivery-count", d.delivery_count)
+}
+
+fn delivery_header(d: &Delivery) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("partition".into(), json!(d.partition));
+    m.insert("offset".into(), json!(d.offset));
+    m.insert("receipt_handle".into(), json!(handle_of(d)));
+    m.insert("delivery_count".into(), json!(d.delivery_count));
+    m
+}
+
+fn ndjson_reply(deliveries: &[Delivery]) -> Response {
+    let mut out = Vec::with_capacity(deliveries.len() * 128);
+    for d in deliveries {
+        let mut m = delivery_header(d);
+        match std::str::from_utf8(&d.payload) {
+            Ok(text) => m.insert("body".into(), json!(text)),
+            Err(_) => m.insert(
+                "body_base64".into(),
+                json!(base64::engine::general_purpose::STANDARD.encode(&d.payload)),
+            ),
+        };
+        serde_json::to_writer(&mut out, &m).expect("a JSON map serialises");
+        out.push(b'\n');
+    }
+    Response::bytes(200, NDJSON, out.into())
+}
+
+fn frames_reply(deliveries: &[Delivery]) -> Response {
+    let mut out = Vec::with_capacity(deliveries.len() * 160);
+    for d in deliveries {
+        let header = serde_json::to_vec(&delivery_header(d)).expect("a JSON map serialises");
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&(d.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&d.payload);
+    }
+    Response::bytes(200, FRAMES, out.into())
+}
+
 async fn settle(
-    core: &Rc<Core>,
-    params: &Params,
-    op: Result<SettleOp, BrokerError>,
-) -> Result<Response, BrokerError> {
-    let topic = params.topic()?;
-    let (partition, offset, nonce) = params.receipt_handle()?;
-    core.topic(&topic)?;
-    let op = op?;
-    core.settle(&topic, partition, offset, nonce, op).await?;
-    Ok(Response::empty(200))
+    front: &Front,
+    verb: Verb,
+    query: &Query,
+    body: &[u8],
+    limits: &BatchLimits,
+) -> OpResult<Response> {
+    let params = ops::settle::parse(verb, query, body, limits)?;
+    let batch = params.batch;
+    let handles: Vec<String> = params.handles.iter().map(|(h, _)| h.clone()).collect();
+    let results = front.settle(params).await?;
+    if !batch {
+        results
+            .into_iter()
+            .next()
+            .expect("a single settle has one result")?;
+        return Ok(Response::empty(200));
+    }
+    let results: Vec<serde_json::Value> = handles
+        .iter()
+        .zip(results.iter())
+        .map(|(h, r)| match r {
+            Ok(()) => json!({"receipt_handle": h, "status": 200}),
+            Err(e) => {
+                let (status, code) = status_of(e);
+                json!({"receipt_handle": h, "status": status, "error": code, "message": e.to_string()})
+            }
+        })
+        .collect();
+    Ok(Response::json(200, &json!({ "results": results })))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn receipt_handles_are_three_unsigned_integers() {
-        assert_eq!(parse_receipt_handle("0:41:881"), Some((0, 41, 881)));
-        assert_eq!(
-            parse_receipt_handle("18446744073709551615:0:1"),
-            Some((u64::MAX, 0, 1))
-        );
-        for bad in [
-            "",
-            "1:2",
-            "1:2:3:4",
-            "-1:2:3",
-            "a:b:c",
-            "1::3",
-            " 1:2:3",
-            "1:2:3 ",
-            "18446744073709551616:0:0",
-            "+1:2:3",
-        ] {
-            assert_eq!(parse_receipt_handle(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn host_names_lose_port_and_brackets_and_only_loopback_or_configured_names_pass() {
@@ -461,19 +453,5 @@ mod tests {
         ] {
             assert!(!authorized(token, bad), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn every_error_maps_to_its_api_status() {
-        assert_eq!(status_of(&BrokerError::LeaseGone), (410, "lease_gone"));
-        assert_eq!(status_of(&BrokerError::AckedAheadFull).0, 503);
-        assert_eq!(
-            status_of(&BrokerError::MessageTooLarge { limit: 1 }),
-            (413, "message_too_large")
-        );
-        assert!(error_response(&BrokerError::Overloaded)
-            .headers
-            .iter()
-            .any(|(h, _)| *h == "retry-after"));
     }
 }

@@ -1,12 +1,22 @@
-//! `consumer.offset`: the committed frontier of one partition, 12 bytes (u64 LE + crc32c LE of those 8 bytes),
-//! replaced atomically. Read lazily at the partition's first touch; written by its core's 100 ms flush task.
+//! Frontier files: the committed frontier of one consumer group on one partition, 12 bytes (u64 LE + crc32c LE of
+//! those 8 bytes), replaced atomically. The `default` group's is `consumer.offset` (version 1's file), another
+//! group's `consumer.{group}.offset`. Read lazily at the partition's first touch; written by its core's flush task.
 
 use crate::storage::backend::Storage;
 use std::path::Path;
 use tracing::error;
 
-/// File name inside the partition directory.
+/// The default group's file name inside the partition directory.
 pub const FILE_NAME: &str = "consumer.offset";
+
+/// The frontier file name of `group` (group names follow the topic-name rule, so they are safe in a file name).
+pub fn file_name(group: &str) -> String {
+    if group == crate::partition::DEFAULT_GROUP {
+        FILE_NAME.to_string()
+    } else {
+        format!("consumer.{group}.offset")
+    }
+}
 
 /// Encodes a frontier value.
 pub fn encode(committed: u64) -> Vec<u8> {
@@ -28,9 +38,8 @@ pub fn decode(bytes: &[u8]) -> Option<u64> {
 /// log start redelivers: duplicates, never loss). Any other read error (EIO, EMFILE, EACCES, a directory in its
 /// place) is returned: the caller must not guess, since a guessed 0 would be written back over the good file.
 /// Blocking read of 12 bytes, once per partition lifetime.
-pub fn read(storage: &dyn Storage, dir: &Path) -> std::io::Result<u64> {
-    let path = dir.join(FILE_NAME);
-    match storage.read(&path) {
+pub fn read(storage: &dyn Storage, path: &Path) -> std::io::Result<u64> {
+    match storage.read(path) {
         Ok(bytes) => Ok(decode(&bytes).unwrap_or_else(|| {
             error!(file = %path.display(), len = bytes.len(), "consumer.offset fails its check: treating the frontier as 0, everything retained redelivers");
             0
@@ -41,10 +50,8 @@ pub fn read(storage: &dyn Storage, dir: &Path) -> std::io::Result<u64> {
 }
 
 /// Durably replaces the frontier file (temp + fdatasync + rename + directory fsync).
-pub async fn write(storage: &dyn Storage, dir: &Path, committed: u64) -> std::io::Result<()> {
-    storage
-        .replace(&dir.join(FILE_NAME), encode(committed))
-        .await
+pub async fn write(storage: &dyn Storage, path: &Path, committed: u64) -> std::io::Result<()> {
+    storage.replace(path, encode(committed)).await
 }
 
 #[cfg(test)]

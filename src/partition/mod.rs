@@ -1,75 +1,117 @@
-//! A partition: its log, its in-flight lease shard and its frontier file, owned by exactly one core.
-//! The broker on that core calls in; other cores reach it only through that broker over the mesh.
+//! A partition: its log and, per consumer group, a lease shard (`InFlight`) and a frontier file. Owned by exactly one
+//! core (every touch asserts it); the engine on that core calls in, other cores reach it only through requests the
+//! engine applies. Time comes from the core's `Clock`.
 
+pub mod error;
 pub mod frontier;
 pub mod inflight;
 
-use crate::broker::error::{BrokerError, BrokerResult};
+use crate::clock::Clock;
 use crate::storage::backend::Storage;
-use crate::storage::log::{AppendError, Log, ReadError, Record};
+use crate::storage::log::{Log, ReadError, Record};
 use bytes::Bytes;
-use inflight::{InFlight, Limits, Reserve, SettleError};
-use serde::Serialize;
+pub use error::PartitionError;
+use inflight::{InFlight, Lease, Limits, Redelivery, ReserveStop};
+use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use tracing::{error, warn};
 
-/// Wakes the topic's parked consumers (on every core) with the number of newly deliverable offsets.
-pub type Wake = Rc<dyn Fn(usize)>;
+/// The consumer group version 1's consumer state became (its frontier file is `consumer.offset`).
+pub const DEFAULT_GROUP: &str = "default";
+
+/// How many times a record may fail to read (an I/O error, not a failed check) before it is treated as corrupt.
+pub const MAX_READ_FAILURES: u32 = 3;
+
+/// Tells the engine that `n` offsets became deliverable, for one group (`Some`) or for every group (`None`: new
+/// records).
+pub type Wake = Rc<dyn Fn(Option<&str>, usize)>;
 
 /// A leased message handed to a consumer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Delivery {
     pub partition: u32,
     pub offset: u64,
     pub nonce: u64,
+    /// 1 at the first delivery (memory only: restarts at 1 after a crash).
+    pub delivery_count: u32,
     pub payload: Bytes,
 }
 
 /// How a lease is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SettleOp {
     Ack,
-    Nack,
+    /// Release the lease: deliverable again after this many ms (None: the topic's redelivery policy).
+    Nack(Option<u64>),
     /// Re-arm the expiry to now + this many ms (None: the lease's own length).
     Extend(Option<u64>),
 }
 
-/// Result of trying to lease from one partition (or from all of a core's partitions of a topic).
-#[derive(Debug)]
-pub enum Take {
-    Leased(Delivery),
-    /// Nothing deliverable (on at least one partition below its cap).
+/// Why a take stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stop {
+    /// It leased as many as asked.
+    Max,
+    /// Nothing more is deliverable.
     Empty,
-    /// Something is deliverable, but every partition tried is at its in-flight cap.
+    /// Something is deliverable, but the in-flight cap is reached.
     AtCap,
-    /// The core owns no partition of the topic.
-    NoPartitions,
-    /// A partition could not be served now (its frontier or a record could not be read); counted and logged,
-    /// and tried again at the next touch.
+    /// The partition could not be served now (its frontier or a record could not be read); counted, logged, and
+    /// tried again at the next touch.
     Unavailable,
+}
+
+/// What a take leased, and why it stopped.
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub deliveries: Vec<Delivery>,
+    pub stop: Option<Stop>,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub produced: Cell<u64>,
+    pub read_errors: Cell<u64>,
+}
+
+/// Per-group counters (monotonic) for `/metrics` and describe.
+#[derive(Debug, Default)]
+pub struct GroupCounters {
     pub delivered: Cell<u64>,
+    pub redelivered: Cell<u64>,
     pub acked: Cell<u64>,
     pub nacked: Cell<u64>,
     pub extended: Cell<u64>,
     pub expired: Cell<u64>,
     pub lease_gone: Cell<u64>,
-    pub read_errors: Cell<u64>,
+    pub dead_lettered: Cell<u64>,
+    pub retention_skipped: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
-/// What `GET /topics/{topic}` shows per partition, and what `/metrics` exports.
-#[derive(Debug, Clone, Serialize)]
+/// One group's state on one partition, as describe and metrics show it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupInfo {
+    pub group: String,
+    pub committed: u64,
+    pub in_flight: usize,
+    pub delayed: usize,
+    pub acked_ahead: usize,
+    pub corrupt_skipped: u64,
+    /// delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered, retention_skipped.
+    pub counters: [u64; 9],
+}
+
+/// What `GET /topics/{topic}` shows per partition (the default group's state at the top level, as in version 1),
+/// and what `/metrics` exports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionInfo {
     pub partition: u32,
     pub core: usize,
@@ -79,23 +121,68 @@ pub struct PartitionInfo {
     pub in_flight: usize,
     pub acked_ahead: usize,
     pub corrupt_skipped: u64,
-    #[serde(skip)]
-    pub counters: [u64; 8],
+    #[serde(skip_serializing)]
+    pub groups: Vec<GroupInfo>,
+    /// produced, read_errors.
+    #[serde(skip_serializing)]
+    pub counters: [u64; 2],
     /// (append batches, fdatasyncs) of its log.
-    #[serde(skip)]
+    #[serde(skip_serializing)]
     pub io_counts: (u64, u64),
 }
 
-/// How many times a record may fail to read (an I/O error, not a failed check) before it is treated as corrupt.
-pub const MAX_READ_FAILURES: u32 = 3;
-
-/// Where the lease shard stands: loaded lazily at the first touch, from the frontier file on disk.
-enum ShardSlot {
-    /// Not touched yet (or the last load failed and will be retried).
-    Unloaded,
-    /// A touch is reading the frontier; others wait for `loaded_event`.
+/// Where the lease shards stand: loaded lazily at the first touch, from the frontier files on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Load {
+    /// No load running: every group whose shard is missing is loaded at the next touch.
+    Idle,
+    /// A touch is reading frontiers; others wait for `loaded_event`.
     Loading,
-    Loaded(InFlight),
+}
+
+/// One consumer group on one partition.
+pub struct Group {
+    name: String,
+    /// Its frontier file.
+    path: PathBuf,
+    /// The lease shard: None until the partition is loaded.
+    shard: RefCell<Option<InFlight>>,
+    /// Frontier value known durable in its file (read at the first touch, then each flush).
+    flushed: Cell<u64>,
+    /// A flush of its file is running.
+    flushing: Cell<bool>,
+    flushed_event: event_listener::Event,
+    pub counters: GroupCounters,
+}
+
+impl Group {
+    fn new(name: &str, dir: &Path) -> Rc<Group> {
+        Rc::new(Group {
+            name: name.to_string(),
+            path: dir.join(frontier::file_name(name)),
+            shard: RefCell::new(None),
+            flushed: Cell::new(0),
+            flushing: Cell::new(false),
+            flushed_event: event_listener::Event::new(),
+            counters: GroupCounters::default(),
+        })
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
+        f(self
+            .shard
+            .borrow_mut()
+            .as_mut()
+            .expect("the group's shard is loaded before it is used"))
+    }
+
+    fn with_loaded<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> Option<R> {
+        self.shard.borrow_mut().as_mut().map(f)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// One partition on its owning core.
@@ -106,96 +193,124 @@ pub struct Partition {
     pub core: usize,
     /// The glommio executor that owns it: every touch asserts it runs there.
     executor: usize,
-    /// Its directory: segments and consumer.offset.
+    /// Its directory: segments and frontier files.
     dir: PathBuf,
     /// Where its files live (the disk, or a simulator in tests).
     storage: Rc<dyn Storage>,
+    clock: Rc<dyn Clock>,
     /// The durable log.
     pub log: Rc<Log>,
-    /// The lease shard, loaded at the first touch.
-    shard: RefCell<ShardSlot>,
+    load: Cell<Load>,
     /// Notified when a load ends (successfully or not).
     loaded_event: event_listener::Event,
+    /// Consumer groups by name.
+    groups: RefCell<BTreeMap<String, Rc<Group>>>,
     /// Caps from the topic config.
-    limits: Limits,
-    /// Frontier value known durable in consumer.offset (what was read at the first touch, then each flush).
-    flushed: Cell<u64>,
-    /// A flush is running (the flush task and shutdown must not overlap on one file).
-    flushing: Cell<bool>,
-    /// Notified when a running flush ends.
-    flushed_event: event_listener::Event,
+    limits: Cell<Limits>,
+    /// Redelivery policy from the topic config.
+    redelivery: Cell<Redelivery>,
     /// Set when the partition is closed (topic deleted or shutdown): no file of it is written after this, since its
     /// directory may already belong to a new topic of the same name.
     closed: Cell<bool>,
     /// Offsets lost below the durable frontier at recovery (the log ended before it): counted as corrupt-skipped.
     lost_below_frontier: Cell<u64>,
     /// Read failures per offset (I/O errors), for the offsets that failed recently.
-    read_failures: RefCell<std::collections::BTreeMap<u64, u32>>,
-    /// Wakes parked consumers of the topic.
+    read_failures: RefCell<BTreeMap<u64, u32>>,
+    /// Tells the engine about newly deliverable offsets.
     wake: Wake,
     /// Monotonic counters.
     pub counters: Counters,
 }
 
-/// Milliseconds on the process's monotonic clock (leases never outlive the process).
-pub fn now_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64
-        + 1
+/// Everything a partition needs to open.
+pub struct PartitionSetup {
+    pub storage: Rc<dyn Storage>,
+    pub clock: Rc<dyn Clock>,
+    pub dir: PathBuf,
+    pub id: u32,
+    pub core: usize,
+    pub log_options: crate::storage::log::LogOptions,
+    pub limits: Limits,
+    pub redelivery: Redelivery,
+    pub groups: Vec<String>,
+    pub wake: Wake,
 }
 
-fn map_settle(e: SettleError) -> BrokerError {
-    match e {
-        SettleError::Gone => BrokerError::LeaseGone,
-        SettleError::AckedAheadFull => BrokerError::AckedAheadFull,
+/// Leases reserved by a take that are not yet in the consumer's hands: if the take is dropped (its client went
+/// away), they are released at once instead of staying invisible for their whole visibility.
+struct Reserved<'a> {
+    group: &'a Group,
+    now_ms: u64,
+    handles: Vec<(u64, u64)>,
+}
+
+impl Reserved<'_> {
+    fn forget(&mut self, offset: u64) {
+        self.handles.retain(|&(o, _)| o != offset);
+    }
+
+    /// The leases reached the consumer (or its reply): keep them.
+    fn keep(mut self) {
+        self.handles.clear();
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.handles.is_empty() {
+            return;
+        }
+        let handles = std::mem::take(&mut self.handles);
+        self.group
+            .with_loaded(|s| s.nack_batch(&handles, self.now_ms, Some(0)));
     }
 }
 
 impl Partition {
     /// Opens the partition's log (recovery runs here) and wires the wake-up for parked consumers.
-    pub async fn open(
-        storage: Rc<dyn Storage>,
-        dir: &Path,
-        id: u32,
-        core: usize,
-        log_options: crate::storage::log::LogOptions,
-        limits: Limits,
-        wake: Wake,
-    ) -> std::io::Result<Rc<Partition>> {
-        let log = Log::open(storage.clone(), dir, log_options).await?;
+    pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
+        let log = Log::open(
+            setup.storage.clone(),
+            setup.clock.clone(),
+            &setup.dir,
+            setup.log_options,
+        )
+        .await?;
+        let groups = setup
+            .groups
+            .iter()
+            .map(|g| (g.clone(), Group::new(g, &setup.dir)))
+            .collect();
         let partition = Rc::new(Partition {
-            id,
-            core,
+            id: setup.id,
+            core: setup.core,
             executor: glommio::executor().id(),
-            dir: dir.to_path_buf(),
-            storage,
+            dir: setup.dir,
+            storage: setup.storage,
+            clock: setup.clock,
             log,
-            shard: RefCell::new(ShardSlot::Unloaded),
+            load: Cell::new(Load::Idle),
             loaded_event: event_listener::Event::new(),
-            limits,
-            flushed: Cell::new(0),
-            flushing: Cell::new(false),
-            flushed_event: event_listener::Event::new(),
+            groups: RefCell::new(groups),
+            limits: Cell::new(setup.limits),
+            redelivery: Cell::new(setup.redelivery),
             closed: Cell::new(false),
             lost_below_frontier: Cell::new(0),
-            read_failures: RefCell::new(std::collections::BTreeMap::new()),
-            wake,
+            read_failures: RefCell::new(BTreeMap::new()),
+            wake: setup.wake,
             counters: Counters::default(),
         });
         let weak = Rc::downgrade(&partition);
         partition.log.set_on_append(Box::new(move |n| {
             if let Some(p) = weak.upgrade() {
                 bump(&p.counters.produced, n as u64);
-                (p.wake)(n);
+                (p.wake)(None, n);
             }
         }));
         Ok(partition)
     }
 
-    /// Every touch runs on the owning core's executor: the shard and the log are not shared.
+    /// Every touch runs on the owning core's executor: the shards and the log are not shared.
     fn assert_owner(&self) {
         assert_eq!(
             glommio::executor().id(),
@@ -206,352 +321,556 @@ impl Partition {
         );
     }
 
-    /// Loads the lease shard at the first touch: reads consumer.offset from disk (a read error other than "not
-    /// found" fails this touch with 503 and the next touch retries; the frontier is never guessed as 0), and if the
-    /// durable frontier is beyond what recovery found in the log, moves the log's end up to it so no offset a
-    /// consumer may have settled is ever handed out again.
-    pub async fn ensure_loaded(&self) -> BrokerResult<()> {
+    /// The group named `name`.
+    pub fn group(&self, name: &str) -> Result<Rc<Group>, PartitionError> {
+        self.groups
+            .borrow()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PartitionError::GroupNotFound(name.to_string()))
+    }
+
+    /// Loads the lease shards at the first touch: reads every group's frontier file from disk (a read error other
+    /// than "not found" fails this touch with `Unavailable` and the next touch retries; a frontier is never
+    /// guessed as 0), and if a durable frontier is beyond what recovery found in the log, moves the log's end up to
+    /// it, so no offset a consumer may have settled is ever handed out again.
+    pub async fn ensure_loaded(&self) -> Result<(), PartitionError> {
         self.assert_owner();
         loop {
-            let listener = match &*self.shard.borrow() {
-                ShardSlot::Loaded(_) => return Ok(()),
-                ShardSlot::Loading => Some(self.loaded_event.listen()),
-                ShardSlot::Unloaded => None,
-            };
-            match listener {
-                Some(listener) => listener.await,
-                None => break,
+            if self.is_loaded() {
+                return Ok(());
+            }
+            match self.load.get() {
+                Load::Idle => break,
+                Load::Loading => {
+                    let listener = self.loaded_event.listen();
+                    if self.load.get() == Load::Loading {
+                        listener.await;
+                    }
+                }
             }
         }
         if self.closed.get() {
-            return Err(BrokerError::ShuttingDown);
+            return Err(PartitionError::Closed);
         }
-        *self.shard.borrow_mut() = ShardSlot::Loading;
-        let result = self.load_shard().await;
-        let outcome = match result {
-            Ok(shard) => {
-                *self.shard.borrow_mut() = ShardSlot::Loaded(shard);
-                Ok(())
-            }
-            Err(e) => {
-                *self.shard.borrow_mut() = ShardSlot::Unloaded;
-                Err(e)
-            }
-        };
+        self.load.set(Load::Loading);
+        let result = self.load_shards().await;
+        self.load.set(Load::Idle);
         self.loaded_event.notify(usize::MAX);
-        outcome
+        result
     }
 
-    async fn load_shard(&self) -> BrokerResult<InFlight> {
-        let stored = frontier::read(&*self.storage, &self.dir).map_err(|e| {
-            error!(dir = %self.dir.display(), error = %e, "cannot read consumer.offset: the partition answers 503 until it can");
-            BrokerError::PartitionUnavailable(format!("cannot read its frontier: {e}"))
-        })?;
-        let recovered_end = self.log.end_offset();
-        if stored > recovered_end {
-            self.log.skip_to(stored).await.map_err(|e| {
-                error!(dir = %self.dir.display(), error = %e, "cannot move the log end up to the durable frontier");
-                BrokerError::PartitionUnavailable(format!("cannot move the log to its frontier: {e}"))
+    /// Every group's shard is loaded.
+    fn is_loaded(&self) -> bool {
+        self.groups
+            .borrow()
+            .values()
+            .all(|g| g.shard.borrow().is_some())
+    }
+
+    /// Adds a consumer group (created on the topic meanwhile). Its shard loads at the next touch, from its frontier
+    /// file (written before the group is announced when it starts at the latest offset), else from the oldest
+    /// retained offset.
+    pub fn add_group(&self, name: &str) {
+        self.groups
+            .borrow_mut()
+            .entry(name.to_string())
+            .or_insert_with(|| Group::new(name, &self.dir));
+    }
+
+    async fn load_shards(&self) -> Result<(), PartitionError> {
+        let groups: Vec<Rc<Group>> = self
+            .groups
+            .borrow()
+            .values()
+            .filter(|g| g.shard.borrow().is_none())
+            .cloned()
+            .collect();
+        let mut stored = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let value = frontier::read(&*self.storage, &g.path).map_err(|e| {
+                error!(file = %g.path.display(), error = %e, "cannot read a frontier file: the partition answers 503 until it can");
+                PartitionError::Unavailable(format!("cannot read its frontier: {e}"))
             })?;
-            self.lost_below_frontier.set(stored - recovered_end);
+            stored.push(value);
         }
+        let highest = stored.iter().copied().max().unwrap_or(0);
+        let recovered_end = self.log.end_offset();
+        if highest > recovered_end {
+            self.log.skip_to(highest).await.map_err(|e| {
+                error!(dir = %self.dir.display(), error = %e, "cannot move the log end up to the durable frontier");
+                PartitionError::Unavailable(format!("cannot move the log to its frontier: {e}"))
+            })?;
+            self.lost_below_frontier.set(highest - recovered_end);
+        }
+        for (g, value) in groups.iter().zip(stored) {
+            self.install_shard(g, value);
+        }
+        Ok(())
+    }
+
+    /// Seeds a group's shard at its durable frontier (never below the oldest retained offset).
+    fn install_shard(&self, g: &Group, stored: u64) {
         let (start, end) = (self.log.start_offset(), self.log.end_offset());
         let committed = stored.max(start);
         assert!(
             committed <= end,
-            "frontier {committed} beyond the recovered end {end}"
+            "frontier {committed} beyond the log end {end}"
         );
-        self.flushed.set(stored);
-        let nonce_seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(1)
-            << 8;
-        Ok(InFlight::new(committed, nonce_seed, self.limits))
+        g.flushed.set(stored);
+        // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match.
+        let nonce_seed = self.clock.wall_ms().saturating_mul(1000) << 8;
+        let mut shard = InFlight::new(committed, nonce_seed, self.limits.get());
+        shard.set_redelivery(self.redelivery.get());
+        *g.shard.borrow_mut() = Some(shard);
     }
 
-    /// Runs `f` on the loaded shard (None when it is not loaded).
-    fn with_loaded<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> Option<R> {
-        self.assert_owner();
-        match &mut *self.shard.borrow_mut() {
-            ShardSlot::Loaded(shard) => Some(f(shard)),
-            _ => None,
+    /// Applies new caps and redelivery policy (a topic change) to every group.
+    pub fn set_policy(&self, limits: Limits, redelivery: Redelivery) {
+        self.limits.set(limits);
+        self.redelivery.set(redelivery);
+        for g in self.groups.borrow().values() {
+            g.with_loaded(|s| {
+                s.set_limits(limits);
+                s.set_redelivery(redelivery);
+            });
         }
     }
 
-    /// Runs `f` on the shard, which the caller has loaded (`ensure_loaded`).
-    fn with_shard<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
-        self.with_loaded(f)
-            .expect("the shard is loaded before it is used")
-    }
-
-    /// Leases the lowest deliverable offset and reads it; corrupt records are skipped, counted and logged (one line
-    /// per run); a record that fails to read is released, counted, and after `MAX_READ_FAILURES` treated as corrupt.
-    pub async fn take(&self, visibility_ms: u64) -> BrokerResult<Take> {
-        if let Err(e) = self.ensure_loaded().await {
-            return match e {
-                BrokerError::PartitionUnavailable(_) => Ok(Take::Unavailable),
-                other => Err(other),
-            };
+    /// Leases up to `max` deliverable messages of `group` in one pass over its shard, then reads them. Corrupt
+    /// records are skipped, counted and logged (one line per run); a record that fails to read is released,
+    /// counted, and after `MAX_READ_FAILURES` treated as corrupt.
+    pub async fn take(
+        &self,
+        group: &str,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<Taken, PartitionError> {
+        match self.ensure_loaded().await {
+            Ok(()) => {}
+            Err(PartitionError::Unavailable(_)) => {
+                return Ok(Taken {
+                    deliveries: Vec::new(),
+                    stop: Some(Stop::Unavailable),
+                })
+            }
+            Err(e) => return Err(e),
         }
-        loop {
-            let now = now_ms();
+        let g = self.group(group)?;
+        let mut taken = Taken::default();
+        let mut leases: Vec<Lease> = Vec::with_capacity(max.min(64));
+        let now = self.clock.now_ms();
+        let mut reserved = Reserved {
+            group: &g,
+            now_ms: now,
+            handles: Vec::new(),
+        };
+        let released = g.with(|s| s.purge_expired(now));
+        self.note_released(&g, released);
+        while taken.deliveries.len() < max {
             let end = self.log.end_offset();
-            let released_before = self.with_shard(|s| s.purge_expired(now));
-            self.note_expired(released_before);
-            let lease = match self.with_shard(|s| s.reserve(end, now, visibility_ms)) {
-                Reserve::Leased(lease) => lease,
-                Reserve::Empty => return Ok(Take::Empty),
-                Reserve::AtCap => return Ok(Take::AtCap),
-            };
-            match self.log.read(lease.offset).await {
-                Ok(Record { payload, .. }) => {
-                    bump(&self.counters.delivered, 1);
-                    return Ok(Take::Leased(Delivery {
-                        partition: self.id,
-                        offset: lease.offset,
-                        nonce: lease.nonce,
-                        payload,
-                    }));
-                }
-                Err(ReadError::Corrupt) => {
-                    let run_end = self
-                        .log
-                        .corrupt_run_end(lease.offset)
-                        .unwrap_or(lease.offset + 1)
-                        .min(end);
-                    error!(dir = %self.dir.display(), from = lease.offset, to = run_end, "skipping corrupt records from..to: they will never be delivered");
-                    self.with_shard(|s| s.skip_corrupt_run(lease.offset, lease.nonce, run_end));
-                    // A long run must not hold the core.
-                    futures_lite::future::yield_now().await;
-                }
-                Err(ReadError::OutOfRetention { start }) => {
-                    self.with_shard(|s| s.advance_to(start));
-                }
-                Err(ReadError::NotYet) => {
-                    self.with_shard(|s| s.nack(lease.offset, lease.nonce, now))
-                        .ok();
-                    return Ok(Take::Empty);
-                }
-                Err(ReadError::Io(e)) => {
-                    bump(&self.counters.read_errors, 1);
-                    let failures = {
-                        let mut map = self.read_failures.borrow_mut();
-                        let n = map.entry(lease.offset).or_insert(0);
-                        *n += 1;
-                        *n
-                    };
-                    if failures >= MAX_READ_FAILURES {
-                        error!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read too many times: skipping it as corrupt, it will never be delivered");
-                        self.read_failures.borrow_mut().remove(&lease.offset);
-                        self.with_shard(|s| s.skip_corrupt(lease.offset, lease.nonce));
-                        continue;
+            let want = max - taken.deliveries.len();
+            leases.clear();
+            let stop = g.with(|s| s.reserve_batch(end, now, visibility_ms, want, &mut leases));
+            reserved
+                .handles
+                .extend(leases.iter().map(|l| (l.offset, l.nonce)));
+            let mut short = false;
+            for lease in &leases {
+                match self.read_leased(&g, lease, end).await {
+                    Ok(payload) => {
+                        bump(&g.counters.delivered, 1);
+                        if lease.delivery_count > 1 {
+                            bump(&g.counters.redelivered, 1);
+                        }
+                        taken.deliveries.push(Delivery {
+                            partition: self.id,
+                            offset: lease.offset,
+                            nonce: lease.nonce,
+                            delivery_count: lease.delivery_count,
+                            payload,
+                        });
                     }
-                    warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
-                    self.with_shard(|s| s.nack(lease.offset, lease.nonce, now))
-                        .ok();
-                    return Ok(Take::Unavailable);
-                }
-            }
-        }
-    }
-
-    fn note_expired(&self, released: usize) {
-        if released > 0 {
-            bump(&self.counters.expired, released as u64);
-            (self.wake)(released);
-        }
-    }
-
-    /// Acks, nacks or extends the lease `(offset, nonce)`.
-    pub async fn settle(&self, offset: u64, nonce: u64, op: SettleOp) -> BrokerResult<()> {
-        self.ensure_loaded().await?;
-        let now = now_ms();
-        let released = self.with_shard(|s| s.purge_expired(now));
-        self.note_expired(released);
-        let result = self.with_shard(|s| match op {
-            SettleOp::Ack => s.ack(offset, nonce, now).map(|_| ()),
-            SettleOp::Nack => s.nack(offset, nonce, now),
-            SettleOp::Extend(visibility_ms) => {
-                s.extend(offset, nonce, now, visibility_ms).map(|_| ())
-            }
-        });
-        match result {
-            Ok(()) => {
-                match op {
-                    SettleOp::Ack => {
-                        bump(&self.counters.acked, 1);
-                        // Freeing a slot of a capped partition makes its waiting offsets deliverable again.
-                        let was_at_cap =
-                            self.with_shard(|s| s.in_flight() + 1 >= self.limits.max_in_flight);
-                        if was_at_cap && self.has_deliverable() {
-                            (self.wake)(1);
+                    Err(settled) => {
+                        reserved.forget(lease.offset);
+                        short = true;
+                        if settled == Stop::Unavailable {
+                            taken.stop = Some(Stop::Unavailable);
                         }
                     }
-                    SettleOp::Nack => {
-                        bump(&self.counters.nacked, 1);
-                        (self.wake)(1);
-                    }
-                    SettleOp::Extend(_) => bump(&self.counters.extended, 1),
                 }
-                Ok(())
             }
-            Err(e) => {
-                if e == SettleError::Gone {
-                    bump(&self.counters.lease_gone, 1);
+            if taken.stop == Some(Stop::Unavailable) {
+                break;
+            }
+            match stop {
+                ReserveStop::Max if short => continue,
+                ReserveStop::Max => taken.stop = Some(Stop::Max),
+                ReserveStop::Empty => taken.stop = Some(Stop::Empty),
+                ReserveStop::AtCap => taken.stop = Some(Stop::AtCap),
+            }
+            break;
+        }
+        reserved.keep();
+        Ok(taken)
+    }
+
+    /// Reads one leased record. On failure the lease is settled or released here and the reason returned:
+    /// `Empty` for a skipped or vanished record (look further), `Unavailable` for a read error.
+    async fn read_leased(&self, g: &Group, lease: &Lease, end: u64) -> Result<Bytes, Stop> {
+        let now = self.clock.now_ms();
+        match self.log.read(lease.offset).await {
+            Ok(Record { payload, .. }) => Ok(payload),
+            Err(ReadError::Corrupt) => {
+                let run_end = self
+                    .log
+                    .corrupt_run_end(lease.offset)
+                    .unwrap_or(lease.offset + 1)
+                    .min(end);
+                error!(dir = %self.dir.display(), from = lease.offset, to = run_end, "skipping corrupt records from..to: they will never be delivered");
+                g.with(|s| s.skip_corrupt_run(lease.offset, lease.nonce, run_end));
+                // A long run must not hold the core.
+                futures_lite::future::yield_now().await;
+                Err(Stop::Empty)
+            }
+            Err(ReadError::OutOfRetention { start }) => {
+                self.retention_skip(g, start);
+                Err(Stop::Empty)
+            }
+            Err(ReadError::NotYet) => {
+                g.with(|s| s.nack(lease.offset, lease.nonce, now, Some(0)))
+                    .ok();
+                Err(Stop::Empty)
+            }
+            Err(ReadError::Io(e)) => {
+                bump(&self.counters.read_errors, 1);
+                let failures = {
+                    let mut map = self.read_failures.borrow_mut();
+                    let n = map.entry(lease.offset).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                if failures >= MAX_READ_FAILURES {
+                    error!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read too many times: skipping it as corrupt, it will never be delivered");
+                    self.read_failures.borrow_mut().remove(&lease.offset);
+                    g.with(|s| s.skip_corrupt(lease.offset, lease.nonce));
+                    return Err(Stop::Empty);
                 }
-                Err(map_settle(e))
+                warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
+                g.with(|s| s.nack(lease.offset, lease.nonce, now, Some(0)))
+                    .ok();
+                Err(Stop::Unavailable)
             }
         }
     }
 
-    /// Releases expired leases (the background purger); returns how many.
-    pub fn purge(&self, now: u64) -> usize {
-        let released = self.with_loaded(|s| s.purge_expired(now)).unwrap_or(0);
-        self.note_expired(released);
-        released
+    /// Moves a group's frontier over what retention removed, counting what it had not settled.
+    fn retention_skip(&self, g: &Group, start: u64) {
+        let skipped = g.with(|s| {
+            let before = s.committed();
+            s.advance_to(start);
+            start.saturating_sub(before)
+        });
+        bump(&g.counters.retention_skipped, skipped);
     }
 
-    /// Earliest lease deadline, if the shard is loaded and holds leases.
-    pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.with_loaded(|s| s.next_expiry_ms()).flatten()
+    fn note_released(&self, g: &Group, released: usize) {
+        if released > 0 {
+            bump(&g.counters.expired, released as u64);
+            (self.wake)(Some(&g.name), released);
+        }
     }
 
-    /// Appends a message; resolves once durable. The first touch loads the frontier first, so an append never
-    /// takes an offset below the durable frontier.
-    pub async fn append(&self, payload: Bytes) -> BrokerResult<u64> {
+    /// Acks, nacks or extends the leases `(offset, nonce)` of `group`, each exactly as alone would; an ack batch
+    /// advances the frontier once. The outer error fails the whole batch (the partition cannot be served).
+    pub async fn settle(
+        &self,
+        group: &str,
+        items: &[(u64, u64)],
+        op: SettleOp,
+    ) -> Result<Vec<Result<(), PartitionError>>, PartitionError> {
         self.ensure_loaded().await?;
-        self.log.append(payload).await.map_err(|e| match e {
-            AppendError::Io(e) => BrokerError::Storage(e),
-            AppendError::NoSpace => BrokerError::NoSpace,
-            AppendError::Poisoned => BrokerError::LogUnavailable,
-            AppendError::Closed => BrokerError::ShuttingDown,
-        })
+        let g = self.group(group)?;
+        let now = self.clock.now_ms();
+        let released = g.with(|s| s.purge_expired(now));
+        self.note_released(&g, released);
+        let at_cap_before = g.with(|s| self.at_cap(s));
+        let results: Vec<Result<(), PartitionError>> = match op {
+            SettleOp::Ack => g.with(|s| s.ack_batch(items, now)),
+            SettleOp::Nack(delay) => g.with(|s| s.nack_batch(items, now, delay)),
+            SettleOp::Extend(visibility) => g
+                .with(|s| s.extend_batch(items, now, visibility))
+                .into_iter()
+                .map(|r| r.map(|_| ()))
+                .collect(),
+        }
+        .into_iter()
+        .map(|r| r.map_err(PartitionError::from))
+        .collect();
+        let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
+        let gone = results
+            .iter()
+            .filter(|r| **r == Err(PartitionError::LeaseGone))
+            .count() as u64;
+        bump(&g.counters.lease_gone, gone);
+        match op {
+            SettleOp::Ack => bump(&g.counters.acked, ok),
+            SettleOp::Nack(_) => bump(&g.counters.nacked, ok),
+            SettleOp::Extend(_) => bump(&g.counters.extended, ok),
+        }
+        // Released offsets that are deliverable now, or a capped partition with room again, wake consumers.
+        let released_now = g.with(|s| s.purge_expired(now));
+        let end = self.log.end_offset();
+        let freed = at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group);
+        let wake = match op {
+            SettleOp::Nack(_) => released_now + usize::from(freed),
+            _ => released_now + usize::from(freed && end > 0),
+        };
+        let nacked_now = match op {
+            SettleOp::Nack(Some(0)) => ok as usize,
+            SettleOp::Nack(None) if self.redelivery.get().delay_ms == 0 => ok as usize,
+            _ => 0,
+        };
+        if wake + nacked_now > 0 {
+            (self.wake)(Some(group), wake + nacked_now);
+        }
+        Ok(results)
+    }
+
+    fn at_cap(&self, s: &InFlight) -> bool {
+        s.in_flight() + s.delayed() >= self.limits.get().max_in_flight
+    }
+
+    /// Settles a dead-lettered lease (the record is already in the dead-letter topic) and counts it.
+    pub async fn dead_lettered(
+        &self,
+        group: &str,
+        offset: u64,
+        nonce: u64,
+    ) -> Result<(), PartitionError> {
+        let results = self
+            .settle(group, &[(offset, nonce)], SettleOp::Ack)
+            .await?;
+        let g = self.group(group)?;
+        let result = results.into_iter().next().unwrap_or(Ok(()));
+        if result.is_ok() {
+            bump(&g.counters.dead_lettered, 1);
+            bump(&g.counters.acked, 0);
+        }
+        result
+    }
+
+    /// Releases expired leases and due delays of every group (the background timer); returns how many offsets
+    /// became deliverable.
+    pub fn purge(&self, now: u64) -> usize {
+        self.assert_owner();
+        let mut total = 0;
+        for g in self.groups.borrow().values() {
+            let released = g.with_loaded(|s| s.purge_expired(now)).unwrap_or(0);
+            self.note_released(g, released);
+            total += released;
+        }
+        total
+    }
+
+    /// Earliest lease deadline or delayed release over the loaded groups.
+    pub fn next_wakeup_ms(&self) -> Option<u64> {
+        self.groups
+            .borrow()
+            .values()
+            .filter_map(|g| g.with_loaded(|s| s.next_wakeup_ms()).flatten())
+            .min()
+    }
+
+    /// Appends records with consecutive offsets, in one write and one sync; resolves with the first offset once
+    /// durable. The first touch loads the frontiers first, so an append never takes an offset below a durable
+    /// frontier.
+    pub async fn append(&self, payloads: Vec<Bytes>) -> Result<u64, PartitionError> {
+        self.ensure_loaded().await?;
+        Ok(self.log.append_batch(payloads).await?)
     }
 
     /// Reads a record for replay, without touching leases.
-    pub async fn replay(&self, offset: u64) -> BrokerResult<Option<Record>> {
+    pub async fn replay(&self, offset: u64) -> Result<Option<Record>, PartitionError> {
         self.assert_owner();
         match self.log.read(offset).await {
             Ok(record) => Ok(Some(record)),
             Err(ReadError::NotYet) => Ok(None),
             Err(ReadError::OutOfRetention { start }) => {
-                Err(BrokerError::OffsetOutOfRetention { start })
+                Err(PartitionError::OutOfRetention { start })
             }
-            Err(ReadError::Corrupt) => Err(BrokerError::CorruptRecord {
+            Err(ReadError::Corrupt) => Err(PartitionError::Corrupt {
                 partition: self.id,
                 offset,
             }),
-            Err(ReadError::Io(e)) => Err(BrokerError::Storage(e.to_string())),
+            Err(ReadError::Io(e)) => Err(PartitionError::Storage(e.to_string())),
         }
     }
 
-    /// Applies retention and moves the frontier over what it removed.
+    /// Applies retention and moves every group's frontier over what it removed (counting what a group had not
+    /// settled: retention does not wait for groups).
     pub async fn apply_retention(&self, retention_ms: u64) {
         if self.closed.get() {
             return;
         }
         let start = self
             .log
-            .apply_retention(crate::storage::wall_clock_ms(), retention_ms)
+            .apply_retention(self.clock.wall_ms(), retention_ms)
             .await;
-        self.with_loaded(|s| s.advance_to(start));
+        for g in self.groups.borrow().values() {
+            if g.shard.borrow().is_some() {
+                self.retention_skip(g, start);
+            }
+        }
     }
 
-    /// Writes consumer.offset if the frontier moved since the last write. A failed write leaves the old value
-    /// as the durable one and is retried at the next tick. Never writes a lower value than the one on disk, and
-    /// never after the partition closed (its directory may belong to a new topic by then).
-    pub async fn flush_frontier(&self) {
-        let Some(committed) = self.with_loaded(|s| s.committed()) else {
+    /// Writes each group's frontier file whose frontier moved since the last write. A failed write leaves the old
+    /// value as the durable one and is retried at the next tick. Never writes a lower value than the one on disk,
+    /// and never after the partition closed (its directory may belong to a new topic by then).
+    pub async fn flush_frontiers(&self) {
+        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        for g in groups {
+            self.flush_group(&g).await;
+        }
+    }
+
+    /// Whether some group's frontier moved since its last flush.
+    pub fn frontier_moved(&self) -> bool {
+        self.groups.borrow().values().any(|g| {
+            !g.flushing.get()
+                && g.with_loaded(|s| s.committed())
+                    .is_some_and(|c| c != g.flushed.get())
+        })
+    }
+
+    async fn flush_group(&self, g: &Group) {
+        let Some(committed) = g.with_loaded(|s| s.committed()) else {
             return;
         };
-        if self.flushed.get() == committed || self.flushing.get() || self.closed.get() {
+        if g.flushed.get() == committed || g.flushing.get() || self.closed.get() {
             return;
         }
         assert!(
-            committed > self.flushed.get(),
+            committed > g.flushed.get(),
             "frontier {committed} would replace the durable {} with a lower one",
-            self.flushed.get()
+            g.flushed.get()
         );
-        self.flushing.set(true);
-        match frontier::write(&*self.storage, &self.dir, committed).await {
-            Ok(()) => self.flushed.set(committed),
+        g.flushing.set(true);
+        match frontier::write(&*self.storage, &g.path, committed).await {
+            Ok(()) => g.flushed.set(committed),
             Err(e) => {
-                warn!(dir = %self.dir.display(), error = %e, "cannot write consumer.offset; will retry")
+                warn!(file = %g.path.display(), error = %e, "cannot write a frontier file; will retry")
             }
         }
-        self.flushing.set(false);
-        self.flushed_event.notify(usize::MAX);
+        g.flushing.set(false);
+        g.flushed_event.notify(usize::MAX);
     }
 
-    /// Waits out a running flush.
-    async fn wait_flush(&self) {
-        while self.flushing.get() {
-            let done = self.flushed_event.listen();
-            if self.flushing.get() {
-                done.await;
+    /// Waits out running flushes.
+    async fn wait_flushes(&self) {
+        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        for g in groups {
+            while g.flushing.get() {
+                let done = g.flushed_event.listen();
+                if g.flushing.get() {
+                    done.await;
+                }
             }
         }
     }
 
-    /// Graceful close (shutdown): flushes the frontier (waiting out a running flush), then closes the log.
+    /// Graceful close (shutdown): flushes the frontiers (waiting out running flushes), then closes the log.
     pub async fn close(&self) {
-        self.wait_flush().await;
-        self.flush_frontier().await;
+        self.wait_flushes().await;
+        self.flush_frontiers().await;
         self.closed.set(true);
         self.log.close().await;
     }
 
-    /// Close for a deleted topic: nothing more is written to its files (a running flush is waited out, no new one
+    /// Close for a deleted topic: nothing more is written to its files (running flushes are waited out, no new one
     /// starts), then the log closes.
     pub async fn close_deleted(&self) {
         self.closed.set(true);
-        self.wait_flush().await;
+        self.wait_flushes().await;
         self.log.close().await;
     }
 
-    /// A snapshot for describe and metrics (loads the shard: describe counts as a touch). A partition whose
-    /// frontier cannot be read shows the durable frontier it knows of (none) and no leases.
+    /// A snapshot for describe and metrics (loads the shards: describe counts as a touch). A partition whose
+    /// frontier cannot be read shows the durable frontiers it knows of and no leases.
     pub async fn info(&self) -> PartitionInfo {
         let _ = self.ensure_loaded().await;
-        let (committed, in_flight, acked_ahead, corrupt_skipped) = self
-            .with_loaded(|s| {
-                (
-                    s.committed(),
-                    s.in_flight(),
-                    s.acked_ahead(),
-                    s.corrupt_skipped_total(),
-                )
+        let lost = self.lost_below_frontier.get();
+        let groups: Vec<GroupInfo> = self
+            .groups
+            .borrow()
+            .values()
+            .map(|g| {
+                let (committed, in_flight, delayed, acked_ahead, corrupt) = g
+                    .with_loaded(|s| {
+                        (
+                            s.committed(),
+                            s.in_flight(),
+                            s.delayed(),
+                            s.acked_ahead(),
+                            s.corrupt_skipped_total(),
+                        )
+                    })
+                    .unwrap_or((g.flushed.get(), 0, 0, 0, 0));
+                let c = &g.counters;
+                GroupInfo {
+                    group: g.name.clone(),
+                    committed,
+                    in_flight,
+                    delayed,
+                    acked_ahead,
+                    corrupt_skipped: corrupt + lost,
+                    counters: [
+                        c.delivered.get(),
+                        c.redelivered.get(),
+                        c.acked.get(),
+                        c.nacked.get(),
+                        c.extended.get(),
+                        c.expired.get(),
+                        c.lease_gone.get(),
+                        c.dead_lettered.get(),
+                        c.retention_skipped.get(),
+                    ],
+                }
             })
-            .unwrap_or((self.flushed.get(), 0, 0, 0));
-        let c = &self.counters;
+            .collect();
+        let default = groups.iter().find(|g| g.group == DEFAULT_GROUP);
         PartitionInfo {
             partition: self.id,
             core: self.core,
             start_offset: self.log.start_offset(),
             end_offset: self.log.end_offset(),
-            committed,
-            in_flight,
-            acked_ahead,
-            corrupt_skipped: corrupt_skipped + self.lost_below_frontier.get(),
-            io_counts: self.log.io_counts(),
+            committed: default.map_or(0, |g| g.committed),
+            in_flight: default.map_or(0, |g| g.in_flight),
+            acked_ahead: default.map_or(0, |g| g.acked_ahead),
+            corrupt_skipped: default.map_or(lost, |g| g.corrupt_skipped),
             counters: [
-                c.produced.get(),
-                c.delivered.get(),
-                c.acked.get(),
-                c.nacked.get(),
-                c.extended.get(),
-                c.expired.get(),
-                c.lease_gone.get(),
-                c.read_errors.get(),
+                self.counters.produced.get(),
+                self.counters.read_errors.get(),
             ],
+            io_counts: self.log.io_counts(),
+            groups,
         }
     }
 
-    /// Is anything deliverable right now (cheap; the shard is not loaded by this check)?
-    pub fn has_deliverable(&self) -> bool {
+    /// Is anything deliverable to `group` right now (cheap; the shard is not loaded by this check)?
+    pub fn has_deliverable(&self, group: &str) -> bool {
         let end = self.log.end_offset();
-        self.with_loaded(|s| s.has_deliverable(end))
-            .unwrap_or(end > self.log.start_offset())
+        let Ok(g) = self.group(group) else {
+            return false;
+        };
+        g.with_loaded(|s| {
+            s.has_deliverable(end) && s.in_flight() + s.delayed() < self.limits.get().max_in_flight
+        })
+        .unwrap_or(end > self.log.start_offset())
+    }
+
+    /// Group names on this partition.
+    pub fn group_names(&self) -> Vec<String> {
+        self.groups.borrow().keys().cloned().collect()
     }
 }

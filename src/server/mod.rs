@@ -3,13 +3,15 @@
 
 pub mod shutdown;
 
-use crate::broker::command::Command;
-use crate::broker::core::{Core, Shared};
-use crate::broker::mesh::Mesh;
-use crate::broker::timers;
+use crate::clock::RealClock;
 use crate::config::Config;
+use crate::engine::{timers, Engine, Shared};
+use crate::front::Front;
 use crate::http::reaper::{self, ConnTable};
-use futures_lite::{future, StreamExt};
+use crate::storage::backend::Disk;
+use crate::transport::mesh::{self, Mesh};
+use crate::transport::{Envelope, Router, RouterPeers};
+use futures_lite::future;
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -48,7 +50,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
     let shared = Arc::new(Shared::default());
     let stop = Arc::new(Shutdown::new(cores));
     shutdown::install_signal_handler(stop.clone())?;
-    let mesh = MeshBuilder::<Command, _>::full(cores, config.mesh_channel_depth);
+    let mesh = MeshBuilder::<Envelope, _>::full(cores, config.mesh_channel_depth);
     info!(listen = %config.listen, data_dir = %config.data_dir.display(), cores, cpus = ?cpus, fsync = %config.fsync, "berth starting");
     let mut handles = Vec::with_capacity(cores);
     for (id, cpu) in cpus.into_iter().enumerate() {
@@ -212,22 +214,29 @@ async fn core_main(
     config: Config,
     shared: Arc<Shared>,
     stop: Arc<Shutdown>,
-    mesh: MeshBuilder<Command, glommio::channels::channel_mesh::Full>,
+    mesh: MeshBuilder<Envelope, glommio::channels::channel_mesh::Full>,
 ) -> Result<(), String> {
-    let (senders, mut receivers) = mesh
+    let (senders, receivers) = mesh
         .join()
         .await
         .map_err(|_| "cannot join the core mesh".to_string())?;
     // Core ids are mesh peer ids (join order), which every core agrees on.
     let id = senders.peer_id();
     let config = Rc::new(config);
-    let core = Rc::new(Core::new(
+    let storage = Rc::new(Disk {
+        sync_via: config.sync_via,
+    });
+    let core = Engine::new(
         id,
         cores,
         config.clone(),
-        Mesh::new(senders),
+        Rc::new(RealClock),
+        storage,
         shared.clone(),
-    ));
+    );
+    let router = Router::new(core.clone(), Rc::new(Mesh::new(senders)));
+    core.set_peers(Rc::new(RouterPeers(Rc::downgrade(&router))));
+    let front = Front::new(router);
     // Topics load before this core serves its peers: a request forwarded here meanwhile waits in the channel
     // instead of finding no topic (a false 404 right after a restart).
     let failed = match core.load_topics().await {
@@ -255,17 +264,8 @@ async fn core_main(
     if id == 0 {
         core.empty_trash();
     }
-    for (_, stream) in receivers.streams() {
-        let core = core.clone();
-        glommio::spawn_local(async move {
-            let mut stream = stream;
-            while let Some(command) = stream.next().await {
-                core.serve_command(command);
-            }
-        })
-        .detach();
-    }
-    glommio::spawn_local(timers::run_expiry(core.clone())).detach();
+    mesh::serve(&core, receivers);
+    glommio::spawn_local(timers::run_lease_timer(core.clone())).detach();
     glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();
     let listener = match bind_listener(config.listen, config.listen_backlog) {
         Ok(l) => l,
@@ -278,23 +278,23 @@ async fn core_main(
     let tick = Duration::from_millis((config.header_read_timeout_ms / 4).clamp(10, 1000));
     let sweeper = core.clone();
     glommio::spawn_local(reaper::run(table.clone(), tick, move || {
-        sweeper.stopping.get()
+        sweeper.is_stopping()
     }))
     .detach();
-    accept_loop(&core, &table, &listener, &stop).await;
+    accept_loop(&front, &table, &listener, &stop).await;
     drop(listener);
     core.begin_stop();
     table.close_idle();
     shared.ready.fetch_sub(1, Ordering::AcqRel);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let started = Instant::now();
-    while core.metrics.connections_open.get() > 0 && started.elapsed() < grace {
+    while core.metrics().connections_open.get() > 0 && started.elapsed() < grace {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
-    if core.metrics.connections_open.get() > 0 {
+    if core.metrics().connections_open.get() > 0 {
         warn!(
             core = id,
-            open = core.metrics.connections_open.get(),
+            open = core.metrics().connections_open.get(),
             "grace period over; closing remaining connections"
         );
     }
@@ -315,12 +315,13 @@ async fn fail(stop: &Shutdown, reason: String) -> Result<(), String> {
 }
 
 async fn accept_loop(
-    core: &Rc<Core>,
+    front: &Rc<Front>,
     table: &Rc<ConnTable>,
     listener: &TcpListener,
     stop: &Arc<Shutdown>,
 ) {
-    let config = core.config.clone();
+    let core = front.engine().clone();
+    let config = core.config().clone();
     loop {
         if stop.is_triggered() {
             return;
@@ -342,24 +343,25 @@ async fn accept_loop(
                 continue;
             }
         };
-        let m = &core.metrics;
-        let total = core.shared.connections.fetch_add(1, Ordering::AcqRel) + 1;
+        let m = core.metrics();
+        let total = core.shared().connections.fetch_add(1, Ordering::AcqRel) + 1;
         if total > config.max_connections
             || m.connections_open.get() as usize >= config.max_connections_per_core
         {
-            core.shared.connections.fetch_sub(1, Ordering::AcqRel);
+            core.shared().connections.fetch_sub(1, Ordering::AcqRel);
             m.connections_refused.set(m.connections_refused.get() + 1);
             glommio::spawn_local(crate::http::conn::refuse(stream)).detach();
             continue;
         }
         m.connections_open.set(m.connections_open.get() + 1);
-        let core = core.clone();
+        let front = front.clone();
         let table = table.clone();
         glommio::spawn_local(async move {
-            crate::http::conn::serve(core.clone(), table, stream).await;
-            let m = &core.metrics;
+            crate::http::conn::serve(front.clone(), table, stream).await;
+            let core = front.engine();
+            let m = core.metrics();
             m.connections_open.set(m.connections_open.get() - 1);
-            core.shared.connections.fetch_sub(1, Ordering::AcqRel);
+            core.shared().connections.fetch_sub(1, Ordering::AcqRel);
         })
         .detach();
     }

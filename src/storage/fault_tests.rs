@@ -4,7 +4,7 @@
 use super::backend::Storage;
 use super::log::{AppendError, Log, LogOptions, ReadError};
 use super::sim::{Sim, SimStorage};
-use crate::config::FsyncPolicy;
+use super::FsyncPolicy;
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::path::Path;
@@ -25,6 +25,10 @@ fn run<T>(f: impl std::future::Future<Output = T>) -> T {
         .make()
         .expect("executor")
         .run(f)
+}
+
+fn clock() -> Rc<dyn crate::clock::Clock> {
+    Rc::new(crate::clock::RealClock)
 }
 
 fn storage(sim: &Rc<Sim>) -> Rc<dyn Storage> {
@@ -51,7 +55,7 @@ fn payload(writer: usize, seq: usize) -> Bytes {
 
 /// Reopens the log from `sim` and checks that every acknowledged record is there, intact, at its offset.
 async fn check_survivors(sim: &Rc<Sim>, acked: &[(u64, Bytes)]) -> Rc<Log> {
-    let log = Log::open(storage(sim), dir(), OPTS)
+    let log = Log::open(storage(sim), clock(), dir(), OPTS)
         .await
         .expect("restart must succeed");
     for (offset, body) in acked {
@@ -68,7 +72,9 @@ fn power_cut_at_any_point_loses_no_acknowledged_append() {
     for seed in 1..=120u64 {
         run(async move {
             let sim = Sim::new();
-            let log = Log::open(storage(&sim), dir(), OPTS).await.unwrap();
+            let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+                .await
+                .unwrap();
             let acked: Rc<RefCell<Vec<(u64, Bytes)>>> = Rc::default();
             let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
             let writers: Vec<_> = (0..4)
@@ -112,7 +118,9 @@ fn power_cut_at_any_point_loses_no_acknowledged_append() {
 fn a_failed_sync_is_never_acknowledged_and_refuses_appends_until_restart() {
     run(async {
         let sim = Sim::new();
-        let log = Log::open(storage(&sim), dir(), OPTS).await.unwrap();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
         let first = log.append(Bytes::from_static(b"kept")).await.unwrap();
         sim.fail_syncs(libc::EIO, 1);
         assert!(matches!(
@@ -138,7 +146,9 @@ fn a_failed_sync_is_never_acknowledged_and_refuses_appends_until_restart() {
 fn a_full_disk_refuses_the_write_and_recovers_without_restart() {
     run(async {
         let sim = Sim::new();
-        let log = Log::open(storage(&sim), dir(), OPTS).await.unwrap();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
         assert_eq!(log.append(Bytes::from_static(b"a")).await.unwrap(), 0);
         sim.fail_writes(libc::ENOSPC, 2);
         assert!(matches!(
@@ -164,7 +174,9 @@ fn a_full_disk_refuses_the_write_and_recovers_without_restart() {
 fn an_eio_write_is_rolled_back_and_the_log_goes_on() {
     run(async {
         let sim = Sim::new();
-        let log = Log::open(storage(&sim), dir(), OPTS).await.unwrap();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
         sim.fail_writes(libc::EIO, 1);
         assert!(matches!(
             log.append(Bytes::from_static(b"x")).await,
@@ -187,7 +199,9 @@ fn bit_flips_in_random_frames_never_panic_and_spare_every_untouched_frame() {
                     segment_bytes: 1 << 20,
                     ..OPTS
                 };
-                let log = Log::open(storage(&sim), dir(), opts).await.unwrap();
+                let log = Log::open(storage(&sim), clock(), dir(), opts)
+                    .await
+                    .unwrap();
                 let mut bodies = Vec::new();
                 for i in 0..20 {
                     let body = payload(0, i + trial as usize % 7);
@@ -210,7 +224,7 @@ fn bit_flips_in_random_frames_never_panic_and_spare_every_untouched_frame() {
                     sim.corrupt(&path, at, 1 << rng.below(8));
                     hit[frame_starts.partition_point(|&s| s <= at) - 1] = true;
                 }
-                let reopened = Log::open(storage(&sim), dir(), opts)
+                let reopened = Log::open(storage(&sim), clock(), dir(), opts)
                     .await
                     .expect("reopen after bit flips");
                 for (offset, body) in bodies.iter().enumerate() {
@@ -229,28 +243,32 @@ fn a_frontier_replace_is_old_or_new_after_a_cut() {
     run(async {
         let sim = Sim::new();
         let disk = SimStorage(sim.clone());
-        crate::partition::frontier::write(&disk, dir(), 5)
+        crate::partition::frontier::write(&disk, &dir().join("consumer.offset"), 5)
             .await
             .unwrap();
         let before = sim.power_cut(|_, _| 0);
-        crate::partition::frontier::write(&disk, dir(), 9)
+        crate::partition::frontier::write(&disk, &dir().join("consumer.offset"), 9)
             .await
             .unwrap();
         let after = sim.power_cut(|_, _| 0);
         assert_eq!(
-            crate::partition::frontier::read(&SimStorage(before), dir()).unwrap(),
+            crate::partition::frontier::read(&SimStorage(before), &dir().join("consumer.offset"))
+                .unwrap(),
             5
         );
         assert_eq!(
-            crate::partition::frontier::read(&SimStorage(after), dir()).unwrap(),
+            crate::partition::frontier::read(&SimStorage(after), &dir().join("consumer.offset"))
+                .unwrap(),
             9
         );
         sim.fail_syncs(libc::EIO, 1);
-        assert!(crate::partition::frontier::write(&disk, dir(), 12)
-            .await
-            .is_err());
+        assert!(
+            crate::partition::frontier::write(&disk, &dir().join("consumer.offset"), 12)
+                .await
+                .is_err()
+        );
         assert_eq!(
-            crate::partition::frontier::read(&disk, dir()).unwrap(),
+            crate::partition::frontier::read(&disk, &dir().join("consumer.offset")).unwrap(),
             9,
             "a failed write must not move the frontier"
         );

@@ -8,14 +8,14 @@
 use super::backend::{SegmentFile, Storage};
 use super::frame::{self, NO_POSITION};
 use super::runs::Runs;
-use crate::config::FsyncPolicy;
+use super::FsyncPolicy;
+use crate::clock::Clock;
 use bytes::Bytes;
 use event_listener::Event;
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// The active segment is kept zero-filled ahead of its last frame, so most batches overwrite blocks that are
@@ -47,7 +47,7 @@ pub struct LogOptions {
 }
 
 /// A record read back from the log.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     /// Its offset in the partition.
     pub offset: u64,
@@ -118,9 +118,12 @@ struct LogState {
     dirty: bool,
 }
 
-/// An append waiting for the writer.
+/// An append of one or more records (one request's batch, for one partition) waiting for the writer. Its records
+/// are written together, so they get consecutive offsets.
 struct Pending {
-    payload: Bytes,
+    payloads: Vec<Bytes>,
+    /// Encoded size of its frames.
+    bytes: u64,
     reply: oneshot::Sender<Result<u64, AppendError>>,
 }
 
@@ -128,6 +131,7 @@ struct Pending {
 pub struct Log {
     dir: PathBuf,
     storage: Rc<dyn Storage>,
+    clock: Rc<dyn Clock>,
     opts: LogOptions,
     state: RefCell<LogState>,
     queue: RefCell<Vec<Pending>>,
@@ -171,6 +175,7 @@ impl Log {
     /// index and records damaged frames. Reads segments with blocking reads: this runs once per partition at boot.
     pub async fn open(
         storage: Rc<dyn Storage>,
+        clock: Rc<dyn Clock>,
         dir: &Path,
         opts: LogOptions,
     ) -> std::io::Result<Rc<Log>> {
@@ -246,6 +251,7 @@ impl Log {
         let log = Rc::new(Log {
             dir: dir.to_path_buf(),
             storage,
+            clock,
             opts,
             state: RefCell::new(LogState {
                 segments,
@@ -312,14 +318,29 @@ impl Log {
 
     /// Appends one record; resolves with its offset once durable under the fsync policy.
     pub async fn append(&self, payload: Bytes) -> Result<u64, AppendError> {
+        self.append_batch(vec![payload]).await
+    }
+
+    /// Appends records with consecutive offsets in one write and one sync; resolves with the first offset once
+    /// durable under the fsync policy. Nothing of a failed batch is readable.
+    pub async fn append_batch(&self, payloads: Vec<Bytes>) -> Result<u64, AppendError> {
         if self.closed.get() {
             return Err(AppendError::Closed);
         }
         if self.poisoned.get() {
             return Err(AppendError::Poisoned);
         }
+        assert!(!payloads.is_empty(), "an append batch holds a record");
+        let bytes = payloads
+            .iter()
+            .map(|p| frame::encoded_len(p.len()) as u64)
+            .sum();
         let (tx, rx) = oneshot::channel();
-        self.queue.borrow_mut().push(Pending { payload, reply: tx });
+        self.queue.borrow_mut().push(Pending {
+            payloads,
+            bytes,
+            reply: tx,
+        });
         self.queue_event.notify(1);
         rx.await.unwrap_or(Err(AppendError::Closed))
     }
@@ -344,13 +365,19 @@ impl Log {
                 }
                 if self.idle_reserve_excess() {
                     // Idle with a large reserve: give the disk back unless appends arrive first.
-                    let idle =
-                        glommio::timer::timeout(Duration::from_millis(IDLE_TRIM_MS), async {
+                    let deadline = self.clock.now_ms() + IDLE_TRIM_MS;
+                    let woken = futures_lite::future::or(
+                        async {
                             listener.await;
-                            Ok(())
-                        })
-                        .await;
-                    if idle.is_err() {
+                            true
+                        },
+                        async {
+                            self.clock.sleep_until(deadline).await;
+                            false
+                        },
+                    )
+                    .await;
+                    if !woken {
                         self.trim_idle_reserve().await;
                     }
                 } else {
@@ -397,7 +424,7 @@ impl Log {
         let mut bytes = 0u64;
         let mut take = 0;
         for p in queue.iter() {
-            let len = frame::encoded_len(p.payload.len()) as u64;
+            let len = p.bytes;
             if take > 0 && bytes + len > budget {
                 break;
             }
@@ -418,8 +445,11 @@ impl Log {
         self.batches.set(self.batches.get() + 1);
         match self.write_and_sync(&batch).await {
             Ok(first) => {
-                for (i, p) in batch.into_iter().enumerate() {
-                    let _ = p.reply.send(Ok(first + i as u64));
+                let mut next = first;
+                for p in batch {
+                    let n = p.payloads.len() as u64;
+                    let _ = p.reply.send(Ok(next));
+                    next += n;
                 }
                 let n = {
                     let st = self.state.borrow();
@@ -441,10 +471,8 @@ impl Log {
     /// Writes the batch to the active segment (rolling first if it would overflow) and syncs per policy.
     /// On success assigns the offsets; on failure leaves no trace (positions and file length rolled back).
     async fn write_and_sync(&self, batch: &[Pending]) -> Result<u64, AppendError> {
-        let batch_bytes: u64 = batch
-            .iter()
-            .map(|p| frame::encoded_len(p.payload.len()) as u64)
-            .sum();
+        let batch_bytes: u64 = batch.iter().map(|p| p.bytes).sum();
+        let records: usize = batch.iter().map(|p| p.payloads.len()).sum();
         let (active_len, first) = {
             let st = self.state.borrow();
             let active = st.segments.last().expect("a log always has a segment");
@@ -453,7 +481,7 @@ impl Log {
         if active_len > 0 && active_len + batch_bytes > self.opts.segment_bytes {
             self.roll(first).await?;
         }
-        let timestamp_ms = super::wall_clock_ms();
+        let timestamp_ms = self.clock.wall_ms();
         let (file, start_pos, old_positions, zeroed_to) = {
             let mut st = self.state.borrow_mut();
             let active = st.segments.last_mut().expect("a log always has a segment");
@@ -467,10 +495,10 @@ impl Log {
             )
         };
         let mut buf = Vec::with_capacity(batch_bytes as usize);
-        let mut positions = Vec::with_capacity(batch.len());
-        for (i, p) in batch.iter().enumerate() {
+        let mut positions = Vec::with_capacity(records);
+        for (i, payload) in batch.iter().flat_map(|p| p.payloads.iter()).enumerate() {
             positions.push((start_pos + buf.len() as u64) as u32);
-            frame::encode(first + i as u64, timestamp_ms, &p.payload, &mut buf);
+            frame::encode(first + i as u64, timestamp_ms, payload, &mut buf);
         }
         let end = start_pos + batch_bytes;
         let result = file.write_at(&buf, start_pos);
@@ -525,7 +553,7 @@ impl Log {
         active.len = end;
         active.zeroed_to = new_zeroed_to;
         active.last_timestamp_ms = timestamp_ms;
-        st.next_offset = first + batch.len() as u64;
+        st.next_offset = first + records as u64;
         st.dirty = true;
         Ok(first)
     }
@@ -569,7 +597,8 @@ impl Log {
 
     async fn run_interval_syncer(self: Rc<Self>, interval_ms: u64) {
         while !self.writer_done.get() {
-            glommio::timer::sleep(Duration::from_millis(interval_ms)).await;
+            let deadline = self.clock.now_ms() + interval_ms;
+            self.clock.sleep_until(deadline).await;
             self.sync_if_dirty().await;
         }
     }

@@ -9,11 +9,13 @@ const LIMITS: [Limits; 2] = [
         max_header_bytes: 16 << 10,
         max_headers: 64,
         max_body_bytes: 1 << 20,
+        max_batch_bytes: 16 << 20,
     },
     Limits {
         max_header_bytes: 64,
         max_headers: 2,
         max_body_bytes: 8,
+        max_batch_bytes: 16,
     },
 ];
 
@@ -38,7 +40,7 @@ fn check_one(buf: &[u8], limits: &Limits) -> Option<usize> {
             assert!(req.body.len() <= used, "body longer than the request");
             let body_start = used - req.body.len();
             assert!(
-                req.body.len() <= limits.max_body_bytes,
+                req.body.len() <= limits.max_body_bytes.max(limits.max_batch_bytes),
                 "body over the limit"
             );
             assert!(body_start <= limits.max_header_bytes, "head over the limit");
@@ -49,9 +51,9 @@ fn check_one(buf: &[u8], limits: &Limits) -> Option<usize> {
                 req.path
             );
             for (k, v) in query_pairs(&req.query) {
-                let _ = berth::http::routes::parse_receipt_handle(&v);
+                let _ = berth::ops::params::parse_receipt_handle(&v);
                 let _ = berth::duration::parse_duration_ms(&v);
-                let _ = berth::broker::topic::validate_name(&k);
+                let _ = berth::engine::topic::validate_name(&k);
             }
             match parse(&buf[..used], limits) {
                 Ok(Parsed::Complete(again, n)) => {

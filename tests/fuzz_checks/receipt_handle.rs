@@ -1,7 +1,7 @@
 //! The checks of the `receipt_handle` fuzz target, shared by `fuzz/fuzz_targets/receipt_handle.rs` (libFuzzer, nightly) and
 //! `tests/fuzz_corpus_replay.rs` (the corpus replayed on stable in CI).
 
-use berth::http::routes::parse_receipt_handle;
+use berth::ops::params::parse_receipt_handle;
 
 pub fn check(data: &[u8]) {
     check_text(&String::from_utf8_lossy(data));

@@ -1,0 +1,194 @@
+//! Time, passed in: every layer that needs "now" or a timer takes a `Clock` instead of reading a global, so the
+//! deterministic simulation can drive the owner-core layers with a manual clock. One `Rc<dyn Clock>` per core (the
+//! real one wraps the process's monotonic clock and glommio's timers; the manual one lives in a test executor).
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// A boxed local future of the clock (one allocation per sleep: timers are not on the per-request path).
+pub type Sleep = Pin<Box<dyn Future<Output = ()>>>;
+
+/// Monotonic milliseconds for leases and deadlines, wall-clock milliseconds for record timestamps and retention,
+/// and sleeping until a monotonic deadline.
+pub trait Clock {
+    /// Milliseconds on a monotonic clock that starts above 0 (leases never outlive the process).
+    fn now_ms(&self) -> u64;
+    /// Milliseconds since the Unix epoch.
+    fn wall_ms(&self) -> u64;
+    /// Resolves once `now_ms() >= deadline_ms`.
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep;
+}
+
+/// The process's clocks and glommio's timers.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealClock;
+
+/// Monotonic ms since the first call in this process, plus one (0 never appears).
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
+}
+
+/// Milliseconds since the Unix epoch (0 if the system clock is before it).
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Clock for RealClock {
+    fn now_ms(&self) -> u64 {
+        monotonic_ms()
+    }
+
+    fn wall_ms(&self) -> u64 {
+        wall_clock_ms()
+    }
+
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        let now = monotonic_ms();
+        Box::pin(async move {
+            if deadline_ms > now {
+                glommio::timer::sleep(Duration::from_millis(deadline_ms - now)).await;
+            }
+        })
+    }
+}
+
+/// A clock that moves only when told (`advance`): sleepers whose deadline is reached are woken in deadline order.
+/// Single-threaded, for the simulation and unit tests.
+#[derive(Default)]
+pub struct ManualClock {
+    now_ms: Cell<u64>,
+    wall_offset_ms: Cell<u64>,
+    /// (deadline, sequence) → the sleeper's shared state.
+    sleepers: RefCell<BTreeMap<(u64, u64), Rc<SleepState>>>,
+    next_seq: Cell<u64>,
+}
+
+#[derive(Default)]
+struct SleepState {
+    fired: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl ManualClock {
+    /// Starts at monotonic `1` and wall-clock `wall_start_ms`.
+    pub fn new(wall_start_ms: u64) -> Rc<ManualClock> {
+        let clock = ManualClock::default();
+        clock.now_ms.set(1);
+        clock.wall_offset_ms.set(wall_start_ms);
+        Rc::new(clock)
+    }
+
+    /// Moves time forward by `ms`, waking every sleeper whose deadline is now reached.
+    pub fn advance(&self, ms: u64) {
+        self.now_ms.set(self.now_ms.get() + ms);
+        let now = self.now_ms.get();
+        let due: Vec<Rc<SleepState>> = {
+            let mut sleepers = self.sleepers.borrow_mut();
+            let later = sleepers.split_off(&(now + 1, 0));
+            std::mem::replace(&mut *sleepers, later)
+                .into_values()
+                .collect()
+        };
+        for state in due {
+            state.fired.set(true);
+            if let Some(w) = state.waker.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// The earliest deadline anyone sleeps to, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.sleepers.borrow().keys().next().map(|(at, _)| *at)
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.get()
+    }
+
+    fn wall_ms(&self) -> u64 {
+        self.wall_offset_ms.get() + self.now_ms.get()
+    }
+
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        let state = Rc::new(SleepState::default());
+        if deadline_ms <= self.now_ms.get() {
+            state.fired.set(true);
+        } else {
+            let seq = self.next_seq.get();
+            self.next_seq.set(seq + 1);
+            self.sleepers
+                .borrow_mut()
+                .insert((deadline_ms, seq), state.clone());
+        }
+        Box::pin(ManualSleep { state })
+    }
+}
+
+struct ManualSleep {
+    state: Rc<SleepState>,
+}
+
+impl Future for ManualSleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.state.fired.get() {
+            Poll::Ready(())
+        } else {
+            *self.state.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_sleepers_wake_at_their_deadline_and_not_before() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .unwrap()
+            .run(async {
+                let clock = ManualClock::new(1_000_000);
+                let order = Rc::new(RefCell::new(Vec::new()));
+                for (name, at) in [("late", 50u64), ("early", 10), ("now", 1)] {
+                    let (clock, order) = (clock.clone(), order.clone());
+                    glommio::spawn_local(async move {
+                        clock.sleep_until(at).await;
+                        order.borrow_mut().push((name, clock.now_ms()));
+                    })
+                    .detach();
+                }
+                futures_lite::future::yield_now().await;
+                assert_eq!(*order.borrow(), vec![("now", 1)]);
+                clock.advance(8);
+                futures_lite::future::yield_now().await;
+                assert_eq!(order.borrow().len(), 1, "nothing due at 9");
+                clock.advance(1);
+                futures_lite::future::yield_now().await;
+                assert_eq!(order.borrow()[1], ("early", 10));
+                assert_eq!(clock.next_deadline(), Some(50));
+                clock.advance(100);
+                futures_lite::future::yield_now().await;
+                assert_eq!(order.borrow()[2], ("late", 110));
+                assert_eq!(clock.wall_ms(), 1_000_110);
+            });
+    }
+}

@@ -1,0 +1,467 @@
+//! Topic administration on one core: loading topics at boot (and quarantining what cannot open), creating, changing
+//! and deleting them (core 0 serialises these and has every core apply them through `Peers`), and the trash that
+//! deleted data goes through. Runs on the core that owns the engine.
+
+use super::placement::{self, Location};
+use super::topic::{new_topic_id, Topic, TopicConfig, TOPIC_FORMAT};
+use super::{AdminStep, Engine, EngineError, EngineResult};
+use crate::partition::{Partition, PartitionSetup};
+use crate::storage::log::LogOptions;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use tracing::{error, info, warn};
+
+/// Makes trash names unique within a process.
+static TRASH_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A directory an older release renamed a deleted topic to (`.deleted-{name}-{ms}`, its topic.json still naming
+/// the old topic).
+fn is_leftover(dir_name: &str) -> bool {
+    dir_name.starts_with(".deleted-")
+}
+
+impl Engine {
+    pub fn topics_dir(&self) -> PathBuf {
+        self.config.data_dir.join("topics")
+    }
+
+    fn log_options(&self) -> LogOptions {
+        LogOptions {
+            segment_bytes: self.config.segment_bytes,
+            max_payload: self.config.max_message_bytes as u32,
+            fsync: self.config.fsync,
+        }
+    }
+
+    /// Learns a topic and opens the partitions this core owns (recovery runs inside `Partition::open`).
+    pub async fn apply_topic(
+        self: &Rc<Self>,
+        config: TopicConfig,
+        locations: Vec<Location>,
+    ) -> EngineResult<()> {
+        if let Some(existing) = self.topics.borrow().get(&config.name) {
+            if existing.id() == config.id {
+                return Ok(());
+            }
+        }
+        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        let mut partitions = Vec::with_capacity(config.partitions as usize);
+        let mine = Location {
+            node: self.node,
+            core: self.id as u32,
+        };
+        for (p, location) in locations.iter().enumerate() {
+            if *location != mine {
+                partitions.push(None);
+                continue;
+            }
+            let wake: crate::partition::Wake = {
+                let engine = Rc::downgrade(self);
+                let name = config.name.clone();
+                Rc::new(move |group, n| {
+                    if let Some(engine) = engine.upgrade() {
+                        engine.deliverable(&name, group, n);
+                    }
+                })
+            };
+            let opened = Partition::open(PartitionSetup {
+                storage: self.storage.clone(),
+                clock: self.clock.clone(),
+                dir: dir.join(p.to_string()),
+                id: p as u32,
+                core: self.id,
+                log_options: self.log_options(),
+                limits: config.limits(),
+                redelivery: config.redelivery(),
+                groups: config.all_groups(),
+                wake,
+            })
+            .await;
+            match opened {
+                Ok(partition) => partitions.push(Some(partition)),
+                Err(e) => {
+                    error!(topic = %config.name, partition = p, error = %e, "cannot open partition");
+                    // Close what this core opened of the topic: nothing half-open stays behind.
+                    for opened in partitions.iter().flatten() {
+                        opened.close_deleted().await;
+                    }
+                    return Err(EngineError::Storage(e.to_string()));
+                }
+            }
+        }
+        let name = config.name.clone();
+        let topic = Rc::new(Topic::new(config, locations, partitions, self.id));
+        self.topics.borrow_mut().insert(name, topic);
+        Ok(())
+    }
+
+    /// Forgets a topic: wakes its parked consumers, closes its partitions here without writing to their files.
+    pub async fn drop_topic(&self, name: &str) -> EngineResult<()> {
+        self.quarantined.borrow_mut().remove(name);
+        let Some(topic) = self.topics.borrow_mut().remove(name) else {
+            return Ok(());
+        };
+        topic.mark_deleted();
+        let queues: Vec<_> = self
+            .waiters
+            .borrow()
+            .iter()
+            .filter(|((t, _), _)| t == name)
+            .map(|(_, q)| q.clone())
+            .collect();
+        for q in queues {
+            q.wake(usize::MAX);
+        }
+        self.interest.borrow_mut().retain(|(t, _), _| t != name);
+        self.pending_wakes
+            .borrow_mut()
+            .retain(|(_, t, _), _| t != name);
+        for p in topic.owned_partitions() {
+            p.close_deleted().await;
+        }
+        Ok(())
+    }
+
+    /// New settings for a known topic, on this core.
+    pub fn update_topic(&self, config: TopicConfig) -> EngineResult<()> {
+        let topic = self.topic(&config.name)?;
+        if topic.id() != config.id {
+            return Err(EngineError::TopicNotFound(config.name));
+        }
+        let new_groups: Vec<String> = config
+            .groups
+            .iter()
+            .filter(|g| !topic.config().has_group(g))
+            .cloned()
+            .collect();
+        for p in topic.owned_partitions() {
+            for g in &new_groups {
+                p.add_group(g);
+            }
+        }
+        topic.set_config(config);
+        Ok(())
+    }
+
+    /// Applies an admin step on this core.
+    pub async fn apply_step(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
+        match step {
+            AdminStep::Apply(config, locations) => self.apply_topic(config, locations).await,
+            AdminStep::Drop(name) => self.drop_topic(&name).await,
+            AdminStep::Update(config) => self.update_topic(config),
+        }
+    }
+
+    /// Applies a step here and on every other core; the first failure, after every core answered.
+    async fn everywhere(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
+        let peers = self.peers.borrow().clone();
+        let remote = async {
+            match &peers {
+                Some(peers) => peers.broadcast(step.clone()).await,
+                None => Vec::new(),
+            }
+        };
+        let (local, remote) =
+            futures_lite::future::zip(self.apply_step(step.clone()), remote).await;
+        local?;
+        remote.into_iter().collect()
+    }
+
+    /// Opens every stored topic at boot. A topic that cannot be opened here is not a reason to stay down: it is
+    /// returned (name, reason) for quarantine, which every core then applies alike (`quarantine`).
+    pub async fn load_topics(self: &Rc<Self>) -> Result<Vec<(String, String)>, String> {
+        let dir = self.topics_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        let mut names: Vec<String> = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| e.to_string())?;
+            names.push(entry.file_name().to_string_lossy().to_string());
+        }
+        names.sort();
+        let mut failed = Vec::new();
+        for name in names {
+            let meta = dir.join(&name).join("topic.json");
+            if !meta.exists() {
+                continue;
+            }
+            let config = match TopicConfig::load(&meta) {
+                Ok(config) if config.name == name => config,
+                // A deleted topic's data left in place by an older release: core 0 trashes it after the load.
+                Ok(_) if is_leftover(&name) => continue,
+                Ok(config) => {
+                    failed.push((
+                        name,
+                        format!("topic.json names another topic, '{}'", config.name),
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    failed.push((name, e));
+                    continue;
+                }
+            };
+            let locations =
+                placement::on_node(&config.name, config.partitions, self.node, self.cores);
+            if let Err(e) = self.apply_topic(config, locations).await {
+                failed.push((name, e.to_string()));
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Takes topics that some core could not open out of service on this core: their partitions here close, and
+    /// every request naming them answers 503 topic_unavailable until a restart opens them (or they are deleted).
+    pub async fn quarantine(&self, topics: &[(String, String)]) {
+        for (name, reason) in topics {
+            let _ = self.drop_topic(name).await;
+            if self.id == 0 {
+                error!(topic = %name, reason = %reason, "topic quarantined: it could not be opened at start; it answers 503 topic_unavailable until a restart can open it, or until it is deleted");
+            }
+            self.quarantined
+                .borrow_mut()
+                .insert(name.clone(), reason.clone());
+        }
+        if self.id == 0 {
+            info!(
+                topics = self.topics.borrow().len(),
+                quarantined = topics.len(),
+                "topics loaded"
+            );
+        }
+    }
+
+    /// Moves a directory into the trash (same file system), from where it is removed in the background.
+    fn trash(&self, dir: &Path) -> std::io::Result<()> {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let target = self.config.data_dir.join("trash").join(format!(
+            "{name}-{}-{}",
+            self.clock.wall_ms(),
+            TRASH_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::rename(dir, &target)?;
+        remove_in_background(target);
+        Ok(())
+    }
+
+    /// Empties the trash left by an earlier run, and trashes deleted topics an older release left under topics/
+    /// (core 0, at boot, once every core has loaded).
+    pub fn empty_trash(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                let leftover = is_leftover(&name)
+                    && TopicConfig::load(&entry.path().join("topic.json"))
+                        .is_ok_and(|c| c.name != name);
+                if leftover {
+                    info!(dir = %entry.path().display(), "moving a deleted topic's leftover data to the trash");
+                    if let Err(e) = self.trash(&entry.path()) {
+                        warn!(dir = %entry.path().display(), error = %e, "cannot trash a deleted topic's leftover data");
+                    }
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.config.data_dir.join("trash")) {
+            for entry in entries.flatten() {
+                remove_in_background(entry.path());
+            }
+        }
+    }
+
+    /// Partitions this node holds over every topic.
+    fn partitions_held(&self) -> usize {
+        self.topics
+            .borrow()
+            .values()
+            .map(|t| t.partition_count() as usize)
+            .sum()
+    }
+
+    /// Writes a topic's metadata durably.
+    async fn write_meta(&self, config: &TopicConfig) -> EngineResult<()> {
+        let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        let json = serde_json::to_vec_pretty(config).expect("topic config serialises");
+        crate::storage::atomic_file::replace(&dir.join("topic.json"), json)
+            .await
+            .map_err(storage)
+    }
+
+    /// Creates a topic (core 0 only, serialised): checks the node's caps before anything is written, writes
+    /// topic.json, then has every core open its partitions. All or nothing: if any core cannot open its share, every
+    /// core forgets the topic and its directory goes, so no core is left disagreeing and no restart trips on it.
+    /// Returns (created, the topic's settings).
+    pub async fn create_topic(
+        self: &Rc<Self>,
+        mut config: TopicConfig,
+    ) -> EngineResult<(bool, TopicConfig)> {
+        assert_eq!(self.id, 0, "topics are created on core 0");
+        let _permit = self
+            .admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        match self.topic(&config.name) {
+            Ok(existing) if existing.partition_count() == config.partitions => {
+                return Ok((false, (*existing.config()).clone()));
+            }
+            Ok(existing) => {
+                return Err(EngineError::TopicExists {
+                    topic: config.name.clone(),
+                    partitions: existing.partition_count(),
+                });
+            }
+            Err(EngineError::TopicNotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        self.check_dead_letter(&config)?;
+        let held_topics = self.topics.borrow().len() + self.quarantined.borrow().len();
+        if held_topics >= self.config.max_topics {
+            return Err(EngineError::TopicLimit {
+                limit: self.config.max_topics,
+            });
+        }
+        let budget = self.config.partition_budget;
+        if self.partitions_held() + config.partitions as usize > budget {
+            let reason = if budget < self.config.max_partitions {
+                "bounded by the file-descriptor limit; raise it with ulimit -n"
+            } else {
+                "max_partitions"
+            };
+            return Err(EngineError::PartitionLimit {
+                limit: budget,
+                reason: format!("{reason}; {} held now", self.partitions_held()),
+            });
+        }
+        config.format = TOPIC_FORMAT;
+        config.id = new_topic_id();
+        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+        std::fs::create_dir_all(&dir).map_err(storage)?;
+        let written = async {
+            self.write_meta(&config).await?;
+            crate::storage::atomic_file::sync_dir(&self.topics_dir())
+                .await
+                .map_err(storage)
+        }
+        .await;
+        let locations = placement::on_node(&config.name, config.partitions, self.node, self.cores);
+        let applied = match written {
+            Ok(()) => {
+                self.everywhere(AdminStep::Apply(config.clone(), locations))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = applied {
+            error!(topic = %config.name, error = %e, "topic creation failed: undoing it on every core");
+            if let Err(undo) = self.everywhere(AdminStep::Drop(config.name.clone())).await {
+                error!(topic = %config.name, error = %undo, "cannot undo a failed topic creation on every core");
+            }
+            if let Err(trash) = self.trash(&dir) {
+                error!(topic = %config.name, error = %trash, "cannot remove a failed topic's directory");
+            }
+            let _ = crate::storage::atomic_file::sync_dir(&self.topics_dir()).await;
+            return Err(match e {
+                EngineError::Storage(text)
+                    if text.contains("os error 24") || text.contains("os error 23") =>
+                {
+                    EngineError::PartitionLimit {
+                        limit: self.partitions_held(),
+                        reason: format!("the process ran out of file descriptors: {text}"),
+                    }
+                }
+                other => other,
+            });
+        }
+        info!(topic = %config.name, partitions = config.partitions, "topic created");
+        Ok((true, config))
+    }
+
+    /// A dead-letter topic must exist and be another topic.
+    fn check_dead_letter(&self, config: &TopicConfig) -> EngineResult<()> {
+        match (&config.dead_letter, config.max_deliveries) {
+            (None, 0) => Ok(()),
+            (None, _) => Err(EngineError::InvalidSetting(
+                "max_deliveries needs dead_letter (the topic dead letters go to)".into(),
+            )),
+            (Some(dlq), _) if *dlq == config.name => Err(EngineError::InvalidSetting(
+                "dead_letter must be another topic than the topic itself".into(),
+            )),
+            (Some(dlq), _) => match self.topic(dlq) {
+                Ok(_) => Ok(()),
+                Err(EngineError::TopicNotFound(_)) => Err(EngineError::InvalidSetting(format!(
+                    "dead_letter topic '{dlq}' does not exist"
+                ))),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Changes a topic's settings (core 0 only, serialised): `change` edits a copy of the current settings, which
+    /// is persisted and applied on every core. Returns the new settings.
+    pub async fn change_topic(
+        self: &Rc<Self>,
+        name: &str,
+        change: impl FnOnce(&mut TopicConfig) -> EngineResult<()>,
+    ) -> EngineResult<TopicConfig> {
+        assert_eq!(self.id, 0, "topics are changed on core 0");
+        let _permit = self
+            .admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let topic = self.topic(name)?;
+        let mut config = (*topic.config()).clone();
+        change(&mut config)?;
+        self.check_dead_letter(&config)?;
+        config.format = TOPIC_FORMAT;
+        self.write_meta(&config).await?;
+        self.everywhere(AdminStep::Update(config.clone())).await?;
+        info!(topic = %name, "topic settings changed");
+        Ok(config)
+    }
+
+    /// Deletes a topic (core 0 only, serialised): every core closes its partitions, then the directory goes to the
+    /// trash. A quarantined topic can be deleted too.
+    pub async fn delete_topic(self: &Rc<Self>, name: &str) -> EngineResult<()> {
+        assert_eq!(self.id, 0, "topics are deleted on core 0");
+        let _permit = self
+            .admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        match self.topic(name) {
+            Ok(_) | Err(EngineError::TopicUnavailable(_)) => {}
+            Err(e) => return Err(e),
+        }
+        self.everywhere(AdminStep::Drop(name.to_string())).await?;
+        let dir = TopicConfig::dir(&self.config.data_dir, name);
+        let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+        // Into the trash, outside the topics namespace (the data goes in the background: removing many segment
+        // files must not stall this core).
+        self.trash(&dir).map_err(storage)?;
+        crate::storage::atomic_file::sync_dir(&self.topics_dir())
+            .await
+            .map_err(storage)?;
+        info!(topic = %name, "topic deleted");
+        Ok(())
+    }
+}
+
+/// Removes a renamed-away topic directory on a plain thread (it is no longer reachable by any core).
+fn remove_in_background(dir: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("berth-remove".into())
+        .spawn(move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                warn!(dir = %dir.display(), error = %e, "cannot remove a deleted topic's data");
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the removal thread; deleted data stays until the next start");
+    }
+}

@@ -1,0 +1,405 @@
+//! Per-core counters and latency histograms, and their Prometheus rendering. Each core keeps its own `CoreMetrics`;
+//! `/metrics` gathers a `CoreStats` snapshot from every core and renders them together. Latencies are Prometheus
+//! histograms in seconds (cumulative `_bucket` series with `le`, plus `_sum` and `_count`), so they can be summed
+//! across cores and nodes.
+
+use crate::partition::{GroupInfo, PartitionInfo};
+use std::cell::Cell;
+use std::fmt::Write;
+
+/// Histogram bucket upper bounds, in microseconds (the rendering says seconds). Fine enough below a millisecond
+/// for the per-request path, coarse up to a minute for long-polls.
+pub const BUCKETS_US: [u64; 30] = [
+    5,
+    10,
+    25,
+    50,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    750,
+    1_000,
+    1_500,
+    2_000,
+    3_000,
+    5_000,
+    7_500,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
+];
+
+/// A latency histogram with the buckets above (and +Inf), cheap to record into on the hot path.
+#[derive(Debug, Clone, Default)]
+pub struct Latency {
+    /// Per bucket (not cumulative); the last slot is +Inf.
+    counts: [u64; BUCKETS_US.len() + 1],
+    sum_us: u64,
+    count: u64,
+}
+
+impl Latency {
+    pub fn record(&mut self, us: u64) {
+        let i = BUCKETS_US.partition_point(|&b| b < us);
+        self.counts[i] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Adds another histogram's counts (cores, nodes).
+    pub fn merge(&mut self, other: &Latency) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        self.count += other.count;
+    }
+
+    /// Renders `{name}_bucket`, `_sum` and `_count` series with the given extra labels (`core="0"`...).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, &bound) in BUCKETS_US.iter().enumerate() {
+            cumulative += self.counts[i];
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
+                seconds(bound)
+            );
+        }
+        cumulative += self.counts[BUCKETS_US.len()];
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", seconds(self.sum_us));
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// Microseconds as a decimal number of seconds.
+fn seconds(us: u64) -> String {
+    let text = format!("{}.{:06}", us / 1_000_000, us % 1_000_000);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// One core's live counters.
+#[derive(Default)]
+pub struct CoreMetrics {
+    /// Request latency, from the end of parsing to the response being queued.
+    pub latency: std::cell::RefCell<Latency>,
+    /// Connections open on this core now.
+    pub connections_open: Cell<u64>,
+    /// Connections refused by a connection cap.
+    pub connections_refused: Cell<u64>,
+    /// Connections closed for a slow or oversized header, or a client that did not read its answers.
+    pub connections_timed_out: Cell<u64>,
+    /// Cross-core sends refused because the channel was full.
+    pub mesh_full: Cell<u64>,
+}
+
+impl CoreMetrics {
+    /// Records one answered request.
+    pub fn record(&self, latency_us: u64) {
+        self.latency.borrow_mut().record(latency_us);
+    }
+
+    pub fn bump(c: &Cell<u64>) {
+        c.set(c.get() + 1);
+    }
+}
+
+/// A snapshot of one core, sent to the core rendering `/metrics`.
+#[derive(Debug, Clone)]
+pub struct CoreStats {
+    pub core: usize,
+    pub latency: Latency,
+    pub connections_open: u64,
+    pub connections_refused: u64,
+    pub connections_timed_out: u64,
+    pub mesh_full: u64,
+    /// (topic, partition) for every partition this core owns.
+    pub partitions: Vec<(String, PartitionInfo)>,
+}
+
+const PARTITION_COUNTERS: [(&str, &str); 2] = [
+    ("produced", "records made durable"),
+    (
+        "read_errors",
+        "records that failed to read (I/O errors; released for a retry)",
+    ),
+];
+
+const GROUP_COUNTERS: [(&str, &str); 9] = [
+    ("delivered", "leases handed to consumers"),
+    (
+        "redelivered",
+        "leases of messages delivered before (delivery count above 1)",
+    ),
+    ("acked", "leases acked"),
+    ("nacked", "leases nacked"),
+    ("extended", "leases extended"),
+    (
+        "expired",
+        "leases expired and delayed redeliveries come due",
+    ),
+    ("lease_gone", "settle attempts answered 410"),
+    ("dead_lettered", "messages moved to the dead-letter topic"),
+    (
+        "retention_skipped",
+        "messages a group lost to retention before settling them",
+    ),
+];
+
+/// A per-partition gauge: name, Prometheus type, help, and how to read it.
+type Gauge = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&PartitionInfo) -> u64,
+);
+
+/// A per-group gauge.
+type GroupGauge = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&GroupInfo) -> u64,
+);
+
+/// A per-core series: name, help, Prometheus type, and how to read it.
+type CoreSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&CoreStats) -> u64,
+);
+
+/// Renders every core's snapshot as Prometheus text exposition.
+pub fn render(stats: &[CoreStats]) -> String {
+    let mut out = String::with_capacity(4096);
+    let core_series: [CoreSeries; 4] = [
+        (
+            "connections_open",
+            "client connections open",
+            "gauge",
+            |s| s.connections_open,
+        ),
+        (
+            "connections_refused_total",
+            "connections refused by a connection cap",
+            "counter",
+            |s| s.connections_refused,
+        ),
+        (
+            "connections_timed_out_total",
+            "connections closed for slow or oversized headers, or unread answers",
+            "counter",
+            |s| s.connections_timed_out,
+        ),
+        (
+            "mesh_full_total",
+            "cross-core sends refused because the channel was full",
+            "counter",
+            |s| s.mesh_full,
+        ),
+    ];
+    let _ = writeln!(
+        out,
+        "# HELP berth_requests_total HTTP requests answered\n# TYPE berth_requests_total counter"
+    );
+    for s in stats {
+        let _ = writeln!(
+            out,
+            "berth_requests_total{{core=\"{}\"}} {}",
+            s.core,
+            s.latency.count()
+        );
+    }
+    for (name, help, kind, f) in core_series {
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name} {help}\n# TYPE berth_{name} {kind}"
+        );
+        for s in stats {
+            let _ = writeln!(out, "berth_{name}{{core=\"{}\"}} {}", s.core, f(s));
+        }
+    }
+    let _ = writeln!(out, "# HELP berth_request_duration_seconds request latency per core, from the end of parsing to the answer being queued\n# TYPE berth_request_duration_seconds histogram");
+    for s in stats {
+        s.latency.render(
+            &mut out,
+            "berth_request_duration_seconds",
+            &format!("core=\"{}\"", s.core),
+        );
+    }
+
+    for (i, (name, help)) in PARTITION_COUNTERS.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name}_total {help}\n# TYPE berth_{name}_total counter"
+        );
+        for s in stats {
+            for (topic, p) in &s.partitions {
+                let _ = writeln!(
+                    out,
+                    "berth_{name}_total{{core=\"{}\",topic=\"{topic}\",partition=\"{}\"}} {}",
+                    s.core, p.partition, p.counters[i]
+                );
+            }
+        }
+    }
+    for (i, (name, help)) in GROUP_COUNTERS.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name}_total {help}\n# TYPE berth_{name}_total counter"
+        );
+        for s in stats {
+            for (topic, p) in &s.partitions {
+                for g in &p.groups {
+                    let _ = writeln!(
+                        out,
+                        "berth_{name}_total{{core=\"{}\",topic=\"{topic}\",partition=\"{}\",group=\"{}\"}} {}",
+                        s.core, p.partition, g.group, g.counters[i]
+                    );
+                }
+            }
+        }
+    }
+    let group_gauges: [GroupGauge; 5] = [
+        (
+            "corrupt_skipped_total",
+            "counter",
+            "corrupt records skipped",
+            |g| g.corrupt_skipped,
+        ),
+        ("in_flight", "gauge", "live leases", |g| g.in_flight as u64),
+        (
+            "delayed",
+            "gauge",
+            "released messages waiting for their redelivery delay",
+            |g| g.delayed as u64,
+        ),
+        (
+            "acked_ahead",
+            "gauge",
+            "out-of-order acks waiting for the gap to close",
+            |g| g.acked_ahead as u64,
+        ),
+        (
+            "committed",
+            "gauge",
+            "committed frontier: every offset below is settled",
+            |g| g.committed,
+        ),
+    ];
+    for (name, kind, help, f) in group_gauges {
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name} {help}\n# TYPE berth_{name} {kind}"
+        );
+        for s in stats {
+            for (topic, p) in &s.partitions {
+                for g in &p.groups {
+                    let _ = writeln!(
+                        out,
+                        "berth_{name}{{core=\"{}\",topic=\"{topic}\",partition=\"{}\",group=\"{}\"}} {}",
+                        s.core,
+                        p.partition,
+                        g.group,
+                        f(g)
+                    );
+                }
+            }
+        }
+    }
+    let gauges: [Gauge; 4] = [
+        (
+            "log_batches_total",
+            "counter",
+            "append batches written (records / batches = group commit size)",
+            |p| p.io_counts.0,
+        ),
+        (
+            "log_syncs_total",
+            "counter",
+            "fdatasyncs of segment files",
+            |p| p.io_counts.1,
+        ),
+        ("start_offset", "gauge", "oldest retained offset", |p| {
+            p.start_offset
+        }),
+        ("end_offset", "gauge", "next offset to be written", |p| {
+            p.end_offset
+        }),
+    ];
+    for (name, kind, help, f) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name} {help}\n# TYPE berth_{name} {kind}"
+        );
+        for s in stats {
+            for (topic, p) in &s.partitions {
+                let _ = writeln!(
+                    out,
+                    "berth_{name}{{core=\"{}\",topic=\"{topic}\",partition=\"{}\"}} {}",
+                    s.core,
+                    p.partition,
+                    f(p)
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_in_seconds_and_sum_across_cores() {
+        let mut a = Latency::default();
+        for us in [3, 7, 7, 120, 2_000_000] {
+            a.record(us);
+        }
+        let mut b = Latency::default();
+        b.record(500_000_000);
+        a.merge(&b);
+        let mut out = String::new();
+        a.render(&mut out, "x", "core=\"0\"");
+        assert!(
+            out.contains("x_bucket{core=\"0\",le=\"0.000005\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_bucket{core=\"0\",le=\"0.00001\"} 3\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_bucket{core=\"0\",le=\"0.00015\"} 4\n"),
+            "{out}"
+        );
+        assert!(out.contains("x_bucket{core=\"0\",le=\"2.5\"} 5\n"), "{out}");
+        assert!(out.contains("x_bucket{core=\"0\",le=\"120\"} 5\n"), "{out}");
+        assert!(
+            out.contains("x_bucket{core=\"0\",le=\"+Inf\"} 6\n"),
+            "{out}"
+        );
+        assert!(out.contains("x_count{core=\"0\"} 6\n"), "{out}");
+        assert!(out.contains("x_sum{core=\"0\"} 502.000137\n"), "{out}");
+    }
+}

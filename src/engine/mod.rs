@@ -1,0 +1,502 @@
+//! The engine: one core's state. As an owner, the topics it knows and the partitions it owns, with their logs,
+//! lease shards and frontier files; as a front, the consumers parked on it. One `Rc<Engine>` lives on each executor
+//! and nothing in it is shared with another core: requests reach it through `ops::apply` (directly on this core,
+//! over the mesh from another), and it reaches other cores only through the `Peers` it is given (admin steps and
+//! wake-up signals), so it does not depend on the transport above it.
+
+pub mod admin;
+pub mod error;
+pub mod metrics;
+pub mod placement;
+pub mod timers;
+pub mod topic;
+pub mod waiters;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::partition::Partition;
+use crate::storage::backend::Storage;
+pub use error::{EngineError, EngineResult};
+use event_listener::Event;
+use metrics::CoreMetrics;
+use placement::{Location, NodeIndex};
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+use topic::{Topic, TopicConfig};
+use waiters::WaitQueue;
+
+/// A one-way message between cores about parked consumers of a (topic, group).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Signal {
+    /// Core `from` has consumers parked on this (topic, group): wake it when something becomes deliverable here.
+    Interest {
+        topic: String,
+        group: String,
+        from: usize,
+    },
+    /// Core `from` has no consumer parked on this (topic, group) any more.
+    NoInterest {
+        topic: String,
+        group: String,
+        from: usize,
+    },
+    /// `n` messages of (topic, group) became deliverable on the sending core.
+    Wake {
+        topic: String,
+        group: String,
+        n: usize,
+    },
+}
+
+/// A step of a topic change that every core applies.
+#[derive(Debug, Clone)]
+pub enum AdminStep {
+    /// Learn a topic and open the partitions this core owns.
+    Apply(TopicConfig, Vec<Location>),
+    /// Forget a topic and close its partitions here.
+    Drop(String),
+    /// New settings (or groups) for a known topic.
+    Update(TopicConfig),
+}
+
+/// What the engine needs of the other cores, provided by the transport layer above it.
+pub trait Peers {
+    /// Applies an admin step on every other core; one result per core.
+    fn broadcast(
+        &self,
+        step: AdminStep,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<EngineResult<()>>> + '_>>;
+    /// Sends a signal to another core without waiting; false when it cannot be sent now (a full channel).
+    fn signal(&self, core: usize, signal: Signal) -> bool;
+}
+
+/// The little state every core shares: readiness for /health, the server-wide connection count, and the boot-time
+/// agreement on quarantined topics (never on the data path).
+#[derive(Default)]
+pub struct Shared {
+    /// Cores serving (listening) now.
+    pub ready: std::sync::atomic::AtomicUsize,
+    /// Client connections open across all cores.
+    pub connections: std::sync::atomic::AtomicUsize,
+    /// Topics some core could not open at boot (name → why), gathered before any core serves.
+    pub boot_failures: std::sync::Mutex<Vec<(String, String)>>,
+    /// Cores done loading their topics (a barrier with `loaded_event`).
+    pub loaded: std::sync::atomic::AtomicUsize,
+    pub loaded_event: Event,
+}
+
+/// One core's engine.
+pub struct Engine {
+    /// This core's index (0-based); equals its mesh peer id.
+    id: usize,
+    /// Number of cores on this node.
+    cores: usize,
+    /// This node's index in the node table.
+    node: NodeIndex,
+    config: Rc<Config>,
+    clock: Rc<dyn Clock>,
+    storage: Rc<dyn Storage>,
+    topics: RefCell<BTreeMap<String, Rc<Topic>>>,
+    /// Topics that could not be opened at start (name → why): they answer 503 topic_unavailable.
+    quarantined: RefCell<BTreeMap<String, String>>,
+    /// Front side: consumers parked on this core, per (topic, group).
+    waiters: RefCell<BTreeMap<(String, String), Rc<WaitQueue>>>,
+    /// Front side: cores told that this core has consumers parked on (topic, group).
+    registered: RefCell<BTreeMap<(String, String), BTreeSet<usize>>>,
+    /// Owner side: cores with consumers parked on (topic, group), to wake when something becomes deliverable here.
+    interest: RefCell<BTreeMap<(String, String), BTreeSet<usize>>>,
+    /// Owner side: wake units that could not be sent (full channel), per (core, topic, group); retried by the timer.
+    pending_wakes: RefCell<BTreeMap<(usize, String, String), usize>>,
+    peers: RefCell<Option<Rc<dyn Peers>>>,
+    /// Serialises topic creation, changes and deletion (core 0).
+    admin_lock: glommio::sync::Semaphore,
+    metrics: CoreMetrics,
+    /// Wakes the timer task when a deadline earlier than the one it sleeps to appears.
+    timer_rearm: Event,
+    /// The deadline the timer task currently sleeps to (ms, monotonic).
+    timer_deadline: Cell<u64>,
+    /// Set at shutdown: new long-polls return at once, connections close after their current response.
+    stopping: Cell<bool>,
+    /// Notified when `stopping` is set (idle connections and parked consumers listen).
+    stop_event: Event,
+    shared: std::sync::Arc<Shared>,
+}
+
+impl Engine {
+    pub fn new(
+        id: usize,
+        cores: usize,
+        config: Rc<Config>,
+        clock: Rc<dyn Clock>,
+        storage: Rc<dyn Storage>,
+        shared: std::sync::Arc<Shared>,
+    ) -> Rc<Engine> {
+        Rc::new(Engine {
+            id,
+            cores,
+            node: 0,
+            config,
+            clock,
+            storage,
+            topics: RefCell::new(BTreeMap::new()),
+            quarantined: RefCell::new(BTreeMap::new()),
+            waiters: RefCell::new(BTreeMap::new()),
+            registered: RefCell::new(BTreeMap::new()),
+            interest: RefCell::new(BTreeMap::new()),
+            pending_wakes: RefCell::new(BTreeMap::new()),
+            peers: RefCell::new(None),
+            admin_lock: glommio::sync::Semaphore::new(1),
+            metrics: CoreMetrics::default(),
+            timer_rearm: Event::new(),
+            timer_deadline: Cell::new(u64::MAX),
+            stopping: Cell::new(false),
+            stop_event: Event::new(),
+            shared,
+        })
+    }
+
+    /// Wires the other cores (set once, before serving).
+    pub fn set_peers(&self, peers: Rc<dyn Peers>) {
+        *self.peers.borrow_mut() = Some(peers);
+    }
+
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    pub fn node(&self) -> NodeIndex {
+        self.node
+    }
+
+    pub fn config(&self) -> &Rc<Config> {
+        &self.config
+    }
+
+    pub fn clock(&self) -> &Rc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub fn metrics(&self) -> &CoreMetrics {
+        &self.metrics
+    }
+
+    pub fn shared(&self) -> &std::sync::Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    /// A listener that fires when shutdown begins (register before checking `is_stopping`).
+    pub fn listen_stop(&self) -> event_listener::EventListener {
+        self.stop_event.listen()
+    }
+
+    /// The topic as this core knows it.
+    pub fn topic(&self, name: &str) -> EngineResult<Rc<Topic>> {
+        if let Some(topic) = self.topics.borrow().get(name) {
+            return Ok(topic.clone());
+        }
+        if self.quarantined.borrow().contains_key(name) {
+            return Err(EngineError::TopicUnavailable(name.to_string()));
+        }
+        Err(EngineError::TopicNotFound(name.to_string()))
+    }
+
+    /// The topic, if it is still the incarnation `id` (a request crossing a delete and re-create is refused).
+    pub fn topic_of(&self, name: &str, id: u64) -> EngineResult<Rc<Topic>> {
+        let topic = self.topic(name)?;
+        if id != 0 && topic.id() != id {
+            return Err(EngineError::TopicNotFound(name.to_string()));
+        }
+        Ok(topic)
+    }
+
+    /// Every topic name (quarantined ones included), sorted.
+    pub fn topic_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.topics.borrow().keys().cloned().collect();
+        names.extend(self.quarantined.borrow().keys().cloned());
+        names.sort();
+        names
+    }
+
+    /// The owned partition `p` of a topic: 404 if out of range, `Stale` if another core owns it.
+    pub fn partition(&self, topic: &Topic, p: u64) -> EngineResult<Rc<Partition>> {
+        if p >= topic.partition_count() as u64 {
+            return Err(EngineError::PartitionNotFound {
+                topic: topic.name(),
+                partition: p,
+            });
+        }
+        topic.owned_partition(p as u32).ok_or_else(|| {
+            EngineError::Stale(format!(
+                "partition {p} of '{}' is not owned by core {}",
+                topic.name(),
+                self.id
+            ))
+        })
+    }
+
+    /// Every owned partition with its topic (for the timers). A snapshot: partitions of topics deleted meanwhile
+    /// are closed and ignore the timers' calls.
+    pub fn owned_partitions(&self) -> Vec<(Rc<Topic>, Rc<Partition>)> {
+        let topics = self.topics.borrow();
+        let mut out = Vec::new();
+        for topic in topics.values() {
+            for p in topic.owned_partitions() {
+                out.push((topic.clone(), p.clone()));
+            }
+        }
+        out
+    }
+
+    // ---- long-poll wiring ----
+
+    /// The queue of consumers parked on this core for (topic, group).
+    pub fn wait_queue(&self, topic: &str, group: &str) -> Rc<WaitQueue> {
+        self.waiters
+            .borrow_mut()
+            .entry((topic.to_string(), group.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// A consume on this core is done with (topic, group): when no consumer is parked any more, the owners that
+    /// were told otherwise are told so.
+    pub fn release_wait_queue(&self, topic: &str, group: &str) {
+        let key = (topic.to_string(), group.to_string());
+        let empty = self
+            .waiters
+            .borrow()
+            .get(&key)
+            .is_some_and(|q| q.is_empty());
+        if !empty {
+            return;
+        }
+        self.waiters.borrow_mut().remove(&key);
+        let cores = self
+            .registered
+            .borrow_mut()
+            .remove(&key)
+            .unwrap_or_default();
+        let Some(peers) = self.peers.borrow().clone() else {
+            return;
+        };
+        let mut kept = BTreeSet::new();
+        for core in cores {
+            let signal = Signal::NoInterest {
+                topic: topic.to_string(),
+                group: group.to_string(),
+                from: self.id,
+            };
+            if !peers.signal(core, signal) {
+                // Still registered there: it keeps waking us (harmless); tell it next time.
+                kept.insert(core);
+            }
+        }
+        if !kept.is_empty() {
+            self.registered.borrow_mut().insert(key, kept);
+        }
+    }
+
+    /// Makes sure core `owner` will wake this core for (topic, group). Sent before probing that core, on the same
+    /// FIFO channel, so nothing becoming deliverable there after the probe can be missed. False if it could not be
+    /// sent (a full channel): the caller must not sleep on it unboundedly.
+    pub fn register_interest(&self, topic: &str, group: &str, owner: usize) -> bool {
+        if owner == self.id {
+            return true;
+        }
+        let key = (topic.to_string(), group.to_string());
+        if self
+            .registered
+            .borrow()
+            .get(&key)
+            .is_some_and(|s| s.contains(&owner))
+        {
+            return true;
+        }
+        let Some(peers) = self.peers.borrow().clone() else {
+            return false;
+        };
+        let signal = Signal::Interest {
+            topic: topic.to_string(),
+            group: group.to_string(),
+            from: self.id,
+        };
+        if !peers.signal(owner, signal) {
+            return false;
+        }
+        self.registered
+            .borrow_mut()
+            .entry(key)
+            .or_default()
+            .insert(owner);
+        true
+    }
+
+    /// A signal from another core.
+    pub fn on_signal(&self, signal: Signal) {
+        match signal {
+            Signal::Interest { topic, group, from } => {
+                self.interest
+                    .borrow_mut()
+                    .entry((topic, group))
+                    .or_default()
+                    .insert(from);
+            }
+            Signal::NoInterest { topic, group, from } => {
+                let key = (topic, group);
+                let mut interest = self.interest.borrow_mut();
+                if let Some(set) = interest.get_mut(&key) {
+                    set.remove(&from);
+                    if set.is_empty() {
+                        interest.remove(&key);
+                    }
+                }
+            }
+            Signal::Wake { topic, group, n } => {
+                if let Some(q) = self.waiters.borrow().get(&(topic, group)) {
+                    q.wake(n);
+                }
+            }
+        }
+    }
+
+    /// `n` messages became deliverable on a partition this core owns, for `group` or (None) for every group of
+    /// the topic: wakes up to `n` consumers parked here, and if fewer were here, tells every core with parked
+    /// consumers of that (topic, group) how many remain.
+    pub fn deliverable(&self, topic: &str, group: Option<&str>, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let groups = match group {
+            Some(g) => vec![g.to_string()],
+            None => match self.topics.borrow().get(topic) {
+                Some(t) => t.config().all_groups(),
+                None => return,
+            },
+        };
+        for group in groups {
+            let key = (topic.to_string(), group);
+            let local = self.waiters.borrow().get(&key).map_or(0, |q| q.wake(n));
+            if local >= n {
+                continue;
+            }
+            let cores: Vec<usize> = self
+                .interest
+                .borrow()
+                .get(&key)
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default();
+            for core in cores {
+                self.send_wake(core, &key.0, &key.1, n - local);
+            }
+        }
+    }
+
+    fn send_wake(&self, core: usize, topic: &str, group: &str, n: usize) {
+        let Some(peers) = self.peers.borrow().clone() else {
+            return;
+        };
+        let signal = Signal::Wake {
+            topic: topic.to_string(),
+            group: group.to_string(),
+            n,
+        };
+        if !peers.signal(core, signal) {
+            *self
+                .pending_wakes
+                .borrow_mut()
+                .entry((core, topic.to_string(), group.to_string()))
+                .or_insert(0) += n;
+            self.note_deadline(self.clock.now_ms() + WAKE_RETRY_MS);
+        }
+    }
+
+    /// Retries wake-ups that could not be sent; true if some are still pending.
+    pub fn retry_pending_wakes(&self) -> bool {
+        let pending = std::mem::take(&mut *self.pending_wakes.borrow_mut());
+        for ((core, topic, group), n) in pending {
+            self.send_wake(core, &topic, &group, n);
+        }
+        !self.pending_wakes.borrow().is_empty()
+    }
+
+    /// Consumers parked on this core for (topic, group) that hold no wake unit (for the simulation's checks).
+    pub fn sleeping_consumers(&self, topic: &str, group: &str) -> usize {
+        self.waiters
+            .borrow()
+            .get(&(topic.to_string(), group.to_string()))
+            .map_or(0, |q| q.sleeping())
+    }
+
+    /// Cores registered as interested in (topic, group) here (for tests).
+    pub fn interested_cores(&self, topic: &str, group: &str) -> Vec<usize> {
+        self.interest
+            .borrow()
+            .get(&(topic.to_string(), group.to_string()))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Wake-ups waiting to be sent again.
+    pub fn pending_wake_count(&self) -> usize {
+        self.pending_wakes.borrow().len()
+    }
+
+    /// Tells the timer task about a deadline if it is earlier than the one it sleeps to.
+    pub fn note_deadline(&self, at_ms: u64) {
+        if at_ms < self.timer_deadline.get() {
+            self.timer_deadline.set(at_ms);
+            self.timer_rearm.notify(1);
+        }
+    }
+
+    /// This core's counters, histogram and partitions, for `/metrics`.
+    pub async fn stats(&self) -> metrics::CoreStats {
+        let mut partitions = Vec::new();
+        for (topic, p) in self.owned_partitions() {
+            partitions.push((topic.name(), p.info().await));
+        }
+        let m = &self.metrics;
+        metrics::CoreStats {
+            core: self.id,
+            latency: m.latency.borrow().clone(),
+            connections_open: m.connections_open.get(),
+            connections_refused: m.connections_refused.get(),
+            connections_timed_out: m.connections_timed_out.get(),
+            mesh_full: m.mesh_full.get(),
+            partitions,
+        }
+    }
+
+    /// Enters shutdown: parked consumers and idle connections let go.
+    pub fn begin_stop(&self) {
+        self.stopping.set(true);
+        self.stop_event.notify(usize::MAX);
+        for q in self.waiters.borrow().values() {
+            q.wake(usize::MAX);
+        }
+    }
+
+    /// Flushes every frontier and closes every log this core owns (shutdown).
+    pub async fn close_all(&self) {
+        for (_, p) in self.owned_partitions() {
+            p.close().await;
+        }
+    }
+}
+
+/// How soon a wake-up refused by a full channel is retried. 1 ms.
+pub const WAKE_RETRY_MS: u64 = 1;

@@ -1,0 +1,47 @@
+//! Placement: where a (topic, partition) lives. A node is chosen when the topic is created (always this node
+//! without a cluster; in a cluster, the metastore's placement); within a node, a partition's core is a pure hash
+//! every core computes alike. Each core keeps the locations of every partition in its `Topic`.
+
+use serde::{Deserialize, Serialize};
+
+/// A node, by its index in the node table (0 is this node when there is no cluster).
+pub type NodeIndex = u32;
+
+/// Where a partition lives: a node, and a core on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Location {
+    pub node: NodeIndex,
+    pub core: u32,
+}
+
+/// The core of a partition within its node: consecutive partitions land on consecutive cores, so a topic with at
+/// least as many partitions as cores uses every core.
+pub fn core_of(topic: &str, partition: u32, cores: usize) -> usize {
+    ((crc32c::crc32c(topic.as_bytes()) as usize) + partition as usize) % cores
+}
+
+/// Locations of every partition of a topic placed on `node` alone (a single node).
+pub fn on_node(topic: &str, partitions: u32, node: NodeIndex, cores: usize) -> Vec<Location> {
+    (0..partitions)
+        .map(|p| Location {
+            node,
+            core: core_of(topic, p, cores) as u32,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_spread_over_every_core() {
+        for cores in 1..8 {
+            let mut seen = vec![false; cores];
+            for p in 0..cores as u32 {
+                seen[core_of("t", p, cores)] = true;
+            }
+            assert!(seen.iter().all(|&s| s));
+        }
+    }
+}

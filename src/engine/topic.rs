@@ -1,0 +1,374 @@
+//! Topic metadata (names, settings, validation, the `topic.json` file that makes them survive restarts) and a topic
+//! as one core sees it. Every core holds a copy of every topic's settings; core 0 alone creates, changes and
+//! deletes (see `engine::admin`).
+
+use super::placement::Location;
+use crate::partition::inflight::{Backoff, Limits, Redelivery};
+use crate::partition::Partition;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Most partitions a topic may have.
+pub const MAX_PARTITIONS: u32 = 4096;
+/// Visibility bounds of api.md.
+pub const MIN_VISIBILITY_MS: u64 = 1000;
+pub const MAX_VISIBILITY_MS: u64 = 12 * 3600 * 1000;
+/// Bounds on the per-partition caps (a cap of 0 would wedge the topic; above 1M defeats the memory bound).
+pub const MAX_CAP: usize = 1 << 20;
+/// Retention bounds: 1 s to 10 years.
+pub const MAX_RETENTION_MS: u64 = 3650 * 24 * 3600 * 1000;
+/// Longest redelivery delay (api.md: `delay` 0 to 12 h).
+pub const MAX_DELAY_MS: u64 = 12 * 3600 * 1000;
+/// Most groups a topic may be configured to hold.
+pub const MAX_GROUPS_LIMIT: usize = 4096;
+/// Largest `max_deliveries`.
+pub const MAX_DELIVERIES_LIMIT: u64 = 1_000_000;
+
+/// The metadata format this release writes. Version 1 files (no `format` key) load with defaults for every field
+/// added since.
+pub const TOPIC_FORMAT: u32 = 2;
+
+/// How the redelivery delay grows with the delivery count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffKind {
+    #[default]
+    Fixed,
+    Exponential,
+}
+
+fn format_v1() -> u32 {
+    1
+}
+
+fn default_delay_max_ms() -> u64 {
+    15 * 60 * 1000
+}
+
+fn default_max_groups() -> usize {
+    32
+}
+
+/// A topic's settings, as stored in `topic.json` and shown under `config` by `GET /topics/{topic}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicConfig {
+    /// Metadata format version (absent in version 1 files).
+    #[serde(default = "format_v1")]
+    pub format: u32,
+    /// The topic's name.
+    pub name: String,
+    /// Unique per creation: a topic deleted and created again under the same name gets a new id, so nothing
+    /// addressed to the old one (a request in flight, a timer, a journal record) is mistaken for the new one.
+    /// Version 1 files have none; they get one derived from the name at load.
+    #[serde(default)]
+    pub id: u64,
+    /// Number of partitions, fixed at creation.
+    pub partitions: u32,
+    /// Default lease length for consumes that give no `visibility`.
+    pub visibility_ms: u64,
+    /// Live leases (and delayed redeliveries) per partition and group before consume answers 204.
+    pub max_in_flight: usize,
+    /// Out-of-order acks parked per partition and group before ack answers 503.
+    pub max_acked_ahead: usize,
+    /// Sealed segments whose newest record is older than this are deleted.
+    pub retention_ms: u64,
+    /// Delay before a released message (expiry, nack without `delay`) is deliverable again.
+    #[serde(default)]
+    pub redelivery_delay_ms: u64,
+    /// `fixed`, or `exponential`: the delay doubles with every delivery.
+    #[serde(default)]
+    pub redelivery_backoff: BackoffKind,
+    /// Cap on the redelivery delay.
+    #[serde(default = "default_delay_max_ms")]
+    pub redelivery_delay_max_ms: u64,
+    /// A message about to be delivered for the (N+1)th time goes to `dead_letter` instead (0: unlimited).
+    #[serde(default)]
+    pub max_deliveries: u32,
+    /// The dead-letter topic (required with `max_deliveries`).
+    #[serde(default)]
+    pub dead_letter: Option<String>,
+    /// Most consumer groups the topic may hold.
+    #[serde(default = "default_max_groups")]
+    pub max_groups: usize,
+    /// Consumer groups besides `default`, in creation order.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl TopicConfig {
+    /// api.md's defaults.
+    pub fn with_defaults(name: &str) -> TopicConfig {
+        TopicConfig {
+            format: TOPIC_FORMAT,
+            name: name.to_string(),
+            id: 0,
+            partitions: 1,
+            visibility_ms: 30_000,
+            max_in_flight: 1024,
+            max_acked_ahead: 1024,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            redelivery_delay_ms: 0,
+            redelivery_backoff: BackoffKind::Fixed,
+            redelivery_delay_max_ms: default_delay_max_ms(),
+            max_deliveries: 0,
+            dead_letter: None,
+            max_groups: default_max_groups(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// The topic directory under the data dir.
+    pub fn dir(data_dir: &Path, name: &str) -> PathBuf {
+        data_dir.join("topics").join(name)
+    }
+
+    /// Reads a stored topic.json (any format version).
+    pub fn load(path: &Path) -> Result<TopicConfig, String> {
+        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut config: TopicConfig =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        validate_name(&config.name).map_err(|e| format!("{}: {e}", path.display()))?;
+        if config.id == 0 {
+            config.id = legacy_id(&config.name);
+        }
+        Ok(config)
+    }
+
+    /// The caps each partition's shards use.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_in_flight: self.max_in_flight,
+            max_acked_ahead: self.max_acked_ahead,
+        }
+    }
+
+    /// The redelivery policy each partition's shards use.
+    pub fn redelivery(&self) -> Redelivery {
+        Redelivery {
+            delay_ms: self.redelivery_delay_ms,
+            backoff: match self.redelivery_backoff {
+                BackoffKind::Fixed => Backoff::Fixed,
+                BackoffKind::Exponential => Backoff::Exponential,
+            },
+            max_delay_ms: self.redelivery_delay_max_ms,
+        }
+    }
+
+    /// Every group of the topic, `default` first.
+    pub fn all_groups(&self) -> Vec<String> {
+        let mut all = vec![crate::partition::DEFAULT_GROUP.to_string()];
+        all.extend(self.groups.iter().cloned());
+        all
+    }
+
+    pub fn has_group(&self, group: &str) -> bool {
+        group == crate::partition::DEFAULT_GROUP || self.groups.iter().any(|g| g == group)
+    }
+}
+
+/// The id of a version 1 topic (its file has none): stable for the name, with the top bit set so it never equals
+/// an id drawn for a new topic (those have it clear).
+fn legacy_id(name: &str) -> u64 {
+    let lo = crc32c::crc32c(name.as_bytes()) as u64;
+    let hi = crc32c::crc32c_append(0x5eed, name.as_bytes()) as u64;
+    (1 << 63) | (hi << 32) | lo
+}
+
+/// A fresh topic id (top bit clear, never 0).
+pub fn new_topic_id() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom(2) fills the buffer we own; on failure we fall back to the clock below.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let random = if n == 8 {
+        u64::from_le_bytes(bytes)
+    } else {
+        crate::clock::wall_clock_ms().wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    };
+    (random >> 1).max(1)
+}
+
+/// Why a name was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidName(pub String);
+
+impl std::fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "name '{}' must match [A-Za-z0-9._-]{{1,128}}", self.0)
+    }
+}
+
+/// `[A-Za-z0-9._-]{1,128}` (topic and group names); `.` and `..` are refused too since they would escape the
+/// topics directory.
+pub fn validate_name(name: &str) -> Result<(), InvalidName> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && name != "."
+        && name != "..";
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidName(name.chars().take(200).collect()))
+    }
+}
+
+/// The partition a key maps to: crc32c of the key, modulo the partition count (stable across restarts).
+pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    crc32c::crc32c(key) % partitions
+}
+
+/// A topic as one core sees it: its settings, where each partition lives, and the partitions this core owns.
+pub struct Topic {
+    config: RefCell<Rc<TopicConfig>>,
+    /// Where each partition lives.
+    locations: Vec<Location>,
+    /// Some(partition) for the partitions this core owns.
+    partitions: Vec<Option<Rc<Partition>>>,
+    /// The owned partition numbers, for round-robin.
+    owned: Vec<u32>,
+    /// The cores of this node that own some partition of the topic, ascending.
+    owner_cores: Vec<u32>,
+    /// Round-robin cursor over `owned` (produce without key) and over cores (consume).
+    cursor: Cell<usize>,
+    /// Set when the topic is deleted; parked consumers notice and leave.
+    deleted: Cell<bool>,
+}
+
+impl Topic {
+    pub fn new(
+        config: TopicConfig,
+        locations: Vec<Location>,
+        partitions: Vec<Option<Rc<Partition>>>,
+        start: usize,
+    ) -> Topic {
+        let owned = partitions
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some())
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut owner_cores: Vec<u32> = locations.iter().map(|l| l.core).collect();
+        owner_cores.sort_unstable();
+        owner_cores.dedup();
+        Topic {
+            owner_cores,
+            config: RefCell::new(Rc::new(config)),
+            locations,
+            partitions,
+            owned,
+            cursor: Cell::new(start),
+            deleted: Cell::new(false),
+        }
+    }
+
+    /// The current settings.
+    pub fn config(&self) -> Rc<TopicConfig> {
+        self.config.borrow().clone()
+    }
+
+    pub fn name(&self) -> String {
+        self.config.borrow().name.clone()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.config.borrow().id
+    }
+
+    /// Replaces the settings (a change by PATCH or a new group); partitions get the new caps and policy.
+    pub fn set_config(&self, config: TopicConfig) {
+        for p in self.partitions.iter().flatten() {
+            p.set_policy(config.limits(), config.redelivery());
+        }
+        *self.config.borrow_mut() = Rc::new(config);
+    }
+
+    pub fn partition_count(&self) -> u32 {
+        self.locations.len() as u32
+    }
+
+    /// Where partition `p` lives.
+    pub fn location(&self, p: u32) -> Location {
+        self.locations[p as usize]
+    }
+
+    /// The owned partition `p`, if this core owns it.
+    pub fn owned_partition(&self, p: u32) -> Option<Rc<Partition>> {
+        self.partitions.get(p as usize).cloned().flatten()
+    }
+
+    /// Every partition this core owns.
+    pub fn owned_partitions(&self) -> impl Iterator<Item = &Rc<Partition>> {
+        self.partitions.iter().flatten()
+    }
+
+    /// The cores owning some partition of the topic (on this node).
+    pub fn owner_cores(&self) -> &[u32] {
+        &self.owner_cores
+    }
+
+    pub fn owned(&self) -> &[u32] {
+        &self.owned
+    }
+
+    /// Advances the round-robin cursor; returns its previous value.
+    pub fn next_cursor(&self) -> usize {
+        let c = self.cursor.get();
+        self.cursor.set(c.wrapping_add(1));
+        c
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.get()
+    }
+
+    pub fn mark_deleted(&self) {
+        self.deleted.set(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_api_pattern() {
+        for good in [
+            "a",
+            "orders",
+            "a.b_c-D9",
+            &"x".repeat(128),
+            ".deleted-orders",
+        ] {
+            assert!(validate_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "ü", &"x".repeat(129), "a%2Fb"] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_version_1_topic_json_loads_with_defaults_for_every_later_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topic.json");
+        std::fs::write(
+            &path,
+            r#"{"name": "orders", "partitions": 4, "visibility_ms": 30000,
+ "max_in_flight": 1000, "max_acked_ahead": 10000, "retention_ms": 604800000}"#,
+        )
+        .unwrap();
+        let c = TopicConfig::load(&path).unwrap();
+        assert_eq!(c.format, 1);
+        assert_eq!((c.partitions, c.max_in_flight), (4, 1000));
+        assert_eq!(c.redelivery_backoff, BackoffKind::Fixed);
+        assert_eq!(c.redelivery_delay_max_ms, 15 * 60 * 1000);
+        assert_eq!((c.max_deliveries, c.max_groups), (0, 32));
+        assert!(c.groups.is_empty() && c.dead_letter.is_none());
+        assert_ne!(c.id, 0, "a version 1 topic gets a stable id");
+        assert_eq!(c.id, TopicConfig::load(&path).unwrap().id);
+        assert_ne!(c.id, new_topic_id());
+    }
+}

@@ -1,0 +1,88 @@
+//! Topic administration and observation at the front: creations, changes and deletions go to core 0, which
+//! serialises them and has every core apply them; describe and metrics gather every core's part.
+
+use super::produce::join_all;
+use super::Front;
+use crate::engine::metrics::CoreStats;
+use crate::engine::topic::TopicConfig;
+use crate::ops::topics::Settings;
+use crate::ops::{OpResult, Reply, Request};
+use crate::partition::PartitionInfo;
+
+impl Front {
+    /// Creates a topic: (created, its settings).
+    pub async fn create_topic(&self, config: TopicConfig) -> OpResult<(bool, TopicConfig)> {
+        match self
+            .router()
+            .call(self.router().core(0), Request::CreateTopic(config))
+            .await?
+        {
+            Reply::Created(created, config) => Ok((created, config)),
+            other => unreachable!("a create answered {other:?}"),
+        }
+    }
+
+    /// Changes a topic's settings: the new settings.
+    pub async fn change_topic(&self, name: String, settings: Settings) -> OpResult<TopicConfig> {
+        match self
+            .router()
+            .call(self.router().core(0), Request::ChangeTopic(name, settings))
+            .await?
+        {
+            Reply::Changed(config) => Ok(config),
+            other => unreachable!("a change answered {other:?}"),
+        }
+    }
+
+    pub async fn delete_topic(&self, name: String) -> OpResult<()> {
+        self.router()
+            .call(self.router().core(0), Request::DeleteTopic(name))
+            .await
+            .map(|_| ())
+    }
+
+    /// A topic's settings and every partition, from every core, in partition order.
+    pub async fn describe_topic(&self, name: &str) -> OpResult<(TopicConfig, Vec<PartitionInfo>)> {
+        let topic = self.engine().topic(name)?;
+        let calls: Vec<_> = topic
+            .owner_cores()
+            .iter()
+            .map(|&core| {
+                let router = self.router().clone();
+                let name = name.to_string();
+                async move {
+                    router
+                        .call(router.core(core as usize), Request::Describe(name))
+                        .await
+                }
+            })
+            .collect();
+        let mut all = Vec::with_capacity(topic.partition_count() as usize);
+        for reply in join_all(calls).await {
+            match reply? {
+                Reply::Described(part) => all.extend(part),
+                other => unreachable!("a describe answered {other:?}"),
+            }
+        }
+        all.sort_by_key(|p| p.partition);
+        Ok(((*topic.config()).clone(), all))
+    }
+
+    /// Every core's counters, in core order.
+    pub async fn stats(&self) -> OpResult<Vec<CoreStats>> {
+        let calls: Vec<_> = (0..self.engine().cores())
+            .map(|core| {
+                let router = self.router().clone();
+                async move { router.call(router.core(core), Request::Stats).await }
+            })
+            .collect();
+        let mut all = Vec::new();
+        for reply in join_all(calls).await {
+            match reply? {
+                Reply::Stats(stats) => all.push(*stats),
+                other => unreachable!("a stats request answered {other:?}"),
+            }
+        }
+        Ok(all)
+    }
+}

@@ -1,0 +1,287 @@
+//! Queue-style consume and replay at the front. A consume registers as a waiter first (so no wake-up is missed),
+//! then gathers up to `max` messages: this core's partitions, then the other cores' in a rotating order (each told
+//! first, on the same FIFO channel, that this core may park on the topic), and only then spends its `wait` parked.
+//! A message about to be delivered past the topic's `max_deliveries` goes to the dead-letter topic instead.
+
+use super::Front;
+use crate::engine::topic::{Topic, TopicConfig};
+use crate::engine::waiters::Waiter;
+use crate::engine::{Engine, EngineError};
+use crate::ops::consume::{ConsumeParams, Probe, Probed};
+use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::replay::{Replay, ReplayParams};
+use crate::ops::settle::Settle;
+use crate::ops::{OpError, OpResult, Reply, Request};
+use crate::partition::{Delivery, SettleOp};
+use crate::storage::log::Record;
+use std::rc::Rc;
+use tracing::warn;
+
+/// How long a parked consumer sleeps at most when some owner could not be told to wake it (its channel was full):
+/// it looks again then instead of trusting a wake-up that may never come. 10 ms.
+pub const UNREGISTERED_POLL_MS: u64 = 10;
+
+/// Deregisters a consumer's waiter, then lets the engine tell owners when no consumer is parked any more.
+struct Parked {
+    engine: Rc<Engine>,
+    topic: String,
+    group: String,
+    waiter: Option<Waiter>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        drop(self.waiter.take());
+        self.engine.release_wait_queue(&self.topic, &self.group);
+    }
+}
+
+/// What one round of looking found.
+#[derive(Default)]
+struct Round {
+    deliveries: Vec<Delivery>,
+    /// Every partition that had nothing to give was at its cap.
+    at_cap: bool,
+    unavailable: bool,
+    /// Some owner could not be told to wake this core.
+    unregistered: bool,
+}
+
+impl Front {
+    /// Leases up to `max` messages (empty: 204).
+    pub async fn consume(&self, params: ConsumeParams) -> OpResult<Vec<Delivery>> {
+        let engine = self.engine().clone();
+        let topic = engine.topic(&params.topic)?;
+        if !topic.config().has_group(&params.group) {
+            return Err(EngineError::GroupNotFound {
+                topic: params.topic,
+                group: params.group,
+            }
+            .into());
+        }
+        let clock = engine.clock().clone();
+        let deadline = clock.now_ms() + params.wait_ms;
+        let parking = params.wait_ms > 0 && !engine.is_stopping();
+        // Registered before the first look: a message that becomes deliverable while we look reaches us.
+        let parked = parking.then(|| Parked {
+            engine: engine.clone(),
+            topic: params.topic.clone(),
+            group: params.group.clone(),
+            waiter: Some(engine.wait_queue(&params.topic, &params.group).register()),
+        });
+        let waiter = parked.as_ref().and_then(|p| p.waiter.as_ref());
+        loop {
+            if let Some(w) = waiter {
+                w.take_unit();
+            }
+            let round = self.gather(&topic, &params, parking).await?;
+            if !round.deliveries.is_empty() {
+                return Ok(round.deliveries);
+            }
+            if round.unavailable {
+                // A partition with something to deliver could not be served: say so (503, retry) rather than park.
+                return Err(OpError::Engine(EngineError::Partition(
+                    crate::partition::PartitionError::Unavailable(format!(
+                        "a partition of '{}' could not be read; see the server log",
+                        params.topic
+                    )),
+                )));
+            }
+            let now = clock.now_ms();
+            let Some(w) = waiter else {
+                return Ok(Vec::new());
+            };
+            if round.at_cap || now >= deadline || engine.is_stopping() {
+                return Ok(Vec::new());
+            }
+            let wake_by = if round.unregistered {
+                deadline.min(now + UNREGISTERED_POLL_MS)
+            } else {
+                deadline
+            };
+            let woken = w.wait(clock.sleep_until(wake_by)).await;
+            if topic.is_deleted() {
+                return Err(EngineError::TopicNotFound(params.topic).into());
+            }
+            if !woken && (clock.now_ms() >= deadline || engine.is_stopping()) {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// One round: this core's partitions, then the other owning cores' from a rotating start, until `max` are
+    /// leased; dead letters diverted.
+    async fn gather(
+        &self,
+        topic: &Rc<Topic>,
+        params: &ConsumeParams,
+        parking: bool,
+    ) -> OpResult<Round> {
+        let engine = self.engine();
+        let me = engine.id() as u32;
+        let config = topic.config();
+        let mut round = Round {
+            at_cap: true,
+            ..Round::default()
+        };
+        let mut any_partition = false;
+        let others: Vec<u32> = topic
+            .owner_cores()
+            .iter()
+            .copied()
+            .filter(|&c| c != me)
+            .collect();
+        let start = if others.is_empty() {
+            0
+        } else {
+            topic.next_cursor() % others.len()
+        };
+        let order = topic
+            .owner_cores()
+            .contains(&me)
+            .then_some(me)
+            .into_iter()
+            .chain((0..others.len()).map(|i| others[(start + i) % others.len()]));
+        for core in order {
+            if round.deliveries.len() >= params.max {
+                break;
+            }
+            if parking
+                && core != me
+                && !engine.register_interest(&params.topic, &params.group, core as usize)
+            {
+                round.unregistered = true;
+            }
+            let probe = Request::Probe(Probe {
+                topic: params.topic.clone(),
+                topic_id: topic.id(),
+                group: params.group.clone(),
+                max: params.max - round.deliveries.len(),
+                visibility_ms: params.visibility_ms,
+            });
+            match self
+                .router()
+                .call(self.router().core(core as usize), probe)
+                .await
+            {
+                Ok(Reply::Probed(probed)) => {
+                    let Probed {
+                        deliveries,
+                        at_cap,
+                        unavailable,
+                        none_owned,
+                    } = probed;
+                    any_partition |= !none_owned;
+                    round.at_cap &= at_cap || none_owned;
+                    round.unavailable |= unavailable;
+                    let kept = self
+                        .divert_dead_letters(topic, &config, &params.group, deliveries)
+                        .await;
+                    round.deliveries.extend(kept);
+                }
+                Ok(other) => unreachable!("a probe answered {other:?}"),
+                Err(OpError::Engine(EngineError::Overloaded)) => {
+                    round.at_cap = false;
+                    round.unregistered = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        round.at_cap &= any_partition;
+        if !round.deliveries.is_empty() {
+            round.unavailable = false;
+        }
+        Ok(round)
+    }
+
+    /// Moves messages past `max_deliveries` to the dead-letter topic (appended durably there first, then settled
+    /// here); returns the others.
+    async fn divert_dead_letters(
+        &self,
+        topic: &Rc<Topic>,
+        config: &TopicConfig,
+        group: &str,
+        deliveries: Vec<Delivery>,
+    ) -> Vec<Delivery> {
+        let (Some(dead_letter), limit) = (&config.dead_letter, config.max_deliveries) else {
+            return deliveries;
+        };
+        if limit == 0 {
+            return deliveries;
+        }
+        let mut kept = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            if d.delivery_count <= limit {
+                kept.push(d);
+                continue;
+            }
+            let record = ClientRecord {
+                body: d.payload.clone(),
+                target: Target::Any,
+            };
+            let appended = self
+                .produce(ProduceParams {
+                    topic: dead_letter.clone(),
+                    records: vec![record],
+                    batch: false,
+                })
+                .await;
+            match appended {
+                Ok(results) if results.iter().all(|r| r.is_ok()) => {
+                    let settle = Request::Settle(Settle {
+                        topic: config.name.clone(),
+                        topic_id: config.id,
+                        group: group.to_string(),
+                        partition: d.partition,
+                        items: vec![(d.offset, d.nonce)],
+                        op: SettleOp::Ack,
+                        dead_lettered: true,
+                    });
+                    if let Err(e) = self
+                        .router()
+                        .call(topic.location(d.partition), settle)
+                        .await
+                    {
+                        warn!(topic = %config.name, partition = d.partition, offset = d.offset, error = %e, "a dead-lettered message could not be settled in its topic: it may be delivered again (at-least-once)");
+                    }
+                }
+                Ok(results) => {
+                    let e = results.into_iter().find_map(Result::err);
+                    warn!(topic = %config.name, dead_letter = %dead_letter, error = ?e, "cannot append to the dead-letter topic; the message stays leased until its visibility ends");
+                }
+                Err(e) => {
+                    warn!(topic = %config.name, dead_letter = %dead_letter, error = %e, "cannot append to the dead-letter topic; the message stays leased until its visibility ends");
+                }
+            }
+        }
+        kept
+    }
+
+    /// Replay: a read at the partition's owner (None: not written within `wait`).
+    pub async fn replay(&self, params: ReplayParams) -> OpResult<Option<Record>> {
+        let topic = self.engine().topic(&params.topic)?;
+        if params.partition >= topic.partition_count() as u64 {
+            return Err(EngineError::PartitionNotFound {
+                topic: params.topic,
+                partition: params.partition,
+            }
+            .into());
+        }
+        let partition = params.partition as u32;
+        let request = Request::Replay(Replay {
+            topic: params.topic,
+            topic_id: topic.id(),
+            partition,
+            offset: params.offset,
+            wait_ms: params.wait_ms,
+        });
+        match self
+            .router()
+            .call(topic.location(partition), request)
+            .await?
+        {
+            Reply::Replayed(replayed) => Ok(replayed.record),
+            other => unreachable!("a replay answered {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Produce at the front: each record's partition (its own, its key's, else one round-robin partition for all the
+//! keyless records of the request, preferring this core's), one append per partition at its owner (in parallel),
+//! results merged in request order.
+
+use super::Front;
+use crate::engine::topic::partition_for_key;
+use crate::engine::EngineError;
+use crate::ops::produce::{Produce, ProduceParams, Target};
+use crate::ops::{OpError, OpResult, Reply, Request};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+
+/// (partition, offset) per record, in request order, or why the record was not written.
+pub type ProduceResults = Vec<OpResult<(u32, u64)>>;
+
+impl Front {
+    /// Appends the records; each partition's share is durable under the fsync policy before its results are known.
+    /// A partition out of range fails the whole request before anything is written.
+    pub async fn produce(&self, params: ProduceParams) -> OpResult<ProduceResults> {
+        let engine = self.engine();
+        let topic = engine.topic(&params.topic)?;
+        let count = topic.partition_count();
+        let mut any: Option<u32> = None;
+        let mut pick_any = || {
+            *any.get_or_insert_with(|| {
+                let owned = topic.owned();
+                let i = topic.next_cursor();
+                if owned.is_empty() {
+                    (i % count as usize) as u32
+                } else {
+                    owned[i % owned.len()]
+                }
+            })
+        };
+        let mut by_partition: BTreeMap<u32, Vec<(usize, Bytes)>> = BTreeMap::new();
+        for (i, record) in params.records.into_iter().enumerate() {
+            let p = match &record.target {
+                Target::Partition(p) if *p < count as u64 => *p as u32,
+                Target::Partition(p) => {
+                    return Err(EngineError::PartitionNotFound {
+                        topic: params.topic,
+                        partition: *p,
+                    }
+                    .into())
+                }
+                Target::Key(key) => partition_for_key(key.as_bytes(), count),
+                Target::Any => pick_any(),
+            };
+            by_partition.entry(p).or_default().push((i, record.body));
+        }
+        let total: usize = by_partition.values().map(Vec::len).sum();
+        let topic_id = topic.id();
+        let calls: Vec<_> = by_partition
+            .into_iter()
+            .map(|(partition, records)| {
+                let (indexes, bodies): (Vec<usize>, Vec<Bytes>) = records.into_iter().unzip();
+                let request = Request::Produce(Produce {
+                    topic: params.topic.clone(),
+                    topic_id,
+                    partition,
+                    records: bodies,
+                });
+                let location = topic.location(partition);
+                let router = self.router().clone();
+                async move {
+                    let reply = router.call(location, request).await;
+                    (partition, indexes, reply)
+                }
+            })
+            .collect();
+        let mut results: ProduceResults = (0..total)
+            .map(|_| Err(OpError::Engine(EngineError::ShuttingDown)))
+            .collect();
+        for (partition, indexes, reply) in join_all(calls).await {
+            match reply {
+                Ok(Reply::Produced(produced)) => {
+                    for (k, i) in indexes.into_iter().enumerate() {
+                        results[i] = Ok((partition, produced.first_offset + k as u64));
+                    }
+                }
+                Ok(other) => unreachable!("a produce answered {other:?}"),
+                Err(e) => {
+                    for i in indexes {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// Awaits every future, concurrently on this core, returning their outputs in order.
+pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    if futures.len() == 1 {
+        let mut futures = futures;
+        let only = futures.pop().expect("one future");
+        return vec![only.await];
+    }
+    let mut pending: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    futures_lite::future::poll_fn(|cx| {
+        let mut done = true;
+        for (i, f) in pending.iter_mut().enumerate() {
+            if outputs[i].is_some() {
+                continue;
+            }
+            match f.as_mut().poll(cx) {
+                std::task::Poll::Ready(out) => outputs[i] = Some(out),
+                std::task::Poll::Pending => done = false,
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
+}

@@ -1,0 +1,75 @@
+//! Settles at the front: the handles of a request split by partition, each partition's share settled in one pass at
+//! its owner (in parallel), the results merged back in request order.
+
+use super::produce::join_all;
+use super::Front;
+use crate::engine::EngineError;
+use crate::ops::settle::{Settle, SettleParams};
+use crate::ops::{OpError, OpResult, Reply, Request};
+use std::collections::BTreeMap;
+
+/// A handle of the request: its index, and (offset, nonce).
+type Item = (usize, (u64, u64));
+
+impl Front {
+    /// One result per handle, in request order: each exactly what the single request would have answered.
+    pub async fn settle(&self, params: SettleParams) -> OpResult<Vec<OpResult<()>>> {
+        let engine = self.engine();
+        let topic = engine.topic(&params.topic)?;
+        let count = topic.partition_count() as u64;
+        let mut results: Vec<OpResult<()>> = Vec::with_capacity(params.handles.len());
+        // partition -> (index in the request, (offset, nonce))
+        let mut by_partition: BTreeMap<u32, Vec<Item>> = BTreeMap::new();
+        for (i, (_, parsed)) in params.handles.iter().enumerate() {
+            results.push(Ok(()));
+            match parsed {
+                Err(e) => results[i] = Err(e.clone()),
+                Ok((p, _, _)) if *p >= count => {
+                    results[i] = Err(EngineError::PartitionNotFound {
+                        topic: params.topic.clone(),
+                        partition: *p,
+                    }
+                    .into())
+                }
+                Ok((p, o, n)) => by_partition
+                    .entry(*p as u32)
+                    .or_default()
+                    .push((i, (*o, *n))),
+            }
+        }
+        let calls: Vec<_> = by_partition
+            .into_iter()
+            .map(|(partition, items)| {
+                let (indexes, items): (Vec<usize>, Vec<(u64, u64)>) = items.into_iter().unzip();
+                let request = Request::Settle(Settle {
+                    topic: params.topic.clone(),
+                    topic_id: topic.id(),
+                    group: params.group.clone(),
+                    partition,
+                    items,
+                    op: params.op,
+                    dead_lettered: false,
+                });
+                let location = topic.location(partition);
+                let router = self.router().clone();
+                async move { (indexes, router.call(location, request).await) }
+            })
+            .collect();
+        for (indexes, reply) in join_all(calls).await {
+            match reply {
+                Ok(Reply::Settled(settled)) => {
+                    for (i, r) in indexes.into_iter().zip(settled.results) {
+                        results[i] = r.map_err(OpError::from);
+                    }
+                }
+                Ok(other) => unreachable!("a settle answered {other:?}"),
+                Err(e) => {
+                    for i in indexes {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+}

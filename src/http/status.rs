@@ -1,0 +1,90 @@
+//! The one place where an error becomes an HTTP status and an error code (api.md's words). Every layer's errors
+//! arrive here wrapped in `OpError`.
+
+use super::response::Response;
+use crate::engine::EngineError;
+use crate::ops::OpError;
+use crate::partition::PartitionError;
+
+/// The status and error code of every error.
+pub fn status_of(e: &OpError) -> (u16, &'static str) {
+    match e {
+        OpError::InvalidTopic(_) => (400, "invalid_topic"),
+        OpError::InvalidDuration(_) => (400, "invalid_duration"),
+        OpError::InvalidReceiptHandle(_) => (400, "invalid_receipt_handle"),
+        OpError::InvalidParameter(_) => (400, "invalid_parameter"),
+        OpError::InvalidRecord(_) => (400, "invalid_record"),
+        OpError::MessageTooLarge { .. } => (413, "message_too_large"),
+        OpError::BatchTooLarge(_) => (413, "batch_too_large"),
+        OpError::PartitionUnavailable(_) => (503, "partition_unavailable"),
+        OpError::Engine(e) => engine_status(e),
+    }
+}
+
+fn engine_status(e: &EngineError) -> (u16, &'static str) {
+    match e {
+        EngineError::TopicNotFound(_) | EngineError::Stale(_) => (404, "topic_not_found"),
+        EngineError::PartitionNotFound { .. } => (404, "partition_not_found"),
+        EngineError::GroupNotFound { .. } => (404, "group_not_found"),
+        EngineError::TopicExists { .. } => (409, "topic_exists"),
+        EngineError::TopicLimit { .. } => (409, "topic_limit"),
+        EngineError::PartitionLimit { .. } => (409, "partition_limit"),
+        EngineError::GroupLimit { .. } => (409, "group_limit"),
+        EngineError::InvalidSetting(_) => (400, "invalid_parameter"),
+        EngineError::TopicUnavailable(_) => (503, "topic_unavailable"),
+        EngineError::ShuttingDown => (503, "shutting_down"),
+        EngineError::Overloaded => (503, "overloaded"),
+        EngineError::Storage(_) => (500, "storage_error"),
+        EngineError::Partition(p) => partition_status(p),
+    }
+}
+
+fn partition_status(e: &PartitionError) -> (u16, &'static str) {
+    match e {
+        PartitionError::LeaseGone => (410, "lease_gone"),
+        PartitionError::AckedAheadFull => (503, "acked_ahead_full"),
+        PartitionError::Unavailable(_) => (503, "partition_unavailable"),
+        PartitionError::OutOfRetention { .. } => (410, "offset_out_of_retention"),
+        PartitionError::Corrupt { .. } => (422, "corrupt_record"),
+        PartitionError::NoSpace => (507, "insufficient_storage"),
+        PartitionError::LogUnavailable => (503, "log_unavailable"),
+        PartitionError::Closed => (503, "shutting_down"),
+        PartitionError::Storage(_) => (500, "storage_error"),
+        PartitionError::GroupNotFound(_) => (404, "group_not_found"),
+    }
+}
+
+/// The error response (503s carry Retry-After).
+pub fn error_response(e: &OpError) -> Response {
+    let (status, code) = status_of(e);
+    let response = Response::error(status, code, &e.to_string());
+    if status == 503 {
+        response.with_header("retry-after", 1)
+    } else {
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_its_api_status() {
+        let lease_gone = OpError::from(PartitionError::LeaseGone);
+        assert_eq!(status_of(&lease_gone), (410, "lease_gone"));
+        assert_eq!(status_of(&PartitionError::AckedAheadFull.into()).0, 503);
+        assert_eq!(
+            status_of(&OpError::MessageTooLarge { limit: 1 }),
+            (413, "message_too_large")
+        );
+        assert!(error_response(&EngineError::Overloaded.into())
+            .headers
+            .iter()
+            .any(|(h, _)| *h == "retry-after"));
+        assert_eq!(
+            status_of(&EngineError::Stale("gone".into()).into()),
+            (404, "topic_not_found")
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! Consume: `GET /consume`. The client's request (queue style with `wait`, `visibility`, `max`, `group`; or a replay
+//! with `partition` and `offset`, see `ops::replay`), and the owner-side probe: lease up to `max` messages from the
+//! partitions of a topic this core owns, in one pass per partition's lease shard.
+
+use super::error::{OpError, OpResult};
+use super::params::{BatchLimits, Media, Query};
+use crate::engine::topic::{MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
+use crate::engine::{Engine, EngineError};
+use crate::partition::{Delivery, Stop};
+use serde::{Deserialize, Serialize};
+use std::rc::Rc;
+
+/// Longest long-poll a consume may ask for (api.md: 0 to 60 s).
+pub const MAX_WAIT_MS: u64 = 60_000;
+
+/// A queue-style consume as the client sent it.
+#[derive(Debug, Clone)]
+pub struct ConsumeParams {
+    pub topic: String,
+    pub group: String,
+    pub wait_ms: u64,
+    pub visibility_ms: Option<u64>,
+    pub max: usize,
+    /// The reply's framing: None is version 1's single raw message (only with `max=1`).
+    pub media: Option<Media>,
+}
+
+/// What `GET /consume` asks for.
+#[derive(Debug, Clone)]
+pub enum ConsumeRequest {
+    Queue(ConsumeParams),
+    Replay(super::replay::ReplayParams),
+}
+
+/// Parses `GET /consume?topic=T[&wait=D][&visibility=D][&max=N][&group=G]` or a replay
+/// (`&partition=P&offset=O`).
+pub fn parse(
+    query: &Query,
+    accept: Option<&str>,
+    limits: &BatchLimits,
+) -> OpResult<ConsumeRequest> {
+    let topic = query.topic()?;
+    let wait_ms = query.duration("wait", 0, MAX_WAIT_MS)?.unwrap_or(0);
+    let visibility_ms = query.duration("visibility", MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?;
+    let partition = query.partition()?;
+    let offset = query.number("offset", 0, u64::MAX)?;
+    match (partition, offset) {
+        (Some(partition), Some(offset)) => {
+            Ok(ConsumeRequest::Replay(super::replay::ReplayParams {
+                topic,
+                partition,
+                offset,
+                wait_ms,
+            }))
+        }
+        (None, None) => {
+            let group = query.group()?;
+            let max = query
+                .number("max", 1, limits.max_batch_records as u64)?
+                .unwrap_or(1) as usize;
+            let accepted = Media::accepted(accept);
+            let media = match (max, accepted) {
+                (1, None) => None,
+                (_, Some(m)) => Some(m),
+                (_, None) => Some(Media::Ndjson),
+            };
+            Ok(ConsumeRequest::Queue(ConsumeParams {
+                topic,
+                group,
+                wait_ms,
+                visibility_ms,
+                max,
+                media,
+            }))
+        }
+        _ => Err(OpError::InvalidParameter(
+            "replay needs both partition and offset".into(),
+        )),
+    }
+}
+
+/// The owner-side probe: lease up to `max` messages of (topic, group) from the partitions this core owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Probe {
+    pub topic: String,
+    pub topic_id: u64,
+    pub group: String,
+    pub max: usize,
+    /// Lease length (None: the topic's `visibility`).
+    pub visibility_ms: Option<u64>,
+}
+
+/// What a probe found.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Probed {
+    pub deliveries: Vec<Delivery>,
+    /// Every owned partition that had nothing to give was at its in-flight cap (and there was one).
+    pub at_cap: bool,
+    /// Some partition could not be served (its frontier or a record could not be read).
+    pub unavailable: bool,
+    /// This core owns no partition of the topic.
+    pub none_owned: bool,
+}
+
+/// Leases on the owning core: the owned partitions in turn from a rotating start, until `max` are leased.
+pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
+    let topic = engine.topic_of(&req.topic, req.topic_id)?;
+    let config = topic.config();
+    if !config.has_group(&req.group) {
+        return Err(EngineError::GroupNotFound {
+            topic: req.topic,
+            group: req.group,
+        }
+        .into());
+    }
+    let visibility_ms = req.visibility_ms.unwrap_or(config.visibility_ms);
+    let owned = topic.owned();
+    let mut probed = Probed {
+        at_cap: !owned.is_empty(),
+        none_owned: owned.is_empty(),
+        ..Probed::default()
+    };
+    let start = topic.next_cursor();
+    for i in 0..owned.len() {
+        if probed.deliveries.len() >= req.max {
+            break;
+        }
+        let p = owned[(start + i) % owned.len()];
+        let Some(partition) = topic.owned_partition(p) else {
+            continue;
+        };
+        let want = req.max - probed.deliveries.len();
+        let taken = partition.take(&req.group, want, visibility_ms).await?;
+        match taken.stop {
+            Some(Stop::AtCap) => {}
+            Some(Stop::Unavailable) => probed.unavailable = true,
+            _ => probed.at_cap = false,
+        }
+        probed.deliveries.extend(taken.deliveries);
+    }
+    if !probed.deliveries.is_empty() {
+        engine.note_deadline(engine.now_ms() + visibility_ms);
+    }
+    Ok(probed)
+}
+
+/// A probe's reply could not reach the consumer that asked (it went away): its leases are released at once rather
+/// than staying invisible for their whole visibility.
+pub async fn release(engine: &Rc<Engine>, topic: &str, group: &str, deliveries: Vec<Delivery>) {
+    let Ok(t) = engine.topic(topic) else {
+        return;
+    };
+    for d in deliveries {
+        if let Some(p) = t.owned_partition(d.partition) {
+            let _ = p
+                .settle(
+                    group,
+                    &[(d.offset, d.nonce)],
+                    crate::partition::SettleOp::Nack(Some(0)),
+                )
+                .await;
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The operation layer: one file per operation, each holding its parameters parsed from HTTP into a plain request
+//! value, the owner-side request it becomes, the function that applies that on the owning core, and its reply. Here,
+//! the one enum of owner-side requests and replies and the one `apply` every transport ends in: a direct call on
+//! this core, the mesh from another core, node RPC from another node; so a remote owner applies exactly what a local
+//! one would. Requests are data: the reply channel belongs to the transport's envelope.
+
+pub mod consume;
+pub mod error;
+pub mod params;
+pub mod produce;
+pub mod replay;
+pub mod settle;
+pub mod topics;
+
+use crate::engine::metrics::CoreStats;
+use crate::engine::topic::TopicConfig;
+use crate::engine::{AdminStep, Engine, Signal};
+use crate::partition::PartitionInfo;
+pub use error::{OpError, OpResult};
+use std::rc::Rc;
+
+/// A request for the owner of some state: a partition's owning core, or core 0 for topic administration.
+#[derive(Debug)]
+pub enum Request {
+    Produce(produce::Produce),
+    Probe(consume::Probe),
+    Settle(settle::Settle),
+    Replay(replay::Replay),
+    /// Core 0: create a topic.
+    CreateTopic(TopicConfig),
+    /// Core 0: change a topic's settings.
+    ChangeTopic(String, topics::Settings),
+    /// Core 0: delete a topic.
+    DeleteTopic(String),
+    /// This core's partitions of a topic.
+    Describe(String),
+    /// This core's counters and latency histogram.
+    Stats,
+    /// A step of a topic change every core applies.
+    Admin(AdminStep),
+    /// A one-way long-poll signal.
+    Signal(Signal),
+}
+
+/// The answer to a `Request`.
+#[derive(Debug)]
+pub enum Reply {
+    Produced(produce::Produced),
+    Probed(consume::Probed),
+    Settled(settle::Settled),
+    Replayed(replay::Replayed),
+    Created(bool, TopicConfig),
+    Changed(TopicConfig),
+    Described(Vec<PartitionInfo>),
+    Stats(Box<CoreStats>),
+    Done,
+}
+
+impl Request {
+    /// One-way requests are applied in arrival order by the receiving pump (a signal must take effect before the
+    /// requests sent after it on the same channel); the others run as their own tasks.
+    pub fn is_signal(&self) -> bool {
+        matches!(self, Request::Signal(_))
+    }
+}
+
+/// Applies a request on this core: the one dispatch every transport ends in.
+pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
+    Ok(match request {
+        Request::Produce(r) => Reply::Produced(produce::apply(engine, r).await?),
+        Request::Probe(r) => Reply::Probed(consume::apply(engine, r).await?),
+        Request::Settle(r) => Reply::Settled(settle::apply(engine, r).await?),
+        Request::Replay(r) => Reply::Replayed(replay::apply(engine, r).await?),
+        Request::CreateTopic(config) => {
+            let (created, config) = topics::create(engine, config).await?;
+            Reply::Created(created, config)
+        }
+        Request::ChangeTopic(name, settings) => {
+            Reply::Changed(topics::change(engine, &name, settings).await?)
+        }
+        Request::DeleteTopic(name) => {
+            topics::delete(engine, &name).await?;
+            Reply::Done
+        }
+        Request::Describe(name) => Reply::Described(topics::describe(engine, &name).await?),
+        Request::Stats => Reply::Stats(Box::new(engine.stats().await)),
+        Request::Admin(step) => {
+            engine.apply_step(step).await?;
+            Reply::Done
+        }
+        Request::Signal(signal) => {
+            engine.on_signal(signal);
+            Reply::Done
+        }
+    })
+}
+
+/// A reply that could not be delivered to whoever asked (it went away meanwhile): leases it carries are released.
+pub async fn undeliverable(
+    engine: &Rc<Engine>,
+    request_topic: Option<(String, String)>,
+    reply: Reply,
+) {
+    if let (Reply::Probed(probed), Some((topic, group))) = (reply, request_topic) {
+        if !probed.deliveries.is_empty() {
+            consume::release(engine, &topic, &group, probed.deliveries).await;
+        }
+    }
+}
+
+/// The (topic, group) a probe leases from, to release its leases if its reply cannot be delivered.
+pub fn probe_key(request: &Request) -> Option<(String, String)> {
+    match request {
+        Request::Probe(p) => Some((p.topic.clone(), p.group.clone())),
+        _ => None,
+    }
+}

@@ -1,0 +1,179 @@
+//! Request parameters as the HTTP edge hands them over: the decoded query, and the few headers and limits the
+//! operations' parsers need. Shared by every operation's `parse`, so all accept the same text for the same thing.
+
+use super::error::{OpError, OpResult};
+use crate::duration::parse_duration_in;
+use crate::engine::topic::validate_name;
+use crate::partition::DEFAULT_GROUP;
+
+/// Decoded query parameters in order.
+#[derive(Debug, Clone, Default)]
+pub struct Query(pub Vec<(String, String)>);
+
+/// How a request body is framed (its `Content-Type`, or for a consume reply its `Accept`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Media {
+    /// Anything else: version 1's single raw message.
+    Raw,
+    /// `application/x-ndjson`: one JSON object per line.
+    Ndjson,
+    /// `application/vnd.berth.frames`: 4-byte little-endian length, then the bytes.
+    Frames,
+    /// `text/plain`: one receipt handle per line (settle batches).
+    Text,
+}
+
+pub const NDJSON: &str = "application/x-ndjson";
+pub const FRAMES: &str = "application/vnd.berth.frames";
+
+impl Media {
+    /// The media type a header value names (parameters such as `; charset=utf-8` ignored).
+    pub fn of(header: Option<&str>) -> Media {
+        let Some(value) = header else {
+            return Media::Raw;
+        };
+        let essence = value.split(';').next().unwrap_or("").trim();
+        if essence.eq_ignore_ascii_case(NDJSON) {
+            Media::Ndjson
+        } else if essence.eq_ignore_ascii_case(FRAMES) {
+            Media::Frames
+        } else if essence.eq_ignore_ascii_case("text/plain") {
+            Media::Text
+        } else {
+            Media::Raw
+        }
+    }
+
+    /// The batch media type an `Accept` header asks for, if any (the first of ours it lists).
+    pub fn accepted(header: Option<&str>) -> Option<Media> {
+        header?
+            .split(',')
+            .map(|part| Media::of(Some(part)))
+            .find(|m| matches!(m, Media::Ndjson | Media::Frames))
+    }
+}
+
+/// Batch limits (server configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    pub max_batch_records: usize,
+    pub max_batch_bytes: usize,
+    pub max_message_bytes: usize,
+}
+
+impl Query {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `topic` parameter, validated.
+    pub fn topic(&self) -> OpResult<String> {
+        let name = self
+            .get("topic")
+            .ok_or_else(|| OpError::InvalidTopic(String::new()))?;
+        validate_name(name)?;
+        Ok(name.to_string())
+    }
+
+    /// The `group` parameter (default `default`), validated like a topic name.
+    pub fn group(&self) -> OpResult<String> {
+        match self.get("group") {
+            None => Ok(DEFAULT_GROUP.to_string()),
+            Some(name) => {
+                validate_name(name)?;
+                Ok(name.to_string())
+            }
+        }
+    }
+
+    pub fn duration(&self, name: &str, min_ms: u64, max_ms: u64) -> OpResult<Option<u64>> {
+        self.get(name)
+            .map(|text| {
+                parse_duration_in(text, min_ms, max_ms)
+                    .map_err(|e| OpError::InvalidDuration(format!("{name}: {}", e.0)))
+            })
+            .transpose()
+    }
+
+    pub fn number(&self, name: &str, min: u64, max: u64) -> OpResult<Option<u64>> {
+        self.get(name)
+            .map(|text| match text.parse::<u64>() {
+                Ok(v) if text.bytes().all(|b| b.is_ascii_digit()) && (min..=max).contains(&v) => {
+                    Ok(v)
+                }
+                _ => Err(OpError::InvalidParameter(format!(
+                    "{name} must be an integer from {min} to {max}, not '{text}'"
+                ))),
+            })
+            .transpose()
+    }
+
+    /// `partition`: any unsigned integer (the range is checked against the topic: 404).
+    pub fn partition(&self) -> OpResult<Option<u64>> {
+        self.number("partition", 0, u64::MAX)
+    }
+}
+
+/// `partition:offset:nonce`, three unsigned decimal integers.
+pub fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = text.split(':');
+    let mut next = || -> Option<u64> {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    let handle = (next()?, next()?, next()?);
+    parts.next().is_none().then_some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipt_handles_are_three_unsigned_integers() {
+        assert_eq!(parse_receipt_handle("0:41:881"), Some((0, 41, 881)));
+        assert_eq!(
+            parse_receipt_handle("18446744073709551615:0:1"),
+            Some((u64::MAX, 0, 1))
+        );
+        for bad in [
+            "",
+            "1:2",
+            "1:2:3:4",
+            "-1:2:3",
+            "a:b:c",
+            "1::3",
+            " 1:2:3",
+            "1:2:3 ",
+            "18446744073709551616:0:0",
+            "+1:2:3",
+        ] {
+            assert_eq!(parse_receipt_handle(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn media_types_ignore_parameters_and_case() {
+        assert_eq!(
+            Media::of(Some("application/x-ndjson; charset=utf-8")),
+            Media::Ndjson
+        );
+        assert_eq!(
+            Media::of(Some("Application/Vnd.Berth.Frames")),
+            Media::Frames
+        );
+        assert_eq!(Media::of(Some("application/octet-stream")), Media::Raw);
+        assert_eq!(Media::of(None), Media::Raw);
+        assert_eq!(
+            Media::accepted(Some("text/html, application/vnd.berth.frames;q=0.9")),
+            Some(Media::Frames)
+        );
+        assert_eq!(Media::accepted(Some("*/*")), None);
+    }
+}

@@ -1,0 +1,329 @@
+//! Produce: `POST /produce`. The client's request (one raw message, or a batch in `application/x-ndjson` or
+//! `application/vnd.berth.frames`) parsed into plain records; the owner-side request that appends one partition's
+//! records in one write and one sync; and its reply.
+
+use super::error::{OpError, OpResult};
+use super::params::{BatchLimits, Media, Query};
+use crate::engine::Engine;
+use base64::Engine as _;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::rc::Rc;
+
+/// Where a record goes: a partition, a key's partition, or any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    Partition(u64),
+    Key(String),
+    Any,
+}
+
+/// One record of a produce request.
+#[derive(Debug, Clone)]
+pub struct ClientRecord {
+    pub body: Bytes,
+    pub target: Target,
+}
+
+/// A produce request as the client sent it.
+#[derive(Debug, Clone)]
+pub struct ProduceParams {
+    pub topic: String,
+    pub records: Vec<ClientRecord>,
+    /// Sent as a batch (reply `{"results": [...]}`), else a version 1 single message.
+    pub batch: bool,
+}
+
+/// Parses `POST /produce?topic=T[&partition=P][&key=K]` and its body. Query `partition`/`key` apply to records
+/// that name neither. A malformed record fails the whole request (400), an oversized one too (413): nothing is
+/// written.
+pub fn parse(
+    query: &Query,
+    content_type: Option<&str>,
+    body: Bytes,
+    limits: &BatchLimits,
+) -> OpResult<ProduceParams> {
+    let topic = query.topic()?;
+    let default = match (query.partition()?, query.get("key")) {
+        (Some(p), _) => Target::Partition(p),
+        (None, Some(key)) => Target::Key(key.to_string()),
+        (None, None) => Target::Any,
+    };
+    let media = Media::of(content_type);
+    let records = match media {
+        Media::Ndjson => parse_ndjson(&body, &default, limits)?,
+        Media::Frames => parse_frames(&body, &default, limits)?,
+        Media::Raw | Media::Text => {
+            if body.len() > limits.max_message_bytes {
+                return Err(OpError::MessageTooLarge {
+                    limit: limits.max_message_bytes,
+                });
+            }
+            vec![ClientRecord {
+                body,
+                target: default,
+            }]
+        }
+    };
+    Ok(ProduceParams {
+        topic,
+        records,
+        batch: matches!(media, Media::Ndjson | Media::Frames),
+    })
+}
+
+fn check_count(n: usize, limits: &BatchLimits) -> OpResult<()> {
+    if n > limits.max_batch_records {
+        return Err(OpError::BatchTooLarge(format!(
+            "the batch holds more than {} records (max_batch_records)",
+            limits.max_batch_records
+        )));
+    }
+    Ok(())
+}
+
+fn check_size(len: usize, limits: &BatchLimits) -> OpResult<()> {
+    if len > limits.max_message_bytes {
+        return Err(OpError::MessageTooLarge {
+            limit: limits.max_message_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// One JSON object per line: `{"body": "text"}` or `{"body_base64": "..."}`, optional `"key"` and `"partition"`.
+/// Blank lines are ignored.
+fn parse_ndjson(
+    body: &[u8],
+    default: &Target,
+    limits: &BatchLimits,
+) -> OpResult<Vec<ClientRecord>> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Line {
+        body: Option<String>,
+        body_base64: Option<String>,
+        key: Option<String>,
+        partition: Option<u64>,
+    }
+    let mut records = Vec::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        check_count(records.len() + 1, limits)?;
+        let bad = |why: String| OpError::InvalidRecord(format!("record on line {}: {why}", i + 1));
+        let parsed: Line = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
+        let bytes = match (parsed.body, parsed.body_base64) {
+            (Some(text), None) => Bytes::from(text),
+            (None, Some(b64)) => Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.as_bytes())
+                    .map_err(|e| bad(format!("body_base64 is not base64: {e}")))?,
+            ),
+            _ => return Err(bad("needs exactly one of body and body_base64".into())),
+        };
+        check_size(bytes.len(), limits)?;
+        let target = match (parsed.partition, parsed.key) {
+            (Some(p), _) => Target::Partition(p),
+            (None, Some(k)) => Target::Key(k),
+            (None, None) => default.clone(),
+        };
+        records.push(ClientRecord {
+            body: bytes,
+            target,
+        });
+    }
+    if records.is_empty() {
+        return Err(OpError::InvalidRecord("the batch holds no record".into()));
+    }
+    Ok(records)
+}
+
+/// Frames: a 4-byte little-endian length, then that many bytes, repeated to the end of the body.
+fn parse_frames(
+    body: &Bytes,
+    default: &Target,
+    limits: &BatchLimits,
+) -> OpResult<Vec<ClientRecord>> {
+    let mut records = Vec::new();
+    let mut pos = 0usize;
+    while pos < body.len() {
+        check_count(records.len() + 1, limits)?;
+        let Some(len_bytes) = body.get(pos..pos + 4) else {
+            return Err(OpError::InvalidRecord(format!(
+                "frame {} has a truncated length",
+                records.len() + 1
+            )));
+        };
+        let len = u32::from_le_bytes(len_bytes.try_into().expect("4 bytes")) as usize;
+        check_size(len, limits)?;
+        let start = pos + 4;
+        let Some(end) = start.checked_add(len).filter(|&e| e <= body.len()) else {
+            return Err(OpError::InvalidRecord(format!(
+                "frame {} runs past the end of the body",
+                records.len() + 1
+            )));
+        };
+        records.push(ClientRecord {
+            body: body.slice(start..end),
+            target: default.clone(),
+        });
+        pos = end;
+    }
+    if records.is_empty() {
+        return Err(OpError::InvalidRecord("the batch holds no record".into()));
+    }
+    Ok(records)
+}
+
+/// The owner-side request: records for one partition, appended with consecutive offsets in one write and one sync.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Produce {
+    pub topic: String,
+    /// The topic's id: a produce that crossed a delete and re-create is refused.
+    pub topic_id: u64,
+    pub partition: u32,
+    pub records: Vec<Bytes>,
+}
+
+/// The first offset (the records got `first..first + n`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Produced {
+    pub first_offset: u64,
+}
+
+/// Appends on the owning core; resolves once durable under the fsync policy.
+pub async fn apply(engine: &Rc<Engine>, req: Produce) -> OpResult<Produced> {
+    let topic = engine.topic_of(&req.topic, req.topic_id)?;
+    let partition = engine.partition(&topic, req.partition as u64)?;
+    let first_offset = partition.append(req.records).await?;
+    Ok(Produced { first_offset })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_batch_records: 3,
+        max_batch_bytes: 1 << 20,
+        max_message_bytes: 8,
+    };
+
+    fn query(q: &str) -> Query {
+        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+    }
+
+    #[test]
+    fn ndjson_records_take_text_or_base64_and_their_own_targets() {
+        let body = Bytes::from_static(
+            b"{\"body\":\"hi\"}\n\n{\"body_base64\":\"AAEC\",\"key\":\"k\"}\r\n{\"body\":\"\",\"partition\":2}\n",
+        );
+        let p = parse(
+            &query("topic=t&partition=1"),
+            Some(NDJSON_CT),
+            body,
+            &LIMITS,
+        )
+        .unwrap();
+        assert!(p.batch);
+        let got: Vec<_> = p
+            .records
+            .iter()
+            .map(|r| (r.body.to_vec(), r.target.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (b"hi".to_vec(), Target::Partition(1)),
+                (vec![0, 1, 2], Target::Key("k".into())),
+                (vec![], Target::Partition(2)),
+            ]
+        );
+    }
+
+    const NDJSON_CT: &str = "application/x-ndjson";
+
+    #[test]
+    fn a_malformed_or_oversized_record_fails_the_whole_batch() {
+        for bad in [
+            &b"{\"body\":\"ok\"}\nnot json\n"[..],
+            b"{\"body\":\"a\",\"body_base64\":\"YQ==\"}",
+            b"{\"body_base64\":\"!!\"}",
+            b"{\"body\":\"a\",\"extra\":1}",
+            b"\n\n",
+        ] {
+            let e = parse(
+                &query("topic=t"),
+                Some(NDJSON_CT),
+                Bytes::copy_from_slice(bad),
+                &LIMITS,
+            );
+            assert!(
+                matches!(e, Err(OpError::InvalidRecord(_))),
+                "{:?}: {e:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let big = Bytes::from_static(b"{\"body\":\"123456789\"}");
+        assert_eq!(
+            parse(&query("topic=t"), Some(NDJSON_CT), big, &LIMITS).unwrap_err(),
+            OpError::MessageTooLarge { limit: 8 }
+        );
+        let many = Bytes::from_static(
+            b"{\"body\":\"a\"}\n{\"body\":\"a\"}\n{\"body\":\"a\"}\n{\"body\":\"a\"}",
+        );
+        assert!(matches!(
+            parse(&query("topic=t"), Some(NDJSON_CT), many, &LIMITS),
+            Err(OpError::BatchTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn frames_are_binary_safe_and_truncation_is_refused() {
+        let mut body = Vec::new();
+        for payload in [&b"\x00\x01"[..], b"", b"abc"] {
+            body.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            body.extend_from_slice(payload);
+        }
+        let p = parse(
+            &query("topic=t&key=k"),
+            Some("application/vnd.berth.frames"),
+            Bytes::from(body.clone()),
+            &LIMITS,
+        )
+        .unwrap();
+        let bodies: Vec<_> = p.records.iter().map(|r| r.body.to_vec()).collect();
+        assert_eq!(bodies, vec![vec![0, 1], vec![], b"abc".to_vec()]);
+        assert!(p
+            .records
+            .iter()
+            .all(|r| r.target == Target::Key("k".into())));
+        for cut in 1..body.len() {
+            let r = parse(
+                &query("topic=t"),
+                Some("application/vnd.berth.frames"),
+                Bytes::copy_from_slice(&body[..cut]),
+                &LIMITS,
+            );
+            let whole_frames = [0usize, 6, 10, 17].contains(&cut);
+            assert_eq!(r.is_ok(), whole_frames && cut > 0, "cut {cut}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_batch_media_type_the_body_is_one_message() {
+        let p = parse(
+            &query("topic=t"),
+            Some("text/plain"),
+            Bytes::from_static(b"a\nb"),
+            &LIMITS,
+        )
+        .unwrap();
+        assert!(!p.batch);
+        assert_eq!(p.records.len(), 1);
+        assert_eq!(&p.records[0].body[..], b"a\nb");
+    }
+}

@@ -1,0 +1,212 @@
+//! Settle: `POST /ack`, `/nack`, `/extend`. The client's request (one `receipt_handle` in the query, or a
+//! `text/plain` body of handles, one per line); the owner-side request that settles one partition's handles in one
+//! pass over its lease shard (an ack batch advances the frontier once); and the per-handle results.
+
+use super::error::{OpError, OpResult};
+use super::params::{parse_receipt_handle, BatchLimits, Query};
+use crate::engine::topic::{MAX_DELAY_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
+use crate::engine::Engine;
+use crate::partition::{PartitionError, SettleOp};
+use serde::{Deserialize, Serialize};
+use std::rc::Rc;
+
+/// Which settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Ack,
+    Nack,
+    Extend,
+}
+
+/// A receipt handle as sent, and its (partition, offset, nonce), or why it is not one.
+pub type ParsedHandle = (String, Result<(u64, u64, u64), OpError>);
+
+/// A settle as the client sent it.
+#[derive(Debug, Clone)]
+pub struct SettleParams {
+    pub topic: String,
+    pub group: String,
+    pub op: SettleOp,
+    /// Each handle as sent, parsed.
+    pub handles: Vec<ParsedHandle>,
+    /// Sent as a batch (reply `{"results": [...]}`), else a version 1 single settle.
+    pub batch: bool,
+}
+
+/// Parses `POST /{ack,nack,extend}?topic=T[&receipt_handle=H][&visibility=D][&delay=D][&group=G]` and, without
+/// `receipt_handle`, the `text/plain` body of handles.
+pub fn parse(
+    verb: Verb,
+    query: &Query,
+    body: &[u8],
+    limits: &BatchLimits,
+) -> OpResult<SettleParams> {
+    let topic = query.topic()?;
+    let group = query.group()?;
+    let single = query.get("receipt_handle");
+    let handles: Vec<ParsedHandle> = match single {
+        Some(text) => vec![(text.to_string(), handle(text))],
+        None => {
+            let text = std::str::from_utf8(body).map_err(|_| {
+                OpError::InvalidRecord("the body of receipt handles is not UTF-8 text".into())
+            })?;
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            if lines.is_empty() {
+                // No handle at all: version 1's answer for a missing receipt_handle.
+                return Err(OpError::InvalidReceiptHandle(String::new()));
+            }
+            if lines.len() > limits.max_batch_records {
+                return Err(OpError::BatchTooLarge(format!(
+                    "the batch holds more than {} receipt handles (max_batch_records)",
+                    limits.max_batch_records
+                )));
+            }
+            lines
+                .into_iter()
+                .map(|l| (l.to_string(), handle(l)))
+                .collect()
+        }
+    };
+    if let (Some(_), Some((_, Err(e)))) = (single, handles.first()) {
+        return Err(e.clone());
+    }
+    let op = match verb {
+        Verb::Ack => SettleOp::Ack,
+        Verb::Nack => SettleOp::Nack(query.duration("delay", 0, MAX_DELAY_MS)?),
+        Verb::Extend => {
+            SettleOp::Extend(query.duration("visibility", MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?)
+        }
+    };
+    Ok(SettleParams {
+        topic,
+        group,
+        op,
+        handles,
+        batch: single.is_none(),
+    })
+}
+
+fn handle(text: &str) -> Result<(u64, u64, u64), OpError> {
+    parse_receipt_handle(text)
+        .ok_or_else(|| OpError::InvalidReceiptHandle(text.chars().take(100).collect()))
+}
+
+/// The owner-side request: settle these (offset, nonce) leases of one partition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settle {
+    pub topic: String,
+    pub topic_id: u64,
+    pub group: String,
+    pub partition: u32,
+    pub items: Vec<(u64, u64)>,
+    pub op: SettleOp,
+    /// The records are already in the dead-letter topic: ack and count them as dead-lettered.
+    pub dead_lettered: bool,
+}
+
+/// One result per item, in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settled {
+    pub results: Vec<Result<(), PartitionError>>,
+}
+
+/// Settles on the owning core.
+pub async fn apply(engine: &Rc<Engine>, req: Settle) -> OpResult<Settled> {
+    let topic = engine.topic_of(&req.topic, req.topic_id)?;
+    let partition = engine.partition(&topic, req.partition as u64)?;
+    if !topic.config().has_group(&req.group) {
+        // A handle names a group's lease: in a group that does not exist, no lease matches.
+        return Ok(Settled {
+            results: vec![Err(PartitionError::LeaseGone); req.items.len()],
+        });
+    }
+    let results = if req.dead_lettered {
+        let mut results = Vec::with_capacity(req.items.len());
+        for &(offset, nonce) in &req.items {
+            results.push(partition.dead_lettered(&req.group, offset, nonce).await);
+        }
+        results
+    } else {
+        partition.settle(&req.group, &req.items, req.op).await?
+    };
+    if let Some(at) = partition.next_wakeup_ms() {
+        engine.note_deadline(at);
+    }
+    Ok(Settled { results })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_batch_records: 2,
+        max_batch_bytes: 1 << 20,
+        max_message_bytes: 1 << 20,
+    };
+
+    fn query(q: &str) -> Query {
+        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+    }
+
+    #[test]
+    fn a_batch_keeps_bad_lines_as_per_handle_errors_and_a_single_bad_handle_is_400() {
+        let p = parse(Verb::Ack, &query("topic=t"), b"0:1:2\n\nnope\n", &LIMITS).unwrap();
+        assert!(p.batch);
+        assert_eq!(p.handles[0].1, Ok((0, 1, 2)));
+        assert!(matches!(
+            p.handles[1].1,
+            Err(OpError::InvalidReceiptHandle(_))
+        ));
+        assert!(matches!(
+            parse(Verb::Ack, &query("topic=t&receipt_handle=x"), b"", &LIMITS),
+            Err(OpError::InvalidReceiptHandle(_))
+        ));
+        assert!(matches!(
+            parse(
+                Verb::Ack,
+                &query("topic=t"),
+                b"1:1:1\n2:2:2\n3:3:3",
+                &LIMITS
+            ),
+            Err(OpError::BatchTooLarge(_))
+        ));
+        assert!(matches!(
+            parse(Verb::Ack, &query("topic=t"), b"", &LIMITS),
+            Err(OpError::InvalidReceiptHandle(_))
+        ));
+    }
+
+    #[test]
+    fn nack_takes_a_delay_and_extend_a_visibility() {
+        let p = parse(
+            Verb::Nack,
+            &query("topic=t&receipt_handle=0:0:1&delay=5s"),
+            b"",
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(p.op, SettleOp::Nack(Some(5000)));
+        let p = parse(
+            Verb::Extend,
+            &query("topic=t&receipt_handle=0:0:1"),
+            b"",
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(p.op, SettleOp::Extend(None));
+        assert!(matches!(
+            parse(
+                Verb::Nack,
+                &query("topic=t&receipt_handle=0:0:1&delay=13h"),
+                b"",
+                &LIMITS
+            ),
+            Err(OpError::InvalidDuration(_))
+        ));
+    }
+}

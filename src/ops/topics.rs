@@ -1,0 +1,207 @@
+//! Topic administration: `PUT /topics/T` (create), `PATCH /topics/T` (change settings), `DELETE /topics/T`,
+//! `GET /topics/T` (describe) and `GET /topics`. Settings are parsed here; core 0 applies creations, changes and
+//! deletions (`engine::admin`), every core describes its own partitions.
+
+use super::error::{OpError, OpResult};
+use super::params::Query;
+use crate::engine::topic::{
+    self, BackoffKind, TopicConfig, MAX_CAP, MAX_DELAY_MS, MAX_DELIVERIES_LIMIT, MAX_GROUPS_LIMIT,
+    MAX_PARTITIONS, MAX_RETENTION_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS,
+};
+use crate::engine::{Engine, EngineError};
+use crate::partition::PartitionInfo;
+use std::rc::Rc;
+
+/// Settings a request sets (None: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub partitions: Option<u32>,
+    pub visibility_ms: Option<u64>,
+    pub max_in_flight: Option<usize>,
+    pub max_acked_ahead: Option<usize>,
+    pub retention_ms: Option<u64>,
+    pub redelivery_delay_ms: Option<u64>,
+    pub redelivery_backoff: Option<BackoffKind>,
+    pub redelivery_delay_max_ms: Option<u64>,
+    pub max_deliveries: Option<u32>,
+    /// Some(None): cleared (`dead_letter=` empty).
+    pub dead_letter: Option<Option<String>>,
+    pub max_groups: Option<usize>,
+}
+
+/// Parses the settings in a `PUT` or `PATCH` query.
+pub fn parse_settings(query: &Query) -> OpResult<Settings> {
+    let backoff = match query.get("redelivery_backoff") {
+        None => None,
+        Some("fixed") => Some(BackoffKind::Fixed),
+        Some("exponential") => Some(BackoffKind::Exponential),
+        Some(other) => {
+            return Err(OpError::InvalidParameter(format!(
+                "redelivery_backoff must be fixed or exponential, not '{other}'"
+            )))
+        }
+    };
+    let dead_letter = match query.get("dead_letter") {
+        None => None,
+        Some("") => Some(None),
+        Some(name) => {
+            topic::validate_name(name)?;
+            Some(Some(name.to_string()))
+        }
+    };
+    Ok(Settings {
+        partitions: query
+            .number("partitions", 1, MAX_PARTITIONS as u64)?
+            .map(|v| v as u32),
+        visibility_ms: query.duration("visibility", MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?,
+        max_in_flight: query
+            .number("max_in_flight", 1, MAX_CAP as u64)?
+            .map(|v| v as usize),
+        max_acked_ahead: query
+            .number("max_acked_ahead", 1, MAX_CAP as u64)?
+            .map(|v| v as usize),
+        retention_ms: query.duration("retention", 1000, MAX_RETENTION_MS)?,
+        redelivery_delay_ms: query.duration("redelivery_delay", 0, MAX_DELAY_MS)?,
+        redelivery_backoff: backoff,
+        redelivery_delay_max_ms: query.duration("redelivery_delay_max", 0, MAX_DELAY_MS)?,
+        max_deliveries: query
+            .number("max_deliveries", 0, MAX_DELIVERIES_LIMIT)?
+            .map(|v| v as u32),
+        dead_letter,
+        max_groups: query
+            .number("max_groups", 1, MAX_GROUPS_LIMIT as u64)?
+            .map(|v| v as usize),
+    })
+}
+
+impl Settings {
+    /// Writes the given settings into `config` (everything but `partitions`).
+    pub fn apply_to(&self, config: &mut TopicConfig) {
+        if let Some(v) = self.visibility_ms {
+            config.visibility_ms = v;
+        }
+        if let Some(v) = self.max_in_flight {
+            config.max_in_flight = v;
+        }
+        if let Some(v) = self.max_acked_ahead {
+            config.max_acked_ahead = v;
+        }
+        if let Some(v) = self.retention_ms {
+            config.retention_ms = v;
+        }
+        if let Some(v) = self.redelivery_delay_ms {
+            config.redelivery_delay_ms = v;
+        }
+        if let Some(v) = self.redelivery_backoff {
+            config.redelivery_backoff = v;
+        }
+        if let Some(v) = self.redelivery_delay_max_ms {
+            config.redelivery_delay_max_ms = v;
+        }
+        if let Some(v) = self.max_deliveries {
+            config.max_deliveries = v;
+        }
+        if let Some(v) = &self.dead_letter {
+            config.dead_letter = v.clone();
+        }
+        if let Some(v) = self.max_groups {
+            config.max_groups = v;
+        }
+    }
+
+    /// The settings of a new topic named `name`: api.md's defaults, then these.
+    pub fn new_topic(&self, name: &str) -> TopicConfig {
+        let mut config = TopicConfig::with_defaults(name);
+        if let Some(p) = self.partitions {
+            config.partitions = p;
+        }
+        self.apply_to(&mut config);
+        config
+    }
+}
+
+/// Creates a topic (core 0): (created, its settings).
+pub async fn create(engine: &Rc<Engine>, config: TopicConfig) -> OpResult<(bool, TopicConfig)> {
+    Ok(engine.create_topic(config).await?)
+}
+
+/// Changes a topic's settings (core 0): the new settings. `partitions` cannot change.
+pub async fn change(engine: &Rc<Engine>, name: &str, settings: Settings) -> OpResult<TopicConfig> {
+    if settings.partitions.is_some() {
+        return Err(OpError::InvalidParameter(
+            "partitions cannot be changed; create a new topic".into(),
+        ));
+    }
+    Ok(engine
+        .change_topic(name, |config| {
+            settings.apply_to(config);
+            if config.groups.len() + 1 > config.max_groups {
+                return Err(EngineError::InvalidSetting(format!(
+                    "max_groups {} is below the {} groups the topic holds",
+                    config.max_groups,
+                    config.groups.len() + 1
+                )));
+            }
+            Ok(())
+        })
+        .await?)
+}
+
+/// Deletes a topic (core 0).
+pub async fn delete(engine: &Rc<Engine>, name: &str) -> OpResult<()> {
+    Ok(engine.delete_topic(name).await?)
+}
+
+/// This core's partitions of a topic.
+pub async fn describe(engine: &Rc<Engine>, name: &str) -> OpResult<Vec<PartitionInfo>> {
+    let topic = engine.topic(name)?;
+    let mut out = Vec::new();
+    for p in topic.owned_partitions() {
+        out.push(p.info().await);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(q: &str) -> Query {
+        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+    }
+
+    #[test]
+    fn every_setting_parses_and_bad_values_are_400() {
+        let s = parse_settings(&query(
+            "partitions=4&visibility=10s&redelivery_delay=1s&redelivery_backoff=exponential&redelivery_delay_max=1m&max_deliveries=5&dead_letter=t.dlq&max_groups=3",
+        ))
+        .unwrap();
+        let c = s.new_topic("t");
+        assert_eq!(
+            (c.partitions, c.visibility_ms, c.max_groups),
+            (4, 10_000, 3)
+        );
+        assert_eq!(c.redelivery_backoff, BackoffKind::Exponential);
+        assert_eq!(
+            (c.redelivery_delay_ms, c.redelivery_delay_max_ms),
+            (1000, 60_000)
+        );
+        assert_eq!(
+            (c.max_deliveries, c.dead_letter.as_deref()),
+            (5, Some("t.dlq"))
+        );
+        for bad in [
+            "redelivery_backoff=linear",
+            "redelivery_delay=13h",
+            "dead_letter=a/b",
+            "max_groups=0",
+            "max_deliveries=-1",
+        ] {
+            assert!(parse_settings(&query(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_settings(&query("dead_letter=")).unwrap().dead_letter,
+            Some(None)
+        );
+    }
+}
