@@ -171,24 +171,25 @@ impl Engine {
     /// returned (name, reason) for quarantine, which every core then applies alike (`quarantine`).
     pub async fn load_topics(self: &Rc<Self>) -> Result<Vec<(String, String)>, String> {
         let dir = self.topics_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
+        let mut names = match self.storage.list_dirs(&dir) {
+            Ok(names) => names,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(format!("{}: {e}", dir.display())),
         };
-        let mut names: Vec<String> = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| e.to_string())?;
-            names.push(entry.file_name().to_string_lossy().to_string());
-        }
         names.sort();
         let mut failed = Vec::new();
         for name in names {
             let meta = dir.join(&name).join("topic.json");
-            if !meta.exists() {
-                continue;
-            }
-            let config = match TopicConfig::load(&meta) {
+            let config = match TopicConfig::load(&*self.storage, &meta) {
+                Err(_)
+                    if !self
+                        .storage
+                        .list(&dir.join(&name))
+                        .is_ok_and(|f| f.iter().any(|f| f == "topic.json")) =>
+                {
+                    // No metadata (a directory that is not a topic): ignored.
+                    continue;
+                }
                 Ok(config) if config.name == name => config,
                 // A deleted topic's data left in place by an older release: core 0 trashes it after the load.
                 Ok(_) if is_leftover(&name) => continue,
@@ -242,32 +243,30 @@ impl Engine {
             self.clock.wall_ms(),
             TRASH_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
-        std::fs::rename(dir, &target)?;
-        remove_in_background(target);
+        self.storage.rename(dir, &target)?;
+        self.storage.remove_tree(&target);
         Ok(())
     }
 
     /// Empties the trash left by an earlier run, and trashes deleted topics an older release left under topics/
     /// (core 0, at boot, once every core has loaded).
     pub fn empty_trash(&self) {
-        if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().to_string();
-                let leftover = is_leftover(&name)
-                    && TopicConfig::load(&entry.path().join("topic.json"))
-                        .is_ok_and(|c| c.name != name);
-                if leftover {
-                    info!(dir = %entry.path().display(), "moving a deleted topic's leftover data to the trash");
-                    if let Err(e) = self.trash(&entry.path()) {
-                        warn!(dir = %entry.path().display(), error = %e, "cannot trash a deleted topic's leftover data");
-                    }
+        let topics = self.topics_dir();
+        for name in self.storage.list_dirs(&topics).unwrap_or_default() {
+            let path = topics.join(&name);
+            let leftover = is_leftover(&name)
+                && TopicConfig::load(&*self.storage, &path.join("topic.json"))
+                    .is_ok_and(|c| c.name != name);
+            if leftover {
+                info!(dir = %path.display(), "moving a deleted topic's leftover data to the trash");
+                if let Err(e) = self.trash(&path) {
+                    warn!(dir = %path.display(), error = %e, "cannot trash a deleted topic's leftover data");
                 }
             }
         }
-        if let Ok(entries) = std::fs::read_dir(self.config.data_dir.join("trash")) {
-            for entry in entries.flatten() {
-                remove_in_background(entry.path());
-            }
+        let trash = self.config.data_dir.join("trash");
+        for name in self.storage.list_dirs(&trash).unwrap_or_default() {
+            self.storage.remove_tree(&trash.join(name));
         }
     }
 
@@ -285,7 +284,8 @@ impl Engine {
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
         let json = serde_json::to_vec_pretty(config).expect("topic config serialises");
-        crate::storage::atomic_file::replace(&dir.join("topic.json"), json)
+        self.storage
+            .replace(&dir.join("topic.json"), json)
             .await
             .map_err(storage)
     }
@@ -340,10 +340,11 @@ impl Engine {
         config.id = new_topic_id();
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
-        std::fs::create_dir_all(&dir).map_err(storage)?;
+        self.storage.create_dir_all(&dir).map_err(storage)?;
         let written = async {
             self.write_meta(&config).await?;
-            crate::storage::atomic_file::sync_dir(&self.topics_dir())
+            self.storage
+                .sync_dir(&self.topics_dir())
                 .await
                 .map_err(storage)
         }
@@ -364,7 +365,7 @@ impl Engine {
             if let Err(trash) = self.trash(&dir) {
                 error!(topic = %config.name, error = %trash, "cannot remove a failed topic's directory");
             }
-            let _ = crate::storage::atomic_file::sync_dir(&self.topics_dir()).await;
+            let _ = self.storage.sync_dir(&self.topics_dir()).await;
             return Err(match e {
                 EngineError::Storage(text)
                     if text.contains("os error 24") || text.contains("os error 23") =>
@@ -444,24 +445,11 @@ impl Engine {
         // Into the trash, outside the topics namespace (the data goes in the background: removing many segment
         // files must not stall this core).
         self.trash(&dir).map_err(storage)?;
-        crate::storage::atomic_file::sync_dir(&self.topics_dir())
+        self.storage
+            .sync_dir(&self.topics_dir())
             .await
             .map_err(storage)?;
         info!(topic = %name, "topic deleted");
         Ok(())
-    }
-}
-
-/// Removes a renamed-away topic directory on a plain thread (it is no longer reachable by any core).
-fn remove_in_background(dir: PathBuf) {
-    let spawned = std::thread::Builder::new()
-        .name("berth-remove".into())
-        .spawn(move || {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                warn!(dir = %dir.display(), error = %e, "cannot remove a deleted topic's data");
-            }
-        });
-    if let Err(e) = spawned {
-        warn!(error = %e, "cannot start the removal thread; deleted data stays until the next start");
     }
 }

@@ -5,6 +5,7 @@
 use super::placement::Location;
 use crate::partition::inflight::{Backoff, Limits, Redelivery};
 use crate::partition::Partition;
+use crate::storage::backend::Storage;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -125,8 +126,10 @@ impl TopicConfig {
     }
 
     /// Reads a stored topic.json (any format version).
-    pub fn load(path: &Path) -> Result<TopicConfig, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(storage: &dyn Storage, path: &Path) -> Result<TopicConfig, String> {
+        let text = storage
+            .read(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut config: TopicConfig =
             serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         validate_name(&config.name).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -360,7 +363,10 @@ mod tests {
  "max_in_flight": 1000, "max_acked_ahead": 10000, "retention_ms": 604800000}"#,
         )
         .unwrap();
-        let c = TopicConfig::load(&path).unwrap();
+        let disk = crate::storage::backend::Disk {
+            sync_via: crate::storage::backend::SyncVia::Inline,
+        };
+        let c = TopicConfig::load(&disk, &path).unwrap();
         assert_eq!(c.format, 1);
         assert_eq!((c.partitions, c.max_in_flight), (4, 1000));
         assert_eq!(c.redelivery_backoff, BackoffKind::Fixed);
@@ -368,7 +374,7 @@ mod tests {
         assert_eq!((c.max_deliveries, c.max_groups), (0, 32));
         assert!(c.groups.is_empty() && c.dead_letter.is_none());
         assert_ne!(c.id, 0, "a version 1 topic gets a stable id");
-        assert_eq!(c.id, TopicConfig::load(&path).unwrap().id);
+        assert_eq!(c.id, TopicConfig::load(&disk, &path).unwrap().id);
         assert_ne!(c.id, new_topic_id());
     }
 }

@@ -44,6 +44,13 @@ pub trait Storage {
     fn remove<'a>(&'a self, path: &'a Path) -> IoFuture<'a, ()>;
     /// Replaces a small file atomically and durably (temp + sync + rename + directory sync).
     fn replace<'a>(&'a self, path: &'a Path, bytes: Vec<u8>) -> IoFuture<'a, ()>;
+    /// Names of the subdirectories of `dir` (NotFound when `dir` is missing).
+    fn list_dirs(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Renames a file or directory (same file system); durable once the directories are synced.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a directory and everything under it, in the background where that matters (it is no longer
+    /// reachable by any core).
+    fn remove_tree(&self, dir: &Path);
 }
 
 /// How the real disk makes data durable.
@@ -197,5 +204,35 @@ impl Storage for Disk {
 
     fn replace<'a>(&'a self, path: &'a Path, bytes: Vec<u8>) -> IoFuture<'a, ()> {
         Box::pin(super::atomic_file::replace(path, bytes))
+    }
+
+    fn list_dirs(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    /// On a plain thread: removing many segment files must not stall a core.
+    fn remove_tree(&self, dir: &Path) {
+        let dir = dir.to_path_buf();
+        let spawned = std::thread::Builder::new()
+            .name("berth-remove".into())
+            .spawn(move || {
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove deleted data");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the removal thread; deleted data stays until the next start");
+        }
     }
 }

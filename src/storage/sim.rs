@@ -202,7 +202,13 @@ pub struct SimStorage(pub Rc<Sim>);
 
 impl Storage for SimStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.0.state.borrow_mut().dirs.insert(dir.to_path_buf());
+        let mut st = self.0.state.borrow_mut();
+        for d in dir.ancestors() {
+            if d.as_os_str().is_empty() {
+                break;
+            }
+            st.dirs.insert(d.to_path_buf());
+        }
         Ok(())
     }
 
@@ -264,6 +270,50 @@ impl Storage for SimStorage {
             self.0.state.borrow_mut().files.remove(path);
             Ok(())
         })
+    }
+
+    fn list_dirs(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let st = self.0.state.borrow();
+        if !st.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        let mut names: Vec<String> = st
+            .dirs
+            .iter()
+            .filter(|d| d.parent() == Some(dir))
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Moves a file or a directory tree (durable at once: the simulator does not cut power mid-rename).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = self.0.state.borrow_mut();
+        let found = st.dirs.contains(from) || st.files.keys().any(|p| p.starts_with(from));
+        let moved =
+            |p: &Path| -> Option<PathBuf> { p.strip_prefix(from).ok().map(|rest| to.join(rest)) };
+        let files: Vec<(PathBuf, SimFile)> = std::mem::take(&mut st.files)
+            .into_iter()
+            .map(|(p, f)| (moved(&p).unwrap_or(p), f))
+            .collect();
+        st.files = files.into_iter().collect();
+        let dirs: BTreeSet<PathBuf> = std::mem::take(&mut st.dirs)
+            .into_iter()
+            .map(|d| moved(&d).unwrap_or(d))
+            .collect();
+        st.dirs = dirs;
+        if found {
+            Ok(())
+        } else {
+            Err(not_found(from))
+        }
+    }
+
+    fn remove_tree(&self, dir: &Path) {
+        let mut st = self.0.state.borrow_mut();
+        st.files.retain(|p, _| !p.starts_with(dir));
+        st.dirs.retain(|d| !d.starts_with(dir));
     }
 
     /// Atomic and durable in one step, unless a sync fault is armed (then nothing changes).
