@@ -19,5 +19,7 @@ pub mod http;
 pub mod ops;
 pub mod partition;
 pub mod server;
+#[cfg(test)]
+mod sim;
 pub mod storage;
 pub mod transport;

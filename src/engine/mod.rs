@@ -119,6 +119,8 @@ pub struct Engine {
     timer_deadline: Cell<u64>,
     /// Set at shutdown: new long-polls return at once, connections close after their current response.
     stopping: Cell<bool>,
+    /// Parked consumers that could not register with some owner (a full channel) and poll instead.
+    polling: Cell<usize>,
     /// Notified when `stopping` is set (idle connections and parked consumers listen).
     stop_event: Event,
     shared: std::sync::Arc<Shared>,
@@ -152,6 +154,7 @@ impl Engine {
             timer_rearm: Event::new(),
             timer_deadline: Cell::new(u64::MAX),
             stopping: Cell::new(false),
+            polling: Cell::new(0),
             stop_event: Event::new(),
             shared,
         })
@@ -264,12 +267,21 @@ impl Engine {
     // ---- long-poll wiring ----
 
     /// The queue of consumers parked on this core for (topic, group).
-    pub fn wait_queue(&self, topic: &str, group: &str) -> Rc<WaitQueue> {
-        self.waiters
-            .borrow_mut()
-            .entry((topic.to_string(), group.to_string()))
-            .or_default()
-            .clone()
+    pub fn wait_queue(self: &Rc<Self>, topic: &str, group: &str) -> Rc<WaitQueue> {
+        let key = (topic.to_string(), group.to_string());
+        if let Some(q) = self.waiters.borrow().get(&key) {
+            return q.clone();
+        }
+        let q = WaitQueue::new();
+        let engine = Rc::downgrade(self);
+        let (t, g) = key.clone();
+        q.set_spill(Box::new(move |n| {
+            if let Some(engine) = engine.upgrade() {
+                engine.deliverable(&t, Some(&g), n);
+            }
+        }));
+        self.waiters.borrow_mut().insert(key, q.clone());
+        q
     }
 
     /// A consume on this core is done with (topic, group): when no consumer is parked any more, the owners that
@@ -448,6 +460,17 @@ impl Engine {
             .get(&(topic.to_string(), group.to_string()))
             .map(|s| s.iter().copied().collect())
             .unwrap_or_default()
+    }
+
+    /// Parked consumers polling because some owner could not be told to wake them.
+    pub fn polling(&self) -> usize {
+        self.polling.get()
+    }
+
+    /// A parked consumer starts (+1) or stops (-1) polling.
+    pub fn note_polling(&self, start: bool) {
+        let n = self.polling.get();
+        self.polling.set(if start { n + 1 } else { n - 1 });
     }
 
     /// Wake-ups waiting to be sent again.

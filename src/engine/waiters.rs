@@ -23,7 +23,13 @@ struct Slot {
     units: Cell<u32>,
     /// Set while the consumer sleeps in `Waiter::wait`.
     waker: RefCell<Option<Waker>>,
+    /// The consumer is in `Waiter::wait` (not looking at partitions).
+    waiting: Cell<bool>,
 }
+
+/// Where units go that no consumer of this queue can take: the engine signals them again as newly deliverable
+/// messages, so another core's parked consumers hear of them.
+pub type Spill = Box<dyn Fn(usize)>;
 
 /// The consumers parked on one (topic, group) on this core.
 #[derive(Default)]
@@ -32,11 +38,18 @@ pub struct WaitQueue {
     slots: RefCell<VecDeque<Rc<Slot>>>,
     /// Wake units handed to consumers, ever (for tests and metrics).
     woken_total: Cell<u64>,
+    /// Units a leaving consumer could not hand to another one here.
+    spill: RefCell<Option<Spill>>,
 }
 
 impl WaitQueue {
     pub fn new() -> Rc<WaitQueue> {
         Rc::new(WaitQueue::default())
+    }
+
+    /// Sets where units no consumer here can take go (set once, by the engine that owns the queue).
+    pub fn set_spill(&self, spill: Spill) {
+        *self.spill.borrow_mut() = Some(spill);
     }
 
     /// Registers a consumer: from now on it can receive wake units. Register before looking.
@@ -81,12 +94,12 @@ impl WaitQueue {
         self.slots.borrow().is_empty()
     }
 
-    /// Registered consumers that hold no wake unit: these sleep until woken (or their wait runs out).
+    /// Registered consumers asleep in `wait` with no wake unit: these sleep until woken (or their wait runs out).
     pub fn sleeping(&self) -> usize {
         self.slots
             .borrow()
             .iter()
-            .filter(|s| s.units.get() == 0)
+            .filter(|s| s.units.get() == 0 && s.waiting.get())
             .count()
     }
 
@@ -116,6 +129,8 @@ impl Waiter {
         if self.slot.units.get() > 0 {
             return true;
         }
+        self.slot.waiting.set(true);
+        let _awake = Awake(&self.slot);
         futures_lite::future::or(
             async {
                 Woken { slot: &self.slot }.await;
@@ -144,8 +159,24 @@ impl Drop for Waiter {
             .retain(|s| !Rc::ptr_eq(s, &self.slot));
         let units = self.slot.units.replace(0) as usize;
         if units > 0 {
-            self.queue.wake(units);
+            // The message a unit stood for may still be there: another consumer here looks, and what nobody here
+            // can take is signalled again (a consumer parked on another core may be the only one left for it).
+            let passed = self.queue.wake(units);
+            if passed < units {
+                if let Some(spill) = &*self.queue.spill.borrow() {
+                    spill(units - passed);
+                }
+            }
         }
+    }
+}
+
+/// Clears the slot's `waiting` when the wait ends, however it ends.
+struct Awake<'a>(&'a Rc<Slot>);
+
+impl Drop for Awake<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.set(false);
     }
 }
 
@@ -178,10 +209,9 @@ mod tests {
         assert_eq!(q.wake(1), 1);
         assert_eq!(q.wake(1), 1);
         assert!(a.take_unit() && b.take_unit() && !c.take_unit());
-        assert_eq!(q.sleeping(), 3);
-        // More units than sleepers: the surplus has nobody to go to.
+        // More units than consumers: the surplus has nobody to go to.
         assert_eq!(q.wake(5), 3);
-        assert_eq!(q.sleeping(), 0);
+        assert_eq!(q.wake(1), 0);
     }
 
     #[test]
@@ -194,6 +224,22 @@ mod tests {
         drop(b);
         assert!(q.is_empty());
         assert_eq!(q.wake(1), 0);
+    }
+
+    #[test]
+    fn a_unit_nobody_here_can_take_is_spilled_for_other_cores() {
+        let q = WaitQueue::new();
+        let spilled = Rc::new(Cell::new(0));
+        let s = spilled.clone();
+        q.set_spill(Box::new(move |n| s.set(s.get() + n)));
+        let a = q.register();
+        assert_eq!(q.wake(1), 1);
+        drop(a);
+        assert_eq!(
+            spilled.get(),
+            1,
+            "no other consumer here: the unit goes back to the engine"
+        );
     }
 
     #[test]

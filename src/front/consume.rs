@@ -21,6 +21,9 @@ use tracing::warn;
 /// it looks again then instead of trusting a wake-up that may never come. 10 ms.
 pub const UNREGISTERED_POLL_MS: u64 = 10;
 
+/// How many times the settle of a dead-lettered message is retried when its owner's channel is full (1 ms apart).
+pub const DEAD_LETTER_SETTLE_RETRIES: u32 = 100;
+
 /// Deregisters a consumer's waiter, then lets the engine tell owners when no consumer is parked any more.
 struct Parked {
     engine: Rc<Engine>,
@@ -36,6 +39,22 @@ impl Drop for Parked {
     }
 }
 
+/// Counts a parked consumer that polls (some owner could not be told to wake it) while it sleeps.
+struct Polling<'a>(&'a Engine);
+
+impl<'a> Polling<'a> {
+    fn start(engine: &'a Engine) -> Polling<'a> {
+        engine.note_polling(true);
+        Polling(engine)
+    }
+}
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.note_polling(false);
+    }
+}
+
 /// What one round of looking found.
 #[derive(Default)]
 struct Round {
@@ -45,6 +64,8 @@ struct Round {
     unavailable: bool,
     /// Some owner could not be told to wake this core.
     unregistered: bool,
+    /// Messages diverted to the dead-letter topic: they took places in `max`, so look again before parking.
+    diverted: usize,
 }
 
 impl Front {
@@ -78,6 +99,9 @@ impl Front {
             if !round.deliveries.is_empty() {
                 return Ok(round.deliveries);
             }
+            if round.diverted > 0 {
+                continue;
+            }
             if round.unavailable {
                 // A partition with something to deliver could not be served: say so (503, retry) rather than park.
                 return Err(OpError::Engine(EngineError::Partition(
@@ -99,7 +123,9 @@ impl Front {
             } else {
                 deadline
             };
+            let polling = round.unregistered.then(|| Polling::start(&engine));
             let woken = w.wait(clock.sleep_until(wake_by)).await;
+            drop(polling);
             if topic.is_deleted() {
                 return Err(EngineError::TopicNotFound(params.topic).into());
             }
@@ -159,11 +185,11 @@ impl Front {
                 max: params.max - round.deliveries.len(),
                 visibility_ms: params.visibility_ms,
             });
-            match self
+            let reply = self
                 .router()
                 .call(self.router().core(core as usize), probe)
-                .await
-            {
+                .await;
+            match reply {
                 Ok(Reply::Probed(probed)) => {
                     let Probed {
                         deliveries,
@@ -174,9 +200,11 @@ impl Front {
                     any_partition |= !none_owned;
                     round.at_cap &= at_cap || none_owned;
                     round.unavailable |= unavailable;
+                    let leased = deliveries.len();
                     let kept = self
                         .divert_dead_letters(topic, &config, &params.group, deliveries)
                         .await;
+                    round.diverted += leased - kept.len();
                     round.deliveries.extend(kept);
                 }
                 Ok(other) => unreachable!("a probe answered {other:?}"),
@@ -184,6 +212,8 @@ impl Front {
                     round.at_cap = false;
                     round.unregistered = true;
                 }
+                // Leases already gathered must reach the consumer: the error is reported only when there are none.
+                Err(_) if !round.deliveries.is_empty() => break,
                 Err(e) => return Err(e),
             }
         }
@@ -228,20 +258,7 @@ impl Front {
                 .await;
             match appended {
                 Ok(results) if results.iter().all(|r| r.is_ok()) => {
-                    let settle = Request::Settle(Settle {
-                        topic: config.name.clone(),
-                        topic_id: config.id,
-                        group: group.to_string(),
-                        partition: d.partition,
-                        items: vec![(d.offset, d.nonce)],
-                        op: SettleOp::Ack,
-                        dead_lettered: true,
-                    });
-                    if let Err(e) = self
-                        .router()
-                        .call(topic.location(d.partition), settle)
-                        .await
-                    {
+                    if let Err(e) = self.settle_dead_letter(topic, config, group, &d).await {
                         warn!(topic = %config.name, partition = d.partition, offset = d.offset, error = %e, "a dead-lettered message could not be settled in its topic: it may be delivered again (at-least-once)");
                     }
                 }
@@ -255,6 +272,52 @@ impl Front {
             }
         }
         kept
+    }
+
+    /// Settles a message its dead-letter topic now holds, at its owner. The record is already copied, so a full
+    /// channel is retried (briefly) rather than leaving the lease to run out and the copy to be made again.
+    async fn settle_dead_letter(
+        &self,
+        topic: &Rc<Topic>,
+        config: &TopicConfig,
+        group: &str,
+        d: &Delivery,
+    ) -> OpResult<()> {
+        let clock = self.engine().clock().clone();
+        let mut attempts = 0;
+        loop {
+            let settle = Request::Settle(Settle {
+                topic: config.name.clone(),
+                topic_id: config.id,
+                group: group.to_string(),
+                partition: d.partition,
+                items: vec![(d.offset, d.nonce)],
+                op: SettleOp::Ack,
+                dead_lettered: true,
+            });
+            match self
+                .router()
+                .call(topic.location(d.partition), settle)
+                .await
+            {
+                Err(OpError::Engine(EngineError::Overloaded))
+                    if attempts < DEAD_LETTER_SETTLE_RETRIES =>
+                {
+                    attempts += 1;
+                    clock.sleep_until(clock.now_ms() + 1).await;
+                }
+                Err(e) => return Err(e),
+                Ok(Reply::Settled(settled)) => {
+                    return settled
+                        .results
+                        .into_iter()
+                        .next()
+                        .unwrap_or(Ok(()))
+                        .map_err(OpError::from)
+                }
+                Ok(other) => unreachable!("a settle answered {other:?}"),
+            }
+        }
     }
 
     /// Replay: a read at the partition's owner (None: not written within `wait`).

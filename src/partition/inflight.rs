@@ -460,6 +460,24 @@ impl InFlight {
         Ok(self.committed)
     }
 
+    /// Settles a lease whose record was appended to a dead-letter topic: like
+    /// [`InFlight::ack`], but never refused for a full acked-ahead set. The record is
+    /// already elsewhere; keeping its lease would only make it come back and be copied
+    /// again, and a poison message above the frontier must not wedge the partition. The
+    /// set may exceed its cap by at most the number of leases live at the time.
+    pub fn ack_dead_letter(
+        &mut self,
+        offset: u64,
+        nonce: u64,
+        now_ms: u64,
+    ) -> Result<u64, SettleError> {
+        let cap = self.limits.max_acked_ahead;
+        self.limits.max_acked_ahead = usize::MAX;
+        let result = self.ack(offset, nonce, now_ms);
+        self.limits.max_acked_ahead = cap;
+        result
+    }
+
     /// Purges once, then settles each `(offset, nonce)` in order with exactly the answer
     /// the sequence of single [`InFlight::ack`] calls would give (`Gone`, or
     /// `AckedAheadFull` when that ack, after the previous ones, would need an acked-ahead
@@ -959,6 +977,22 @@ mod tests {
             Reserve::Leased(l) => l,
             other => panic!("expected a lease, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_dead_lettered_lease_is_settled_even_when_the_acked_ahead_set_is_full() {
+        let mut s = InFlight::new(0, 0, limits(8, 1));
+        let ls: Vec<Lease> = (0..3).map(|_| leased(s.reserve(3, 0, 100))).collect();
+        assert_eq!(s.ack(ls[1].offset, ls[1].nonce, 0), Ok(0));
+        assert_eq!(
+            s.ack(ls[2].offset, ls[2].nonce, 0),
+            Err(SettleError::AckedAheadFull)
+        );
+        assert_eq!(s.ack_dead_letter(ls[2].offset, ls[2].nonce, 0), Ok(0));
+        assert_eq!(s.acked_ahead(), 2);
+        assert_eq!(s.ack(ls[0].offset, ls[0].nonce, 0), Ok(3));
+        assert_eq!(s.limits().max_acked_ahead, 1, "the cap is unchanged");
+        s.check_invariants();
     }
 
     #[test]

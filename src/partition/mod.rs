@@ -37,6 +37,8 @@ pub struct Delivery {
     pub nonce: u64,
     /// 1 at the first delivery (memory only: restarts at 1 after a crash).
     pub delivery_count: u32,
+    /// When the lease ends, on the owner's monotonic clock (not sent to clients; the simulation checks by it).
+    pub expires_at_ms: u64,
     pub payload: Bytes,
 }
 
@@ -488,6 +490,7 @@ impl Partition {
                             offset: lease.offset,
                             nonce: lease.nonce,
                             delivery_count: lease.delivery_count,
+                            expires_at_ms: lease.expires_at_ms,
                             payload,
                         });
                     }
@@ -641,23 +644,26 @@ impl Partition {
         s.in_flight() + s.delayed() >= self.limits.get().max_in_flight
     }
 
-    /// Settles a dead-lettered lease (the record is already in the dead-letter topic) and counts it.
+    /// Settles a dead-lettered lease (its record is already in the dead-letter topic) and counts it; never refused
+    /// for a full acked-ahead set (a poison message above the frontier must not wedge the partition).
     pub async fn dead_lettered(
         &self,
         group: &str,
         offset: u64,
         nonce: u64,
     ) -> Result<(), PartitionError> {
-        let results = self
-            .settle(group, &[(offset, nonce)], SettleOp::Ack)
-            .await?;
+        self.ensure_loaded().await?;
         let g = self.group(group)?;
-        let result = results.into_iter().next().unwrap_or(Ok(()));
-        if result.is_ok() {
-            bump(&g.counters.dead_lettered, 1);
-            bump(&g.counters.acked, 0);
+        let now = self.clock.now_ms();
+        let released = g.with(|s| s.purge_expired(now));
+        self.note_released(&g, released);
+        let at_cap_before = g.with(|s| self.at_cap(s));
+        g.with(|s| s.ack_dead_letter(offset, nonce, now))?;
+        bump(&g.counters.dead_lettered, 1);
+        if at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group) {
+            (self.wake)(Some(group), 1);
         }
-        result
+        Ok(())
     }
 
     /// Releases expired leases and due delays of every group (the background timer); returns how many offsets
@@ -867,6 +873,20 @@ impl Partition {
             s.has_deliverable(end) && s.in_flight() + s.delayed() < self.limits.get().max_in_flight
         })
         .unwrap_or(end > self.log.start_offset())
+    }
+
+    /// The lease shard of `group`, for a test's failure report.
+    #[cfg(test)]
+    pub fn debug_shard(&self, group: &str) -> String {
+        self.group(group)
+            .ok()
+            .and_then(|g| g.with_loaded(|s| format!("{s:?}")))
+            .unwrap_or_default()
+    }
+
+    /// The committed frontier of `group`, if its shard is loaded.
+    pub fn committed(&self, group: &str) -> Option<u64> {
+        self.group(group).ok()?.with_loaded(|s| s.committed())
     }
 
     /// Group names on this partition.

@@ -81,6 +81,38 @@ impl Sim {
         }
     }
 
+    /// The disk a process crash (kill -9) leaves: the page cache survives, so everything written is there, and
+    /// every file, synced or not.
+    pub fn process_crash(&self) -> Rc<Sim> {
+        let st = self.state.borrow();
+        let files = st
+            .files
+            .iter()
+            .map(|(path, f)| {
+                (
+                    path.clone(),
+                    SimFile {
+                        data: f.data.clone(),
+                        durable: f.data.clone(),
+                        entry_durable: true,
+                    },
+                )
+            })
+            .collect();
+        Rc::new(Sim {
+            state: RefCell::new(State {
+                files,
+                dirs: st.dirs.clone(),
+                ..State::default()
+            }),
+        })
+    }
+
+    /// Every file's path.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.state.borrow().files.keys().cloned().collect()
+    }
+
     /// The disk a power cut would leave now. For each file, `keep(path, unsynced_bytes)` chooses how many of the
     /// appended-but-unsynced bytes happened to reach the medium (0 = none, a torn prefix, or all). A file whose
     /// entry was never made durable survives only if `keep` keeps some of it.

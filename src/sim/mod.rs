@@ -1,0 +1,1274 @@
+//! A seeded, deterministic simulation of berth's owner-core layers: one to three engines (cores) with their fronts,
+//! wired by a simulated mesh (`net`), on the simulated disk (`storage::sim`) and a manual clock, all on one executor.
+//! A seeded random workload produces, consumes (parking with long-polls), acks, nacks with and without delays,
+//! extends, lets leases expire, dead-letters, changes delivery policies, deletes and recreates a topic, flips bits
+//! in segments, and kills the process or cuts the power; after every step it checks, against an oracle of what
+//! clients were told:
+//!
+//! * nothing acknowledged is lost (at the end, after draining, every acknowledged produce was delivered and every
+//!   frontier reached its log's end);
+//! * nothing unproduced is delivered, and a record is always the same bytes at the same place;
+//! * no live lease is held twice, a live lease is never refused, and a settled offset is not handed out again by
+//!   the same process;
+//! * no frontier moves backwards, in memory or on disk;
+//! * no parked consumer sleeps while a message is deliverable to it.
+//!
+//! A failing seed prints itself; `BERTH_SIM_SEED=N cargo test --release --lib sim::` replays it exactly, and
+//! `BERTH_SIM_SEEDS=20000` runs that many seeds (the default run covers a thousand, in a few seconds).
+
+mod net;
+
+use crate::clock::{Clock, ManualClock};
+use crate::config::{Config, FsyncPolicy};
+use crate::engine::topic::{BackoffKind, TopicConfig};
+use crate::engine::{Engine, Shared};
+use crate::front::Front;
+use crate::ops::consume::ConsumeParams;
+use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::settle::SettleParams;
+use crate::ops::topics::Settings;
+use crate::ops::OpError;
+use crate::partition::{Delivery, PartitionError, SettleOp, DEFAULT_GROUP};
+use crate::storage::backend::Storage;
+use crate::storage::sim::{Sim, SimStorage};
+use crate::transport::{Router, RouterPeers};
+use bytes::Bytes;
+use net::SimNet;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// A small deterministic generator (splitmix64 seeding, xorshift64*), so a seed replays exactly.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The source topic (dead-letters to `DLQ` after `MAX_DELIVERIES`), the dead-letter topic, and a plain topic that
+/// gets deleted and recreated.
+const SOURCE: &str = "a";
+const DLQ: &str = "a.dlq";
+const PLAIN: &str = "b";
+const MAX_DELIVERIES: u32 = 3;
+/// Groups every topic has besides `default` (created with the topic, before any produce).
+const GROUPS: [&str; 2] = [DEFAULT_GROUP, "g2"];
+
+/// What a seed runs with.
+#[derive(Debug, Clone)]
+struct Plan {
+    cores: usize,
+    fsync: FsyncPolicy,
+    steps: usize,
+    /// Depth of each simulated core-to-core queue (small depths exercise refusals and retries).
+    net_depth: usize,
+    partitions: [u32; 3],
+    /// Power cuts (not just process crashes); only when every acknowledged produce was synced.
+    power_cuts: bool,
+}
+
+impl Plan {
+    fn for_seed(seed: u64) -> Plan {
+        let mut rng = Rng::new(seed ^ 0x706c_616e);
+        let fsync = match rng.below(6) {
+            0 => FsyncPolicy::Never,
+            1 => FsyncPolicy::IntervalMs(20),
+            _ => FsyncPolicy::Always,
+        };
+        Plan {
+            cores: 1 + rng.below(3) as usize,
+            fsync,
+            steps: 150 + rng.below(150) as usize,
+            net_depth: if rng.chance(30) { 2 } else { 64 },
+            partitions: [
+                1 + rng.below(4) as u32,
+                1 + rng.below(2) as u32,
+                1 + rng.below(3) as u32,
+            ],
+            power_cuts: fsync == FsyncPolicy::Always,
+        }
+    }
+}
+
+/// What the oracle knows of one produced body.
+#[derive(Debug, Clone)]
+struct Produced {
+    topic: String,
+    topic_id: u64,
+    /// Where the server said it is (acknowledged), or where it was first seen (indeterminate).
+    place: Option<(u32, u64)>,
+    acked: bool,
+}
+
+/// Everything clients were told, and the checks against it.
+#[derive(Default)]
+struct Oracle {
+    seed: u64,
+    produced: BTreeMap<String, Produced>,
+    /// (body, group) → deliveries.
+    delivered: BTreeMap<(String, String), u32>,
+    /// Bodies whose record was damaged on purpose: their loss is excused (not that of a record written at the same
+    /// offset later).
+    excused: BTreeSet<String>,
+    /// Live leases as clients hold them: (topic id, group, partition, offset) → (nonce, expiry).
+    leases: BTreeMap<(u64, String, u32, u64), (u64, u64)>,
+    /// Nacks sent and not answered yet: the server may already have released the lease (and leased the offset
+    /// again) before the client hears back.
+    nacking: BTreeSet<((u64, String, u32, u64), u64)>,
+    /// Settled (acked) in this process: never handed out again by it.
+    settled: BTreeSet<(u64, String, u32, u64)>,
+    /// Highest committed frontier seen in this process.
+    frontier_mem: BTreeMap<(u64, String, u32), u64>,
+    /// Highest frontier seen on disk, ever.
+    frontier_disk: BTreeMap<(u64, String, u32), u64>,
+    /// Topic ids deleted (their records need no delivery).
+    deleted: BTreeSet<u64>,
+    /// Current id per topic name.
+    ids: BTreeMap<String, u64>,
+    next_body: u64,
+    log: Vec<String>,
+}
+
+impl Oracle {
+    fn fail(&self, what: String) -> ! {
+        let tail: Vec<&String> = self
+            .log
+            .iter()
+            .rev()
+            .take(
+                std::env::var("BERTH_SIM_TAIL")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(25),
+            )
+            .collect();
+        panic!(
+            "simulation seed {} found: {what}\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::\nlast events (newest first):\n{}",
+            self.seed,
+            self.seed,
+            tail.iter().map(|s| format!("  {s}")).collect::<Vec<_>>().join("\n")
+        );
+    }
+
+    fn note(&mut self, event: String) {
+        if self.log.len() > 4000 {
+            self.log.drain(..2000);
+        }
+        self.log.push(event);
+    }
+
+    fn new_body(&mut self, topic: &str, topic_id: u64) -> String {
+        self.next_body += 1;
+        let body = format!("{topic}#{topic_id}#{}", self.next_body);
+        self.produced.insert(
+            body.clone(),
+            Produced {
+                topic: topic.to_string(),
+                topic_id,
+                place: None,
+                acked: false,
+            },
+        );
+        body
+    }
+
+    fn acked(&mut self, body: &str, partition: u32, offset: u64) {
+        let Some(p) = self.produced.get_mut(body) else {
+            self.fail(format!("an acknowledgement for an unknown body {body}"));
+        };
+        if let Some(seen) = p.place {
+            if seen != (partition, offset) {
+                let what = format!(
+                    "body {body} acknowledged at {partition}:{offset} but delivered at {}:{}",
+                    seen.0, seen.1
+                );
+                self.fail(what);
+            }
+        }
+        p.place = Some((partition, offset));
+        p.acked = true;
+    }
+
+    /// A delivery, as a client got it at `now` (its lease ends at the owner's `expires_at_ms`).
+    fn delivery(&mut self, topic: &str, topic_id: u64, group: &str, d: &Delivery, now: u64) {
+        let body = String::from_utf8_lossy(&d.payload).to_string();
+        self.note(format!(
+            "t={now} delivered {topic}/{group} {}:{}:{} count {} body {body}",
+            d.partition, d.offset, d.nonce, d.delivery_count
+        ));
+        let Some(p) = self.produced.get(&body).cloned() else {
+            self.fail(format!(
+                "{topic}/{group} delivered {}:{} with a body nobody produced: {body:?}",
+                d.partition, d.offset
+            ));
+        };
+        if topic == DLQ {
+            if p.topic != SOURCE {
+                self.fail(format!(
+                    "the dead-letter topic delivered {body}, produced to {}",
+                    p.topic
+                ));
+            }
+        } else {
+            if p.topic != topic || p.topic_id != topic_id {
+                self.fail(format!(
+                    "{topic} (id {topic_id}) delivered {body}, produced to {} (id {})",
+                    p.topic, p.topic_id
+                ));
+            }
+            match p.place {
+                Some(place) if place != (d.partition, d.offset) => self.fail(format!(
+                    "{body} was at {}:{} and is now delivered at {}:{}",
+                    place.0, place.1, d.partition, d.offset
+                )),
+                Some(_) => {}
+                None => {
+                    self.produced.get_mut(&body).expect("known").place =
+                        Some((d.partition, d.offset))
+                }
+            }
+        }
+        let key = (topic_id, group.to_string(), d.partition, d.offset);
+        if self.settled.contains(&key) {
+            self.fail(format!(
+                "{topic}/{group} {}:{} was acknowledged as settled in this process and is delivered again",
+                d.partition, d.offset
+            ));
+        }
+        if let Some(&(nonce, expiry)) = self.leases.get(&key) {
+            if expiry > now && !self.nacking.contains(&(key.clone(), nonce)) {
+                self.fail(format!(
+                    "{topic}/{group} {}:{} leased twice: nonce {nonce} lives until {expiry}, nonce {} granted at {now}",
+                    d.partition, d.offset, d.nonce
+                ));
+            }
+        }
+        if d.expires_at_ms <= now {
+            self.fail(format!(
+                "{key:?} handed out with a lease already over ({} at {now})",
+                d.expires_at_ms
+            ));
+        }
+        self.leases.insert(key, (d.nonce, d.expires_at_ms));
+        *self.delivered.entry((body, group.to_string())).or_insert(0) += 1;
+    }
+
+    /// The answer to a settle of a lease the client held.
+    fn settled_answer(
+        &mut self,
+        key: (u64, String, u32, u64),
+        nonce: u64,
+        op: SettleOp,
+        result: &Result<(), OpError>,
+        now: u64,
+        extend_ms: u64,
+    ) {
+        self.nacking.remove(&(key.clone(), nonce));
+        let current = self.leases.get(&key).is_some_and(|&(n, _)| n == nonce);
+        let live = self
+            .leases
+            .get(&key)
+            .is_some_and(|&(n, expiry)| n == nonce && expiry > now)
+            // A nack answered after the offset was leased again was applied while its lease lived.
+            || (matches!(op, SettleOp::Nack(_)) && !current && result.is_ok());
+        self.note(format!(
+            "t={now} {op:?} {key:?} nonce {nonce} live {live} → {result:?}"
+        ));
+        match result {
+            Ok(()) => {
+                if !live {
+                    // The server may accept a lease the client thinks expired only if it had not purged it yet,
+                    // which cannot happen: both purge at the deadline.
+                    let what =
+                        format!("{op:?} of {key:?} nonce {nonce} accepted after its lease ended");
+                    self.fail(what);
+                }
+                match op {
+                    SettleOp::Ack => {
+                        self.leases.remove(&key);
+                        self.settled.insert(key);
+                    }
+                    // The offset may have been leased again meanwhile: only this nack's lease ends.
+                    SettleOp::Nack(_) if current => {
+                        self.leases.remove(&key);
+                    }
+                    SettleOp::Nack(_) => {}
+                    SettleOp::Extend(_) => {
+                        self.leases.insert(key, (nonce, now + extend_ms));
+                    }
+                }
+            }
+            Err(OpError::Engine(crate::engine::EngineError::Partition(
+                PartitionError::LeaseGone,
+            ))) => {
+                if live {
+                    self.fail(format!(
+                        "{op:?} of a live lease {key:?} nonce {nonce} answered 410"
+                    ));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// One process: the engines and fronts of its cores, on a disk image, with its own monotonic clock.
+struct World {
+    engines: Vec<Rc<Engine>>,
+    fronts: Vec<Rc<Front>>,
+    net: Rc<SimNet>,
+    clock: Rc<ManualClock>,
+    sim: Rc<Sim>,
+    /// Operations spawned and not finished (their outcome is unknown if the process dies).
+    in_flight: Rc<Cell<usize>>,
+    /// Every task the simulation spawned (pumps, timers, clients): cancelled when the process ends, so nothing of
+    /// it lingers (glommio leaks tasks still pending when an executor is dropped).
+    tasks: Tasks,
+}
+
+/// Handles of spawned tasks; dropping one cancels its task.
+#[derive(Clone, Default)]
+struct Tasks(Rc<RefCell<Vec<glommio::Task<()>>>>);
+
+impl Tasks {
+    fn spawn(&self, future: impl std::future::Future<Output = ()> + 'static) {
+        // A world spawns at most a few hundred tasks: their handles are kept until it ends. (glommio runs a new
+        // task at once, and it may spawn in turn: no borrow is held across the spawn.)
+        let task = glommio::spawn_local(future);
+        self.0.borrow_mut().push(task);
+    }
+}
+
+fn sim_config(plan: &Plan) -> Config {
+    Config {
+        data_dir: PathBuf::from("/sim"),
+        fsync: plan.fsync,
+        segment_bytes: 2048,
+        max_message_bytes: 512,
+        frontier_flush_interval_ms: 100,
+        purge_interval_ms: 1000,
+        ..Config::default()
+    }
+}
+
+fn topic_config(name: &str, partitions: u32) -> TopicConfig {
+    let mut c = TopicConfig::with_defaults(name);
+    c.partitions = partitions;
+    c.max_in_flight = 6;
+    c.max_acked_ahead = 4;
+    c.groups = vec!["g2".to_string()];
+    if name == SOURCE {
+        c.max_deliveries = MAX_DELIVERIES;
+        c.dead_letter = Some(DLQ.to_string());
+    }
+    c
+}
+
+impl World {
+    async fn boot(plan: &Plan, sim: Rc<Sim>, wall_ms: u64, seed: u64) -> World {
+        let clock = ManualClock::new(wall_ms);
+        let config = Rc::new(sim_config(plan));
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        storage
+            .create_dir_all(&config.data_dir.join("topics"))
+            .expect("sim dir");
+        storage
+            .create_dir_all(&config.data_dir.join("trash"))
+            .expect("sim dir");
+        let net = SimNet::new(plan.cores, plan.net_depth, seed);
+        let shared = std::sync::Arc::new(Shared::default());
+        let mut engines = Vec::new();
+        let mut fronts = Vec::new();
+        for id in 0..plan.cores {
+            let engine = Engine::new(
+                id,
+                plan.cores,
+                config.clone(),
+                clock.clone(),
+                storage.clone(),
+                shared.clone(),
+            );
+            let router = Router::new(engine.clone(), net.link(id));
+            engine.set_peers(Rc::new(RouterPeers(Rc::downgrade(&router))));
+            fronts.push(Front::new(router));
+            engines.push(engine);
+        }
+        let mut failed = Vec::new();
+        for e in &engines {
+            failed.extend(e.load_topics().await.expect("load topics"));
+        }
+        if !failed.is_empty() {
+            panic!("topics failed to load in the simulation: {failed:?}");
+        }
+        let tasks = Tasks::default();
+        for (id, e) in engines.iter().enumerate() {
+            tasks.spawn(net.clone().pump(id, e.clone()));
+            tasks.spawn(crate::engine::timers::run_lease_timer(e.clone()));
+            tasks.spawn(crate::engine::timers::run_frontier_flush(e.clone()));
+        }
+        World {
+            engines,
+            fronts,
+            net,
+            clock,
+            sim,
+            in_flight: Rc::new(Cell::new(0)),
+            tasks,
+        }
+    }
+
+    /// Ends the process's tasks so nothing of it outlives its executor: clients and pumps are cancelled, the
+    /// engines stop and close their partitions (writing to this process's disk, which is no longer looked at), and
+    /// the clock runs on so every timer sees the stop.
+    async fn shut_down(self) {
+        for e in &self.engines {
+            e.begin_stop();
+        }
+        // Until nothing is left: cancelling a task can make another spawn one.
+        loop {
+            let tasks = std::mem::take(&mut *self.tasks.0.borrow_mut());
+            if tasks.is_empty() {
+                break;
+            }
+            drop(tasks);
+            futures_lite::future::yield_now().await;
+        }
+        for e in &self.engines {
+            e.close_all().await;
+        }
+        self.clock.advance(24 * 3600 * 1000);
+        for _ in 0..50 {
+            futures_lite::future::yield_now().await;
+        }
+    }
+
+    fn front(&self, rng: &mut Rng) -> Rc<Front> {
+        self.fronts[rng.below(self.fronts.len() as u64) as usize].clone()
+    }
+
+    /// Runs `future` as a task of the world while time goes on (1 ms at a time once nothing else moves), so a step
+    /// of the driver that waits for the broker never waits for time the driver itself would have to advance.
+    async fn complete<T: 'static>(
+        &self,
+        future: impl std::future::Future<Output = T> + 'static,
+    ) -> T {
+        let out: Rc<RefCell<Option<T>>> = Rc::default();
+        let slot = out.clone();
+        self.tasks.spawn(async move {
+            let value = future.await;
+            *slot.borrow_mut() = Some(value);
+        });
+        loop {
+            if let Some(value) = out.borrow_mut().take() {
+                return value;
+            }
+            self.settle().await;
+            if out.borrow().is_some() {
+                continue;
+            }
+            self.clock.advance(1);
+        }
+    }
+
+    /// Lets every runnable task run until nothing moves: the net is empty and a round of yields changed nothing.
+    async fn settle(&self) {
+        let mut last = u64::MAX;
+        loop {
+            for _ in 0..40 {
+                futures_lite::future::yield_now().await;
+            }
+            let activity = self.net.delivered.get();
+            if self.net.queued() == 0 && activity == last {
+                return;
+            }
+            last = activity;
+        }
+    }
+}
+
+/// Runs one seed to the end (panics with the seed and the recent events on a violation), on an executor of its
+/// own.
+pub fn run_seed(seed: u64) {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(run_seed_here(seed));
+}
+
+/// Runs one seed on the current executor. Each simulated process ("world") ends with all its tasks cancelled, so
+/// many seeds can share one executor (glommio keeps a descriptor per executor until the thread ends).
+pub async fn run_seed_here(seed: u64) {
+    let plan = Plan::for_seed(seed);
+    let oracle = Rc::new(RefCell::new(Oracle {
+        seed,
+        ..Oracle::default()
+    }));
+    let mut rng = Rng::new(seed);
+    let mut image = Sim::new();
+    let mut wall_ms = 1_700_000_000_000u64;
+    let mut step = 0usize;
+    let mut first = true;
+    loop {
+        let world = World::boot(&plan, image.clone(), wall_ms, seed).await;
+        if first {
+            create_topics(&world, &plan, &oracle).await;
+        }
+        let outcome = run_world(&world, &plan, &oracle, &mut rng, &mut step).await;
+        // The disk as the process leaves it, taken before the shutdown below writes anything.
+        let next = match outcome {
+            Outcome::Crash => Some(world.sim.process_crash()),
+            Outcome::PowerCut(torn) => {
+                let mut t = Rng::new(torn);
+                Some(
+                    world
+                        .sim
+                        .power_cut(|_, unsynced| t.below(unsynced as u64 + 1) as usize),
+                )
+            }
+            Outcome::Done => None,
+        };
+        wall_ms = world.clock.wall_ms() + 1000;
+        world.shut_down().await;
+        first = false;
+        {
+            let mut o = oracle.borrow_mut();
+            // The process is gone: its leases and in-memory frontiers with it.
+            o.leases.clear();
+            o.nacking.clear();
+            o.settled.clear();
+            o.frontier_mem.clear();
+        }
+        match next {
+            Some(next) => image = next,
+            None => return,
+        }
+    }
+}
+
+enum Outcome {
+    Crash,
+    PowerCut(u64),
+    Done,
+}
+
+async fn create_topics(world: &World, plan: &Plan, oracle: &Rc<RefCell<Oracle>>) {
+    let front = world.fronts[0].clone();
+    for (name, partitions) in [
+        (DLQ, plan.partitions[2]),
+        (SOURCE, plan.partitions[0]),
+        (PLAIN, plan.partitions[1]),
+    ] {
+        let f = front.clone();
+        let (_, config) = world
+            .complete(async move { f.create_topic(topic_config(name, partitions)).await })
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        oracle.borrow_mut().ids.insert(name.to_string(), config.id);
+    }
+    world.settle().await;
+}
+
+/// The steps of one process's life; returns how it ended.
+async fn run_world(
+    world: &World,
+    plan: &Plan,
+    oracle: &Rc<RefCell<Oracle>>,
+    rng: &mut Rng,
+    step: &mut usize,
+) -> Outcome {
+    while *step < plan.steps {
+        *step += 1;
+        let roll = rng.below(1000);
+        match roll {
+            0..=279 => spawn_produce(world, oracle, rng),
+            280..=629 => spawn_consume(world, oracle, rng),
+            630..=639 => {
+                let dt = rng.below(300);
+                world.clock.advance(dt);
+            }
+            640..=649 => recreate_plain(world, oracle).await,
+            650..=659 => change_policy(world, oracle, rng).await,
+            660..=669 => {
+                corrupt(world, oracle, rng);
+                // Bit rot found at the next start: often that start comes before anything else is written.
+                if rng.chance(40) {
+                    oracle
+                        .borrow_mut()
+                        .note(format!("step {step}: process crash right after the flip"));
+                    return Outcome::Crash;
+                }
+            }
+            670..=681 => {
+                oracle
+                    .borrow_mut()
+                    .note(format!("step {step}: process crash (kill -9)"));
+                return Outcome::Crash;
+            }
+            682..=689 if plan.power_cuts => {
+                oracle.borrow_mut().note(format!("step {step}: power cut"));
+                return Outcome::PowerCut(rng.next());
+            }
+            _ => {}
+        }
+        let dt = rng.below(60);
+        world.clock.advance(dt);
+        world.settle().await;
+        check(world, oracle).await;
+    }
+    drain(world, oracle, rng).await;
+    Outcome::Done
+}
+
+fn topics_now() -> [&'static str; 3] {
+    [SOURCE, PLAIN, DLQ]
+}
+
+fn spawn_produce(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let topic = if rng.chance(60) { SOURCE } else { PLAIN };
+    let front = world.front(rng);
+    let Ok(t) = front.engine().topic(topic) else {
+        return;
+    };
+    let topic_id = t.id();
+    let count = 1 + rng.below(3) as usize;
+    let partitions = t.partition_count() as u64;
+    let mut records = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..count {
+        let body = oracle.borrow_mut().new_body(topic, topic_id);
+        let target = match rng.below(3) {
+            0 => Target::Partition(rng.below(partitions)),
+            1 => Target::Key(format!("k{}", rng.below(5))),
+            _ => Target::Any,
+        };
+        records.push(ClientRecord {
+            body: Bytes::from(body.clone()),
+            target,
+        });
+        bodies.push(body);
+    }
+    let oracle = oracle.clone();
+    let in_flight = world.in_flight.clone();
+    in_flight.set(in_flight.get() + 1);
+    world.tasks.spawn(async move {
+        let result = front
+            .produce(ProduceParams {
+                topic: topic.to_string(),
+                records,
+                batch: count > 1,
+            })
+            .await;
+        in_flight.set(in_flight.get() - 1);
+        let mut o = oracle.borrow_mut();
+        match result {
+            Ok(results) => {
+                for (body, r) in bodies.iter().zip(results) {
+                    match r {
+                        Ok((p, offset)) => {
+                            o.note(format!("produced {body} at {p}:{offset}"));
+                            o.acked(body, p, offset);
+                        }
+                        Err(e) => o.note(format!("produce of {body} failed: {e}")),
+                    }
+                }
+            }
+            Err(e) => o.note(format!("produce of {bodies:?} failed: {e}")),
+        }
+    });
+}
+
+fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let topic = match rng.below(10) {
+        0..=5 => SOURCE,
+        6..=8 => PLAIN,
+        _ => DLQ,
+    };
+    let group = GROUPS[rng.below(GROUPS.len() as u64) as usize];
+    let front = world.front(rng);
+    let Ok(t) = front.engine().topic(topic) else {
+        return;
+    };
+    let topic_id = t.id();
+    let max = 1 + rng.below(3) as usize;
+    // Long-polls often outlast leases, and leases often end together (a few visibilities only), so several
+    // messages tend to become deliverable at once while several consumers are parked.
+    let wait_ms = match rng.below(4) {
+        0 => 0,
+        1 => 1 + rng.below(400),
+        _ => 1000 + rng.below(2500),
+    };
+    let visibility_ms = [1000, 1500, 2000][rng.below(3) as usize];
+    // What the client will do with each message: ack, nack (maybe delayed), extend then ack, or nothing.
+    let plans: Vec<(u64, u64, u64)> = (0..max)
+        .map(|_| (rng.below(6), rng.below(200), rng.below(40)))
+        .collect();
+    let clock = world.clock.clone();
+    let oracle = oracle.clone();
+    let in_flight = world.in_flight.clone();
+    in_flight.set(in_flight.get() + 1);
+    oracle.borrow_mut().note(format!(
+        "t={} consume {topic}/{group} max {max} wait {wait_ms} on core {}",
+        clock.now_ms(),
+        front.engine().id()
+    ));
+    let tasks = world.tasks.clone();
+    world.tasks.spawn(async move {
+        let result = front
+            .consume(ConsumeParams {
+                topic: topic.to_string(),
+                group: group.to_string(),
+                wait_ms,
+                visibility_ms: Some(visibility_ms),
+                max,
+                media: None,
+            })
+            .await;
+        in_flight.set(in_flight.get() - 1);
+        let deliveries = match result {
+            Ok(d) => d,
+            Err(e) => {
+                oracle
+                    .borrow_mut()
+                    .note(format!("consume {topic}/{group} failed: {e}"));
+                return;
+            }
+        };
+        let now = clock.now_ms();
+        oracle.borrow_mut().note(format!(
+            "t={now} consume {topic}/{group} on core {} → {} messages",
+            front.engine().id(),
+            deliveries.len()
+        ));
+        for d in &deliveries {
+            oracle.borrow_mut().delivery(topic, topic_id, group, d, now);
+        }
+        for (d, (what, after_ms, delay)) in deliveries.into_iter().zip(plans) {
+            let front = front.clone();
+            let clock = clock.clone();
+            let oracle = oracle.clone();
+            tasks.spawn(async move {
+                clock.sleep_until(clock.now_ms() + after_ms).await;
+                let op = match what {
+                    0..=2 => SettleOp::Ack,
+                    3 => SettleOp::Nack(Some(delay)),
+                    4 => SettleOp::Nack(None),
+                    _ => SettleOp::Extend(Some(1000)),
+                };
+                let handle = format!("{}:{}:{}", d.partition, d.offset, d.nonce);
+                if matches!(op, SettleOp::Nack(_)) {
+                    let key = (topic_id, group.to_string(), d.partition, d.offset);
+                    oracle.borrow_mut().nacking.insert((key, d.nonce));
+                }
+                let result = front
+                    .settle(SettleParams {
+                        topic: topic.to_string(),
+                        group: group.to_string(),
+                        op,
+                        handles: vec![(handle, Ok((d.partition as u64, d.offset, d.nonce)))],
+                        batch: false,
+                    })
+                    .await
+                    .map(|mut r| r.remove(0))
+                    .and_then(|r| r);
+                let key = (topic_id, group.to_string(), d.partition, d.offset);
+                oracle
+                    .borrow_mut()
+                    .settled_answer(key, d.nonce, op, &result, clock.now_ms(), 1000);
+            });
+        }
+    });
+}
+
+/// Deletes and recreates the plain topic: its records need no delivery any more, and the new one starts empty.
+async fn recreate_plain(world: &World, oracle: &Rc<RefCell<Oracle>>) {
+    let front = &world.fronts[0];
+    let Ok(old) = front.engine().topic(PLAIN) else {
+        return;
+    };
+    let partitions = old.partition_count();
+    let old_id = old.id();
+    let f = front.clone();
+    if world
+        .complete(async move { f.delete_topic(PLAIN.to_string()).await })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    {
+        let mut o = oracle.borrow_mut();
+        o.deleted.insert(old_id);
+        // Its leases went with it: a late settle of one is 410, as for any lease that is gone.
+        o.leases.retain(|(id, ..), _| *id != old_id);
+        o.note(format!("deleted {PLAIN} (id {old_id})"));
+    }
+    let f = front.clone();
+    match world
+        .complete(async move { f.create_topic(topic_config(PLAIN, partitions)).await })
+        .await
+    {
+        Ok((_, config)) => {
+            let mut o = oracle.borrow_mut();
+            o.ids.insert(PLAIN.to_string(), config.id);
+            o.note(format!("recreated {PLAIN} (id {})", config.id));
+        }
+        Err(e) => oracle
+            .borrow_mut()
+            .fail(format!("recreating {PLAIN} failed: {e}")),
+    }
+}
+
+/// Changes the source topic's redelivery policy (delays and backoff).
+async fn change_policy(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let settings = Settings {
+        redelivery_delay_ms: Some([0, 10, 50][rng.below(3) as usize]),
+        redelivery_backoff: Some(if rng.chance(50) {
+            BackoffKind::Fixed
+        } else {
+            BackoffKind::Exponential
+        }),
+        redelivery_delay_max_ms: Some(100 + rng.below(200)),
+        ..Settings::default()
+    };
+    let front = world.front(rng);
+    let change = settings.clone();
+    let result = world
+        .complete(async move { front.change_topic(SOURCE.to_string(), change).await })
+        .await;
+    oracle.borrow_mut().note(format!(
+        "changed {SOURCE}: {settings:?} → {:?}",
+        result.map(|c| c.redelivery_delay_ms)
+    ));
+}
+
+/// Flips a byte in a frame of some segment (often the last frame of the newest one), excusing that record.
+fn corrupt(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let topic = topics_now()[rng.below(3) as usize];
+    let Some(&topic_id) = oracle.borrow().ids.get(topic) else {
+        return;
+    };
+    let Ok(t) = world.fronts[0].engine().topic(topic) else {
+        return;
+    };
+    let mut p = rng.below(t.partition_count() as u64) as u32;
+    // Often, the dangerous case on purpose: a partition whose every record is settled and whose frontiers are on
+    // disk, so losing its last frame leaves the durable frontier beyond what recovery finds.
+    let settled: Vec<u32> = world
+        .engines
+        .iter()
+        .filter_map(|e| e.topic(topic).ok())
+        .flat_map(|t| {
+            t.owned_partitions()
+                .filter(|p| {
+                    let end = p.log.end_offset();
+                    end > 0 && GROUPS.iter().all(|g| p.committed(g) == Some(end))
+                })
+                .map(|p| p.id)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if !settled.is_empty() && rng.chance(50) {
+        p = settled[rng.below(settled.len() as u64) as usize];
+    }
+    let dir = PathBuf::from(format!("/sim/topics/{topic}/{p}"));
+    let mut segments: Vec<PathBuf> = world
+        .sim
+        .paths()
+        .into_iter()
+        .filter(|path| {
+            path.parent() == Some(dir.as_path()) && path.extension().is_some_and(|e| e == "log")
+        })
+        .collect();
+    segments.sort();
+    let Some(path) = (if rng.chance(70) {
+        segments.last().cloned()
+    } else {
+        segments
+            .get(rng.below(segments.len() as u64) as usize)
+            .cloned()
+    }) else {
+        return;
+    };
+    let Some(bytes) = world.sim.contents(&path) else {
+        return;
+    };
+    let base: u64 = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let scan = crate::storage::frame::scan(&bytes, base, 512);
+    let frames: Vec<(usize, u64)> = scan
+        .positions
+        .iter()
+        .enumerate()
+        .filter(|(_, &pos)| pos != crate::storage::frame::NO_POSITION)
+        .map(|(i, &pos)| (pos as usize, base + i as u64))
+        .collect();
+    let Some(&(pos, offset)) = (if rng.chance(60) {
+        frames.last()
+    } else {
+        frames.get(rng.below(frames.len() as u64) as usize)
+    }) else {
+        return;
+    };
+    let end = frames
+        .iter()
+        .find(|(q, _)| *q > pos)
+        .map_or(scan.valid_len as usize, |(q, _)| *q);
+    let at = pos + rng.below((end - pos).max(1) as u64) as usize;
+    world.sim.corrupt(&path, at, 1 << rng.below(8));
+    let mut o = oracle.borrow_mut();
+    let hit: Vec<String> = o
+        .produced
+        .iter()
+        .filter(|(_, r)| r.topic_id == topic_id && r.place == Some((p, offset)))
+        .map(|(body, _)| body.clone())
+        .collect();
+    o.excused.extend(hit);
+    o.note(format!(
+        "flipped a bit of {topic} {p}:{offset} at byte {at} of {}",
+        path.display()
+    ));
+}
+
+/// The frontier files on disk, per (topic id, group, partition).
+fn disk_frontiers(world: &World, oracle: &Oracle) -> Vec<((u64, String, u32), u64)> {
+    let mut out = Vec::new();
+    for (name, &id) in &oracle.ids {
+        let Ok(t) = world.fronts[0].engine().topic(name) else {
+            continue;
+        };
+        if t.id() != id {
+            continue;
+        }
+        for p in 0..t.partition_count() {
+            for g in GROUPS {
+                let path = Path::new("/sim/topics")
+                    .join(name)
+                    .join(p.to_string())
+                    .join(crate::partition::frontier::file_name(g));
+                if let Some(bytes) = world.sim.contents(&path) {
+                    if let Some(v) = crate::partition::frontier::decode(&bytes) {
+                        out.push(((id, g.to_string(), p), v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The checks after every step.
+async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
+    {
+        let mut o = oracle.borrow_mut();
+        // Frontiers never move backwards: in memory within a process, on disk ever.
+        for e in &world.engines {
+            for (topic, partition) in e.owned_partitions() {
+                for g in GROUPS {
+                    let Some(c) = partition.committed(g) else {
+                        continue;
+                    };
+                    let key = (topic.id(), g.to_string(), partition.id);
+                    let end = partition.log.end_offset();
+                    if c > end {
+                        o.fail(format!("{key:?} committed {c} beyond the log end {end}"));
+                    }
+                    let seen = o.frontier_mem.entry(key.clone()).or_insert(0);
+                    if c < *seen {
+                        let was = *seen;
+                        o.fail(format!("{key:?} committed moved back from {was} to {c}"));
+                    }
+                    *seen = c;
+                }
+            }
+        }
+        for (key, value) in disk_frontiers(world, &o) {
+            let seen = o.frontier_disk.entry(key.clone()).or_insert(0);
+            if value < *seen {
+                let was = *seen;
+                o.fail(format!(
+                    "{key:?} frontier file moved back from {was} to {value}"
+                ));
+            }
+            *seen = value;
+        }
+    }
+    // No parked consumer sleeps while a message is deliverable to it (once pending retries have had their chance).
+    for attempt in 0..50 {
+        let Some(problem) = sleeping_with_work(world) else {
+            return;
+        };
+        let retrying = world.net.queued() > 0
+            || world
+                .engines
+                .iter()
+                .any(|e| e.pending_wake_count() > 0 || e.polling() > 0);
+        if !retrying || attempt == 49 {
+            oracle.borrow().fail(problem);
+        }
+        world.clock.advance(1);
+        world.settle().await;
+    }
+}
+
+/// A parked consumer that holds no wake unit while a partition of its topic has a deliverable message for its
+/// group, if there is one.
+fn sleeping_with_work(world: &World) -> Option<String> {
+    for (core, e) in world.engines.iter().enumerate() {
+        for topic in topics_now() {
+            for g in GROUPS {
+                if e.sleeping_consumers(topic, g) == 0 {
+                    continue;
+                }
+                for (owner, f) in world.engines.iter().enumerate() {
+                    let Ok(t) = f.topic(topic) else {
+                        continue;
+                    };
+                    for p in t.owned_partitions() {
+                        if p.has_deliverable(g) {
+                            return Some(format!(
+                                "a consumer of {topic}/{g} sleeps on core {core} while partition {} on core {owner} has a deliverable message (end {}, committed {:?}, next wake-up {:?}, now {})",
+                                p.id,
+                                p.log.end_offset(),
+                                p.committed(g),
+                                p.next_wakeup_ms(),
+                                f.now_ms()
+                            ) + &format!("\nshard: {}", p.debug_shard(g)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Ends the run: lets every lease and delay run out, drains every topic and group (retrying acks refused for a
+/// full acked-ahead set, as a client would), and checks that nothing acknowledged was lost and every frontier
+/// reached its log's end.
+async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    world.clock.advance(5_000);
+    world.settle().await;
+    // (topic, topic id, group, delivery) leased by the drain and not settled yet.
+    let mut pending: Vec<(&'static str, u64, &'static str, Delivery)> = Vec::new();
+    for _round in 0..400 {
+        let mut got = 0;
+        for topic in topics_now() {
+            for g in GROUPS {
+                let front = world.front(rng);
+                let Ok(t) = front.engine().topic(topic) else {
+                    continue;
+                };
+                let topic_id = t.id();
+                let deliveries = world
+                    .complete(async move {
+                        front
+                            .consume(ConsumeParams {
+                                topic: topic.to_string(),
+                                group: g.to_string(),
+                                wait_ms: 0,
+                                visibility_ms: Some(60_000),
+                                max: 10,
+                                media: None,
+                            })
+                            .await
+                    })
+                    .await;
+                let deliveries = match deliveries {
+                    Ok(d) => d,
+                    Err(e) => {
+                        oracle
+                            .borrow_mut()
+                            .note(format!("drain consume {topic}/{g} failed: {e}"));
+                        Vec::new()
+                    }
+                };
+                let now = world.clock.now_ms();
+                got += deliveries.len();
+                for d in deliveries {
+                    oracle.borrow_mut().delivery(topic, topic_id, g, &d, now);
+                    pending.push((topic, topic_id, g, d));
+                }
+            }
+        }
+        let mut still = Vec::new();
+        for (topic, topic_id, g, d) in pending {
+            let front = world.front(rng);
+            let handle = format!("{}:{}:{}", d.partition, d.offset, d.nonce);
+            let params = SettleParams {
+                topic: topic.to_string(),
+                group: g.to_string(),
+                op: SettleOp::Ack,
+                handles: vec![(handle, Ok((d.partition as u64, d.offset, d.nonce)))],
+                batch: false,
+            };
+            let result = world
+                .complete(async move { front.settle(params).await })
+                .await
+                .map(|mut r| r.remove(0))
+                .and_then(|r| r);
+            let now = world.clock.now_ms();
+            let key = (topic_id, g.to_string(), d.partition, d.offset);
+            oracle
+                .borrow_mut()
+                .settled_answer(key, d.nonce, SettleOp::Ack, &result, now, 0);
+            if matches!(
+                result,
+                Err(OpError::Engine(crate::engine::EngineError::Partition(
+                    PartitionError::AckedAheadFull
+                )))
+            ) {
+                still.push((topic, topic_id, g, d));
+            }
+        }
+        pending = still;
+        if got == 0 && pending.is_empty() {
+            // Leases other clients still hold (their acks, nacks or extends are on the way) run out first.
+            let last_expiry = oracle
+                .borrow()
+                .leases
+                .values()
+                .map(|&(_, e)| e)
+                .max()
+                .unwrap_or(0);
+            let now = world.clock.now_ms();
+            if last_expiry <= now {
+                break;
+            }
+            world.clock.advance(last_expiry - now + 1);
+        } else {
+            world.clock.advance(100);
+        }
+        world.settle().await;
+    }
+    let o = oracle.borrow();
+    // Every frontier reached its log's end: nothing is stuck.
+    for e in &world.engines {
+        for (topic, p) in e.owned_partitions() {
+            for g in GROUPS {
+                let committed = p.committed(g);
+                let end = p.log.end_offset();
+                if committed != Some(end) {
+                    o.fail(format!(
+                        "after the drain {}/{g} partition {} is committed at {committed:?}, its end is {end}\nshard: {}",
+                        topic.name(),
+                        p.id,
+                        p.debug_shard(g)
+                    ));
+                }
+            }
+        }
+    }
+    // Every acknowledged produce to a topic that still exists was delivered in every group.
+    for (body, p) in &o.produced {
+        if !p.acked || o.deleted.contains(&p.topic_id) {
+            continue;
+        }
+        let (partition, offset) = p.place.expect("acknowledged at a place");
+        if o.excused.contains(body) {
+            continue;
+        }
+        for g in GROUPS {
+            if !o.delivered.contains_key(&(body.clone(), g.to_string())) {
+                o.fail(format!(
+                    "acknowledged {body} at {}:{partition}:{offset} was never delivered to group {g}",
+                    p.topic
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<u64> {
+        std::env::var(name).ok().and_then(|v| v.parse().ok())
+    }
+
+    /// The default run: a thousand seeds on two threads (a few seconds); `BERTH_SIM_SEEDS` sets the count,
+    /// `BERTH_SIM_SEED` replays one.
+    #[test]
+    fn simulated_crashes_power_cuts_and_faults_lose_nothing_acknowledged() {
+        if let Some(seed) = env("BERTH_SIM_SEED") {
+            run_seed(seed);
+            return;
+        }
+        let seeds = env("BERTH_SIM_SEEDS").unwrap_or(1000);
+        let first = env("BERTH_SIM_FIRST").unwrap_or(1);
+        let threads = 2u64;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                        .make()
+                        .expect("executor")
+                        .run(async move {
+                            let mut s = first + t;
+                            while s < first + seeds {
+                                run_seed_here(s).await;
+                                s += threads;
+                            }
+                        })
+                })
+            })
+            .collect();
+        for h in handles {
+            if let Err(panic) = h.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
+    /// A simulated process that ends leaves nothing behind: no task, no descriptor (so seeds can run by the
+    /// thousand on one executor).
+    #[test]
+    fn simulated_processes_leave_no_descriptor_behind() {
+        let count = || {
+            std::fs::read_dir("/proc/self/fd")
+                .map(|d| d.count())
+                .unwrap_or(0)
+        };
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async move {
+                run_seed_here(1).await;
+                let before = count();
+                for seed in 2..30 {
+                    run_seed_here(seed).await;
+                }
+                assert_eq!(count(), before, "descriptors leaked by simulated processes");
+            });
+    }
+}
