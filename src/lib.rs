@@ -1,13 +1,13 @@
 //! berth: a thread-per-core message-queue broker with a leasing consume path.
 //!
-//! Layers, one direction: `cli` → `server` (executors, listeners, shutdown) → `http` (parse, route, status codes)
+//! The server library; the command line and the load generator are the binary's (`src/main.rs`, `src/cli/`).
+//!
+//! Layers, one direction: `server` (executors, listeners, shutdown) → `http` (parse, route, status codes)
 //! → `front` (what the core that took a request does for it) → `transport` (the router: a direct call, the mesh)
 //! → `ops` (one file per operation: request, owner-side apply, reply) → `engine` (one core's topics, partitions,
 //! parked consumers, timers) → `partition` (log + per-group lease shards + frontier files) → `storage`. `clock`,
 //! `config` and `duration` are leaves every layer may use.
 
-pub mod bench;
-pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod cluster;

@@ -1,5 +1,8 @@
-//! The `berth` binary: parses the command line and hands over to `berth::cli`.
+//! The `berth` binary: the command line (`cli`: the server, a client for people, the load generator) over the server
+//! library.
+
+mod cli;
 
 fn main() {
-    std::process::exit(berth::cli::main());
+    std::process::exit(cli::main());
 }

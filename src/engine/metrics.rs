@@ -109,6 +109,8 @@ pub struct CoreMetrics {
     pub connections_timed_out: Cell<u64>,
     /// Cross-core sends refused because the channel was full.
     pub mesh_full: Cell<u64>,
+    /// Time from a frontier's first move to its file being durable.
+    pub frontier_lag: std::cell::RefCell<Latency>,
 }
 
 impl CoreMetrics {
@@ -127,6 +129,7 @@ impl CoreMetrics {
 pub struct CoreStats {
     pub core: usize,
     pub latency: Latency,
+    pub frontier_lag: Latency,
     pub connections_open: u64,
     pub connections_refused: u64,
     pub connections_timed_out: u64,
@@ -243,6 +246,14 @@ pub fn render(stats: &[CoreStats]) -> String {
         s.latency.render(
             &mut out,
             "berth_request_duration_seconds",
+            &format!("core=\"{}\"", s.core),
+        );
+    }
+    let _ = writeln!(out, "# HELP berth_frontier_lag_seconds time from a consumer group's frontier moving to its file being durable\n# TYPE berth_frontier_lag_seconds histogram");
+    for s in stats {
+        s.frontier_lag.render(
+            &mut out,
+            "berth_frontier_lag_seconds",
             &format!("core=\"{}\"", s.core),
         );
     }

@@ -496,6 +496,7 @@ impl Engine {
         metrics::CoreStats {
             core: self.id,
             latency: m.latency.borrow().clone(),
+            frontier_lag: m.frontier_lag.borrow().clone(),
             connections_open: m.connections_open.get(),
             connections_refused: m.connections_refused.get(),
             connections_timed_out: m.connections_timed_out.get(),

@@ -55,12 +55,15 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
     }
 }
 
-/// Writes each moved frontier to its file, up to `FLUSH_PARALLELISM` files at once.
+/// Writes each moved frontier to its file, up to `FLUSH_PARALLELISM` files at once, one pass every
+/// `frontier_flush_interval_ms` from the start of the last (so a long pass does not add to the lag).
 pub async fn run_frontier_flush(engine: Rc<Engine>) {
     let clock = engine.clock().clone();
     let interval_ms = engine.config().frontier_flush_interval_ms;
+    let mut next = clock.now_ms() + interval_ms;
     while !engine.is_stopping() {
-        clock.sleep_until(clock.now_ms() + interval_ms).await;
+        clock.sleep_until(next).await;
+        next = clock.now_ms() + interval_ms;
         flush_moved(&engine).await;
     }
 }
@@ -82,7 +85,9 @@ pub async fn flush_moved(engine: &Rc<Engine>) {
             })
             .collect();
         for task in tasks {
-            task.await;
+            for lag_ms in task.await {
+                engine.metrics().frontier_lag.borrow_mut().record(lag_ms * 1000);
+            }
         }
     }
 }

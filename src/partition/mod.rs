@@ -153,6 +153,8 @@ pub struct Group {
     flushed: Cell<u64>,
     /// A flush of its file is running.
     flushing: Cell<bool>,
+    /// When the frontier first moved past `flushed` (cleared when a flush catches up): the flush lag's start.
+    moved_at: Cell<Option<u64>>,
     flushed_event: event_listener::Event,
     pub counters: GroupCounters,
 }
@@ -165,6 +167,7 @@ impl Group {
             shard: RefCell::new(None),
             flushed: Cell::new(0),
             flushing: Cell::new(false),
+            moved_at: Cell::new(None),
             flushed_event: event_listener::Event::new(),
             counters: GroupCounters::default(),
         })
@@ -515,6 +518,7 @@ impl Partition {
             break;
         }
         reserved.keep();
+        self.note_moved(&g);
         Ok(taken)
     }
 
@@ -560,8 +564,6 @@ impl Partition {
                     return Err(Stop::Empty);
                 }
                 warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
-                g.with(|s| s.nack(lease.offset, lease.nonce, now, Some(0)))
-                    .ok();
                 Err(Stop::Unavailable)
             }
         }
@@ -575,6 +577,16 @@ impl Partition {
             start.saturating_sub(before)
         });
         bump(&g.counters.retention_skipped, skipped);
+        self.note_moved(g);
+    }
+
+    /// Remembers when a group's frontier first moved past its file (for the flush-lag histogram).
+    fn note_moved(&self, g: &Group) {
+        if g.moved_at.get().is_none()
+            && g.with_loaded(|s| s.committed()).is_some_and(|c| c != g.flushed.get())
+        {
+            g.moved_at.set(Some(self.clock.now_ms()));
+        }
     }
 
     fn note_released(&self, g: &Group, released: usize) {
@@ -610,6 +622,7 @@ impl Partition {
         .into_iter()
         .map(|r| r.map_err(PartitionError::from))
         .collect();
+        self.note_moved(&g);
         let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
         let gone = results
             .iter()
@@ -659,6 +672,7 @@ impl Partition {
         self.note_released(&g, released);
         let at_cap_before = g.with(|s| self.at_cap(s));
         g.with(|s| s.ack_dead_letter(offset, nonce, now))?;
+        self.note_moved(&g);
         bump(&g.counters.dead_lettered, 1);
         if at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group) {
             (self.wake)(Some(group), 1);
@@ -732,12 +746,17 @@ impl Partition {
 
     /// Writes each group's frontier file whose frontier moved since the last write. A failed write leaves the old
     /// value as the durable one and is retried at the next tick. Never writes a lower value than the one on disk,
-    /// and never after the partition closed (its directory may belong to a new topic by then).
-    pub async fn flush_frontiers(&self) {
+    /// and never after the partition closed (its directory may belong to a new topic by then). Returns, for each
+    /// file written, how long its frontier had waited to become durable (ms).
+    pub async fn flush_frontiers(&self) -> Vec<u64> {
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        let mut lags = Vec::new();
         for g in groups {
-            self.flush_group(&g).await;
+            if let Some(lag) = self.flush_group(&g).await {
+                lags.push(lag);
+            }
         }
+        lags
     }
 
     /// Whether some group's frontier moved since its last flush.
@@ -749,27 +768,35 @@ impl Partition {
         })
     }
 
-    async fn flush_group(&self, g: &Group) {
-        let Some(committed) = g.with_loaded(|s| s.committed()) else {
-            return;
-        };
+    async fn flush_group(&self, g: &Group) -> Option<u64> {
+        let committed = g.with_loaded(|s| s.committed())?;
         if g.flushed.get() == committed || g.flushing.get() || self.closed.get() {
-            return;
+            return None;
         }
+        let started = self.clock.now_ms();
+        let moved_at = g.moved_at.get().unwrap_or(started);
         assert!(
             committed > g.flushed.get(),
             "frontier {committed} would replace the durable {} with a lower one",
             g.flushed.get()
         );
         g.flushing.set(true);
-        match frontier::write(&*self.storage, &g.path, committed).await {
-            Ok(()) => g.flushed.set(committed),
-            Err(e) => {
-                warn!(file = %g.path.display(), error = %e, "cannot write a frontier file; will retry")
+        let lag = match frontier::write(&*self.storage, &g.path, committed).await {
+            Ok(()) => {
+                g.flushed.set(committed);
+                // Acks that came during the write are counted from the write's start.
+                let behind = g.with_loaded(|s| s.committed()) != Some(committed);
+                g.moved_at.set(behind.then_some(started));
+                Some(self.clock.now_ms().saturating_sub(moved_at))
             }
-        }
+            Err(e) => {
+                warn!(file = %g.path.display(), error = %e, "cannot write a frontier file; will retry");
+                None
+            }
+        };
         g.flushing.set(false);
         g.flushed_event.notify(usize::MAX);
+        lag
     }
 
     /// Waits out running flushes.
@@ -894,3 +921,4 @@ impl Partition {
         self.groups.borrow().keys().cloned().collect()
     }
 }
+

@@ -6,7 +6,7 @@ mod beanstalk;
 mod http;
 pub mod report;
 
-use crate::duration::parse_duration_ms;
+use berth::duration::parse_duration_ms;
 use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
 use http::Conn;
@@ -136,7 +136,7 @@ impl BenchArgs {
         }
         let visibility_ms =
             parse_duration_ms(&self.visibility).map_err(|e| format!("--visibility: {}", e.0))?;
-        self.fsync.parse::<crate::config::FsyncPolicy>()?;
+        self.fsync.parse::<berth::config::FsyncPolicy>()?;
         let available: Vec<usize> = core_affinity::get_core_ids()
             .ok_or("cannot list CPUs")?
             .into_iter()
@@ -169,7 +169,7 @@ impl BenchArgs {
         Ok(Plan {
             args: self.clone(),
             duration: Duration::from_millis(duration_ms),
-            visibility: crate::duration::format_ms(visibility_ms),
+            visibility: berth::duration::format_ms(visibility_ms),
             client_cpus,
             server_cpus,
         })
@@ -207,7 +207,7 @@ impl Embedded {
             .spawn()
             .map_err(|e| format!("cannot start the embedded server: {e}"))?;
         let embedded = Embedded { child, dir };
-        let client = crate::client::Client::new(&format!("http://{addr}"));
+        let client = berth::client::Client::new(&format!("http://{addr}"));
         let deadline = Instant::now() + Duration::from_secs(20);
         while client.call("GET", "/health", &[]).map(|a| a.status) != Ok(200) {
             if Instant::now() > deadline {
@@ -258,8 +258,8 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         }
     };
     let server_pid = args.server_pid.or(embedded.as_ref().map(|e| e.child.id()));
-    let client = crate::client::Client::new(&format!("http://{addr}"));
-    let topic = format!("bench-{}", crate::clock::wall_clock_ms());
+    let client = berth::client::Client::new(&format!("http://{addr}"));
+    let topic = format!("bench-{}", berth::clock::wall_clock_ms());
     if plan.args.protocol == Protocol::Beanstalkd {
         if embedded.is_some() {
             return Err(

@@ -1,7 +1,10 @@
-//! The command line: `berth serve` runs the broker; the other commands are a client for people at a terminal.
+//! The command line: `berth serve` runs the broker; `berth bench` is the load generator; the other commands are a
+//! client for people at a terminal. Part of the binary only: the server library links none of it.
 
-use crate::client::{enc, Answer, Client};
-use crate::config::{Config, FsyncPolicy};
+pub mod bench;
+
+use berth::client::{enc, Answer, Client};
+use berth::config::{Config, FsyncPolicy};
 use clap::{Args, Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -88,7 +91,7 @@ enum Command {
         receipt_handle: String,
     },
     /// The load generator: per-core HDR histograms per operation.
-    Bench(crate::bench::BenchArgs),
+    Bench(crate::cli::bench::BenchArgs),
     /// Extend a lease to now + visibility.
     Extend {
         topic: String,
@@ -155,7 +158,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Bench(args) => crate::bench::run(&args, cli.server.as_deref()).map(|_| 0),
+        Command::Bench(args) => crate::cli::bench::run(&args, cli.server.as_deref()).map(|_| 0),
         other => {
             let client = Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER))
                 .with_token(cli.auth_token);
@@ -207,7 +210,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     if args.insecure {
         config.insecure = true;
     }
-    crate::server::run(config)?;
+    berth::server::run(config)?;
     Ok(0)
 }
 
@@ -375,7 +378,7 @@ fn produce_batches(
         let answer = client.call_with(
             "POST",
             path,
-            &[("content-type", crate::ops::params::FRAMES)],
+            &[("content-type", berth::ops::params::FRAMES)],
             &body,
         )?;
         if answer.status != 200 {
@@ -415,7 +418,7 @@ fn consume_batches(
         let answer = client.call_with(
             "GET",
             &format!("{path}&max={want}"),
-            &[("accept", crate::ops::params::NDJSON)],
+            &[("accept", berth::ops::params::NDJSON)],
             &[],
         )?;
         match answer.status {
