@@ -1,10 +1,12 @@
 //! A beanstalkd client for the load generator, so berth and beanstalkd are measured by the same client in the
 //! same run: produce = `put`, consume = `reserve-with-timeout`, ack = `delete`.
 
+use super::{Consumed, Driver, Pipelined};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// One beanstalkd connection.
 pub struct Conn {
@@ -145,5 +147,82 @@ impl Conn {
         self.send().await?;
         let (line, _) = self.read_line(|_| 0).await?;
         Ok(line.starts_with("DELETED"))
+    }
+}
+
+/// The beanstalkd driver: one job per request (beanstalkd has no batches; `--batch` is refused for it).
+pub struct Beanstalk {
+    conn: Conn,
+    message: Arc<Vec<u8>>,
+    /// `reserve-with-timeout` seconds: 1 in cycles (as berth's `wait=1s`), 0 when draining.
+    timeout_s: u32,
+}
+
+impl Beanstalk {
+    pub async fn connect(
+        addr: SocketAddr,
+        message: Arc<Vec<u8>>,
+        timeout_s: u32,
+    ) -> io::Result<Beanstalk> {
+        Ok(Beanstalk {
+            conn: Conn::connect(addr).await?,
+            message,
+            timeout_s,
+        })
+    }
+
+    fn consumed(&self, reserved: Option<(u64, usize)>) -> Consumed<u64> {
+        match reserved {
+            Some((id, len)) => Consumed {
+                handles: vec![id],
+                intact: usize::from(len == self.message.len()),
+                ok: true,
+                empty: false,
+            },
+            None => Consumed {
+                handles: Vec::new(),
+                intact: 0,
+                ok: false,
+                empty: true,
+            },
+        }
+    }
+}
+
+impl Driver for Beanstalk {
+    type Handle = u64;
+
+    async fn produce(&mut self, n: usize) -> io::Result<usize> {
+        let mut inserted = 0;
+        for _ in 0..n {
+            inserted += usize::from(self.conn.put(&self.message).await?);
+        }
+        Ok(inserted)
+    }
+
+    async fn consume(&mut self) -> io::Result<Consumed<u64>> {
+        let reserved = self.conn.reserve(self.timeout_s).await?;
+        Ok(self.consumed(reserved))
+    }
+
+    async fn ack(&mut self, handles: &[u64]) -> io::Result<usize> {
+        let mut deleted = 0;
+        for &id in handles {
+            deleted += usize::from(self.conn.delete(id).await?);
+        }
+        Ok(deleted)
+    }
+
+    async fn pipelined_cycle(&mut self, previous: &[u64]) -> io::Result<Pipelined<u64>> {
+        // One job per cycle: at most one previous job to delete.
+        let (deleted, (inserted, put_at), (reserved, reserved_at)) = self
+            .conn
+            .cycle(previous.first().copied(), &self.message, self.timeout_s)
+            .await?;
+        Ok(Pipelined {
+            acked: deleted.map(|(ok, at)| (usize::from(ok), at)),
+            produced: (usize::from(inserted), put_at),
+            consumed: (self.consumed(reserved), reserved_at),
+        })
     }
 }

@@ -1,16 +1,50 @@
-//! A minimal HTTP/1.1 keep-alive client on glommio for the load generator: one request in flight per connection,
-//! responses parsed with httparse. Not a general client: it reads Content-Length bodies only (all berth sends).
+//! A minimal HTTP/1.1 keep-alive client on glommio for the load generator, and the berth driver on it. Responses are
+//! parsed with httparse; only Content-Length bodies are read (all berth sends). With `--batch 1` the driver sends
+//! version 1's single-message requests; with `--batch N` it produces `application/vnd.berth.frames`, consumes
+//! `max=N` in the same framing, and acks a `text/plain` body of receipt handles.
 
+use super::{Consumed, Driver, Pipelined};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
+use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Largest response the client buffers (a consume of 1000 messages of 1 MiB would not fit, but the batch byte
+/// limit of the server, 16 MiB, does).
+const MAX_REPLY_BYTES: usize = 64 << 20;
 
 /// A response as the load generator needs it.
 pub struct Reply {
     pub status: u16,
     pub receipt_handle: Option<String>,
     pub body_len: usize,
+    /// The body, only when the request asked to keep it.
+    pub body: Vec<u8>,
+}
+
+/// One request to send.
+pub struct Req<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// Extra header lines, each ending in CRLF (`content-type: ...\r\n`).
+    pub headers: &'a str,
+    pub body: &'a [u8],
+    /// Keep the response body (batch replies are parsed; single messages only need their length).
+    pub keep_body: bool,
+}
+
+impl<'a> Req<'a> {
+    pub fn new(method: &'a str, path: &'a str, body: &'a [u8]) -> Req<'a> {
+        Req {
+            method,
+            path,
+            headers: "",
+            body,
+            keep_body: false,
+        }
+    }
 }
 
 /// One keep-alive connection.
@@ -22,10 +56,8 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(std::io::Error::from)?;
+    pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,
@@ -36,60 +68,64 @@ impl Conn {
     }
 
     /// Sends one request and waits for its response.
-    pub async fn request(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: &[u8],
-    ) -> std::io::Result<Reply> {
+    pub async fn request(&mut self, req: Req<'_>) -> io::Result<Reply> {
         self.out.clear();
-        self.push(method, path, body);
+        self.push(&req);
         self.stream.write_all(&self.out).await?;
-        self.read_reply().await
+        self.read_reply(req.keep_body).await
     }
 
     /// Sends several requests in one write (HTTP pipelining) and returns each response with the time it arrived.
-    pub async fn pipeline(
-        &mut self,
-        requests: &[(&str, &str, &[u8])],
-    ) -> std::io::Result<Vec<(Reply, Instant)>> {
+    pub async fn pipeline(&mut self, requests: &[Req<'_>]) -> io::Result<Vec<(Reply, Instant)>> {
         self.out.clear();
-        for (method, path, body) in requests {
-            self.push(method, path, body);
+        for req in requests {
+            self.push(req);
         }
         self.stream.write_all(&self.out).await?;
         let mut replies = Vec::with_capacity(requests.len());
-        for _ in requests {
-            let reply = self.read_reply().await?;
+        for req in requests {
+            let reply = self.read_reply(req.keep_body).await?;
             replies.push((reply, Instant::now()));
         }
         Ok(replies)
     }
 
-    fn push(&mut self, method: &str, path: &str, body: &[u8]) {
+    fn push(&mut self, req: &Req<'_>) {
         use std::io::Write;
         let _ = write!(
             self.out,
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n\r\n",
+            "{} {} HTTP/1.1\r\nhost: {}\r\n{}content-length: {}\r\n\r\n",
+            req.method,
+            req.path,
             self.host,
-            body.len()
+            req.headers,
+            req.body.len()
         );
-        self.out.extend_from_slice(body);
+        self.out.extend_from_slice(req.body);
     }
 
-    async fn read_reply(&mut self) -> std::io::Result<Reply> {
+    async fn read_reply(&mut self, keep_body: bool) -> io::Result<Reply> {
         loop {
-            if let Some((reply, used)) = parse_reply(&self.buf)? {
+            if let Some((mut reply, head, used)) = parse_reply(&self.buf)? {
+                if keep_body {
+                    reply.body = self.buf[head..used].to_vec();
+                }
                 self.buf.drain(..used);
                 return Ok(reply);
+            }
+            if self.buf.len() > MAX_REPLY_BYTES {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a reply over {MAX_REPLY_BYTES} bytes"),
+                ));
             }
             let len = self.buf.len();
             self.buf.resize(len + (16 << 10), 0);
             let n = self.stream.read(&mut self.buf[len..]).await?;
             self.buf.truncate(len + n);
             if n == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
                     "server closed",
                 ));
             }
@@ -97,18 +133,14 @@ impl Conn {
     }
 }
 
-fn parse_reply(buf: &[u8]) -> std::io::Result<Option<(Reply, usize)>> {
+/// A complete response at the start of `buf`: the reply (without its body), where the body starts, where it ends.
+fn parse_reply(buf: &[u8]) -> io::Result<Option<(Reply, usize, usize)>> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
     let head = match response.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                e.to_string(),
-            ))
-        }
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
     };
     let mut content_length = 0usize;
     let mut receipt_handle = None;
@@ -123,7 +155,8 @@ fn parse_reply(buf: &[u8]) -> std::io::Result<Option<(Reply, usize)>> {
         }
     }
     let status = response.code.unwrap_or(0);
-    if buf.len() < head + content_length {
+    let end = head.saturating_add(content_length);
+    if buf.len() < end {
         return Ok(None);
     }
     Ok(Some((
@@ -131,7 +164,272 @@ fn parse_reply(buf: &[u8]) -> std::io::Result<Option<(Reply, usize)>> {
             status,
             receipt_handle,
             body_len: content_length,
+            body: Vec::new(),
         },
-        head + content_length,
+        head,
+        end,
     )))
+}
+
+/// Frames as berth batches carry them: a 4-byte little-endian length, then that many bytes.
+pub fn frames_of(body: &[u8], n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * (body.len() + 4));
+    for _ in 0..n {
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// Splits a frames body; None when it is not made of whole frames.
+fn split_frames(mut bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        let frame = bytes.get(4..4usize.checked_add(len)?)?;
+        out.push(frame);
+        bytes = &bytes[4 + len..];
+    }
+    Some(out)
+}
+
+#[derive(serde::Deserialize)]
+struct BatchProduced {
+    failed: usize,
+    results: Vec<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct DeliveryHeader {
+    receipt_handle: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Settled {
+    results: Vec<SettleResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct SettleResult {
+    status: u16,
+}
+
+/// The berth driver: one connection and the request lines of the bench topic.
+pub struct Berth {
+    conn: Conn,
+    topic: String,
+    batch: usize,
+    message: Arc<Vec<u8>>,
+    /// A full batch's produce body (frames), when batching.
+    frames: Vec<u8>,
+    produce_path: String,
+    consume_path: String,
+    ack_path: String,
+}
+
+const FRAMES_OUT: &str = "content-type: application/vnd.berth.frames\r\n";
+const FRAMES_IN: &str = "accept: application/vnd.berth.frames\r\n";
+const TEXT_OUT: &str = "content-type: text/plain\r\n";
+
+impl Berth {
+    pub async fn connect(
+        addr: SocketAddr,
+        topic: &str,
+        visibility: &str,
+        wait: &str,
+        batch: usize,
+        message: Arc<Vec<u8>>,
+    ) -> io::Result<Berth> {
+        let max = if batch > 1 {
+            format!("&max={batch}")
+        } else {
+            String::new()
+        };
+        Ok(Berth {
+            conn: Conn::connect(addr).await?,
+            topic: topic.to_string(),
+            batch,
+            frames: if batch > 1 {
+                frames_of(&message, batch)
+            } else {
+                Vec::new()
+            },
+            message,
+            produce_path: format!("/produce?topic={topic}"),
+            consume_path: format!(
+                "/consume?topic={topic}&visibility={visibility}&wait={wait}{max}"
+            ),
+            ack_path: format!("/ack?topic={topic}"),
+        })
+    }
+
+    fn single_ack_path(&self, handle: &str) -> String {
+        format!("/ack?topic={}&receipt_handle={handle}", self.topic)
+    }
+
+    /// Messages accepted by a produce reply of `n` records.
+    fn produced(&self, reply: &Reply, n: usize) -> usize {
+        if reply.status != 200 {
+            return 0;
+        }
+        if self.batch == 1 {
+            return 1;
+        }
+        match serde_json::from_slice::<BatchProduced>(&reply.body) {
+            Ok(b) if b.results.len() == n => n.saturating_sub(b.failed),
+            _ => 0,
+        }
+    }
+
+    /// What a consume reply delivered.
+    fn consumed(&self, reply: Reply) -> Consumed<String> {
+        let mut c = Consumed {
+            handles: Vec::new(),
+            intact: 0,
+            ok: reply.status == 200,
+            empty: reply.status == 204,
+        };
+        if reply.status != 200 {
+            return c;
+        }
+        if self.batch == 1 {
+            c.intact = usize::from(reply.body_len == self.message.len());
+            c.handles.extend(reply.receipt_handle);
+            return c;
+        }
+        let Some(frames) = split_frames(&reply.body) else {
+            c.ok = false;
+            return c;
+        };
+        c.ok = frames.len() % 2 == 0;
+        for pair in frames.chunks_exact(2) {
+            match serde_json::from_slice::<DeliveryHeader>(pair[0]) {
+                Ok(h) => {
+                    c.handles.push(h.receipt_handle);
+                    c.intact += usize::from(pair[1].len() == self.message.len());
+                }
+                Err(_) => c.ok = false,
+            }
+        }
+        c
+    }
+
+    /// Handles a settle reply acked.
+    fn acked(&self, reply: &Reply, n: usize) -> usize {
+        if reply.status != 200 {
+            return 0;
+        }
+        if self.batch == 1 {
+            return n.min(1);
+        }
+        match serde_json::from_slice::<Settled>(&reply.body) {
+            Ok(s) => s.results.iter().filter(|r| r.status == 200).count(),
+            Err(_) => 0,
+        }
+    }
+}
+
+impl Driver for Berth {
+    type Handle = String;
+
+    async fn produce(&mut self, n: usize) -> io::Result<usize> {
+        let partial;
+        let req = if self.batch == 1 {
+            Req::new("POST", &self.produce_path, &self.message)
+        } else {
+            let body = if n == self.batch {
+                &self.frames
+            } else {
+                partial = frames_of(&self.message, n);
+                &partial
+            };
+            Req {
+                headers: FRAMES_OUT,
+                keep_body: true,
+                ..Req::new("POST", &self.produce_path, body)
+            }
+        };
+        let reply = self.conn.request(req).await?;
+        Ok(self.produced(&reply, n))
+    }
+
+    async fn consume(&mut self) -> io::Result<Consumed<String>> {
+        let req = Req {
+            headers: if self.batch > 1 { FRAMES_IN } else { "" },
+            keep_body: self.batch > 1,
+            ..Req::new("GET", &self.consume_path, &[])
+        };
+        let reply = self.conn.request(req).await?;
+        Ok(self.consumed(reply))
+    }
+
+    async fn ack(&mut self, handles: &[String]) -> io::Result<usize> {
+        let (path, body);
+        let req = if self.batch == 1 && handles.len() == 1 {
+            path = self.single_ack_path(&handles[0]);
+            Req::new("POST", &path, &[])
+        } else {
+            body = handles.join("\n");
+            Req {
+                headers: TEXT_OUT,
+                keep_body: true,
+                ..Req::new("POST", &self.ack_path, body.as_bytes())
+            }
+        };
+        let reply = self.conn.request(req).await?;
+        Ok(self.acked(&reply, handles.len()))
+    }
+
+    async fn pipelined_cycle(&mut self, previous: &[String]) -> io::Result<Pipelined<String>> {
+        let mut requests: Vec<Req<'_>> = Vec::with_capacity(3);
+        let (single_path, ack_body);
+        if !previous.is_empty() {
+            if self.batch == 1 && previous.len() == 1 {
+                single_path = self.single_ack_path(&previous[0]);
+                requests.push(Req::new("POST", &single_path, &[]));
+            } else {
+                ack_body = previous.join("\n");
+                requests.push(Req {
+                    headers: TEXT_OUT,
+                    keep_body: true,
+                    ..Req::new("POST", &self.ack_path, ack_body.as_bytes())
+                });
+            }
+        }
+        if self.batch == 1 {
+            requests.push(Req::new("POST", &self.produce_path, &self.message));
+        } else {
+            requests.push(Req {
+                headers: FRAMES_OUT,
+                keep_body: true,
+                ..Req::new("POST", &self.produce_path, &self.frames)
+            });
+        }
+        requests.push(Req {
+            headers: if self.batch > 1 { FRAMES_IN } else { "" },
+            keep_body: self.batch > 1,
+            ..Req::new("GET", &self.consume_path, &[])
+        });
+        let with_ack = requests.len() == 3;
+        let mut replies = self.conn.pipeline(&requests).await?.into_iter();
+        let mut next = || {
+            replies
+                .next()
+                .ok_or_else(|| io::Error::other("a pipelined reply is missing"))
+        };
+        let acked = if with_ack {
+            let (reply, at) = next()?;
+            Some((self.acked(&reply, previous.len()), at))
+        } else {
+            None
+        };
+        let (reply, produced_at) = next()?;
+        let produced = self.produced(&reply, self.batch);
+        let (reply, consumed_at) = next()?;
+        Ok(Pipelined {
+            acked,
+            produced: (produced, produced_at),
+            consumed: (self.consumed(reply), consumed_at),
+        })
+    }
 }

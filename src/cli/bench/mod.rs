@@ -1,16 +1,20 @@
 //! `berth bench`: the load generator. One pinned glommio executor per client CPU, each driving its connections in a
-//! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation; then a table,
-//! JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core histograms from `/metrics`.
+//! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation and the messages
+//! they carried; then a table, JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core
+//! histograms from `/metrics`. The same loop drives berth (HTTP, single messages or `--batch N`), beanstalkd and
+//! Redis Streams (`--protocol`), so the baselines are measured by the same client in the same way.
 
 mod beanstalk;
 mod http;
+mod redis;
 pub mod report;
+mod resp;
 
 use berth::duration::parse_duration_ms;
 use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
-use http::Conn;
-use report::{CoreResult, Op, RunReport};
+use report::{CoreResult, Op, RunReport, ServerHistograms};
+use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,7 +42,29 @@ pub enum Protocol {
     /// beanstalkd's text protocol (put / reserve-with-timeout / delete), as a baseline in the same run; needs
     /// `--server HOST:PORT` of a running beanstalkd (and `--server-pid` for its CPU).
     Beanstalkd,
+    /// Redis Streams (XADD / XREADGROUP / XACK in a consumer group), as a baseline in the same run; needs
+    /// `--server HOST:PORT` of a running redis-server (and `--server-pid` for its CPU).
+    Redis,
 }
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Berth => "berth",
+            Protocol::Beanstalkd => "beanstalkd",
+            Protocol::Redis => "redis",
+        }
+    }
+}
+
+/// The server's default `max_batch_records` (api.md, Batches): the largest `--batch`.
+pub const MAX_BATCH_RECORDS: usize = 1000;
+/// The server's default `max_batch_bytes`: a produce batch's frames must fit.
+pub const MAX_BATCH_BYTES: usize = 16 << 20;
+/// berth's default per-partition `max_in_flight` (and `max_acked_ahead`) for a topic.
+const DEFAULT_TOPIC_CAP: usize = 1024;
+/// berth's upper bound on those caps.
+const MAX_TOPIC_CAP: usize = 1 << 20;
 
 /// `berth bench` options.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -46,9 +72,18 @@ pub struct BenchArgs {
     /// produce | consume | cycle.
     #[arg(long, value_enum, default_value = "cycle")]
     pub workload: Workload,
-    /// berth, or beanstalkd as a baseline.
+    /// berth, or beanstalkd or redis as a baseline.
     #[arg(long, value_enum, default_value = "berth")]
     pub protocol: Protocol,
+    /// Messages per request: produce sends N records in one request (berth: `application/vnd.berth.frames`;
+    /// redis: N pipelined XADDs), consume asks for up to N (`max=N`; redis `COUNT N`) and acks them in one request.
+    /// 1 is version 1's single-message requests. At most the server's default `max_batch_records` (1000).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// berth: `max_in_flight` and `max_acked_ahead` of the bench topic [default: berth's 1024, raised with
+    /// --batch to cover twice every connection's batch].
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
     /// Connections per client core.
     #[arg(long, default_value_t = 16)]
     pub connections: usize,
@@ -128,6 +163,25 @@ impl BenchArgs {
         }
         if self.rate == Some(0) {
             return Err("--rate must be positive".into());
+        }
+        if self.batch == 0 || self.batch > MAX_BATCH_RECORDS {
+            return Err(format!(
+                "--batch must be 1..={MAX_BATCH_RECORDS} (the server's default max_batch_records)"
+            ));
+        }
+        if self.batch > 1 && self.batch * (self.message_bytes + 4) > MAX_BATCH_BYTES {
+            return Err(format!(
+                "--batch {} of {}-byte messages is over the server's default max_batch_bytes ({MAX_BATCH_BYTES})",
+                self.batch, self.message_bytes
+            ));
+        }
+        if self.batch > 1 && self.protocol == Protocol::Beanstalkd {
+            return Err("--batch: beanstalkd has no batches; use --batch 1 with it".into());
+        }
+        if let Some(cap) = self.max_in_flight {
+            if cap == 0 || cap > MAX_TOPIC_CAP {
+                return Err(format!("--max-in-flight must be 1..={MAX_TOPIC_CAP}"));
+            }
         }
         let duration_ms =
             parse_duration_ms(&self.duration).map_err(|e| format!("--duration: {}", e.0))?;
@@ -240,12 +294,40 @@ fn process_cpu_us(pid: u32) -> Option<u64> {
     Some((utime + stime) * 1_000_000 / ticks)
 }
 
+/// The bench topic's `max_in_flight` / `max_acked_ahead`: berth's default, or enough for every connection to hold
+/// two batches.
+fn topic_cap(plan: &Plan) -> usize {
+    plan.args.max_in_flight.unwrap_or_else(|| {
+        if plan.args.batch == 1 {
+            DEFAULT_TOPIC_CAP
+        } else {
+            let conns = plan.args.connections * plan.client_cpus.len();
+            (2 * conns * plan.args.batch).clamp(DEFAULT_TOPIC_CAP, MAX_TOPIC_CAP)
+        }
+    })
+}
+
 /// Runs the benchmark; `server` is the global --server when given explicitly.
 pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     let plan = args.plan()?;
+    let protocol = plan.args.protocol;
+    if protocol != Protocol::Berth && server.is_none() {
+        return Err(format!(
+            "--protocol {} needs --server HOST:PORT of a running {}",
+            protocol.name(),
+            if protocol == Protocol::Redis {
+                "redis-server"
+            } else {
+                "beanstalkd"
+            }
+        ));
+    }
     let (embedded, addr) = match server {
         Some(url) => {
-            let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+            let hostport = url
+                .trim_start_matches("http://")
+                .trim_start_matches("redis://")
+                .trim_end_matches('/');
             let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
                 .map_err(|e| format!("--server {url}: {e}"))?
                 .next()
@@ -260,62 +342,70 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     let server_pid = args.server_pid.or(embedded.as_ref().map(|e| e.child.id()));
     let client = berth::client::Client::new(&format!("http://{addr}"));
     let topic = format!("bench-{}", berth::clock::wall_clock_ms());
-    if plan.args.protocol == Protocol::Beanstalkd {
-        if embedded.is_some() {
-            return Err(
-                "--protocol beanstalkd needs --server HOST:PORT of a running beanstalkd".into(),
+    match protocol {
+        Protocol::Beanstalkd => {}
+        Protocol::Redis => redis::create_group(addr, &topic)?,
+        Protocol::Berth => {
+            let cap = topic_cap(&plan);
+            let mut path = format!(
+                "/topics/{topic}?partitions={}&visibility={}",
+                plan.args.partitions, plan.visibility
             );
-        }
-        if plan.args.workload == Workload::Consume || plan.args.rate.is_some() {
-            return Err(
-                "--protocol beanstalkd supports the produce and cycle workloads, closed loop"
-                    .into(),
-            );
-        }
-    } else {
-        let path = format!(
-            "/topics/{topic}?partitions={}&visibility={}",
-            plan.args.partitions, plan.visibility
-        );
-        let created = client.call("PUT", &path, &[])?;
-        if created.status != 201 {
-            return Err(format!(
-                "cannot create the bench topic: {} {}",
-                created.status,
-                created.text()
-            ));
+            if cap != DEFAULT_TOPIC_CAP {
+                path.push_str(&format!("&max_in_flight={cap}&max_acked_ahead={cap}"));
+            }
+            let created = client.call("PUT", &path, &[])?;
+            if created.status != 201 {
+                return Err(format!(
+                    "cannot create the bench topic: {} {}",
+                    created.status,
+                    created.text()
+                ));
+            }
         }
     }
     if plan.args.workload == Workload::Consume {
         eprintln!("pre-filling {} messages...", plan.args.messages);
         prefill(&plan, addr, &topic)?;
     }
+    let metrics = || {
+        client
+            .call("GET", "/metrics", &[])
+            .ok()
+            .filter(|a| a.status == 200)
+            .map(|a| a.text())
+    };
+    let metrics_before = if protocol == Protocol::Berth {
+        metrics()
+    } else {
+        None
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone());
     let progress = Arc::new(AtomicU64::new(0));
     let cpu_before = server_pid.and_then(process_cpu_us);
     let started = Instant::now();
     let ticker = spawn_progress(progress.clone(), stop.clone());
-    let results = run_clients(&plan, addr, &topic, stop.clone(), progress.clone())?;
+    let results = run_clients(&plan, addr, &topic, stop.clone(), progress.clone());
     let elapsed = started.elapsed();
     let cpu_after = server_pid.and_then(process_cpu_us);
     stop.store(true, Ordering::Relaxed);
     let _ = ticker.join();
     eprintln!();
-    let server_metrics = if plan.args.protocol == Protocol::Berth {
-        client
-            .call("GET", "/metrics", &[])
-            .map(|a| a.text())
-            .unwrap_or_default()
-    } else {
-        String::new()
+    let results = results?;
+    let server_histograms = match protocol {
+        Protocol::Berth => ServerHistograms::from_metrics(
+            metrics_before.as_deref(),
+            &metrics().unwrap_or_default(),
+        ),
+        _ => ServerHistograms::default(),
     };
     let report = RunReport::new(
         &plan.args,
         elapsed,
         results,
         cpu_before.zip(cpu_after).map(|(b, a)| a.saturating_sub(b)),
-        report::server_latency(&server_metrics),
+        server_histograms,
         plan.client_cpus.clone(),
         if embedded.is_some() {
             plan.server_cpus.clone()
@@ -340,8 +430,14 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         std::fs::write(path, report.svg()).map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    if plan.args.protocol == Protocol::Berth {
-        let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
+    match protocol {
+        Protocol::Berth => {
+            let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
+        }
+        Protocol::Redis => {
+            let _ = redis::command(addr, &[b"DEL", topic.as_bytes()]);
+        }
+        Protocol::Beanstalkd => {}
     }
     drop(embedded);
     Ok(())
@@ -367,7 +463,7 @@ fn spawn_progress(progress: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> std::threa
     })
 }
 
-/// Fills the topic for the consume workload with produces from the client cores.
+/// Fills the topic for the consume workload with produces (of `--batch` messages) from the client cores.
 fn prefill(plan: &Plan, addr: SocketAddr, topic: &str) -> Result<(), String> {
     let mut fill = plan.args.clone();
     fill.workload = Workload::Produce;
@@ -382,7 +478,12 @@ fn prefill(plan: &Plan, addr: SocketAddr, topic: &str) -> Result<(), String> {
     let progress = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let budget = Arc::new(AtomicU64::new(plan.args.messages));
-    run_clients_with(&fill_plan, addr, topic, stop, progress, Some(budget)).map(|_| ())
+    let results = run_clients_with(&fill_plan, addr, topic, stop, progress, Some(budget))?;
+    let errors: u64 = results.iter().map(|r| r.errors[Op::Produce as usize]).sum();
+    if errors > 0 {
+        return Err(format!("pre-filling: {errors} produce requests failed"));
+    }
+    Ok(())
 }
 
 fn run_clients(
@@ -409,13 +510,15 @@ fn run_clients_with(
         let total_conns = (plan.args.connections * plan.client_cpus.len()) as f64;
         Duration::from_secs_f64(total_conns / rate as f64)
     });
+    let message = Arc::new(vec![b'x'; plan.args.message_bytes]);
     for (index, &cpu) in plan.client_cpus.iter().enumerate() {
         let job = Job {
             protocol: plan.args.protocol,
             workload: plan.args.workload,
             pipeline: plan.args.pipeline,
+            batch: plan.args.batch,
             connections: plan.args.connections,
-            message: Arc::new(vec![b'x'; plan.args.message_bytes]),
+            message: message.clone(),
             topic: topic.to_string(),
             visibility: plan.visibility.clone(),
             deadline,
@@ -427,18 +530,27 @@ fn run_clients_with(
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("bench-client-{index}"))
             .spin_before_park(Duration::from_micros(plan.args.client_spin_us))
-            .spawn(move || async move { client_core(cpu, addr, job).await })
+            .spawn(move || async move { client_core(index, cpu, addr, job).await })
             .map_err(|e| format!("cannot start a client executor on cpu {cpu}: {e}"))?;
         handles.push(handle);
     }
     let mut results = Vec::new();
+    let mut first_error = None;
     for h in handles {
-        results.push(
-            h.join()
-                .map_err(|e| format!("client executor failed: {e}"))??,
-        );
+        match h.join() {
+            Ok(Ok(r)) => results.push(r),
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(format!("client executor failed: {e}"));
+            }
+        }
     }
-    Ok(results)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(results),
+    }
 }
 
 /// What one client core runs.
@@ -446,6 +558,7 @@ struct Job {
     protocol: Protocol,
     workload: Workload,
     pipeline: bool,
+    batch: usize,
     connections: usize,
     message: Arc<Vec<u8>>,
     topic: String,
@@ -454,64 +567,149 @@ struct Job {
     interval: Option<Duration>,
     stop: Arc<AtomicBool>,
     progress: Arc<AtomicU64>,
-    /// Remaining operations allowed across all cores (pre-fill); None = until the deadline.
+    /// Remaining messages allowed across all cores (pre-fill); None = until the deadline.
     budget: Option<Arc<AtomicU64>>,
 }
 
-async fn client_core(cpu: usize, addr: SocketAddr, job: Job) -> Result<CoreResult, String> {
+async fn client_core(
+    index: usize,
+    cpu: usize,
+    addr: SocketAddr,
+    job: Job,
+) -> Result<CoreResult, String> {
     let job = std::rc::Rc::new(job);
     let mut tasks = Vec::new();
-    for _ in 0..job.connections {
+    for conn in 0..job.connections {
         let job = job.clone();
         tasks.push(glommio::spawn_local(async move {
-            match job.protocol {
-                Protocol::Berth => connection_loop(addr, &job).await,
-                Protocol::Beanstalkd => beanstalk_loop(addr, &job).await,
-            }
+            connection(index, conn, addr, &job).await
         }));
     }
     let mut result = CoreResult::new(cpu);
+    let mut first_error = None;
+    // Every connection is awaited (none is left running) before an error is returned.
     for t in tasks {
-        let r = t.await?;
-        result.merge(&r);
-    }
-    Ok(result)
-}
-
-fn take_budget(budget: &Option<Arc<AtomicU64>>) -> bool {
-    match budget {
-        None => true,
-        Some(b) => b
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1))
-            .is_ok(),
-    }
-}
-
-async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, String> {
-    let mut conn = Conn::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let mut result = CoreResult::new(0);
-    let produce_path = format!("/produce?topic={}", job.topic);
-    let consume_path = format!(
-        "/consume?topic={}&visibility={}&wait={}",
-        job.topic,
-        job.visibility,
-        if job.workload == Workload::Cycle {
-            "1s"
-        } else {
-            "0"
+        match t.await {
+            Ok(r) => result.merge(&r),
+            Err(e) => {
+                job.stop.store(true, Ordering::Relaxed);
+                first_error.get_or_insert(e);
+            }
         }
-    );
-    let io = |e: std::io::Error| format!("request failed: {e}");
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(result),
+    }
+}
+
+/// Connects one connection of the job's protocol and runs the loop on it.
+async fn connection(
+    core: usize,
+    index: usize,
+    addr: SocketAddr,
+    job: &Job,
+) -> Result<CoreResult, String> {
+    let connect = |e: io::Error| format!("connect {addr}: {e}");
+    // Cycles wait up to 1 s for their message; draining (consume) must not wait once the topic is empty.
+    let waits = job.workload == Workload::Cycle;
+    let message = job.message.clone();
+    match job.protocol {
+        Protocol::Berth => {
+            let wait = if waits { "1s" } else { "0" };
+            let d =
+                http::Berth::connect(addr, &job.topic, &job.visibility, wait, job.batch, message)
+                    .await
+                    .map_err(connect)?;
+            drive(d, job).await
+        }
+        Protocol::Beanstalkd => {
+            let d = beanstalk::Beanstalk::connect(addr, message, u32::from(waits))
+                .await
+                .map_err(connect)?;
+            drive(d, job).await
+        }
+        Protocol::Redis => {
+            let consumer = format!("c{core}-{index}");
+            let block = waits.then_some(1000);
+            let d = redis::Redis::connect(addr, &job.topic, &consumer, job.batch, message, block)
+                .await
+                .map_err(connect)?;
+            drive(d, job).await
+        }
+    }
+}
+
+/// Takes up to `want` messages from the pre-fill budget (all of them without one); 0 when it is spent.
+fn take_budget(budget: &Option<Arc<AtomicU64>>, want: usize) -> usize {
+    match budget {
+        None => want,
+        Some(b) => b
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                v.checked_sub(1).map(|_| v.saturating_sub(want as u64))
+            })
+            .map_or(0, |v| v.min(want as u64) as usize),
+    }
+}
+
+/// What a consume got.
+pub struct Consumed<H> {
+    /// The leases taken, to be acked.
+    pub handles: Vec<H>,
+    /// Of those, the messages whose body had the expected length.
+    pub intact: usize,
+    /// The request succeeded (berth 200 with well-formed frames; beanstalkd RESERVED; redis a reply of entries).
+    pub ok: bool,
+    /// Nothing was deliverable (berth 204, beanstalkd TIMED_OUT, redis nil).
+    pub empty: bool,
+}
+
+impl<H> Consumed<H> {
+    /// Succeeded with every message intact.
+    fn delivered(&self) -> bool {
+        self.ok && !self.handles.is_empty() && self.intact == self.handles.len()
+    }
+}
+
+/// A pipelined cycle's answers (ack of the previous batch, produce, consume), each with the time it arrived.
+pub struct Pipelined<H> {
+    pub acked: Option<(usize, Instant)>,
+    pub produced: (usize, Instant),
+    pub consumed: (Consumed<H>, Instant),
+}
+
+/// One connection of a protocol, in the load generator's terms. Each call is one request (berth), or one write of
+/// pipelined commands (beanstalkd, redis), and returns when every answer is in.
+pub trait Driver {
+    /// What acks a delivered message.
+    type Handle;
+    /// Produces `n` messages (at most the batch): how many the server accepted.
+    async fn produce(&mut self, n: usize) -> io::Result<usize>;
+    /// Leases up to a batch of messages.
+    async fn consume(&mut self) -> io::Result<Consumed<Self::Handle>>;
+    /// Acks these: how many the server acked.
+    async fn ack(&mut self, handles: &[Self::Handle]) -> io::Result<usize>;
+    /// In one write: the ack of `previous` (if any), a batch produce, a batch consume.
+    async fn pipelined_cycle(
+        &mut self,
+        previous: &[Self::Handle],
+    ) -> io::Result<Pipelined<Self::Handle>>;
+}
+
+/// The loop every connection runs, whatever the protocol.
+async fn drive<D: Driver>(mut d: D, job: &Job) -> Result<CoreResult, String> {
+    let protocol = job.protocol.name();
+    let io = |e: io::Error| format!("{protocol} request failed: {e}");
+    let mut result = CoreResult::new(0);
     let mut intended = Instant::now();
-    // Pipelined cycles ack the previous message together with the next produce.
-    let mut pending_ack: Option<String> = None;
+    // Pipelined cycles ack the previous batch together with the next produce.
+    let mut pending: Vec<D::Handle> = Vec::new();
     loop {
-        if job.stop.load(Ordering::Relaxed)
-            || Instant::now() >= job.deadline
-            || !take_budget(&job.budget)
-        {
+        if job.stop.load(Ordering::Relaxed) || Instant::now() >= job.deadline {
+            break;
+        }
+        let n = take_budget(&job.budget, job.batch);
+        if n == 0 {
             break;
         }
         // Open loop: wait for this operation's slot, and measure from it (not from when we got to send).
@@ -528,148 +726,58 @@ async fn connection_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, Stri
         };
         match job.workload {
             Workload::Produce => {
-                let reply = conn
-                    .request("POST", &produce_path, &job.message)
-                    .await
-                    .map_err(io)?;
-                result.record(Op::Produce, start, reply.status == 200);
+                let accepted = d.produce(n).await.map_err(io)?;
+                result.record(Op::Produce, start, accepted == n, accepted);
             }
             Workload::Consume => {
                 let t0 = Instant::now();
-                let reply = conn.request("GET", &consume_path, &[]).await.map_err(io)?;
-                if reply.status == 204 {
+                let consumed = d.consume().await.map_err(io)?;
+                if consumed.empty {
                     break;
                 }
-                result.record(Op::Consume, t0, reply.status == 200);
-                let Some(handle) = reply.receipt_handle else {
+                result.record(Op::Consume, t0, consumed.delivered(), consumed.intact);
+                if consumed.handles.is_empty() {
                     continue;
-                };
+                }
                 let t1 = Instant::now();
-                let ack = conn
-                    .request(
-                        "POST",
-                        &format!("/ack?topic={}&receipt_handle={handle}", job.topic),
-                        &[],
-                    )
-                    .await
-                    .map_err(io)?;
-                result.record(Op::Ack, t1, ack.status == 200);
-                result.record(Op::Cycle, start, ack.status == 200);
+                let acked = d.ack(&consumed.handles).await.map_err(io)?;
+                let ok = acked == consumed.handles.len();
+                result.record(Op::Ack, t1, ok, acked);
+                result.record(Op::Cycle, start, ok, acked);
             }
             Workload::Cycle if job.pipeline => {
-                let ack_path = pending_ack
-                    .take()
-                    .map(|h| format!("/ack?topic={}&receipt_handle={h}", job.topic));
-                let mut requests: Vec<(&str, &str, &[u8])> = Vec::with_capacity(3);
-                if let Some(path) = &ack_path {
-                    requests.push(("POST", path, &[]));
+                let previous = std::mem::take(&mut pending);
+                let p = d.pipelined_cycle(&previous).await.map_err(io)?;
+                if let Some((acked, at)) = p.acked {
+                    result.record_span(Op::Ack, start, at, acked == previous.len(), acked);
                 }
-                requests.push(("POST", &produce_path, &job.message));
-                requests.push(("GET", &consume_path, &[]));
-                let mut replies = conn.pipeline(&requests).await.map_err(io)?.into_iter();
-                if ack_path.is_some() {
-                    let (ack, at) = replies.next().expect("one reply per request");
-                    result.record_span(Op::Ack, start, at, ack.status == 200);
-                }
-                let (produced, at) = replies.next().expect("one reply per request");
-                result.record_span(Op::Produce, start, at, produced.status == 200);
-                let (consumed, at) = replies.next().expect("one reply per request");
-                let delivered = consumed.status == 200 && consumed.body_len == job.message.len();
-                result.record_span(Op::Consume, start, at, delivered);
-                result.record_span(Op::Cycle, start, at, delivered);
-                pending_ack = consumed.receipt_handle;
+                let (produced, at) = p.produced;
+                result.record_span(Op::Produce, start, at, produced == job.batch, produced);
+                let (consumed, at) = p.consumed;
+                let ok = consumed.delivered();
+                result.record_span(Op::Consume, start, at, ok, consumed.intact);
+                result.record_span(Op::Cycle, start, at, ok, consumed.intact);
+                pending = consumed.handles;
             }
             Workload::Cycle => {
-                let reply = conn
-                    .request("POST", &produce_path, &job.message)
-                    .await
-                    .map_err(io)?;
-                result.record(Op::Produce, start, reply.status == 200);
+                let produced = d.produce(n).await.map_err(io)?;
+                result.record(Op::Produce, start, produced == n, produced);
                 let t1 = Instant::now();
-                let reply = conn.request("GET", &consume_path, &[]).await.map_err(io)?;
-                result.record(
-                    Op::Consume,
-                    t1,
-                    reply.status == 200 && reply.body_len == job.message.len(),
-                );
-                if let Some(handle) = reply.receipt_handle {
+                let consumed = d.consume().await.map_err(io)?;
+                result.record(Op::Consume, t1, consumed.delivered(), consumed.intact);
+                if !consumed.handles.is_empty() {
                     let t2 = Instant::now();
-                    let ack = conn
-                        .request(
-                            "POST",
-                            &format!("/ack?topic={}&receipt_handle={handle}", job.topic),
-                            &[],
-                        )
-                        .await
-                        .map_err(io)?;
-                    result.record(Op::Ack, t2, ack.status == 200);
-                    result.record(Op::Cycle, start, ack.status == 200);
+                    let acked = d.ack(&consumed.handles).await.map_err(io)?;
+                    let ok = acked == consumed.handles.len();
+                    result.record(Op::Ack, t2, ok, acked);
+                    result.record(Op::Cycle, start, ok, acked);
                 }
             }
         }
         job.progress.fetch_add(1, Ordering::Relaxed);
     }
-    if let Some(handle) = pending_ack {
-        let path = format!("/ack?topic={}&receipt_handle={handle}", job.topic);
-        let _ = conn.request("POST", &path, &[]).await;
-    }
-    Ok(result)
-}
-
-/// The same loop against beanstalkd: put (produce), reserve-with-timeout (consume), delete (ack).
-async fn beanstalk_loop(addr: SocketAddr, job: &Job) -> Result<CoreResult, String> {
-    let mut conn = beanstalk::Conn::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let mut result = CoreResult::new(0);
-    let io = |e: std::io::Error| format!("beanstalkd request failed: {e}");
-    // Pipelined cycles delete the previous job together with the next put.
-    let mut pending: Option<u64> = None;
-    loop {
-        if job.stop.load(Ordering::Relaxed)
-            || Instant::now() >= job.deadline
-            || !take_budget(&job.budget)
-        {
-            break;
-        }
-        let start = Instant::now();
-        if job.pipeline {
-            let (deleted, (inserted, put_at), (reserved, reserved_at)) = conn
-                .cycle(pending.take(), &job.message, 1)
-                .await
-                .map_err(io)?;
-            if let Some((ok, at)) = deleted {
-                result.record_span(Op::Ack, start, at, ok);
-            }
-            result.record_span(Op::Produce, start, put_at, inserted);
-            let delivered = reserved.is_some_and(|(_, len)| len == job.message.len());
-            result.record_span(Op::Consume, start, reserved_at, delivered);
-            result.record_span(Op::Cycle, start, reserved_at, delivered);
-            pending = reserved.map(|(id, _)| id);
-            job.progress.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let inserted = conn.put(&job.message).await.map_err(io)?;
-        result.record(Op::Produce, start, inserted);
-        if job.workload == Workload::Cycle {
-            let t1 = Instant::now();
-            let reserved = conn.reserve(1).await.map_err(io)?;
-            result.record(
-                Op::Consume,
-                t1,
-                reserved.is_some_and(|(_, len)| len == job.message.len()),
-            );
-            if let Some((id, _)) = reserved {
-                let t2 = Instant::now();
-                let deleted = conn.delete(id).await.map_err(io)?;
-                result.record(Op::Ack, t2, deleted);
-                result.record(Op::Cycle, start, deleted);
-            }
-        }
-        job.progress.fetch_add(1, Ordering::Relaxed);
-    }
-    if let Some(id) = pending {
-        let _ = conn.delete(id).await;
+    if !pending.is_empty() {
+        let _ = d.ack(&pending).await;
     }
     Ok(result)
 }

@@ -47,6 +47,9 @@ pub struct CoreResult {
     pub latency_us: Vec<Histogram<u64>>,
     /// Answers that were not the expected success, per operation.
     pub errors: [u64; 4],
+    /// Messages carried by the successful part of each operation (produced, delivered intact, acked; for a cycle,
+    /// acked, or delivered when pipelined): the request count times the batch when all goes well.
+    pub messages: [u64; 4],
 }
 
 impl CoreResult {
@@ -55,22 +58,28 @@ impl CoreResult {
             cpu,
             latency_us: OPS.iter().map(|_| super::new_histogram()).collect(),
             errors: [0; 4],
+            messages: [0; 4],
         }
     }
 
-    pub fn record(&mut self, op: Op, started: Instant, ok: bool) {
-        let i = op as usize;
-        self.latency_us[i].saturating_record((started.elapsed().as_micros() as u64).max(1));
-        if !ok {
-            self.errors[i] += 1;
-        }
+    /// Records one request (or cycle) that started at `started` and ends now, carrying `messages` messages.
+    pub fn record(&mut self, op: Op, started: Instant, ok: bool, messages: usize) {
+        self.record_span(op, started, Instant::now(), ok, messages);
     }
 
     /// Records a latency measured between two instants (pipelined replies arrive at different times).
-    pub fn record_span(&mut self, op: Op, started: Instant, ended: Instant, ok: bool) {
+    pub fn record_span(
+        &mut self,
+        op: Op,
+        started: Instant,
+        ended: Instant,
+        ok: bool,
+        messages: usize,
+    ) {
         let i = op as usize;
         let us = ended.saturating_duration_since(started).as_micros() as u64;
         self.latency_us[i].saturating_record(us.max(1));
+        self.messages[i] += messages as u64;
         if !ok {
             self.errors[i] += 1;
         }
@@ -83,6 +92,7 @@ impl CoreResult {
                 .add(&other.latency_us[i])
                 .expect("same histogram bounds");
             self.errors[i] += other.errors[i];
+            self.messages[i] += other.messages[i];
         }
     }
 }
@@ -95,20 +105,74 @@ pub struct RunReport {
     pub merged: CoreResult,
     /// Server CPU time spent during the run, µs (embedded server or --server-pid).
     pub server_cpu_us: Option<u64>,
-    /// The server's own request-latency percentiles per core, from /metrics: (core, [(quantile, µs)]).
-    pub server_latency: Vec<(String, Vec<(String, u64)>)>,
+    /// The server's own histograms from `/metrics` (berth only), per core.
+    pub server: ServerHistograms,
     pub client_cpus: Vec<usize>,
     pub server_cpus: Vec<usize>,
 }
 
-/// The server's per-core request latency from its `/metrics` histogram (`berth_request_duration_seconds_bucket`):
-/// per core, the quantiles 0.5, 0.9, 0.99 and 0.999 in µs, each the upper bound of the bucket that holds it (so
-/// at the histogram's bucket resolution, not exact).
-pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
-    // core -> [(upper bound µs, cumulative count)]
-    let mut cores: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
+/// The server histograms the report shows: (Prometheus name, what the table calls it, JSON key).
+pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 2] = [
+    (
+        "berth_request_duration_seconds",
+        "request latency",
+        "server_latency_us",
+    ),
+    (
+        "berth_frontier_lag_seconds",
+        "frontier lag",
+        "server_frontier_lag_us",
+    ),
+];
+
+/// Quantiles reported for the server's histograms.
+pub const SERVER_QUANTILES: [&str; 4] = ["0.5", "0.9", "0.99", "0.999"];
+
+/// One core's quantiles of one server histogram: each the upper bound (µs) of the bucket that holds it, so at the
+/// histogram's bucket resolution; `u64::MAX` when it is in the +Inf bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreQuantiles {
+    pub core: String,
+    pub count: u64,
+    pub quantiles: Vec<(String, u64)>,
+}
+
+/// Every server histogram of `SERVER_HISTOGRAMS`, in that order.
+#[derive(Debug, Clone, Default)]
+pub struct ServerHistograms {
+    pub histograms: Vec<Vec<CoreQuantiles>>,
+    /// Counted over the run only (a /metrics taken before it was subtracted), else over the server's lifetime.
+    pub run_only: bool,
+}
+
+impl ServerHistograms {
+    /// From `/metrics` texts taken before (None: not available) and after the run.
+    pub fn from_metrics(before: Option<&str>, after: &str) -> ServerHistograms {
+        ServerHistograms {
+            histograms: SERVER_HISTOGRAMS
+                .iter()
+                .map(|(name, _, _)| {
+                    let mut buckets = histogram_buckets(after, name);
+                    if let Some(before) = before {
+                        buckets = buckets_since(buckets, &histogram_buckets(before, name));
+                    }
+                    quantiles(&buckets)
+                })
+                .collect(),
+            run_only: before.is_some(),
+        }
+    }
+}
+
+/// A Prometheus histogram per core: (core, [(upper bound µs, cumulative count)]), `+Inf` as `u64::MAX`.
+pub type Buckets = Vec<(String, Vec<(u64, u64)>)>;
+
+/// The `{name}_bucket{core="N",le="..."}` series of a `/metrics` text (bounds in seconds, turned into µs).
+pub fn histogram_buckets(metrics: &str, name: &str) -> Buckets {
+    let prefix = format!("{name}_bucket{{core=\"");
+    let mut cores: Buckets = Vec::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("berth_request_duration_seconds_bucket{core=\"") else {
+        let Some(rest) = line.strip_prefix(prefix.as_str()) else {
             continue;
         };
         let Some((core, rest)) = rest.split_once("\",le=\"") else {
@@ -123,8 +187,8 @@ pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
         let bound_us = match le {
             "+Inf" => u64::MAX,
             secs => match secs.parse::<f64>() {
-                Ok(s) => (s * 1e6).round() as u64,
-                Err(_) => continue,
+                Ok(s) if s.is_finite() && s >= 0.0 => (s * 1e6).round() as u64,
+                _ => continue,
             },
         };
         match cores.iter_mut().find(|(c, _)| c == core) {
@@ -133,10 +197,30 @@ pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
         }
     }
     cores
-        .into_iter()
+}
+
+/// `after` minus `before`, bucket by bucket (the counts of what happened in between).
+pub fn buckets_since(mut after: Buckets, before: &Buckets) -> Buckets {
+    for (core, buckets) in after.iter_mut() {
+        let Some((_, earlier)) = before.iter().find(|(c, _)| c == core) else {
+            continue;
+        };
+        for (bound, count) in buckets.iter_mut() {
+            if let Some((_, was)) = earlier.iter().find(|(b, _)| b == bound) {
+                *count = count.saturating_sub(*was);
+            }
+        }
+    }
+    after
+}
+
+/// Per core, the count and the quantiles of `SERVER_QUANTILES`.
+pub fn quantiles(cores: &Buckets) -> Vec<CoreQuantiles> {
+    cores
+        .iter()
         .map(|(core, buckets)| {
-            let total = buckets.last().map_or(0, |b| b.1);
-            let qs = ["0.5", "0.9", "0.99", "0.999"]
+            let total = buckets.iter().map(|b| b.1).max().unwrap_or(0);
+            let quantiles = SERVER_QUANTILES
                 .iter()
                 .filter(|_| total > 0)
                 .map(|q| {
@@ -148,9 +232,31 @@ pub fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
                     (q.to_string(), bound)
                 })
                 .collect();
-            (core, qs)
+            CoreQuantiles {
+                core: core.clone(),
+                count: total,
+                quantiles,
+            }
         })
         .collect()
+}
+
+/// The server's per-core request latency over its lifetime (`berth_request_duration_seconds`): per core, the
+/// quantiles of `SERVER_QUANTILES` in µs (the tests' view of the parser).
+#[cfg(test)]
+fn server_latency(metrics: &str) -> Vec<(String, Vec<(String, u64)>)> {
+    quantiles(&histogram_buckets(metrics, SERVER_HISTOGRAMS[0].0))
+        .into_iter()
+        .map(|c| (c.core, c.quantiles))
+        .collect()
+}
+
+fn bound_text(us: u64) -> String {
+    if us == u64::MAX {
+        "inf".into()
+    } else {
+        us.to_string()
+    }
 }
 
 impl RunReport {
@@ -159,7 +265,7 @@ impl RunReport {
         elapsed: Duration,
         cores: Vec<CoreResult>,
         server_cpu_us: Option<u64>,
-        server_latency: Vec<(String, Vec<(String, u64)>)>,
+        server: ServerHistograms,
         client_cpus: Vec<usize>,
         server_cpus: Vec<usize>,
     ) -> RunReport {
@@ -173,7 +279,7 @@ impl RunReport {
             cores,
             merged,
             server_cpu_us,
-            server_latency,
+            server,
             client_cpus,
             server_cpus,
         }
@@ -197,20 +303,26 @@ impl RunReport {
         rows
     }
 
+    /// Messages per unit operation (cycle or produce) in the whole run.
+    fn unit_messages(&self) -> u64 {
+        self.merged.messages[self.unit_op() as usize]
+    }
+
     /// The stdout table.
     pub fn table(&self) -> String {
         let secs = self.elapsed.as_secs_f64();
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "berth bench: workload={:?}{} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
-            self.args.workload, if self.args.pipeline { " (pipelined)" } else { "" }, self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
+            "berth bench: protocol={:?} workload={:?}{} batch={} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
+            self.args.protocol, self.args.workload, if self.args.pipeline { " (pipelined)" } else { "" }, self.args.batch,
+            self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
             self.args.partitions, secs,
             self.args.rate.map(|r| format!(" open-loop rate={r}/s")).unwrap_or_default()
         );
         let _ = writeln!(
             out,
-            "{:<6} {:<8} {:>10} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7}",
+            "{:<6} {:<8} {:>10} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>11} {:>10}",
             "client",
             "op",
             "count",
@@ -221,7 +333,9 @@ impl RunReport {
             "p99.9",
             "p99.99",
             "max",
-            "errors"
+            "errors",
+            "messages",
+            "msg_per_sec"
         );
         for (label, core) in self.rows() {
             for op in OPS {
@@ -240,33 +354,63 @@ impl RunReport {
                 for (p, _) in PERCENTILES {
                     let _ = write!(out, " {:>7}", h.value_at_percentile(p));
                 }
-                let _ = writeln!(out, " {:>7}", core.errors[op as usize]);
+                let messages = core.messages[op as usize];
+                let _ = writeln!(
+                    out,
+                    " {:>7} {:>11} {:>10.0}",
+                    core.errors[op as usize],
+                    messages,
+                    messages as f64 / secs
+                );
             }
         }
-        let _ = writeln!(out, "(latencies in µs, measured at the client)");
+        let _ = writeln!(
+            out,
+            "(latencies in µs per request, or per cycle, measured at the client)"
+        );
         if let Some(cpu) = self.server_cpu_us {
             let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
             let _ = writeln!(
                 out,
-                "server CPU: {:.1} µs per {} ({:.2} cores busy)",
+                "server CPU: {:.1} µs per {}, {:.2} µs per message ({:.2} cores busy)",
                 cpu as f64 / units as f64,
                 self.unit_op().name(),
+                cpu as f64 / self.unit_messages().max(1) as f64,
                 cpu as f64 / 1e6 / secs
             );
         }
-        for (core, qs) in &self.server_latency {
-            let parts: Vec<String> = qs.iter().map(|(q, v)| format!("q{q}={v}")).collect();
-            let _ = writeln!(
-                out,
-                "server core {core} request latency µs (whole server lifetime, bucket upper bounds): {}",
-                parts.join(" ")
-            );
+        let scope = if self.server.run_only {
+            "this run"
+        } else {
+            "whole server lifetime"
+        };
+        for ((_, what, _), cores) in SERVER_HISTOGRAMS.iter().zip(&self.server.histograms) {
+            for c in cores {
+                let parts: Vec<String> = c
+                    .quantiles
+                    .iter()
+                    .map(|(q, v)| format!("q{q}={}", bound_text(*v)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "server core {} {what} µs ({scope}, bucket upper bounds, n={}): {}",
+                    c.core,
+                    c.count,
+                    parts.join(" ")
+                );
+            }
         }
         out
     }
 
-    fn histogram_json(h: &Histogram<u64>, secs: f64, errors: u64) -> serde_json::Value {
-        let mut v = json!({"count": h.len(), "per_sec": h.len() as f64 / secs, "errors": errors, "mean_us": h.mean()});
+    fn histogram_json(
+        h: &Histogram<u64>,
+        secs: f64,
+        errors: u64,
+        messages: u64,
+    ) -> serde_json::Value {
+        let mut v = json!({"count": h.len(), "per_sec": h.len() as f64 / secs, "errors": errors, "mean_us": h.mean(),
+            "messages": messages, "messages_per_sec": messages as f64 / secs});
         for (p, name) in PERCENTILES {
             v[format!("{name}_us")] = json!(h.value_at_percentile(p));
         }
@@ -280,18 +424,20 @@ impl RunReport {
         for (label, core) in self.rows() {
             let mut ops = serde_json::Map::new();
             for op in OPS {
-                let h = &core.latency_us[op as usize];
+                let i = op as usize;
+                let h = &core.latency_us[i];
                 if !h.is_empty() {
                     ops.insert(
                         op.name().into(),
-                        Self::histogram_json(h, secs, core.errors[op as usize]),
+                        Self::histogram_json(h, secs, core.errors[i], core.messages[i]),
                     );
                 }
             }
             clients.insert(label, ops.into());
         }
         let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
-        json!({
+        let messages = self.unit_messages().max(1);
+        let mut doc = json!({
             "settings": self.args,
             "client_cpus": self.client_cpus,
             "server_cpus": self.server_cpus,
@@ -299,8 +445,31 @@ impl RunReport {
             "clients": clients,
             "server_cpu_us_total": self.server_cpu_us,
             "server_cpu_us_per_unit": self.server_cpu_us.map(|c| c as f64 / units as f64),
-            "server_latency_us": self.server_latency.iter().map(|(c, qs)| (c.clone(), qs.iter().map(|(q, v)| (q.clone(), json!(v))).collect::<serde_json::Map<_, _>>().into())).collect::<serde_json::Map<String, serde_json::Value>>(),
-        })
+            "server_cpu_us_per_message": self.server_cpu_us.map(|c| c as f64 / messages as f64),
+            "server_histograms_scope": if self.server.run_only { "run" } else { "server lifetime" },
+        });
+        for ((_, _, key), cores) in SERVER_HISTOGRAMS.iter().zip(&self.server.histograms) {
+            let per_core: serde_json::Map<String, serde_json::Value> = cores
+                .iter()
+                .map(|c| {
+                    let mut q = serde_json::Map::new();
+                    q.insert("count".into(), json!(c.count));
+                    for (name, v) in &c.quantiles {
+                        q.insert(
+                            name.clone(),
+                            if *v == u64::MAX {
+                                json!(null)
+                            } else {
+                                json!(v)
+                            },
+                        );
+                    }
+                    (c.core.clone(), q.into())
+                })
+                .collect();
+            doc[*key] = per_core.into();
+        }
+        doc
     }
 
     /// Writes `{label}-{op}.hgrm` percentile distributions (HdrHistogram's text format, values in µs).
