@@ -552,6 +552,29 @@ impl InFlight {
             .collect()
     }
 
+    /// Purges once, then gives back each live `(offset, nonce)` lease that never reached a
+    /// consumer (its record could not be read, or the consumer that asked for it left): the
+    /// offset is deliverable at once and the delivery is not counted (its count goes back to
+    /// what it was before this lease). Stale handles are `Gone`, as for a nack.
+    pub fn give_back_batch(
+        &mut self,
+        items: &[(u64, u64)],
+        now_ms: u64,
+    ) -> Vec<Result<(), SettleError>> {
+        self.purge_expired(now_ms);
+        items
+            .iter()
+            .map(|&(offset, nonce)| {
+                if !self.is_live(offset, nonce) {
+                    return Err(SettleError::Gone);
+                }
+                let slot = self.leases.remove(&offset).expect("live above");
+                self.make_deliverable(offset, slot.delivery_count - 1);
+                Ok(())
+            })
+            .collect()
+    }
+
     /// Purges first. Ok only if `offset` has a live lease with exactly this `nonce`.
     /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before), or,
     /// without a length, to `now_ms +` the length the lease was granted or last extended
@@ -904,7 +927,8 @@ impl InFlight {
             assert!(in_range(o), "redeliver {o} outside [committed, cursor)");
             assert!(!self.delayed.contains_key(&o));
             assert!(!self.acked_ahead.contains(&o) && !self.in_corrupt(o));
-            assert!(count >= 1, "redeliver {o} with delivery count 0");
+            // A count of 0 is an offset given back undelivered (`give_back_batch`).
+            let _ = count;
             covered += 1;
         }
         for (&o, d) in &self.delayed {
@@ -1894,6 +1918,7 @@ mod tests {
         AckBatch(Vec<H>),
         Nack(H, Option<u64>),
         NackBatch(Vec<H>, Option<u64>),
+        GiveBack(Vec<H>),
         Extend(H, Option<u64>),
         ExtendBatch(Vec<H>, Option<u64>),
         Skip(H),
@@ -1946,6 +1971,7 @@ mod tests {
             3 => handles().prop_map(Op::AckBatch),
             2 => (handle(), nack_delay()).prop_map(|(h, d)| Op::Nack(h, d)),
             1 => (handles(), nack_delay()).prop_map(|(h, d)| Op::NackBatch(h, d)),
+            1 => handles().prop_map(Op::GiveBack),
             3 => (handle(), proptest::option::of(vis.clone())).prop_map(|(h, v)| Op::Extend(h, v)),
             1 => (handles(), proptest::option::of(vis)).prop_map(|(h, v)| Op::ExtendBatch(h, v)),
             1 => handle().prop_map(Op::Skip),
@@ -2121,6 +2147,27 @@ mod tests {
                         .map(|&(o, n)| model.nack(o, n, now, *delay))
                         .collect();
                     assert_eq!(got, want, "nack_batch({items:?})");
+                }
+                Op::GiveBack(hs) => {
+                    let items = batch(hs, &model, &seen);
+                    let got = real.give_back_batch(&items, now);
+                    model.purge(now);
+                    let want: Vec<_> = items
+                        .iter()
+                        .map(|&(o, n)| match model.st.get(o as usize) {
+                            Some(St::Leased { nonce, count, .. }) if *nonce == n => {
+                                model.st[o as usize] = St::Free { count: count - 1 };
+                                Ok(())
+                            }
+                            _ => Err(SettleError::Gone),
+                        })
+                        .collect();
+                    assert_eq!(got, want, "give_back_batch({items:?})");
+                    for (&(o, _), r) in items.iter().zip(&got) {
+                        if r.is_ok() {
+                            *seen.deliveries.get_mut(&o).expect("a lease was issued") -= 1;
+                        }
+                    }
                 }
                 Op::Extend(h, vis) => {
                     let (o, n) = resolve(h, &model, &seen.issued);

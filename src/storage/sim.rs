@@ -1,5 +1,5 @@
-//! A simulated disk for tests: files live in memory with a page-cache view and a durable view; writes and syncs
-//! can be made to fail with a chosen errno; `power_cut` returns the disk a power loss would leave (durable data,
+//! A simulated disk for tests: files live in memory with a page-cache view and a durable view; writes, syncs and
+//! segment reads can be made to fail with a chosen errno; `power_cut` returns the disk a power loss would leave (durable data,
 //! plus any prefix of what was written but not synced). Plugged into a partition through `storage::backend`.
 
 use super::backend::{IoFuture, SegmentFile, Storage};
@@ -28,6 +28,39 @@ struct State {
     fail_writes: Option<(i32, u32)>,
     /// errno and count of syncs still to fail.
     fail_syncs: Option<(i32, u32)>,
+    /// Segment reads still to fail.
+    fail_reads: Option<ReadFault>,
+}
+
+/// Reads of open files that fail: `left` more, with `errno`, of the files under `under` (every file if None).
+#[derive(Clone, Debug)]
+struct ReadFault {
+    errno: i32,
+    left: u32,
+    under: Option<PathBuf>,
+}
+
+impl State {
+    /// Whether a read of `path` fails now (without using up the fault).
+    fn read_fails(&self, path: &Path) -> bool {
+        self.fail_reads
+            .as_ref()
+            .is_some_and(|f| f.under.as_ref().is_none_or(|dir| path.starts_with(dir)))
+    }
+
+    /// Uses up one failing read of `path`, if one is armed for it.
+    fn take_read_fault(&mut self, path: &Path) -> Option<io::Error> {
+        if !self.read_fails(path) {
+            return None;
+        }
+        let f = self.fail_reads.as_mut()?;
+        let errno = f.errno;
+        f.left -= 1;
+        if f.left == 0 {
+            self.fail_reads = None;
+        }
+        Some(io::Error::from_raw_os_error(errno))
+    }
 }
 
 /// The simulated disk.
@@ -62,6 +95,35 @@ impl Sim {
     /// The next `count` syncs fail with `errno`; what they should have made durable is not.
     pub fn fail_syncs(&self, errno: i32, count: u32) {
         self.state.borrow_mut().fail_syncs = (count > 0).then_some((errno, count));
+    }
+
+    /// The next `count` reads of open files (a segment's `read_at`) fail with `errno` (e.g. libc::EIO); while such a
+    /// fault is armed, `read_cached` misses, so every read goes to `read_at`. Whole-file reads (`Storage::read`:
+    /// recovery, frontier files) are not affected.
+    pub fn fail_reads(&self, errno: i32, count: u32) {
+        self.arm_read_fault(errno, count, None);
+    }
+
+    /// Like `fail_reads`, for the files under `dir` only (one partition's directory, say).
+    pub fn fail_reads_under(&self, dir: &Path, errno: i32, count: u32) {
+        self.arm_read_fault(errno, count, Some(dir.to_path_buf()));
+    }
+
+    fn arm_read_fault(&self, errno: i32, count: u32, under: Option<PathBuf>) {
+        self.state.borrow_mut().fail_reads = (count > 0).then_some(ReadFault {
+            errno,
+            left: count,
+            under,
+        });
+    }
+
+    /// Failing reads still armed (0 when none).
+    pub fn reads_to_fail(&self) -> u32 {
+        self.state
+            .borrow()
+            .fail_reads
+            .as_ref()
+            .map_or(0, |f| f.left)
     }
 
     /// The page-cache content of a file.
@@ -197,6 +259,9 @@ impl SegmentFile for SimSegment {
 
     fn read_cached(&self, pos: u64, len: usize) -> Option<Vec<u8>> {
         let st = self.sim.state.borrow();
+        if st.read_fails(&self.path) {
+            return None;
+        }
         let f = st.files.get(&self.path)?;
         let start = (pos as usize).min(f.data.len());
         let end = (start + len).min(f.data.len());
@@ -205,7 +270,10 @@ impl SegmentFile for SimSegment {
 
     fn read_at(&self, pos: u64, len: usize) -> IoFuture<'_, Vec<u8>> {
         Box::pin(async move {
-            let st = self.sim.state.borrow();
+            let mut st = self.sim.state.borrow_mut();
+            if let Some(e) = st.take_read_fault(&self.path) {
+                return Err(e);
+            }
             let f = st
                 .files
                 .get(&self.path)

@@ -154,3 +154,6 @@ impl Peers for RouterPeers {
             .is_some_and(|router| router.signal(core, signal))
     }
 }
+
+#[cfg(test)]
+mod tests;

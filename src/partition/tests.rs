@@ -1,0 +1,349 @@
+//! A partition whose records fail to read (I/O errors on the simulated disk): the failure stays with that record and
+//! that partition. A take answers `Unavailable` and releases the lease, so the record is delivered once it reads
+//! again; after `MAX_READ_FAILURES` failures it is skipped as corrupt and the frontier moves past it; and a consume
+//! over a topic still gets the messages of its other partitions.
+
+use super::inflight::{Limits, Redelivery};
+use super::{Partition, PartitionSetup, SettleOp, Stop, Taken, DEFAULT_GROUP, MAX_READ_FAILURES};
+use crate::clock::{Clock, ManualClock};
+use crate::config::{Config, FsyncPolicy};
+use crate::engine::topic::TopicConfig;
+use crate::engine::{Engine, EngineError, Shared};
+use crate::front::Front;
+use crate::ops::consume::ConsumeParams;
+use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::OpError;
+use crate::partition::PartitionError;
+use crate::storage::backend::Storage;
+use crate::storage::log::LogOptions;
+use crate::storage::sim::{Sim, SimStorage};
+use crate::transport::{CoreLink, Envelope, Router, RouterPeers};
+use bytes::Bytes;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Long enough that no lease ends by itself during a test (the manual clock barely moves).
+const VISIBILITY_MS: u64 = 30_000;
+
+fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(f)
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from("/sim/topics/t/0")
+}
+
+/// A partition of one group on the simulated disk, with a manual clock.
+async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
+    Partition::open(PartitionSetup {
+        storage: Rc::new(SimStorage(sim.clone())),
+        clock: clock.clone(),
+        dir: dir(),
+        id: 0,
+        core: 0,
+        log_options: LogOptions {
+            segment_bytes: 1 << 20,
+            max_payload: 1 << 16,
+            fsync: FsyncPolicy::Always,
+        },
+        limits: Limits {
+            max_in_flight: 16,
+            max_acked_ahead: 16,
+        },
+        redelivery: Redelivery::default(),
+        groups: vec![DEFAULT_GROUP.to_string()],
+        wake: Rc::new(|_, _| {}),
+    })
+    .await
+    .expect("open the partition")
+}
+
+fn bodies(items: &[&'static str]) -> Vec<Bytes> {
+    items
+        .iter()
+        .map(|s| Bytes::from_static(s.as_bytes()))
+        .collect()
+}
+
+fn offsets(taken: &Taken) -> Vec<u64> {
+    taken.deliveries.iter().map(|d| d.offset).collect()
+}
+
+/// `read_errors` of the partition.
+async fn read_errors(p: &Partition) -> u64 {
+    p.info().await.counters[1]
+}
+
+#[test]
+fn a_record_that_fails_to_read_is_released_counted_and_delivered_once_it_reads_again() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        assert_eq!(p.append(bodies(&["first", "second"])).await.unwrap(), 0);
+
+        sim.fail_reads(libc::EIO, 1);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(sim.reads_to_fail(), 0, "the take read the record");
+        assert_eq!(taken.stop, Some(Stop::Unavailable));
+        assert!(
+            taken.deliveries.is_empty(),
+            "nothing is delivered: {:?}",
+            offsets(&taken)
+        );
+        let info = p.info().await;
+        assert_eq!(info.counters[1], 1, "the read error is counted");
+        assert_eq!(
+            info.in_flight,
+            0,
+            "the lease is released: {}",
+            p.debug_shard(DEFAULT_GROUP)
+        );
+        assert_eq!((info.committed, info.corrupt_skipped), (0, 0));
+        assert!(p.has_deliverable(DEFAULT_GROUP));
+
+        // The fault is over and no time passed: the record is deliverable at once, not after a visibility.
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0], "{}", p.debug_shard(DEFAULT_GROUP));
+        assert_eq!(&taken.deliveries[0].payload[..], b"first");
+        assert_eq!(taken.stop, Some(Stop::Max));
+        assert_eq!(read_errors(&p).await, 1);
+    });
+}
+
+#[test]
+fn a_record_failing_max_read_failures_times_is_skipped_as_corrupt_and_the_frontier_moves_past_it() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        assert_eq!(p.append(bodies(&["bad", "good"])).await.unwrap(), 0);
+        let mut delivered = Vec::new();
+
+        for failures in 1..MAX_READ_FAILURES as u64 {
+            sim.fail_reads(libc::EIO, 1);
+            clock.advance(1);
+            let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+            delivered.extend(offsets(&taken));
+            assert_eq!(taken.stop, Some(Stop::Unavailable), "failure {failures}");
+            assert!(taken.deliveries.is_empty(), "failure {failures}");
+            let info = p.info().await;
+            assert_eq!(info.counters[1], failures);
+            assert_eq!(
+                (info.committed, info.in_flight, info.corrupt_skipped),
+                (0, 0, 0),
+                "failure {failures}: released for a retry, not skipped yet"
+            );
+        }
+
+        // The last allowed failure: the record is given up as corrupt and the take goes on to the next one.
+        sim.fail_reads(libc::EIO, 1);
+        clock.advance(1);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        delivered.extend(offsets(&taken));
+        assert_eq!(sim.reads_to_fail(), 0);
+        assert_eq!(offsets(&taken), vec![1], "{}", p.debug_shard(DEFAULT_GROUP));
+        assert_eq!(&taken.deliveries[0].payload[..], b"good");
+        let info = p.info().await;
+        assert_eq!(info.counters[1], MAX_READ_FAILURES as u64);
+        assert_eq!(info.corrupt_skipped, 1, "counted as corrupt-skipped");
+        assert_eq!(
+            info.committed, 1,
+            "the frontier moved past the skipped record"
+        );
+
+        let d = &taken.deliveries[0];
+        let acked = p
+            .settle(DEFAULT_GROUP, &[(d.offset, d.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        assert_eq!(acked, vec![Ok(())]);
+        assert_eq!(p.committed(DEFAULT_GROUP), Some(2));
+
+        // It reads fine now, and is still never delivered.
+        let taken = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        delivered.extend(offsets(&taken));
+        assert_eq!(taken.stop, Some(Stop::Empty));
+        assert!(!p.has_deliverable(DEFAULT_GROUP));
+        assert!(
+            !delivered.contains(&0),
+            "the skipped record was delivered: {delivered:?}"
+        );
+        assert_eq!(p.info().await.corrupt_skipped, 1);
+    });
+}
+
+/// Failures of a record are counted as consecutive: a record that failed, then was read and delivered, starts over
+/// (a transient error now and then must not add up to "corrupt" over the record's life).
+#[test]
+fn read_failures_that_are_not_consecutive_do_not_skip_a_readable_record() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["flaky"])).await.unwrap();
+        for round in 0..MAX_READ_FAILURES {
+            // MAX_READ_FAILURES - 1 failures, then a good read.
+            for _ in 1..MAX_READ_FAILURES {
+                sim.fail_reads(libc::EIO, 1);
+                let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+                assert_eq!(taken.stop, Some(Stop::Unavailable), "round {round}");
+            }
+            let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+            assert_eq!(
+                offsets(&taken),
+                vec![0],
+                "round {round}: the record reads again and must be delivered (corrupt_skipped {})",
+                p.info().await.corrupt_skipped
+            );
+            // The consumer gives it back: it must stay deliverable.
+            let d = &taken.deliveries[0];
+            let nacked = p
+                .settle(
+                    DEFAULT_GROUP,
+                    &[(d.offset, d.nonce)],
+                    SettleOp::Nack(Some(0)),
+                )
+                .await
+                .unwrap();
+            assert_eq!(nacked, vec![Ok(())]);
+        }
+        assert_eq!(p.info().await.corrupt_skipped, 0);
+    });
+}
+
+/// A lease given back because its record could not be read never reached a consumer: the first delivery that does
+/// is delivery 1 (else a topic with `max_deliveries` dead-letters a message nobody ever saw).
+#[test]
+fn a_failed_read_does_not_count_as_a_delivery() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["late"])).await.unwrap();
+        sim.fail_reads(libc::EIO, 1);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(taken.stop, Some(Stop::Unavailable));
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0]);
+        assert_eq!(taken.deliveries[0].delivery_count, 1);
+        assert_eq!(p.info().await.groups[0].counters[1], 0, "not a redelivery");
+    });
+}
+
+/// A core link to no other core (one engine).
+struct Alone;
+
+impl CoreLink for Alone {
+    fn send(&self, _core: usize, _envelope: Envelope) -> bool {
+        false
+    }
+}
+
+/// One engine and its front on the simulated disk, wired as `sim::World::boot` does.
+async fn one_core(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Front> {
+    let config = Rc::new(Config {
+        data_dir: PathBuf::from("/sim"),
+        segment_bytes: 1 << 20,
+        max_message_bytes: 1 << 16,
+        ..Config::default()
+    });
+    let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+    for d in ["topics", "trash"] {
+        storage.create_dir_all(&config.data_dir.join(d)).unwrap();
+    }
+    let engine = Engine::new(
+        0,
+        1,
+        config,
+        clock.clone() as Rc<dyn Clock>,
+        storage,
+        std::sync::Arc::new(Shared::default()),
+    );
+    let router = Router::new(engine.clone(), Rc::new(Alone));
+    engine.set_peers(Rc::new(RouterPeers(Rc::downgrade(&router))));
+    assert!(engine.load_topics().await.unwrap().is_empty());
+    Front::new(router)
+}
+
+fn record(body: &'static str, partition: u64) -> ClientRecord {
+    ClientRecord {
+        body: Bytes::from_static(body.as_bytes()),
+        target: Target::Partition(partition),
+    }
+}
+
+fn consume(max: usize) -> ConsumeParams {
+    ConsumeParams {
+        topic: "t".to_string(),
+        group: DEFAULT_GROUP.to_string(),
+        wait_ms: 0,
+        visibility_ms: Some(VISIBILITY_MS),
+        max,
+        media: None,
+    }
+}
+
+#[test]
+fn a_consume_gets_the_other_partitions_messages_while_one_partition_cannot_be_read() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let front = one_core(&sim, &clock).await;
+        let mut config = TopicConfig::with_defaults("t");
+        config.partitions = 2;
+        front.create_topic(config).await.unwrap();
+        let produced = front
+            .produce(ProduceParams {
+                topic: "t".to_string(),
+                records: vec![record("p0", 0), record("p1-a", 1), record("p1-b", 1)],
+                batch: true,
+            })
+            .await
+            .unwrap();
+        assert!(produced.iter().all(|r| r.is_ok()), "{produced:?}");
+        let topic = front.engine().topic("t").unwrap();
+        let broken = topic.owned_partition(0).unwrap();
+        let healthy = topic.owned_partition(1).unwrap();
+
+        // Every read of partition 0 fails; partition 1 reads fine.
+        sim.fail_reads_under(Path::new("/sim/topics/t/0"), libc::EIO, 100);
+        // Two consumes of one message: the owner starts from each partition in turn, so one of them tries the
+        // broken partition first.
+        let mut got = Vec::new();
+        for i in 0..2 {
+            let deliveries = front.consume(consume(1)).await.unwrap_or_else(|e| {
+                panic!("consume {i} failed although partition 1 has messages: {e}")
+            });
+            assert_eq!(deliveries.len(), 1, "consume {i}");
+            assert_eq!(deliveries[0].partition, 1, "consume {i}");
+            got.push(String::from_utf8_lossy(&deliveries[0].payload).to_string());
+        }
+        got.sort();
+        assert_eq!(got, ["p1-a", "p1-b"]);
+        let errors_before = read_errors(&broken).await;
+        assert!(errors_before >= 1, "the broken partition was tried");
+
+        // Only the broken partition has something left: the consume says so (503) rather than "empty".
+        match front.consume(consume(10)).await {
+            Err(OpError::Engine(EngineError::Partition(PartitionError::Unavailable(_)))) => {}
+            other => panic!("expected 503 unavailable, got {other:?}"),
+        }
+        assert_eq!(read_errors(&broken).await, errors_before + 1);
+        assert_eq!(read_errors(&healthy).await, 0);
+        let info = broken.info().await;
+        assert_eq!((info.in_flight, info.corrupt_skipped), (0, 0));
+
+        // The disk recovers: the broken partition's message is delivered.
+        sim.fail_reads(libc::EIO, 0);
+        let deliveries = front.consume(consume(10)).await.unwrap();
+        assert_eq!(deliveries.len(), 1);
+        assert_eq!(
+            (deliveries[0].partition, &deliveries[0].payload[..]),
+            (0, &b"p0"[..])
+        );
+    });
+}
