@@ -122,24 +122,57 @@ impl Engine {
         Ok(())
     }
 
-    /// New settings for a known topic, on this core.
-    pub fn update_topic(&self, config: TopicConfig) -> EngineResult<()> {
+    /// New settings for a known topic, on this core: new groups join its partitions, removed ones leave them (their
+    /// parked consumers are woken to find the group gone, their frontier files removed).
+    pub async fn update_topic(&self, config: TopicConfig) -> EngineResult<()> {
         let topic = self.topic(&config.name)?;
         if topic.id() != config.id {
             return Err(EngineError::TopicNotFound(config.name));
         }
-        let new_groups: Vec<String> = config
+        let old = topic.config();
+        let added: Vec<String> = config
             .groups
             .iter()
-            .filter(|g| !topic.config().has_group(g))
+            .filter(|g| !old.has_group(g))
             .cloned()
             .collect();
+        let removed: Vec<String> = old
+            .groups
+            .iter()
+            .filter(|g| !config.has_group(g))
+            .cloned()
+            .collect();
+        topic.set_config(config);
         for p in topic.owned_partitions() {
-            for g in &new_groups {
+            for g in &added {
                 p.add_group(g);
             }
+            for g in &removed {
+                p.remove_group(g).await;
+            }
         }
-        topic.set_config(config);
+        for g in &removed {
+            if let Some(q) = self.waiters.borrow().get(&(topic.name(), g.clone())) {
+                q.wake(usize::MAX);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a new group's frontier files for the partitions this core owns.
+    async fn prepare_group(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        group: &str,
+        latest: bool,
+    ) -> EngineResult<()> {
+        let topic = self.topic_of(topic, topic_id)?;
+        for p in topic.owned_partitions() {
+            p.write_start(group, latest)
+                .await
+                .map_err(EngineError::Partition)?;
+        }
         Ok(())
     }
 
@@ -148,7 +181,13 @@ impl Engine {
         match step {
             AdminStep::Apply(config, locations) => self.apply_topic(config, locations).await,
             AdminStep::Drop(name) => self.drop_topic(&name).await,
-            AdminStep::Update(config) => self.update_topic(config),
+            AdminStep::Update(config) => self.update_topic(config).await,
+            AdminStep::PrepareGroup {
+                topic,
+                topic_id,
+                group,
+                latest,
+            } => self.prepare_group(&topic, topic_id, &group, latest).await,
         }
     }
 
@@ -424,6 +463,76 @@ impl Engine {
         self.everywhere(AdminStep::Update(config.clone())).await?;
         info!(topic = %name, "topic settings changed");
         Ok(config)
+    }
+
+    /// Creates a consumer group (core 0 only, serialised): every core writes the group's frontier files for its
+    /// partitions (at the oldest retained offset, or at the end with `latest`), then the group joins the topic's
+    /// metadata and every core's partitions. Returns whether it was created (false: it existed).
+    pub async fn create_group(
+        self: &Rc<Self>,
+        name: &str,
+        group: &str,
+        latest: bool,
+    ) -> EngineResult<bool> {
+        assert_eq!(self.id, 0, "groups are created on core 0");
+        let _permit = self
+            .admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let topic = self.topic(name)?;
+        let mut config = (*topic.config()).clone();
+        if config.has_group(group) {
+            return Ok(false);
+        }
+        if config.groups.len() + 1 >= config.max_groups {
+            return Err(EngineError::GroupLimit {
+                limit: config.max_groups,
+            });
+        }
+        self.everywhere(AdminStep::PrepareGroup {
+            topic: name.to_string(),
+            topic_id: config.id,
+            group: group.to_string(),
+            latest,
+        })
+        .await?;
+        config.groups.push(group.to_string());
+        config.format = TOPIC_FORMAT;
+        self.write_meta(&config).await?;
+        self.everywhere(AdminStep::Update(config)).await?;
+        info!(topic = %name, group = %group, latest, "consumer group created");
+        Ok(true)
+    }
+
+    /// Deletes a consumer group (core 0 only, serialised): it leaves the metadata, then every core's partitions
+    /// (its frontier files go; its parked consumers are woken and find it gone). The `default` group stays.
+    pub async fn delete_group(self: &Rc<Self>, name: &str, group: &str) -> EngineResult<()> {
+        assert_eq!(self.id, 0, "groups are deleted on core 0");
+        if group == crate::partition::DEFAULT_GROUP {
+            return Err(EngineError::InvalidSetting(
+                "the default group cannot be deleted".into(),
+            ));
+        }
+        let _permit = self
+            .admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let topic = self.topic(name)?;
+        let mut config = (*topic.config()).clone();
+        if !config.has_group(group) {
+            return Err(EngineError::GroupNotFound {
+                topic: name.to_string(),
+                group: group.to_string(),
+            });
+        }
+        config.groups.retain(|g| g != group);
+        config.format = TOPIC_FORMAT;
+        self.write_meta(&config).await?;
+        self.everywhere(AdminStep::Update(config)).await?;
+        info!(topic = %name, group = %group, "consumer group deleted");
+        Ok(())
     }
 
     /// Deletes a topic (core 0 only, serialised): every core closes its partitions, then the directory goes to the

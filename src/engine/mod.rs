@@ -59,6 +59,14 @@ pub enum AdminStep {
     Drop(String),
     /// New settings (or groups) for a known topic.
     Update(TopicConfig),
+    /// Before a group is announced: each core writes the group's frontier file for the partitions it owns, at the
+    /// oldest retained offset (`earliest`) or at the end (`latest`), overwriting a file a crashed creation left.
+    PrepareGroup {
+        topic: String,
+        topic_id: u64,
+        group: String,
+        latest: bool,
+    },
 }
 
 /// What the engine needs of the other cores, provided by the transport layer above it.

@@ -86,7 +86,11 @@ pub async fn flush_moved(engine: &Rc<Engine>) {
             .collect();
         for task in tasks {
             for lag_ms in task.await {
-                engine.metrics().frontier_lag.borrow_mut().record(lag_ms * 1000);
+                engine
+                    .metrics()
+                    .frontier_lag
+                    .borrow_mut()
+                    .record(lag_ms * 1000);
             }
         }
     }

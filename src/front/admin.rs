@@ -34,6 +34,28 @@ impl Front {
         }
     }
 
+    /// Creates a consumer group: true if created, false if it existed.
+    pub async fn create_group(&self, topic: String, group: String, latest: bool) -> OpResult<bool> {
+        match self
+            .router()
+            .call(
+                self.router().core(0),
+                Request::CreateGroup(topic, group, latest),
+            )
+            .await?
+        {
+            Reply::GroupCreated(created) => Ok(created),
+            other => unreachable!("a group creation answered {other:?}"),
+        }
+    }
+
+    pub async fn delete_group(&self, topic: String, group: String) -> OpResult<()> {
+        self.router()
+            .call(self.router().core(0), Request::DeleteGroup(topic, group))
+            .await
+            .map(|_| ())
+    }
+
     pub async fn delete_topic(&self, name: String) -> OpResult<()> {
         self.router()
             .call(self.router().core(0), Request::DeleteTopic(name))

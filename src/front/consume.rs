@@ -72,13 +72,12 @@ impl Front {
     /// Leases up to `max` messages (empty: 204).
     pub async fn consume(&self, params: ConsumeParams) -> OpResult<Vec<Delivery>> {
         let engine = self.engine().clone();
-        let topic = engine.topic(&params.topic)?;
+        let mut topic = engine.topic(&params.topic)?;
         if !topic.config().has_group(&params.group) {
-            return Err(EngineError::GroupNotFound {
-                topic: params.topic,
-                group: params.group,
-            }
-            .into());
+            // A group comes to life at its first consume, from the oldest retained offset.
+            self.create_group(params.topic.clone(), params.group.clone(), false)
+                .await?;
+            topic = engine.topic(&params.topic)?;
         }
         let clock = engine.clock().clone();
         let deadline = clock.now_ms() + params.wait_ms;

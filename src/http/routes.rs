@@ -32,10 +32,14 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
 pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     let method = req.method.as_str();
     let path = req.path.as_str();
-    let allowed: &str = match path {
-        "/health" | "/metrics" | "/topics" | "/consume" => "GET",
-        "/produce" | "/ack" | "/nack" | "/extend" => "POST",
-        p if p.starts_with("/topics/") && p.len() > "/topics/".len() => "GET, PUT, PATCH, DELETE",
+    let topic_route = TopicRoute::of(path);
+    let allowed: &str = match (path, &topic_route) {
+        ("/health" | "/metrics" | "/topics" | "/consume", _) => "GET",
+        ("/produce" | "/ack" | "/nack" | "/extend", _) => "POST",
+        (_, Some(TopicRoute::Topic(_))) => "GET, PUT, PATCH, DELETE",
+        (_, Some(TopicRoute::Groups(_))) => "GET",
+        (_, Some(TopicRoute::Group(..))) => "GET, PUT, DELETE",
+        (_, Some(TopicRoute::Redrive(_))) => "POST",
         _ => return Response::error(404, "not_found", &format!("no route for {path}")),
     };
     if !allowed.split(", ").any(|m| m == method) {
@@ -69,15 +73,21 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
         "/ack" => settle(front, Verb::Ack, &query, &req.body, &limits).await,
         "/nack" => settle(front, Verb::Nack, &query, &req.body, &limits).await,
         "/extend" => settle(front, Verb::Extend, &query, &req.body, &limits).await,
-        _ => {
-            let name = percent_decode(&path["/topics/".len()..]);
-            match method {
+        _ => match topic_route.expect("a topic route") {
+            TopicRoute::Topic(name) => match method {
                 "PUT" => create_topic(front, &name, &query).await,
                 "PATCH" => change_topic(front, &name, &query).await,
                 "GET" => describe_topic(front, &name).await,
                 _ => delete_topic(front, &name).await,
-            }
-        }
+            },
+            TopicRoute::Groups(name) => list_groups(front, &name).await,
+            TopicRoute::Group(name, group) => match method {
+                "PUT" => create_group(front, &name, &group, &query).await,
+                "GET" => describe_group(front, &name, &group).await,
+                _ => delete_group(front, &name, &group).await,
+            },
+            TopicRoute::Redrive(name) => redrive(front, &name, &query).await,
+        },
     };
     result.unwrap_or_else(|e| error_response(&e))
 }
@@ -130,6 +140,33 @@ fn refuse(front: &Front, req: &Request) -> Option<Response> {
         }
     }
     None
+}
+
+/// The routes under `/topics/`: a topic, its groups, one group, its redrive. Names are percent-decoded (and
+/// validated by the operation: a decoded `/` is an invalid name, never another path).
+enum TopicRoute {
+    Topic(String),
+    Groups(String),
+    Group(String, String),
+    Redrive(String),
+}
+
+impl TopicRoute {
+    fn of(path: &str) -> Option<TopicRoute> {
+        let rest = path.strip_prefix("/topics/")?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        Some(match parts.as_slice() {
+            [t] if !t.is_empty() => TopicRoute::Topic(percent_decode(t)),
+            [t, "groups"] if !t.is_empty() => TopicRoute::Groups(percent_decode(t)),
+            [t, "groups", g] if !t.is_empty() && !g.is_empty() => {
+                TopicRoute::Group(percent_decode(t), percent_decode(g))
+            }
+            [t, "redrive"] if !t.is_empty() => TopicRoute::Redrive(percent_decode(t)),
+            // Any other shape is a topic name with a slash in it: refused by name validation (400), not a 404.
+            _ if !rest.is_empty() => TopicRoute::Topic(percent_decode(rest)),
+            _ => return None,
+        })
+    }
 }
 
 /// `Authorization: Bearer TOKEN`, compared in constant time over SHA-256 digests, so neither the content nor the
@@ -243,9 +280,120 @@ async fn change_topic(front: &Front, name: &str, query: &Query) -> OpResult<Resp
 async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
     validate_name(name)?;
     let (config, partitions) = front.describe_topic(name).await?;
-    let body =
-        json!({"name": config.name, "config": config_json(&config), "partitions": partitions});
+    let parts: Vec<serde_json::Value> = partitions
+        .iter()
+        .map(|p| {
+            let mut v = serde_json::to_value(p).expect("partition info serialises");
+            v["groups"] = json!(p
+                .groups
+                .iter()
+                .map(|g| json!({
+                    "group": g.group,
+                    "committed": g.committed,
+                    "in_flight": g.in_flight,
+                    "delayed": g.delayed,
+                    "acked_ahead": g.acked_ahead,
+                    "dead_lettered": g.counters[7],
+                    "redelivered": g.counters[1],
+                    "retention_skipped": g.counters[8],
+                }))
+                .collect::<Vec<_>>());
+            v
+        })
+        .collect();
+    let body = json!({
+        "name": config.name,
+        "config": config_json(&config),
+        "partitions": parts,
+        "groups": config.all_groups(),
+    });
     Ok(Response::json(200, &body))
+}
+
+/// Every group of a topic with its state on every partition.
+fn groups_json(
+    config: &TopicConfig,
+    partitions: &[crate::partition::PartitionInfo],
+) -> serde_json::Value {
+    let groups: Vec<serde_json::Value> = config
+        .all_groups()
+        .iter()
+        .map(|g| group_json(g, partitions))
+        .collect();
+    json!(groups)
+}
+
+fn group_json(group: &str, partitions: &[crate::partition::PartitionInfo]) -> serde_json::Value {
+    let parts: Vec<serde_json::Value> = partitions
+        .iter()
+        .filter_map(|p| {
+            let g = p.groups.iter().find(|g| g.group == group)?;
+            Some(json!({
+                "partition": p.partition,
+                "committed": g.committed,
+                "in_flight": g.in_flight,
+                "delayed": g.delayed,
+                "acked_ahead": g.acked_ahead,
+                "corrupt_skipped": g.corrupt_skipped,
+                "delivered": g.counters[0],
+                "redelivered": g.counters[1],
+                "acked": g.counters[2],
+                "nacked": g.counters[3],
+                "expired": g.counters[5],
+                "dead_lettered": g.counters[7],
+                "retention_skipped": g.counters[8],
+            }))
+        })
+        .collect();
+    json!({"group": group, "partitions": parts})
+}
+
+async fn list_groups(front: &Front, name: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    let (config, partitions) = front.describe_topic(name).await?;
+    Ok(Response::json(200, &groups_json(&config, &partitions)))
+}
+
+async fn describe_group(front: &Front, name: &str, group: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    validate_name(group)?;
+    let (config, partitions) = front.describe_topic(name).await?;
+    if !config.has_group(group) {
+        return Err(crate::engine::EngineError::GroupNotFound {
+            topic: name.to_string(),
+            group: group.to_string(),
+        }
+        .into());
+    }
+    Ok(Response::json(200, &group_json(group, &partitions)))
+}
+
+async fn create_group(front: &Front, name: &str, group: &str, query: &Query) -> OpResult<Response> {
+    validate_name(name)?;
+    validate_name(group)?;
+    let latest = ops::groups::parse_start(query)?;
+    let created = front
+        .create_group(name.to_string(), group.to_string(), latest)
+        .await?;
+    Ok(Response::json(
+        if created { 201 } else { 200 },
+        &json!({"topic": name, "group": group, "created": created}),
+    ))
+}
+
+async fn delete_group(front: &Front, name: &str, group: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    validate_name(group)?;
+    front
+        .delete_group(name.to_string(), group.to_string())
+        .await?;
+    Ok(Response::empty(204))
+}
+
+async fn redrive(front: &Front, name: &str, query: &Query) -> OpResult<Response> {
+    let params = ops::redrive::parse(name, query)?;
+    let moved = front.redrive(params).await?;
+    Ok(Response::json(200, &json!({ "moved": moved })))
 }
 
 async fn delete_topic(front: &Front, name: &str) -> OpResult<Response> {

@@ -6,8 +6,10 @@
 
 pub mod consume;
 pub mod error;
+pub mod groups;
 pub mod params;
 pub mod produce;
+pub mod redrive;
 pub mod replay;
 pub mod settle;
 pub mod topics;
@@ -32,6 +34,10 @@ pub enum Request {
     ChangeTopic(String, topics::Settings),
     /// Core 0: delete a topic.
     DeleteTopic(String),
+    /// Core 0: create a consumer group (topic, group, start at the latest offset).
+    CreateGroup(String, String, bool),
+    /// Core 0: delete a consumer group (topic, group).
+    DeleteGroup(String, String),
     /// This core's partitions of a topic.
     Describe(String),
     /// This core's counters and latency histogram.
@@ -51,6 +57,8 @@ pub enum Reply {
     Replayed(replay::Replayed),
     Created(bool, TopicConfig),
     Changed(TopicConfig),
+    /// A group was created (true) or already existed (false).
+    GroupCreated(bool),
     Described(Vec<PartitionInfo>),
     Stats(Box<CoreStats>),
     Done,
@@ -80,6 +88,13 @@ pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         }
         Request::DeleteTopic(name) => {
             topics::delete(engine, &name).await?;
+            Reply::Done
+        }
+        Request::CreateGroup(topic, group, latest) => {
+            Reply::GroupCreated(groups::create(engine, &topic, &group, latest).await?)
+        }
+        Request::DeleteGroup(topic, group) => {
+            groups::delete(engine, &topic, &group).await?;
             Reply::Done
         }
         Request::Describe(name) => Reply::Described(topics::describe(engine, &name).await?),

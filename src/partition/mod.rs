@@ -245,6 +245,7 @@ pub struct PartitionSetup {
 /// away), they are released at once instead of staying invisible for their whole visibility.
 struct Reserved<'a> {
     group: &'a Group,
+    wake: &'a Wake,
     now_ms: u64,
     handles: Vec<(u64, u64)>,
 }
@@ -266,8 +267,13 @@ impl Drop for Reserved<'_> {
             return;
         }
         let handles = std::mem::take(&mut self.handles);
-        self.group
-            .with_loaded(|s| s.nack_batch(&handles, self.now_ms, Some(0)));
+        let given = self
+            .group
+            .with_loaded(|s| s.give_back_batch(&handles, self.now_ms))
+            .map_or(0, |r| r.iter().filter(|r| r.is_ok()).count());
+        if given > 0 {
+            (self.wake)(Some(&self.group.name), given);
+        }
     }
 }
 
@@ -383,6 +389,41 @@ impl Partition {
             .or_insert_with(|| Group::new(name, &self.dir));
     }
 
+    /// Removes a consumer group: its shard goes (waiting out a running flush) and so does its frontier file.
+    pub async fn remove_group(&self, name: &str) {
+        let Some(g) = self.groups.borrow_mut().remove(name) else {
+            return;
+        };
+        while g.flushing.get() {
+            let done = g.flushed_event.listen();
+            if g.flushing.get() {
+                done.await;
+            }
+        }
+        *g.shard.borrow_mut() = None;
+        if !self.closed.get() {
+            if let Err(e) = self.storage.remove(&g.path).await {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!(file = %g.path.display(), error = %e, "cannot remove a deleted group's frontier file");
+                }
+            }
+        }
+    }
+
+    /// Writes the frontier file a new group starts from: the oldest retained offset, or with `latest` the end.
+    pub async fn write_start(&self, group: &str, latest: bool) -> Result<(), PartitionError> {
+        self.ensure_loaded().await?;
+        let value = if latest {
+            self.log.end_offset()
+        } else {
+            self.log.start_offset()
+        };
+        let path = self.dir.join(frontier::file_name(group));
+        frontier::write(&*self.storage, &path, value)
+            .await
+            .map_err(|e| PartitionError::Storage(e.to_string()))
+    }
+
     async fn load_shards(&self) -> Result<(), PartitionError> {
         let groups: Vec<Rc<Group>> = self
             .groups
@@ -467,6 +508,7 @@ impl Partition {
         let now = self.clock.now_ms();
         let mut reserved = Reserved {
             group: &g,
+            wake: &self.wake,
             now_ms: now,
             handles: Vec::new(),
         };
@@ -527,7 +569,13 @@ impl Partition {
     async fn read_leased(&self, g: &Group, lease: &Lease, end: u64) -> Result<Bytes, Stop> {
         let now = self.clock.now_ms();
         match self.log.read(lease.offset).await {
-            Ok(Record { payload, .. }) => Ok(payload),
+            Ok(Record { payload, .. }) => {
+                // Failures count only while consecutive: a record that reads is forgiven.
+                if !self.read_failures.borrow().is_empty() {
+                    self.read_failures.borrow_mut().remove(&lease.offset);
+                }
+                Ok(payload)
+            }
             Err(ReadError::Corrupt) => {
                 let run_end = self
                     .log
@@ -545,8 +593,7 @@ impl Partition {
                 Err(Stop::Empty)
             }
             Err(ReadError::NotYet) => {
-                g.with(|s| s.nack(lease.offset, lease.nonce, now, Some(0)))
-                    .ok();
+                g.with(|s| s.give_back_batch(&[(lease.offset, lease.nonce)], now));
                 Err(Stop::Empty)
             }
             Err(ReadError::Io(e)) => {
@@ -564,6 +611,7 @@ impl Partition {
                     return Err(Stop::Empty);
                 }
                 warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
+                g.with(|s| s.give_back_batch(&[(lease.offset, lease.nonce)], now));
                 Err(Stop::Unavailable)
             }
         }
@@ -583,7 +631,8 @@ impl Partition {
     /// Remembers when a group's frontier first moved past its file (for the flush-lag histogram).
     fn note_moved(&self, g: &Group) {
         if g.moved_at.get().is_none()
-            && g.with_loaded(|s| s.committed()).is_some_and(|c| c != g.flushed.get())
+            && g.with_loaded(|s| s.committed())
+                .is_some_and(|c| c != g.flushed.get())
         {
             g.moved_at.set(Some(self.clock.now_ms()));
         }
@@ -922,3 +971,5 @@ impl Partition {
     }
 }
 
+#[cfg(test)]
+mod tests;
