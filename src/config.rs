@@ -44,6 +44,9 @@ pub struct Config {
     pub mesh_channel_depth: usize,
     /// A segment file rolls once it would pass this size. Default 64 MiB, max 4 GiB - 1.
     pub segment_bytes: u64,
+    /// A core's journal file is checkpointed (its segments synced) and replaced once it holds this many bytes.
+    /// Bounds the replay at start. 64 MiB.
+    pub journal_file_bytes: u64,
     /// How often a moved frontier is written to consumer.offset. Default 100 ms.
     pub frontier_flush_interval_ms: u64,
     /// Background expiry sweep and retention cadence. Default 1000 ms.
@@ -115,6 +118,7 @@ impl Default for Config {
             idle_timeout_ms: 60_000,
             mesh_channel_depth: 1024,
             segment_bytes: 64 << 20,
+            journal_file_bytes: 64 << 20,
             frontier_flush_interval_ms: 100,
             purge_interval_ms: 1000,
             shutdown_grace_ms: 5000,
@@ -248,6 +252,9 @@ impl Config {
             return Err(format!(
                 "segment_bytes must hold one largest frame ({frame_max}) and stay below 4 GiB"
             ));
+        }
+        if self.journal_file_bytes < (1 << 20) || self.journal_file_bytes > (1 << 34) {
+            return Err("journal_file_bytes must be 1 MiB to 16 GiB".into());
         }
         if self.cores == Some(0) {
             return Err("cores must be at least 1".into());

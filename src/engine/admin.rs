@@ -6,7 +6,10 @@ use super::placement::{self, Location};
 use super::topic::{new_topic_id, Topic, TopicConfig, TOPIC_FORMAT};
 use super::{AdminStep, Engine, EngineError, EngineResult};
 use crate::partition::{Partition, PartitionSetup};
+use crate::storage::backend::Storage;
 use crate::storage::log::LogOptions;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use tracing::{error, info, warn};
@@ -71,6 +74,14 @@ impl Engine {
                 id: p as u32,
                 core: self.id,
                 log_options: self.log_options(),
+                journal: self
+                    .journal()
+                    .map(|journal| crate::storage::log::JournalLink {
+                        journal,
+                        topic: config.name.clone(),
+                        topic_id: config.id,
+                        partition: p as u32,
+                    }),
                 limits: config.limits(),
                 redelivery: config.redelivery(),
                 groups: config.all_groups(),
@@ -209,6 +220,7 @@ impl Engine {
     /// Opens every stored topic at boot. A topic that cannot be opened here is not a reason to stay down: it is
     /// returned (name, reason) for quarantine, which every core then applies alike (`quarantine`).
     pub async fn load_topics(self: &Rc<Self>) -> Result<Vec<(String, String)>, String> {
+        self.start_journal().await?;
         let dir = self.topics_dir();
         let mut names = match self.storage.list_dirs(&dir) {
             Ok(names) => names,
@@ -561,4 +573,26 @@ impl Engine {
         info!(topic = %name, "topic deleted");
         Ok(())
     }
+}
+
+/// Replays the journals of the last run into the partitions' segments (see `storage::journal`), before any core
+/// opens a partition. An entry counts only if its topic still exists with the same id.
+pub async fn replay_journal(
+    storage: &dyn Storage,
+    data_dir: &std::path::Path,
+) -> Result<crate::storage::journal::ReplayReport, String> {
+    let topics = data_dir.join("topics");
+    let ids: RefCell<BTreeMap<String, Option<u64>>> = RefCell::new(BTreeMap::new());
+    let locate = |name: &str, id: u64, partition: u32| -> Option<PathBuf> {
+        let known = *ids.borrow_mut().entry(name.to_string()).or_insert_with(|| {
+            TopicConfig::load(storage, &topics.join(name).join("topic.json"))
+                .ok()
+                .filter(|c| c.name == name)
+                .map(|c| c.id)
+        });
+        (known == Some(id)).then(|| topics.join(name).join(partition.to_string()))
+    };
+    crate::storage::journal::replay(storage, &data_dir.join("journal"), &locate)
+        .await
+        .map_err(|e| format!("cannot replay the journal: {e}"))
 }

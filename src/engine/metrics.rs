@@ -96,6 +96,38 @@ fn seconds(us: u64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// Bucket upper bounds of the records-per-sync histogram.
+pub const RECORD_BUCKETS: [u64; 13] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+
+/// A histogram of counts (records per journal sync), rendered with `RECORD_BUCKETS`.
+#[derive(Debug, Clone, Default)]
+pub struct Counts {
+    counts: [u64; RECORD_BUCKETS.len() + 1],
+    sum: u64,
+    count: u64,
+}
+
+impl Counts {
+    pub fn record(&mut self, n: u64) {
+        let i = RECORD_BUCKETS.partition_point(|&b| b < n);
+        self.counts[i] += 1;
+        self.sum = self.sum.saturating_add(n);
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, &bound) in RECORD_BUCKETS.iter().enumerate() {
+            cumulative += self.counts[i];
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.counts[RECORD_BUCKETS.len()];
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
 /// One core's live counters.
 #[derive(Default)]
 pub struct CoreMetrics {
@@ -111,6 +143,10 @@ pub struct CoreMetrics {
     pub mesh_full: Cell<u64>,
     /// Time from a frontier's first move to its file being durable.
     pub frontier_lag: std::cell::RefCell<Latency>,
+    /// Time an append waited for the journal pass that made it durable (queue, write, sync).
+    pub journal_wait: std::cell::RefCell<Latency>,
+    /// Records made durable by each journal pass (one sync in fsync `always`).
+    pub journal_records: std::cell::RefCell<Counts>,
 }
 
 impl CoreMetrics {
@@ -134,6 +170,10 @@ pub struct CoreStats {
     pub connections_refused: u64,
     pub connections_timed_out: u64,
     pub mesh_full: u64,
+    pub journal_wait: Latency,
+    pub journal_records: Counts,
+    /// The journal's counters (none with fsync `never`).
+    pub journal: Option<crate::storage::journal::JournalStats>,
     /// (topic, partition) for every partition this core owns.
     pub partitions: Vec<(String, PartitionInfo)>,
 }
@@ -194,7 +234,7 @@ type CoreSeries = (
 /// Renders every core's snapshot as Prometheus text exposition.
 pub fn render(stats: &[CoreStats]) -> String {
     let mut out = String::with_capacity(4096);
-    let core_series: [CoreSeries; 4] = [
+    let core_series: [CoreSeries; 8] = [
         (
             "connections_open",
             "client connections open",
@@ -218,6 +258,30 @@ pub fn render(stats: &[CoreStats]) -> String {
             "cross-core sends refused because the channel was full",
             "counter",
             |s| s.mesh_full,
+        ),
+        (
+            "journal_syncs_total",
+            "fdatasyncs of this core's journal (one per group commit with fsync always)",
+            "counter",
+            |s| s.journal.map_or(0, |j| j.syncs),
+        ),
+        (
+            "journal_records_total",
+            "records made durable through this core's journal",
+            "counter",
+            |s| s.journal.map_or(0, |j| j.records),
+        ),
+        (
+            "journal_bytes_total",
+            "bytes written to this core's journal",
+            "counter",
+            |s| s.journal.map_or(0, |j| j.bytes),
+        ),
+        (
+            "journal_checkpoints_total",
+            "journal files checkpointed (their segments synced) and removed",
+            "counter",
+            |s| s.journal.map_or(0, |j| j.checkpoints),
         ),
     ];
     let _ = writeln!(
@@ -254,6 +318,22 @@ pub fn render(stats: &[CoreStats]) -> String {
         s.frontier_lag.render(
             &mut out,
             "berth_frontier_lag_seconds",
+            &format!("core=\"{}\"", s.core),
+        );
+    }
+    let _ = writeln!(out, "# HELP berth_journal_commit_wait_seconds time an append waited for the journal pass (write and sync) that made it durable\n# TYPE berth_journal_commit_wait_seconds histogram");
+    for s in stats {
+        s.journal_wait.render(
+            &mut out,
+            "berth_journal_commit_wait_seconds",
+            &format!("core=\"{}\"", s.core),
+        );
+    }
+    let _ = writeln!(out, "# HELP berth_journal_records_per_sync records made durable by one journal pass (one fdatasync with fsync always)\n# TYPE berth_journal_records_per_sync histogram");
+    for s in stats {
+        s.journal_records.render(
+            &mut out,
+            "berth_journal_records_per_sync",
             &format!("core=\"{}\"", s.core),
         );
     }

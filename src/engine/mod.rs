@@ -132,6 +132,8 @@ pub struct Engine {
     /// Notified when `stopping` is set (idle connections and parked consumers listen).
     stop_event: Event,
     shared: std::sync::Arc<Shared>,
+    /// This core's journal (fsync `always` and `interval:MS`), started by `load_topics`.
+    journal: RefCell<Option<Rc<crate::storage::journal::Journal>>>,
 }
 
 impl Engine {
@@ -165,6 +167,7 @@ impl Engine {
             polling: Cell::new(0),
             stop_event: Event::new(),
             shared,
+            journal: RefCell::new(None),
         })
     }
 
@@ -509,6 +512,9 @@ impl Engine {
             connections_refused: m.connections_refused.get(),
             connections_timed_out: m.connections_timed_out.get(),
             mesh_full: m.mesh_full.get(),
+            journal_wait: m.journal_wait.borrow().clone(),
+            journal_records: m.journal_records.borrow().clone(),
+            journal: self.journal.borrow().as_ref().map(|j| j.stats()),
             partitions,
         }
     }
@@ -527,6 +533,50 @@ impl Engine {
         for (_, p) in self.owned_partitions() {
             p.close().await;
         }
+        let journal = self.journal.borrow().clone();
+        if let Some(journal) = journal {
+            journal.close().await;
+        }
+    }
+
+    /// Starts this core's journal (before any partition opens), unless fsync is `never`.
+    pub async fn start_journal(self: &Rc<Self>) -> Result<(), String> {
+        use crate::storage::journal::{Journal, JournalOptions};
+        if self.config.fsync == crate::storage::FsyncPolicy::Never
+            || self.journal.borrow().is_some()
+        {
+            return Ok(());
+        }
+        let dir = self.config.data_dir.join("journal");
+        let journal = Journal::open(
+            self.storage.clone(),
+            self.clock.clone(),
+            &dir,
+            self.id,
+            JournalOptions {
+                fsync: self.config.fsync,
+                file_bytes: self.config.journal_file_bytes,
+            },
+        )
+        .await
+        .map_err(|e| format!("cannot start the journal in {}: {e}", dir.display()))?;
+        let engine = Rc::downgrade(self);
+        journal.set_observer(Box::new(move |records, waits| {
+            if let Some(engine) = engine.upgrade() {
+                engine.metrics.journal_records.borrow_mut().record(records);
+                let mut wait = engine.metrics.journal_wait.borrow_mut();
+                for &us in waits {
+                    wait.record(us);
+                }
+            }
+        }));
+        *self.journal.borrow_mut() = Some(journal);
+        Ok(())
+    }
+
+    /// This core's journal, if it has one.
+    pub fn journal(&self) -> Option<Rc<crate::storage::journal::Journal>> {
+        self.journal.borrow().clone()
     }
 }
 

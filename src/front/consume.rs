@@ -24,6 +24,9 @@ pub const UNREGISTERED_POLL_MS: u64 = 10;
 /// How many times the settle of a dead-lettered message is retried when its owner's channel is full (1 ms apart).
 pub const DEAD_LETTER_SETTLE_RETRIES: u32 = 100;
 
+/// A message whose copy to the dead-letter topic failed is deliverable again (and tried again) after this long. 1 s.
+pub const DEAD_LETTER_RETRY_MS: u64 = 1000;
+
 /// Deregisters a consumer's waiter, then lets the engine tell owners when no consumer is parked any more.
 struct Parked {
     engine: Rc<Engine>,
@@ -257,30 +260,46 @@ impl Front {
                 .await;
             match appended {
                 Ok(results) if results.iter().all(|r| r.is_ok()) => {
-                    if let Err(e) = self.settle_dead_letter(topic, config, group, &d).await {
+                    if let Err(e) = self
+                        .settle_dead_letter(topic, config, group, &d, SettleOp::Ack)
+                        .await
+                    {
                         warn!(topic = %config.name, partition = d.partition, offset = d.offset, error = %e, "a dead-lettered message could not be settled in its topic: it may be delivered again (at-least-once)");
                     }
                 }
-                Ok(results) => {
-                    let e = results.into_iter().find_map(Result::err);
-                    warn!(topic = %config.name, dead_letter = %dead_letter, error = ?e, "cannot append to the dead-letter topic; the message stays leased until its visibility ends");
-                }
-                Err(e) => {
-                    warn!(topic = %config.name, dead_letter = %dead_letter, error = %e, "cannot append to the dead-letter topic; the message stays leased until its visibility ends");
+                failed => {
+                    let e = match failed {
+                        Ok(results) => results
+                            .into_iter()
+                            .find_map(Result::err)
+                            .map(|e| e.to_string()),
+                        Err(e) => Some(e.to_string()),
+                    };
+                    warn!(topic = %config.name, dead_letter = %dead_letter, error = ?e, retry_ms = DEAD_LETTER_RETRY_MS, "cannot append to the dead-letter topic; the message is released and tried again later");
+                    // Released with a delay (not held for its whole visibility): the next delivery tries again.
+                    let release = SettleOp::Nack(Some(DEAD_LETTER_RETRY_MS));
+                    if let Err(e) = self
+                        .settle_dead_letter(topic, config, group, &d, release)
+                        .await
+                    {
+                        warn!(topic = %config.name, partition = d.partition, offset = d.offset, error = %e, "cannot release a message that failed to dead-letter: it stays leased until its visibility ends");
+                    }
                 }
             }
         }
         kept
     }
 
-    /// Settles a message its dead-letter topic now holds, at its owner. The record is already copied, so a full
-    /// channel is retried (briefly) rather than leaving the lease to run out and the copy to be made again.
+    /// Settles a message being dead-lettered, at its owner: `Ack` once its dead-letter topic holds it, `Nack` to
+    /// release it when the copy failed. A full channel is retried (briefly) rather than leaving the lease to run out
+    /// (and the copy to be made again).
     async fn settle_dead_letter(
         &self,
         topic: &Rc<Topic>,
         config: &TopicConfig,
         group: &str,
         d: &Delivery,
+        op: SettleOp,
     ) -> OpResult<()> {
         let clock = self.engine().clock().clone();
         let mut attempts = 0;
@@ -291,8 +310,8 @@ impl Front {
                 group: group.to_string(),
                 partition: d.partition,
                 items: vec![(d.offset, d.nonce)],
-                op: SettleOp::Ack,
-                dead_lettered: true,
+                dead_lettered: op == SettleOp::Ack,
+                op,
             });
             match self
                 .router()

@@ -221,6 +221,8 @@ pub struct Partition {
     lost_below_frontier: Cell<u64>,
     /// Read failures per offset (I/O errors), for the offsets that failed recently.
     read_failures: RefCell<BTreeMap<u64, u32>>,
+    /// The lowest nonce seed the next group shard may take (see `install_shard`).
+    next_nonce_seed: Cell<u64>,
     /// Tells the engine about newly deliverable offsets.
     wake: Wake,
     /// Monotonic counters.
@@ -235,11 +237,16 @@ pub struct PartitionSetup {
     pub id: u32,
     pub core: usize,
     pub log_options: crate::storage::log::LogOptions,
+    /// The core's journal link (None: the log syncs its own segments, or fsync never).
+    pub journal: Option<crate::storage::log::JournalLink>,
     pub limits: Limits,
     pub redelivery: Redelivery,
     pub groups: Vec<String>,
     pub wake: Wake,
 }
+
+/// Nonces a group's shard may issue before they could reach the next shard's range. 2^32.
+const NONCE_RANGE_PER_SHARD: u64 = 1 << 32;
 
 /// Leases reserved by a take that are not yet in the consumer's hands: if the take is dropped (its client went
 /// away), they are released at once instead of staying invisible for their whole visibility.
@@ -280,11 +287,12 @@ impl Drop for Reserved<'_> {
 impl Partition {
     /// Opens the partition's log (recovery runs here) and wires the wake-up for parked consumers.
     pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
-        let log = Log::open(
+        let log = Log::open_with(
             setup.storage.clone(),
             setup.clock.clone(),
             &setup.dir,
             setup.log_options,
+            setup.journal.clone(),
         )
         .await?;
         let groups = setup
@@ -308,6 +316,7 @@ impl Partition {
             closed: Cell::new(false),
             lost_below_frontier: Cell::new(0),
             read_failures: RefCell::new(BTreeMap::new()),
+            next_nonce_seed: Cell::new(0),
             wake: setup.wake,
             counters: Counters::default(),
         });
@@ -464,8 +473,13 @@ impl Partition {
             "frontier {committed} beyond the log end {end}"
         );
         g.flushed.set(stored);
-        // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match.
-        let nonce_seed = self.clock.wall_ms().saturating_mul(1000) << 8;
+        // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
+        // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
+        // nonce (a handle is valid only in the group that leased it).
+        let wall_seed = self.clock.wall_ms().saturating_mul(1000) << 8;
+        let nonce_seed = wall_seed.max(self.next_nonce_seed.get());
+        self.next_nonce_seed
+            .set(nonce_seed.saturating_add(NONCE_RANGE_PER_SHARD));
         let mut shard = InFlight::new(committed, nonce_seed, self.limits.get());
         shard.set_redelivery(self.redelivery.get());
         *g.shard.borrow_mut() = Some(shard);

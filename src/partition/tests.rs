@@ -44,6 +44,7 @@ async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
         dir: dir(),
         id: 0,
         core: 0,
+        journal: None,
         log_options: LogOptions {
             segment_bytes: 1 << 20,
             max_payload: 1 << 16,

@@ -45,6 +45,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
     config.listen = check_listen_address(config.listen)?;
     let fd_limit = raise_fd_limit();
     config.fit_fd_limit(fd_limit);
+    replay_journal(&config)?;
     let cpus = choose_cpus(&config)?;
     let cores = cpus.len();
     let shared = Arc::new(Shared::default());
@@ -90,6 +91,24 @@ pub fn run(mut config: Config) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Replays the last run's journals into the segments before any core opens a partition (on a short-lived executor:
+/// the storage goes through io_uring).
+fn replay_journal(config: &Config) -> Result<(), String> {
+    let data_dir = config.data_dir.clone();
+    let sync_via = config.sync_via;
+    LocalExecutorBuilder::default()
+        .name("berth-replay")
+        .spawn(move || async move {
+            let storage = Disk { sync_via };
+            crate::engine::admin::replay_journal(&storage, &data_dir)
+                .await
+                .map(|_| ())
+        })
+        .map_err(|e| format!("cannot start the journal replay: {e}"))?
+        .join()
+        .map_err(|e| format!("the journal replay failed: {e}"))?
 }
 
 /// Raises the soft file-descriptor limit to the hard one (partitions and connections each hold descriptors);

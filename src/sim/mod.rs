@@ -371,6 +371,8 @@ fn sim_config(plan: &Plan) -> Config {
         data_dir: PathBuf::from("/sim"),
         fsync: plan.fsync,
         segment_bytes: 2048,
+        // Journal files rotate (and checkpoint) every few passes.
+        journal_file_bytes: 4096,
         max_message_bytes: 512,
         frontier_flush_interval_ms: 100,
         purge_interval_ms: 1000,
@@ -402,6 +404,9 @@ impl World {
         storage
             .create_dir_all(&config.data_dir.join("trash"))
             .expect("sim dir");
+        crate::engine::admin::replay_journal(&*storage, &config.data_dir)
+            .await
+            .expect("journal replay");
         let net = SimNet::new(plan.cores, plan.net_depth, seed);
         let shared = std::sync::Arc::new(Shared::default());
         let mut engines = Vec::new();
@@ -642,8 +647,30 @@ async fn run_world(
         world.settle().await;
         check(world, oracle).await;
     }
-    drain(world, oracle, rng).await;
+    // A log that refused appends after a failed sync stays that way until a restart (what the error tells the
+    // operator to do): restart before the drain, so a dead-letter topic can take its copies again.
+    if any_poisoned(world) {
+        oracle
+            .borrow_mut()
+            .note("before the drain: restart (a log refuses appends after a failed sync)".into());
+        return Outcome::Crash;
+    }
+    if !drain(world, oracle, rng).await {
+        oracle
+            .borrow_mut()
+            .note("during the drain: restart (a log refuses appends after a failed sync)".into());
+        return Outcome::Crash;
+    }
     Outcome::Done
+}
+
+/// Some log refuses appends after a failed sync (until a restart).
+fn any_poisoned(world: &World) -> bool {
+    world.engines.iter().any(|e| {
+        e.owned_partitions()
+            .iter()
+            .any(|(_, p)| p.log.is_poisoned())
+    })
 }
 
 fn topics_now() -> [&'static str; 3] {
@@ -1075,11 +1102,24 @@ fn sleeping_with_work(world: &World) -> Option<String> {
 /// Ends the run: lets every lease and delay run out, drains every topic and group (retrying acks refused for a
 /// full acked-ahead set, as a client would), and checks that nothing acknowledged was lost and every frontier
 /// reached its log's end.
-async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+/// Consumes and acks everything, then checks nothing is stuck or lost. False (nothing checked) if a log was
+/// poisoned meanwhile: the caller restarts and drains again.
+async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) -> bool {
     world.clock.advance(5_000);
     world.settle().await;
     // (topic, topic id, group, delivery) leased by the drain and not settled yet.
     let mut pending: Vec<(&'static str, u64, &'static str, Delivery)> = Vec::new();
+    let mut unsettled_rounds = 0;
+    // Every group of every partition has reached its log's end.
+    let all_settled = |world: &World| {
+        world.engines.iter().all(|e| {
+            e.owned_partitions().iter().all(|(_, p)| {
+                GROUPS
+                    .iter()
+                    .all(|g| p.committed(g) == Some(p.log.end_offset()))
+            })
+        })
+    };
     for _round in 0..400 {
         let mut got = 0;
         for topic in topics_now() {
@@ -1162,6 +1202,16 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
                 .unwrap_or(0);
             let now = world.clock.now_ms();
             if last_expiry <= now {
+                // Messages the broker holds back on its own (a dead-letter copy that failed is retried after
+                // DEAD_LETTER_RETRY_MS) come due within a bounded time; a partition still behind after that is stuck.
+                if unsettled_rounds < 30 && !all_settled(world) {
+                    unsettled_rounds += 1;
+                    world
+                        .clock
+                        .advance(crate::front::consume::DEAD_LETTER_RETRY_MS);
+                    world.settle().await;
+                    continue;
+                }
                 break;
             }
             world.clock.advance(last_expiry - now + 1);
@@ -1169,6 +1219,9 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
             world.clock.advance(100);
         }
         world.settle().await;
+    }
+    if any_poisoned(world) {
+        return false;
     }
     let o = oracle.borrow();
     // Every frontier reached its log's end: nothing is stuck.
@@ -1206,6 +1259,7 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
             }
         }
     }
+    true
 }
 
 #[cfg(test)]
@@ -1268,7 +1322,13 @@ mod tests {
                 for seed in 2..30 {
                     run_seed_here(seed).await;
                 }
-                assert_eq!(count(), before, "descriptors leaked by simulated processes");
+                // Other tests of this process open and close descriptors meanwhile: a leak shows as growth with
+                // the number of simulated processes (28 here), not as a small difference.
+                let after = count();
+                assert!(
+                    after <= before + 8,
+                    "descriptors leaked by simulated processes: {before} before, {after} after"
+                );
             });
     }
 }

@@ -7,6 +7,7 @@
 
 use super::backend::{SegmentFile, Storage};
 use super::frame::{self, NO_POSITION};
+use super::journal::{self, EntryHead, Journal};
 use super::runs::Runs;
 use super::FsyncPolicy;
 use crate::clock::Clock;
@@ -87,6 +88,16 @@ pub enum ReadError {
 /// Called after each durable batch with the number of new records.
 pub type AppendHook = Box<dyn Fn(usize)>;
 
+/// A log's place in its core's journal: with one, a batch is made durable by the core's group commit (the journal's
+/// sync) instead of a sync of the segment file, and the segment is synced behind it at checkpoints.
+#[derive(Clone)]
+pub struct JournalLink {
+    pub journal: Rc<Journal>,
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+}
+
 /// One segment file.
 struct Segment {
     /// Offset of its first frame.
@@ -151,6 +162,8 @@ pub struct Log {
     syncs: Cell<u64>,
     writer_done: Cell<bool>,
     writer_done_event: Event,
+    /// The core's journal, when appends are made durable through it.
+    journal: Option<JournalLink>,
 }
 
 impl Segment {
@@ -178,6 +191,17 @@ impl Log {
         clock: Rc<dyn Clock>,
         dir: &Path,
         opts: LogOptions,
+    ) -> std::io::Result<Rc<Log>> {
+        Self::open_with(storage, clock, dir, opts, None).await
+    }
+
+    /// `open`, with the core's journal making appends durable (fsync `always` and `interval:MS`).
+    pub async fn open_with(
+        storage: Rc<dyn Storage>,
+        clock: Rc<dyn Clock>,
+        dir: &Path,
+        opts: LogOptions,
+        journal: Option<JournalLink>,
     ) -> std::io::Result<Rc<Log>> {
         storage.create_dir_all(dir)?;
         let mut bases: Vec<u64> = Vec::new();
@@ -270,9 +294,10 @@ impl Log {
             syncs: Cell::new(0),
             writer_done: Cell::new(false),
             writer_done_event: Event::new(),
+            journal,
         });
         glommio::spawn_local(log.clone().run_writer()).detach();
-        if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
+        if let (FsyncPolicy::IntervalMs(ms), None) = (opts.fsync, &log.journal) {
             glommio::spawn_local(log.clone().run_interval_syncer(ms)).detach();
         }
         Ok(log)
@@ -309,6 +334,15 @@ impl Log {
     /// One past the newest readable offset (== the next offset to be written once the queue is empty).
     pub fn end_offset(&self) -> u64 {
         self.state.borrow().next_offset
+    }
+
+    /// Whether a failed sync (here or in the journal) has stopped appends until a restart.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.get()
+            || self
+                .journal
+                .as_ref()
+                .is_some_and(|link| link.journal.is_poisoned())
     }
 
     /// (batches written, fdatasyncs issued) since open.
@@ -482,7 +516,7 @@ impl Log {
             self.roll(first).await?;
         }
         let timestamp_ms = self.clock.wall_ms();
-        let (file, start_pos, old_positions, zeroed_to) = {
+        let (file, start_pos, old_positions, zeroed_to, base) = {
             let mut st = self.state.borrow_mut();
             let active = st.segments.last_mut().expect("a log always has a segment");
             let start_pos = active.len;
@@ -492,18 +526,36 @@ impl Log {
                 start_pos,
                 old_positions,
                 active.zeroed_to,
+                active.base,
             )
         };
-        let mut buf = Vec::with_capacity(batch_bytes as usize);
+        // With a journal, the frames are built inside the journal entry and written to the segment from there.
+        let mut buf = match &self.journal {
+            Some(link) => journal::begin_entry(
+                &EntryHead {
+                    topic: link.topic.clone(),
+                    topic_id: link.topic_id,
+                    partition: link.partition,
+                    segment_base: base,
+                    position: start_pos,
+                    first_offset: first,
+                    count: records as u32,
+                },
+                batch_bytes as usize,
+            ),
+            None => Vec::with_capacity(batch_bytes as usize),
+        };
+        let frames_at = buf.len();
         let mut positions = Vec::with_capacity(records);
         for (i, payload) in batch.iter().flat_map(|p| p.payloads.iter()).enumerate() {
-            positions.push((start_pos + buf.len() as u64) as u32);
+            positions.push((start_pos + (buf.len() - frames_at) as u64) as u32);
             frame::encode(first + i as u64, timestamp_ms, payload, &mut buf);
         }
         let end = start_pos + batch_bytes;
-        let result = file.write_at(&buf, start_pos);
+        let result = file.write_at(&buf[frames_at..], start_pos);
         let mut new_zeroed_to = zeroed_to.max(end);
-        if result.is_ok() && end > zeroed_to {
+        // The zero reserve saves the segment's per-batch sync a metadata commit; with a journal there is no such sync.
+        if result.is_ok() && end > zeroed_to && self.journal.is_none() {
             // Best effort: on a nearly full disk the reserve may not fit while the batch did.
             let reserve = end.clamp(PREZERO_MIN_BYTES, PREZERO_MAX_BYTES);
             let reserve_to = (end + reserve).min(self.opts.segment_bytes).max(end);
@@ -535,7 +587,13 @@ impl Log {
                 AppendError::Io(io_text(e))
             });
         }
-        if self.opts.fsync == FsyncPolicy::Always {
+        if let Some(link) = &self.journal {
+            if let Err(e) = link.journal.commit(buf, records as u32, file.clone()).await {
+                error!(dir = %self.dir.display(), error = ?e, "journal commit failed: refusing appends until restart");
+                self.poisoned.set(true);
+                return Err(e);
+            }
+        } else if self.opts.fsync == FsyncPolicy::Always {
             if let Err(e) = file
                 .sync()
                 .await

@@ -4,6 +4,7 @@
 pub mod atomic_file;
 pub mod backend;
 pub mod frame;
+pub mod journal;
 pub mod log;
 pub mod runs;
 pub mod sim;

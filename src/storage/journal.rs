@@ -1,0 +1,829 @@
+//! The per-core journal: one group commit per core, whatever the number of partitions.
+//!
+//! Lives on one core (`Rc`, no locks); every partition log of that core holds an `Rc<Journal>`. A log writes its
+//! batch's frames to its own segment file (page cache, no sync) and hands the same bytes, wrapped in a journal entry,
+//! to [`Journal::commit`]. The core's committer task takes every entry queued since its last pass, writes them to the
+//! journal file with one `pwrite` and makes them durable with one `fdatasync` (fsync `always`), then answers them all:
+//! sixteen or a thousand partitions pay for one sync per pass, as one partition does. Requests that arrive while a
+//! sync runs are served in the next pass (group commit), as ScyllaDB's per-shard commitlog and Cassandra's
+//! `commitlog_sync: batch` do. With `interval:MS` the committer writes without syncing and a timer syncs the journal.
+//!
+//! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
+//! starts a new one and a checkpoint syncs every segment file written during the old one, then deletes it. At start,
+//! before any partition opens, [`replay`] rewrites into the segments whatever a crash kept out of them (an entry whose
+//! bytes the segment does not hold at that position), syncs them, and deletes the journal files; every core then
+//! starts a fresh journal. The format is in `docs/format.md` ("Journal").
+//!
+//! A journal write or sync that fails poisons the journal: every later commit is refused until a restart replays
+//! from disk (a failed fdatasync may have dropped pages; retrying it could report a false success).
+
+use super::backend::{SegmentFile, Storage};
+use super::log::AppendError;
+use super::FsyncPolicy;
+use crate::clock::Clock;
+use event_listener::Event;
+use futures_channel::oneshot;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use tracing::{error, info, warn};
+
+/// First four bytes of every journal entry (on disk, little-endian: `4A 52 4E 4C`, ASCII `JRNL`).
+pub const MAGIC: u32 = 0x4C4E_524A;
+const MAGIC_BYTES: [u8; 4] = MAGIC.to_le_bytes();
+/// Length of an entry header.
+pub const HEADER_LEN: usize = 24;
+/// Bytes of the header covered by its CRC.
+const HEADER_CRC_SPAN: usize = 20;
+/// Length of the fixed part of an entry body (before the topic name).
+pub const BODY_FIXED_LEN: usize = 42;
+/// Longest topic name an entry carries (names are far shorter: see the topic-name rule).
+const MAX_NAME_LEN: usize = u16::MAX as usize;
+/// Zeros kept written ahead of the journal's write position, so most syncs flush data blocks only (no file-size
+/// change for the file system to commit): 1 MiB, or a quarter of the file size if that is less.
+const ZERO_AHEAD_BYTES: u64 = 1 << 20;
+
+fn zero_ahead(file_bytes: u64) -> u64 {
+    ZERO_AHEAD_BYTES.min(file_bytes / 4).max(512)
+}
+/// Largest number of entry bytes one pass writes (further entries wait for the next pass). 8 MiB.
+const MAX_PASS_BYTES: usize = 8 << 20;
+
+/// Where an entry's frames belong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryHead {
+    /// The topic's name (its directory) and id (a recreated topic has another id).
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    /// The segment file (its base offset) and the byte position of the first frame in it.
+    pub segment_base: u64,
+    pub position: u64,
+    /// Offsets of the frames.
+    pub first_offset: u64,
+    pub count: u32,
+}
+
+/// One entry found by [`scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub head: EntryHead,
+    /// The frames, exactly as written to the segment.
+    pub frames: Vec<u8>,
+}
+
+/// What [`scan`] found in one journal file.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    pub entries: Vec<Entry>,
+    /// Entries (or runs of bytes) that failed a check and were passed over.
+    pub damaged: usize,
+}
+
+/// Starts an entry for `head`: the header and body prefix, with room for the frames the caller appends next
+/// (`Journal::commit` fills in the lengths, sequence number and CRCs).
+pub fn begin_entry(head: &EntryHead, frames_len: usize) -> Vec<u8> {
+    let name = head.topic.as_bytes();
+    assert!(
+        name.len() <= MAX_NAME_LEN,
+        "topic name too long for the journal"
+    );
+    let mut out = Vec::with_capacity(HEADER_LEN + BODY_FIXED_LEN + name.len() + frames_len);
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    out.extend_from_slice(&head.topic_id.to_le_bytes());
+    out.extend_from_slice(&head.partition.to_le_bytes());
+    out.extend_from_slice(&head.segment_base.to_le_bytes());
+    out.extend_from_slice(&head.position.to_le_bytes());
+    out.extend_from_slice(&head.first_offset.to_le_bytes());
+    out.extend_from_slice(&head.count.to_le_bytes());
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name);
+    out
+}
+
+/// Where the frames start in an entry made by [`begin_entry`].
+pub fn frames_start(entry: &[u8]) -> usize {
+    let name_len = u16::from_le_bytes([entry[HEADER_LEN + 40], entry[HEADER_LEN + 41]]) as usize;
+    HEADER_LEN + BODY_FIXED_LEN + name_len
+}
+
+/// Completes an entry made by [`begin_entry`] (frames appended) with its sequence number.
+pub fn seal_entry(entry: &mut [u8], seq: u64) {
+    let body_len = u32::try_from(entry.len() - HEADER_LEN).expect("journal entry under 4 GiB");
+    let body_crc = crc32c::crc32c(&entry[HEADER_LEN..]);
+    entry[0..4].copy_from_slice(&MAGIC_BYTES);
+    entry[4..8].copy_from_slice(&body_len.to_le_bytes());
+    entry[8..16].copy_from_slice(&seq.to_le_bytes());
+    entry[16..20].copy_from_slice(&body_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&entry[..HEADER_CRC_SPAN]);
+    entry[20..24].copy_from_slice(&header_crc.to_le_bytes());
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// A header at `at` that passes its check: (body_len, seq, body_crc).
+fn header_at(bytes: &[u8], at: usize) -> Option<(usize, u64, u32)> {
+    let h = bytes.get(at..at + HEADER_LEN)?;
+    if h[0..4] != MAGIC_BYTES || crc32c::crc32c(&h[..HEADER_CRC_SPAN]) != u32_at(h, 20) {
+        return None;
+    }
+    Some((u32_at(h, 4) as usize, u64_at(h, 8), u32_at(h, 16)))
+}
+
+/// Decodes an entry body that passed its CRC; None if its fields do not hang together.
+fn parse_body(seq: u64, body: &[u8]) -> Option<Entry> {
+    if body.len() < BODY_FIXED_LEN {
+        return None;
+    }
+    let name_len = u16::from_le_bytes([body[40], body[41]]) as usize;
+    let name = body.get(BODY_FIXED_LEN..BODY_FIXED_LEN + name_len)?;
+    let topic = std::str::from_utf8(name).ok()?.to_string();
+    Some(Entry {
+        seq,
+        head: EntryHead {
+            topic,
+            topic_id: u64_at(body, 0),
+            partition: u32_at(body, 8),
+            segment_base: u64_at(body, 12),
+            position: u64_at(body, 20),
+            first_offset: u64_at(body, 28),
+            count: u32_at(body, 36),
+        },
+        frames: body[BODY_FIXED_LEN + name_len..].to_vec(),
+    })
+}
+
+/// Reads the entries of one journal file. Never panics on any bytes. Entries follow one another; zeros after the
+/// last one are the unused reserve. A header that fails its check is passed over by searching forward for the next
+/// header that passes (with a higher sequence number), so one damaged entry costs that entry, not the rest of the
+/// file; an entry whose header passes and whose body fails is passed over whole; a torn last entry ends the scan.
+pub fn scan(bytes: &[u8]) -> Scan {
+    let mut out = Scan::default();
+    let mut at = 0usize;
+    let mut last_seq: Option<u64> = None;
+    while at + HEADER_LEN <= bytes.len() {
+        match header_at(bytes, at) {
+            Some((body_len, seq, body_crc)) if last_seq.is_none_or(|l| seq > l) => {
+                let Some(body) = bytes.get(at + HEADER_LEN..at + HEADER_LEN + body_len) else {
+                    // Torn: the file ends inside this entry (it was never acknowledged).
+                    break;
+                };
+                match (crc32c::crc32c(body) == body_crc)
+                    .then(|| parse_body(seq, body))
+                    .flatten()
+                {
+                    Some(entry) => {
+                        out.entries.push(entry);
+                        last_seq = Some(seq);
+                    }
+                    None => out.damaged += 1,
+                }
+                at += HEADER_LEN + body_len;
+            }
+            _ => {
+                if bytes[at..].iter().all(|&b| b == 0) {
+                    break;
+                }
+                out.damaged += 1;
+                // Resynchronise on the next header that passes its check.
+                let next = (at + 1..bytes.len().saturating_sub(HEADER_LEN - 1)).find(|&i| {
+                    bytes[i..i + 4] == MAGIC_BYTES
+                        && header_at(bytes, i)
+                            .is_some_and(|(_, s, _)| last_seq.is_none_or(|l| s > l))
+                });
+                match next {
+                    Some(i) => at = i,
+                    None => break,
+                }
+            }
+        }
+    }
+    out
+}
+
+/// How a core's journal behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalOptions {
+    /// `Always`: one fdatasync per pass before the answers; `IntervalMs`: answers after the write, a timer syncs.
+    pub fsync: FsyncPolicy,
+    /// A journal file past this many bytes is replaced by a new one and checkpointed.
+    pub file_bytes: u64,
+}
+
+/// An entry waiting for the committer.
+struct Queued {
+    entry: Vec<u8>,
+    records: u32,
+    /// The segment file its frames were written to (synced at the checkpoint of the journal file it lands in).
+    segment: Rc<dyn SegmentFile>,
+    queued_at: std::time::Instant,
+    reply: oneshot::Sender<Result<(), AppendError>>,
+}
+
+/// The journal file being written.
+struct Current {
+    file: Rc<dyn SegmentFile>,
+    path: PathBuf,
+    index: u64,
+    pos: u64,
+    zeroed_to: u64,
+    /// Segment files written while this journal file is current, by address.
+    segments: HashMap<usize, Rc<dyn SegmentFile>>,
+    /// Written since the last sync (interval mode).
+    dirty: bool,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JournalStats {
+    pub syncs: u64,
+    pub passes: u64,
+    pub entries: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub checkpoints: u64,
+}
+
+/// Called after each pass with its record count and each entry's wait (queue + write + sync) in µs.
+pub type PassObserver = Box<dyn Fn(u64, &[u64])>;
+
+/// One core's journal and its committer.
+pub struct Journal {
+    storage: Rc<dyn Storage>,
+    clock: Rc<dyn Clock>,
+    dir: PathBuf,
+    core: usize,
+    opts: JournalOptions,
+    current: RefCell<Current>,
+    queue: RefCell<Vec<Queued>>,
+    queue_event: Event,
+    next_seq: Cell<u64>,
+    poisoned: Cell<bool>,
+    closed: Cell<bool>,
+    done: Cell<bool>,
+    done_event: Event,
+    stats: Cell<JournalStats>,
+    /// Told after each pass: records made durable, and how long each entry waited for it (µs).
+    observer: RefCell<Option<PassObserver>>,
+    /// Checkpoints still running (their journal files are deleted when they finish).
+    checkpoints_running: Cell<usize>,
+}
+
+fn file_name(core: usize, index: u64) -> String {
+    format!("{core:04}-{index:020}.jnl")
+}
+
+impl Journal {
+    /// Starts core `core`'s journal in `dir` (created if missing) with a new file, and its committer task. Files
+    /// of earlier runs must have been replayed and removed first ([`replay`]).
+    pub async fn open(
+        storage: Rc<dyn Storage>,
+        clock: Rc<dyn Clock>,
+        dir: &Path,
+        core: usize,
+        opts: JournalOptions,
+    ) -> std::io::Result<Rc<Journal>> {
+        assert!(
+            !matches!(opts.fsync, FsyncPolicy::Never),
+            "fsync never runs without a journal"
+        );
+        storage.create_dir_all(dir)?;
+        let current =
+            Self::create_file(&*storage, dir, core, 0, zero_ahead(opts.file_bytes)).await?;
+        let journal = Rc::new(Journal {
+            storage,
+            clock,
+            dir: dir.to_path_buf(),
+            core,
+            opts,
+            current: RefCell::new(current),
+            queue: RefCell::new(Vec::new()),
+            queue_event: Event::new(),
+            next_seq: Cell::new(1),
+            poisoned: Cell::new(false),
+            closed: Cell::new(false),
+            done: Cell::new(false),
+            done_event: Event::new(),
+            stats: Cell::new(JournalStats::default()),
+            observer: RefCell::new(None),
+            checkpoints_running: Cell::new(0),
+        });
+        glommio::spawn_local(journal.clone().run_committer()).detach();
+        if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
+            glommio::spawn_local(journal.clone().run_interval_sync(ms)).detach();
+        }
+        Ok(journal)
+    }
+
+    async fn create_file(
+        storage: &dyn Storage,
+        dir: &Path,
+        core: usize,
+        index: u64,
+        zero_ahead: u64,
+    ) -> std::io::Result<Current> {
+        let path = dir.join(file_name(core, index));
+        let file = storage.open(&path, true).await?;
+        file.truncate(0).await?;
+        file.write_at(&vec![0u8; zero_ahead as usize], 0)?;
+        file.sync().await?;
+        storage.sync_dir(dir).await?;
+        Ok(Current {
+            file,
+            path,
+            index,
+            pos: 0,
+            zeroed_to: zero_ahead,
+            segments: HashMap::new(),
+            dirty: false,
+        })
+    }
+
+    /// Makes an entry built with [`begin_entry`] (its frames already written to `segment` at the head's position)
+    /// durable under the fsync policy. An error means the entry may or may not be on disk: the caller must not
+    /// acknowledge it (and the journal refuses everything after it until a restart).
+    pub async fn commit(
+        &self,
+        mut entry: Vec<u8>,
+        records: u32,
+        segment: Rc<dyn SegmentFile>,
+    ) -> Result<(), AppendError> {
+        if self.poisoned.get() {
+            return Err(AppendError::Poisoned);
+        }
+        if self.closed.get() {
+            return Err(AppendError::Closed);
+        }
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        seal_entry(&mut entry, seq);
+        let (tx, rx) = oneshot::channel();
+        self.queue.borrow_mut().push(Queued {
+            entry,
+            records,
+            segment,
+            queued_at: std::time::Instant::now(),
+            reply: tx,
+        });
+        self.queue_event.notify(1);
+        rx.await.unwrap_or(Err(AppendError::Closed))
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> JournalStats {
+        self.stats.get()
+    }
+
+    /// Registers the pass observer (metrics).
+    pub fn set_observer(&self, observer: PassObserver) {
+        *self.observer.borrow_mut() = Some(observer);
+    }
+
+    /// Whether a failed write or sync has stopped the journal.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.get()
+    }
+
+    /// Stops taking entries, answers the queued ones, syncs. Idempotent.
+    pub async fn close(&self) {
+        self.closed.set(true);
+        self.queue_event.notify(usize::MAX);
+        while !self.done.get() {
+            let listener = self.done_event.listen();
+            if self.done.get() {
+                break;
+            }
+            listener.await;
+        }
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut JournalStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    fn take_pass(&self) -> Vec<Queued> {
+        let mut queue = self.queue.borrow_mut();
+        let mut bytes = 0usize;
+        let mut take = 0usize;
+        for q in queue.iter() {
+            if take > 0 && bytes + q.entry.len() > MAX_PASS_BYTES {
+                break;
+            }
+            bytes += q.entry.len();
+            take += 1;
+        }
+        let rest = queue.split_off(take);
+        std::mem::replace(&mut *queue, rest)
+    }
+
+    async fn run_committer(self: Rc<Self>) {
+        loop {
+            let listener = self.queue_event.listen();
+            let pass = self.take_pass();
+            if pass.is_empty() {
+                if self.closed.get() {
+                    if !self.poisoned.get() && self.current.borrow().dirty {
+                        self.sync_current().await;
+                    }
+                    self.done.set(true);
+                    self.done_event.notify(usize::MAX);
+                    return;
+                }
+                listener.await;
+                continue;
+            }
+            drop(listener);
+            self.write_pass(pass).await;
+            if !self.poisoned.get() && self.current.borrow().pos >= self.opts.file_bytes {
+                self.rotate().await;
+            }
+        }
+    }
+
+    fn poison(&self, what: &str, e: &std::io::Error) {
+        error!(core = self.core, error = %e, "journal {what} failed: refusing appends until restart");
+        self.poisoned.set(true);
+    }
+
+    async fn write_pass(&self, pass: Vec<Queued>) {
+        if self.poisoned.get() {
+            for q in pass {
+                let _ = q.reply.send(Err(AppendError::Poisoned));
+            }
+            return;
+        }
+        let bytes: usize = pass.iter().map(|q| q.entry.len()).sum();
+        let (file, pos, zeroed_to) = {
+            let c = self.current.borrow();
+            (c.file.clone(), c.pos, c.zeroed_to)
+        };
+        let end = pos + bytes as u64;
+        let written = if pass.len() == 1 {
+            file.write_at(&pass[0].entry, pos)
+        } else {
+            let mut buf = Vec::with_capacity(bytes);
+            for q in &pass {
+                buf.extend_from_slice(&q.entry);
+            }
+            file.write_at(&buf, pos)
+        };
+        let mut new_zeroed_to = zeroed_to.max(end);
+        let ahead = zero_ahead(self.opts.file_bytes);
+        let written = written.and_then(|()| {
+            if end + ahead / 2 > zeroed_to {
+                let to = end + ahead;
+                file.write_at(&vec![0u8; (to - new_zeroed_to) as usize], new_zeroed_to)?;
+                new_zeroed_to = to;
+            }
+            Ok(())
+        });
+        if let Err(e) = written {
+            self.poison("write", &e);
+            for q in pass {
+                let _ = q.reply.send(Err(AppendError::Io(e.to_string())));
+            }
+            return;
+        }
+        {
+            let mut c = self.current.borrow_mut();
+            c.pos = end;
+            c.zeroed_to = new_zeroed_to;
+            c.dirty = true;
+            for q in &pass {
+                let key = Rc::as_ptr(&q.segment) as *const u8 as usize;
+                c.segments.entry(key).or_insert_with(|| q.segment.clone());
+            }
+        }
+        if self.opts.fsync == FsyncPolicy::Always {
+            self.current.borrow_mut().dirty = false;
+            if let Err(e) = file.sync().await {
+                self.poison("sync", &e);
+                for q in pass {
+                    let _ = q.reply.send(Err(AppendError::Io(e.to_string())));
+                }
+                return;
+            }
+            self.bump(|s| s.syncs += 1);
+        }
+        let now = std::time::Instant::now();
+        let records: u64 = pass.iter().map(|q| u64::from(q.records)).sum();
+        self.bump(|s| {
+            s.passes += 1;
+            s.entries += pass.len() as u64;
+            s.records += records;
+            s.bytes += bytes as u64;
+        });
+        if let Some(observe) = self.observer.borrow().as_ref() {
+            let waits: Vec<u64> = pass
+                .iter()
+                .map(|q| now.saturating_duration_since(q.queued_at).as_micros() as u64)
+                .collect();
+            observe(records, &waits);
+        }
+        for q in pass {
+            let _ = q.reply.send(Ok(()));
+        }
+    }
+
+    async fn sync_current(&self) {
+        let file = {
+            let mut c = self.current.borrow_mut();
+            c.dirty = false;
+            c.file.clone()
+        };
+        match file.sync().await {
+            Ok(()) => self.bump(|s| s.syncs += 1),
+            Err(e) => self.poison("sync", &e),
+        }
+    }
+
+    async fn run_interval_sync(self: Rc<Self>, interval_ms: u64) {
+        while !self.done.get() {
+            self.clock
+                .sleep_until(self.clock.now_ms() + interval_ms)
+                .await;
+            if !self.poisoned.get() && self.current.borrow().dirty {
+                self.sync_current().await;
+            }
+        }
+    }
+
+    /// Starts a new journal file and checkpoints the old one in the background: sync every segment written while
+    /// it was current, then delete it. A failed segment sync keeps the old file (replayed at the next start).
+    async fn rotate(self: &Rc<Self>) {
+        let index = self.current.borrow().index + 1;
+        if self.opts.fsync != FsyncPolicy::Always && self.current.borrow().dirty {
+            // The old file's entries must be durable before its segments' syncs can stand for them.
+            self.sync_current().await;
+        }
+        let fresh = match Self::create_file(
+            &*self.storage,
+            &self.dir,
+            self.core,
+            index,
+            zero_ahead(self.opts.file_bytes),
+        )
+        .await
+        {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                // Keep writing the current file; try again after the next pass.
+                warn!(core = self.core, error = %e, "cannot start a new journal file");
+                return;
+            }
+        };
+        let old = std::mem::replace(&mut *self.current.borrow_mut(), fresh);
+        self.checkpoints_running
+            .set(self.checkpoints_running.get() + 1);
+        let this = self.clone();
+        glommio::spawn_local(async move {
+            this.checkpoint(old).await;
+            this.checkpoints_running
+                .set(this.checkpoints_running.get() - 1);
+        })
+        .detach();
+    }
+
+    async fn checkpoint(&self, old: Current) {
+        let segments = old.segments.len();
+        for (_, segment) in old.segments {
+            if let Err(e) = segment.sync().await {
+                error!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: a segment sync failed; the journal file stays for replay at the next start");
+                self.poisoned.set(true);
+                return;
+            }
+            // Many segments must not hold the core.
+            futures_lite::future::yield_now().await;
+        }
+        drop(old.file);
+        if let Err(e) = self.storage.remove(&old.path).await {
+            warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file");
+            return;
+        }
+        let _ = self.storage.sync_dir(&self.dir).await;
+        self.bump(|s| s.checkpoints += 1);
+        info!(core = self.core, segments, journal = %old.path.display(), "checkpointed a journal file");
+    }
+
+    /// Checkpoints in progress (tests wait for them).
+    pub fn checkpoints_running(&self) -> usize {
+        self.checkpoints_running.get()
+    }
+}
+
+/// What [`replay`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub files: usize,
+    pub entries: usize,
+    /// Entries whose frames the segment did not hold and were written back.
+    pub rewritten: usize,
+    /// Entries of topics or segments that no longer exist.
+    pub skipped: usize,
+    pub damaged: usize,
+}
+
+/// Finds a partition's directory for a journal entry: Some only if topic `name` still exists with id `topic_id`.
+pub type Locate<'a> = &'a dyn Fn(&str, u64, u32) -> Option<PathBuf>;
+
+/// Replays every journal file in `dir` into the segments (see the module header), syncs what it wrote, and removes
+/// the journal files. Run once at start, before any partition opens. Idempotent: a crash during replay replays
+/// again at the next start.
+pub async fn replay(
+    storage: &dyn Storage,
+    dir: &Path,
+    locate: Locate<'_>,
+) -> std::io::Result<ReplayReport> {
+    let mut report = ReplayReport::default();
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(e),
+    };
+    let mut files: Vec<String> = names.into_iter().filter(|n| n.ends_with(".jnl")).collect();
+    // By core, then by index within a core (names are zero-padded).
+    files.sort();
+    let mut open: HashMap<PathBuf, Option<Rc<dyn SegmentFile>>> = HashMap::new();
+    let mut touched: Vec<Rc<dyn SegmentFile>> = Vec::new();
+    for name in &files {
+        let path = dir.join(name);
+        let bytes = storage.read(&path)?;
+        let found = scan(&bytes);
+        report.files += 1;
+        report.damaged += found.damaged;
+        if found.damaged > 0 {
+            error!(journal = %path.display(), damaged = found.damaged, "journal entries failed their check at replay: passed over (their segment frames are checked on their own)");
+        }
+        for entry in found.entries {
+            report.entries += 1;
+            let Some(partition_dir) =
+                locate(&entry.head.topic, entry.head.topic_id, entry.head.partition)
+            else {
+                report.skipped += 1;
+                continue;
+            };
+            let seg_path = partition_dir.join(format!("{:020}.log", entry.head.segment_base));
+            if !open.contains_key(&seg_path) {
+                // A segment that is gone was removed by retention or with its topic: nothing to restore.
+                let file = match storage.open(&seg_path, false).await {
+                    Ok(f) => Some(f),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                };
+                open.insert(seg_path.clone(), file);
+            }
+            let Some(file) = open.get(&seg_path).cloned().flatten() else {
+                report.skipped += 1;
+                continue;
+            };
+            let held = file
+                .read_at(entry.head.position, entry.frames.len())
+                .await?;
+            if held != entry.frames {
+                file.write_at(&entry.frames, entry.head.position)?;
+                report.rewritten += 1;
+                if !touched.iter().any(|t| Rc::ptr_eq(t, &file)) {
+                    touched.push(file.clone());
+                }
+            }
+        }
+    }
+    for file in &touched {
+        file.sync().await?;
+    }
+    drop(open);
+    for name in &files {
+        storage.remove(&dir.join(name)).await?;
+    }
+    if !files.is_empty() {
+        storage.sync_dir(dir).await?;
+        info!(
+            files = report.files,
+            entries = report.entries,
+            rewritten = report.rewritten,
+            skipped = report.skipped,
+            damaged = report.damaged,
+            "journal replayed"
+        );
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(topic: &str) -> EntryHead {
+        EntryHead {
+            topic: topic.to_string(),
+            topic_id: 7,
+            partition: 3,
+            segment_base: 100,
+            position: 4096,
+            first_offset: 120,
+            count: 2,
+        }
+    }
+
+    fn entry(topic: &str, seq: u64, frames: &[u8]) -> Vec<u8> {
+        let mut e = begin_entry(&head(topic), frames.len());
+        e.extend_from_slice(frames);
+        seal_entry(&mut e, seq);
+        e
+    }
+
+    #[test]
+    fn entries_round_trip_and_zeros_end_the_scan() {
+        let mut file = entry("orders", 1, b"frames-one");
+        file.extend(entry("t", 2, b""));
+        file.extend(vec![0u8; 1000]);
+        let s = scan(&file);
+        assert_eq!(s.damaged, 0);
+        assert_eq!(s.entries.len(), 2);
+        assert_eq!(s.entries[0].head, head("orders"));
+        assert_eq!(s.entries[0].frames, b"frames-one");
+        assert_eq!((s.entries[1].seq, s.entries[1].frames.len()), (2, 0));
+        assert_eq!(
+            frames_start(&entry("orders", 1, b"x")),
+            HEADER_LEN + BODY_FIXED_LEN + 6
+        );
+    }
+
+    #[test]
+    fn a_torn_last_entry_ends_the_scan() {
+        let mut file = entry("a", 1, b"first");
+        let second = entry("a", 2, b"second-entry");
+        for cut in 0..second.len() {
+            let mut torn = file.clone();
+            torn.extend_from_slice(&second[..cut]);
+            let s = scan(&torn);
+            assert_eq!(s.entries.len(), 1, "cut {cut}");
+        }
+        file.extend(second);
+        assert_eq!(scan(&file).entries.len(), 2);
+    }
+
+    /// Any single flipped bit costs at most the entry it lands in: the others are found, none is damaged.
+    #[test]
+    fn a_bit_flip_anywhere_costs_at_most_its_entry() {
+        let parts = [
+            entry("a", 1, b"one"),
+            entry("b", 2, b"two-two"),
+            entry("c", 3, b"three"),
+        ];
+        let file: Vec<u8> = parts.concat();
+        let bounds: Vec<usize> = parts
+            .iter()
+            .scan(0, |at, p| {
+                *at += p.len();
+                Some(*at)
+            })
+            .collect();
+        for byte in 0..file.len() {
+            for bit in 0..8 {
+                let mut damaged = file.clone();
+                damaged[byte] ^= 1 << bit;
+                let s = scan(&damaged);
+                let hit = bounds.iter().position(|&b| byte < b).expect("inside");
+                let seqs: Vec<u64> = s.entries.iter().map(|e| e.seq).collect();
+                let want: Vec<u64> = (1..=3).filter(|&q| q != hit as u64 + 1).collect();
+                assert_eq!(seqs, want, "flip at byte {byte} bit {bit}");
+                for e in &s.entries {
+                    assert_eq!(
+                        entry(&e.head.topic, e.seq, &e.frames),
+                        parts[e.seq as usize - 1]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng as u8
+                })
+                .collect();
+            let _ = scan(&bytes);
+            let mut with_magic = MAGIC_BYTES.to_vec();
+            with_magic.extend(&bytes);
+            let _ = scan(&with_magic);
+        }
+    }
+}
