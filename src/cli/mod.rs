@@ -33,9 +33,27 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(ServeArgs),
-    /// Create, list, describe or delete topics.
+    /// Create, update, list, describe or delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
+    /// List, create, describe or delete a topic's consumer groups.
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Move messages from one topic (a dead-letter topic, say) to another: each is appended to the target before
+    /// it is acked in the source. Prints the server's reply, e.g. {"moved":3}.
+    Redrive {
+        /// The topic to read (consumed in --group).
+        topic: String,
+        /// The topic to append to.
+        #[arg(long)]
+        to: String,
+        /// Move at most this many [default: all available now].
+        #[arg(long)]
+        max: Option<u64>,
+        /// The consumer group that reads the source [default: default].
+        #[arg(long)]
+        group: Option<String>,
+    },
     /// Produce the argument as one message; without it, every line of stdin as a message (or, with --frames,
     /// every frame: a 4-byte little-endian length, then the bytes), sent in batches. Prints one JSON line per
     /// message.
@@ -74,6 +92,9 @@ enum Command {
         /// Nack each message once printed (it becomes deliverable again at once).
         #[arg(long)]
         nack: bool,
+        /// Consumer group to lease in (and to ack or nack in) [default: default].
+        #[arg(long, conflicts_with = "partition")]
+        group: Option<String>,
         /// Replay: read this partition at --offset without leasing.
         #[arg(long, requires = "offset")]
         partition: Option<u64>,
@@ -84,11 +105,20 @@ enum Command {
     Ack {
         topic: String,
         receipt_handle: String,
+        /// The consumer group that leased it [default: default].
+        #[arg(long)]
+        group: Option<String>,
     },
-    /// Nack a lease: the message is deliverable again at once.
+    /// Nack a lease: the message is deliverable again at once, or after --delay.
     Nack {
         topic: String,
         receipt_handle: String,
+        /// The consumer group that leased it [default: default].
+        #[arg(long)]
+        group: Option<String>,
+        /// Deliverable again only after this long, e.g. 30s (0 to 12h) [default: 0].
+        #[arg(long)]
+        delay: Option<String>,
     },
     /// The load generator: per-core HDR histograms per operation.
     Bench(crate::cli::bench::BenchArgs),
@@ -98,6 +128,9 @@ enum Command {
         receipt_handle: String,
         #[arg(long)]
         visibility: Option<String>,
+        /// The consumer group that leased it [default: default].
+        #[arg(long)]
+        group: Option<String>,
     },
 }
 
@@ -129,6 +162,67 @@ struct ServeArgs {
     insecure: bool,
 }
 
+/// A topic's settings (everything but `partitions`), as `PUT` and `PATCH /topics/T` take them. Unset ones are not
+/// sent: the server's default on create, unchanged on update.
+#[derive(Args, Debug, Default)]
+struct TopicSettings {
+    /// Default lease length, e.g. 30s (1s to 12h).
+    #[arg(long)]
+    visibility: Option<String>,
+    /// Leases (and delayed nacks) at once per partition and group.
+    #[arg(long)]
+    max_in_flight: Option<u64>,
+    /// Acks above the committed frontier per partition and group.
+    #[arg(long)]
+    max_acked_ahead: Option<u64>,
+    /// How long records are kept, e.g. 7d.
+    #[arg(long)]
+    retention: Option<String>,
+    /// Consumer groups the topic may hold.
+    #[arg(long)]
+    max_groups: Option<u64>,
+    /// Wait before a message released by an expiry or a nack without delay is deliverable again, e.g. 1s.
+    #[arg(long)]
+    redelivery_delay: Option<String>,
+    /// fixed | exponential (redelivery_delay * 2^(delivery_count - 1)).
+    #[arg(long, value_parser = ["fixed", "exponential"])]
+    redelivery_backoff: Option<String>,
+    /// Cap of the exponential redelivery delay, e.g. 15m.
+    #[arg(long)]
+    redelivery_delay_max: Option<String>,
+    /// Deliveries before a message goes to --dead-letter (0: unlimited).
+    #[arg(long)]
+    max_deliveries: Option<u64>,
+    /// The dead-letter topic (an existing topic other than this one); "" clears it.
+    #[arg(long)]
+    dead_letter: Option<String>,
+}
+
+impl TopicSettings {
+    /// The given settings as `&key=value` query parameters.
+    fn query(&self) -> String {
+        let number = |v: Option<u64>| v.map(|n| n.to_string());
+        let mut out = String::new();
+        for (key, value) in [
+            ("visibility", self.visibility.clone()),
+            ("max_in_flight", number(self.max_in_flight)),
+            ("max_acked_ahead", number(self.max_acked_ahead)),
+            ("retention", self.retention.clone()),
+            ("max_groups", number(self.max_groups)),
+            ("redelivery_delay", self.redelivery_delay.clone()),
+            ("redelivery_backoff", self.redelivery_backoff.clone()),
+            ("redelivery_delay_max", self.redelivery_delay_max.clone()),
+            ("max_deliveries", number(self.max_deliveries)),
+            ("dead_letter", self.dead_letter.clone()),
+        ] {
+            if let Some(v) = value {
+                out += &format!("&{key}={}", enc(&v));
+            }
+        }
+        out
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum TopicCommand {
     /// Create a topic (200 when it already exists with the same partition count).
@@ -136,14 +230,14 @@ enum TopicCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: u32,
-        #[arg(long)]
-        visibility: Option<String>,
-        #[arg(long)]
-        max_in_flight: Option<u64>,
-        #[arg(long)]
-        max_acked_ahead: Option<u64>,
-        #[arg(long)]
-        retention: Option<String>,
+        #[command(flatten)]
+        settings: TopicSettings,
+    },
+    /// Change a topic's settings (every one but partitions); prints the new config.
+    Update {
+        name: String,
+        #[command(flatten)]
+        settings: TopicSettings,
     },
     /// List topic names.
     List,
@@ -151,6 +245,24 @@ enum TopicCommand {
     Describe { name: String },
     /// Delete a topic and its data.
     Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum GroupCommand {
+    /// List a topic's consumer groups with their state per partition.
+    List { topic: String },
+    /// Create a consumer group (a consume naming a new group creates it too, at earliest).
+    Create {
+        topic: String,
+        group: String,
+        /// Where the group starts: the oldest retained record, or the end of each partition.
+        #[arg(long, value_parser = ["earliest", "latest"])]
+        start: Option<String>,
+    },
+    /// Show one consumer group's state per partition.
+    Describe { topic: String, group: String },
+    /// Delete a consumer group and its consumer state.
+    Delete { topic: String, group: String },
 }
 
 /// Runs the command line; returns the exit status.
@@ -236,6 +348,20 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
     match command {
         Command::Serve(_) | Command::Bench(_) => unreachable!("handled by main"),
         Command::Topic(t) => topic_command(client, t),
+        Command::Group(g) => group_command(client, g),
+        Command::Redrive {
+            topic,
+            to,
+            max,
+            group,
+        } => {
+            let mut path = format!("/topics/{}/redrive?to={}", enc(&topic), enc(&to));
+            path += &params(&[
+                ("max", max.map(|n| n.to_string()).as_deref()),
+                ("group", group.as_deref()),
+            ]);
+            finish(client.call("POST", &path, &[])?, &[200])
+        }
         Command::Produce {
             topic,
             message,
@@ -273,6 +399,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             max,
             ack,
             nack,
+            group,
             partition,
             offset,
         } => {
@@ -283,25 +410,31 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                     enc(&wait)
                 );
                 let answer = client.call("GET", &path, &[])?;
-                return print_messages(client, &topic, answer, None).map(|_| 0);
+                return print_messages(client, answer, None).map(|_| 0);
             }
             let mut path = format!("/consume?topic={}&wait={}", enc(&topic), enc(&wait));
-            if let Some(v) = visibility {
-                path += &format!("&visibility={}", enc(&v));
-            }
-            let settle = if ack {
+            path += &params(&[
+                ("visibility", visibility.as_deref()),
+                ("group", group.as_deref()),
+            ]);
+            let op = if ack {
                 Some("ack")
             } else if nack {
                 Some("nack")
             } else {
                 None
             };
+            let settle_with = op.map(|op| Settle {
+                op,
+                topic: &topic,
+                group: group.as_deref(),
+            });
             if max > 1 {
-                return consume_batches(client, &topic, &path, count, max, settle);
+                return consume_batches(client, &path, count, max, settle_with);
             }
             for _ in 0..count {
                 let answer = client.call("GET", &path, &[])?;
-                if !print_messages(client, &topic, answer, settle)? {
+                if !print_messages(client, answer, settle_with)? {
                     eprintln!("no message available");
                     break;
                 }
@@ -311,22 +444,83 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
         Command::Ack {
             topic,
             receipt_handle,
-        } => settle(client, "ack", &topic, &receipt_handle, None),
+            group,
+        } => Settle {
+            op: "ack",
+            topic: &topic,
+            group: group.as_deref(),
+        }
+        .one(client, &receipt_handle, &[]),
         Command::Nack {
             topic,
             receipt_handle,
-        } => settle(client, "nack", &topic, &receipt_handle, None),
+            group,
+            delay,
+        } => Settle {
+            op: "nack",
+            topic: &topic,
+            group: group.as_deref(),
+        }
+        .one(client, &receipt_handle, &[("delay", delay.as_deref())]),
         Command::Extend {
             topic,
             receipt_handle,
             visibility,
-        } => settle(
+            group,
+        } => Settle {
+            op: "extend",
+            topic: &topic,
+            group: group.as_deref(),
+        }
+        .one(
             client,
-            "extend",
-            &topic,
             &receipt_handle,
-            visibility.as_deref(),
+            &[("visibility", visibility.as_deref())],
         ),
+    }
+}
+
+/// The given query parameters as `&key=value` (percent-encoded); unset ones are left out.
+fn params(pairs: &[(&str, Option<&str>)]) -> String {
+    pairs
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("&{k}={}", enc(v))))
+        .collect()
+}
+
+/// A settle (`ack`, `nack` or `extend`) of leases of one topic, in one consumer group.
+#[derive(Clone, Copy)]
+struct Settle<'a> {
+    op: &'a str,
+    topic: &'a str,
+    group: Option<&'a str>,
+}
+
+impl Settle<'_> {
+    /// `/op?topic=T[&group=G]`.
+    fn path(&self) -> String {
+        format!(
+            "/{}?topic={}{}",
+            self.op,
+            enc(self.topic),
+            params(&[("group", self.group)])
+        )
+    }
+
+    /// Settles one handle with the `extra` query parameters.
+    fn one(
+        &self,
+        client: &Client,
+        handle: &str,
+        extra: &[(&str, Option<&str>)],
+    ) -> Result<i32, String> {
+        let path = format!(
+            "{}&receipt_handle={}{}",
+            self.path(),
+            enc(handle),
+            params(extra)
+        );
+        finish(client.call("POST", &path, &[])?, &[200])
     }
 }
 
@@ -405,11 +599,10 @@ fn produce_batches(
 /// batch with one request when asked.
 fn consume_batches(
     client: &Client,
-    topic: &str,
     path: &str,
     count: u64,
     max: u64,
-    settle_with: Option<&str>,
+    settle_with: Option<Settle>,
 ) -> Result<i32, String> {
     let mut printed = 0u64;
     let mut out = std::io::stdout().lock();
@@ -441,11 +634,11 @@ fn consume_batches(
                 handles.push(h);
             }
         }
-        if let (Some(op), false) = (settle_with, handles.is_empty()) {
+        if let (Some(settle), false) = (settle_with, handles.is_empty()) {
             let body = handles.join("\n");
             let answer = client.call_with(
                 "POST",
-                &format!("/{op}?topic={}", enc(topic)),
+                &settle.path(),
                 &[("content-type", "text/plain")],
                 body.as_bytes(),
             )?;
@@ -460,7 +653,7 @@ fn consume_batches(
                 .map(|r| r.to_string())
                 .collect();
             if !failed.is_empty() {
-                return Err(format!("{op} failed for: {}", failed.join(", ")));
+                return Err(format!("{} failed for: {}", settle.op, failed.join(", ")));
             }
         }
     }
@@ -470,9 +663,8 @@ fn consume_batches(
 /// Prints one delivered message as a JSON line; returns false on 204.
 fn print_messages(
     client: &Client,
-    topic: &str,
     answer: Answer,
-    settle_with: Option<&str>,
+    settle_with: Option<Settle>,
 ) -> Result<bool, String> {
     match answer.status {
         204 => Ok(false),
@@ -487,8 +679,8 @@ fn print_messages(
             });
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
-            if let (Some(op), Some(handle)) = (settle_with, handle) {
-                settle(client, op, topic, &handle, None)?;
+            if let (Some(settle), Some(handle)) = (settle_with, handle) {
+                settle.one(client, &handle, &[])?;
             }
             Ok(true)
         }
@@ -496,42 +688,30 @@ fn print_messages(
     }
 }
 
-fn settle(
-    client: &Client,
-    op: &str,
-    topic: &str,
-    handle: &str,
-    visibility: Option<&str>,
-) -> Result<i32, String> {
-    let mut path = format!("/{op}?topic={}&receipt_handle={}", enc(topic), enc(handle));
-    if let Some(v) = visibility {
-        path += &format!("&visibility={}", enc(v));
-    }
-    finish(client.call("POST", &path, &[])?, &[200])
-}
-
 fn topic_command(client: &Client, command: TopicCommand) -> Result<i32, String> {
     match command {
         TopicCommand::Create {
             name,
             partitions,
-            visibility,
-            max_in_flight,
-            max_acked_ahead,
-            retention,
+            settings,
         } => {
-            let mut path = format!("/topics/{}?partitions={partitions}", enc(&name));
-            for (key, value) in [
-                ("visibility", visibility),
-                ("max_in_flight", max_in_flight.map(|v| v.to_string())),
-                ("max_acked_ahead", max_acked_ahead.map(|v| v.to_string())),
-                ("retention", retention),
-            ] {
-                if let Some(v) = value {
-                    path += &format!("&{key}={}", enc(&v));
-                }
-            }
+            let path = format!(
+                "/topics/{}?partitions={partitions}{}",
+                enc(&name),
+                settings.query()
+            );
             finish(client.call("PUT", &path, &[])?, &[200, 201])
+        }
+        TopicCommand::Update { name, settings } => {
+            let query = settings.query();
+            let Some(query) = query.strip_prefix('&') else {
+                return Err(
+                    "topic update needs at least one setting to change (see berth topic update --help)"
+                        .into(),
+                );
+            };
+            let path = format!("/topics/{}?{query}", enc(&name));
+            finish(client.call("PATCH", &path, &[])?, &[200])
         }
         TopicCommand::List => finish(client.call("GET", "/topics", &[])?, &[200]),
         TopicCommand::Describe { name } => finish(
@@ -542,6 +722,38 @@ fn topic_command(client: &Client, command: TopicCommand) -> Result<i32, String> 
             let answer = client.call("DELETE", &format!("/topics/{}", enc(&name)), &[])?;
             let code = finish(answer, &[204])?;
             eprintln!("deleted {name}");
+            Ok(code)
+        }
+    }
+}
+
+fn group_command(client: &Client, command: GroupCommand) -> Result<i32, String> {
+    let group_path =
+        |topic: &str, group: &str| format!("/topics/{}/groups/{}", enc(topic), enc(group));
+    match command {
+        GroupCommand::List { topic } => finish(
+            client.call("GET", &format!("/topics/{}/groups", enc(&topic)), &[])?,
+            &[200],
+        ),
+        GroupCommand::Create {
+            topic,
+            group,
+            start,
+        } => {
+            let mut path = group_path(&topic, &group);
+            if let Some(start) = start {
+                path += &format!("?start={}", enc(&start));
+            }
+            finish(client.call("PUT", &path, &[])?, &[200, 201])
+        }
+        GroupCommand::Describe { topic, group } => finish(
+            client.call("GET", &group_path(&topic, &group), &[])?,
+            &[200],
+        ),
+        GroupCommand::Delete { topic, group } => {
+            let answer = client.call("DELETE", &group_path(&topic, &group), &[])?;
+            let code = finish(answer, &[204])?;
+            eprintln!("deleted group {group} of {topic}");
             Ok(code)
         }
     }

@@ -1,0 +1,660 @@
+//! The client commands of version 2 end to end, through the `berth` binary against a real server: `--group` on
+//! consume/ack/nack/extend (single and batch settles), `nack --delay`, every topic setting on `topic create` and
+//! `topic update`, `group list|create|describe|delete`, `redrive`, and the delivery count in consume's output.
+//! Every command's failure is checked too: exit status 1 and the server's own error line on stderr.
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+use std::process::{Command, Stdio};
+
+/// What one run of the command line did.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Asserts exit 0 and returns stdout parsed as one JSON value.
+    fn json(&self) -> Value {
+        assert_eq!(self.code, Some(0), "failed: {}", self.stderr);
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}): {:?}", self.stdout))
+    }
+
+    /// Asserts exit 0 and returns every stdout line parsed as JSON.
+    fn lines(&self) -> Vec<Value> {
+        assert_eq!(self.code, Some(0), "failed: {}", self.stderr);
+        self.stdout
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}"))
+            })
+            .collect()
+    }
+
+    /// Asserts exit 0 with nothing on stdout.
+    fn quiet(&self) {
+        assert_eq!(
+            (self.code, self.stdout.as_str()),
+            (Some(0), ""),
+            "stderr: {}",
+            self.stderr
+        );
+    }
+}
+
+/// Runs `berth --server URL ARGS`.
+fn berth(server: &Server, args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_AUTH_TOKEN")
+        .arg("--server")
+        .arg(server.url())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run berth");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `args`, expecting the failure the server gives to `method path` (asked directly): exit 1, nothing on
+/// stdout, and exactly `berth: STATUS CODE: MESSAGE` on stderr. Returns the error code.
+fn fails_like(server: &Server, args: &[&str], method: &str, path: &str) -> String {
+    let direct = server.client.call(method, path, &[]).expect("direct call");
+    assert!(direct.status >= 400, "{method} {path}: {}", direct.text());
+    let j = direct.json();
+    let (code, message) = (j["error"].as_str().unwrap(), j["message"].as_str().unwrap());
+    let run = berth(server, args);
+    assert_eq!(run.code, Some(1), "{args:?}: stderr {}", run.stderr);
+    assert_eq!(run.stdout, "", "{args:?} printed a result");
+    assert_eq!(
+        run.stderr,
+        format!("berth: {} {code}: {message}\n", direct.status),
+        "{args:?}"
+    );
+    code.to_string()
+}
+
+/// A group's state from `GET /topics/T/groups/G`, partition 0.
+fn group_state(server: &Server, topic: &str, group: &str) -> Value {
+    let a = server.get(&format!("/topics/{topic}/groups/{group}"));
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()["partitions"][0].clone()
+}
+
+fn handle(message: &Value) -> &str {
+    message["receipt_handle"]
+        .as_str()
+        .expect("a receipt handle")
+}
+
+#[test]
+fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
+    let server = Server::start(1, &[]);
+    berth(&server, &["topic", "create", "orders.dlq"]).json();
+    let created = berth(
+        &server,
+        &[
+            "topic",
+            "create",
+            "orders",
+            "--partitions",
+            "2",
+            "--visibility",
+            "10s",
+            "--max-in-flight",
+            "7",
+            "--max-acked-ahead",
+            "8",
+            "--retention",
+            "1d",
+            "--max-groups",
+            "4",
+            "--redelivery-delay",
+            "1s",
+            "--redelivery-backoff",
+            "exponential",
+            "--redelivery-delay-max",
+            "1m",
+            "--max-deliveries",
+            "3",
+            "--dead-letter",
+            "orders.dlq",
+        ],
+    )
+    .json();
+    let want = json!({
+        "partitions": 2,
+        "visibility": "10s",
+        "visibility_ms": 10_000,
+        "max_in_flight": 7,
+        "max_acked_ahead": 8,
+        "retention": "1d",
+        "retention_ms": 86_400_000,
+        "max_groups": 4,
+        "redelivery_delay": "1s",
+        "redelivery_delay_ms": 1000,
+        "redelivery_backoff": "exponential",
+        "redelivery_delay_max": "1m",
+        "redelivery_delay_max_ms": 60_000,
+        "max_deliveries": 3,
+        "dead_letter": "orders.dlq",
+    });
+    assert_eq!(created["created"], true);
+    assert_eq!(created["config"], want);
+    assert_eq!(server.get("/topics/orders").json()["config"], want);
+
+    // Update: every setting but partitions; the reply is the new config, and it is what the server now holds.
+    let updated = berth(
+        &server,
+        &[
+            "topic",
+            "update",
+            "orders",
+            "--visibility",
+            "20s",
+            "--max-in-flight",
+            "9",
+            "--max-acked-ahead",
+            "10",
+            "--retention",
+            "2d",
+            "--max-groups",
+            "5",
+            "--redelivery-delay",
+            "250ms",
+            "--redelivery-backoff",
+            "fixed",
+            "--redelivery-delay-max",
+            "2m",
+            "--max-deliveries",
+            "5",
+            "--dead-letter",
+            "orders.dlq",
+        ],
+    )
+    .json();
+    let want = json!({
+        "partitions": 2,
+        "visibility": "20s",
+        "visibility_ms": 20_000,
+        "max_in_flight": 9,
+        "max_acked_ahead": 10,
+        "retention": "2d",
+        "retention_ms": 172_800_000,
+        "max_groups": 5,
+        "redelivery_delay": "250ms",
+        "redelivery_delay_ms": 250,
+        "redelivery_backoff": "fixed",
+        "redelivery_delay_max": "2m",
+        "redelivery_delay_max_ms": 120_000,
+        "max_deliveries": 5,
+        "dead_letter": "orders.dlq",
+    });
+    assert_eq!(updated, json!({"name": "orders", "config": want}));
+    assert_eq!(server.get("/topics/orders").json()["config"], want);
+
+    // Settings not named are left alone; an empty --dead-letter clears it (with max_deliveries back to 0).
+    let updated = berth(
+        &server,
+        &[
+            "topic",
+            "update",
+            "orders",
+            "--max-deliveries",
+            "0",
+            "--dead-letter",
+            "",
+        ],
+    )
+    .json();
+    assert_eq!(updated["config"]["dead_letter"], Value::Null);
+    assert_eq!(updated["config"]["max_deliveries"], 0);
+    assert_eq!(updated["config"]["visibility"], "20s");
+
+    // Nothing to change is refused before anything is sent; partitions is not a flag of update (usage error).
+    let run = berth(&server, &["topic", "update", "orders"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("at least one setting"),
+        "{}",
+        run.stderr
+    );
+    let run = berth(&server, &["topic", "update", "orders", "--partitions", "3"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert_eq!(server.partitions("orders").len(), 2);
+
+    // The server's refusals come back as they are.
+    assert_eq!(
+        fails_like(
+            &server,
+            &["topic", "update", "nosuch", "--max-deliveries", "5"],
+            "PATCH",
+            "/topics/nosuch?max_deliveries=5",
+        ),
+        "topic_not_found"
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["topic", "update", "orders", "--dead-letter", "nosuch"],
+            "PATCH",
+            "/topics/orders?dead_letter=nosuch",
+        ),
+        "invalid_parameter"
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["topic", "create", "other", "--redelivery-delay", "13h"],
+            "PUT",
+            "/topics/other?partitions=1&redelivery_delay=13h",
+        ),
+        "invalid_duration"
+    );
+    assert_eq!(
+        server.get("/topics").json(),
+        json!(["orders", "orders.dlq"])
+    );
+}
+
+#[test]
+fn consume_ack_nack_and_extend_work_in_the_group_they_name() {
+    let server = Server::start(1, &[]);
+    server.create_topic("jobs", "");
+    for body in ["a", "b", "c"] {
+        server.produce("jobs", "", body.as_bytes());
+    }
+    berth(&server, &["group", "create", "jobs", "g1"]).json();
+    berth(
+        &server,
+        &["group", "create", "jobs", "late", "--start", "latest"],
+    )
+    .json();
+
+    // g1 starts at the oldest record; every line carries the delivery count.
+    let got = berth(
+        &server,
+        &["consume", "jobs", "--group", "g1", "--count", "2"],
+    )
+    .lines();
+    assert_eq!(got.len(), 2);
+    for (m, (offset, body)) in got.iter().zip([(0, "a"), (1, "b")]) {
+        assert_eq!(
+            (&m["offset"], &m["body"], &m["delivery_count"]),
+            (&json!(offset), &json!(body), &json!(1)),
+            "{m}"
+        );
+    }
+    assert_eq!(group_state(&server, "jobs", "g1")["in_flight"], 2);
+    // A group started at the latest offset has nothing; the default group is untouched by g1's leases.
+    let run = berth(&server, &["consume", "jobs", "--group", "late"]);
+    run.quiet();
+    assert!(
+        run.stderr.contains("no message available"),
+        "{}",
+        run.stderr
+    );
+    let first_default = berth(&server, &["consume", "jobs"]).json();
+    assert_eq!(
+        (&first_default["offset"], &first_default["delivery_count"]),
+        (&json!(0), &json!(1))
+    );
+
+    // A handle is good only in the group that leased it.
+    let (h0, h1) = (handle(&got[0]), handle(&got[1]));
+    let run = berth(&server, &["ack", "jobs", h0]);
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr.starts_with("berth: 410 lease_gone: "),
+        "{}",
+        run.stderr
+    );
+    let run = berth(&server, &["extend", "jobs", h1, "--group", "late"]);
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr.starts_with("berth: 410 lease_gone: "),
+        "{}",
+        run.stderr
+    );
+    berth(&server, &["ack", "jobs", h0, "--group", "g1"]).quiet();
+    assert_eq!(group_state(&server, "jobs", "g1")["committed"], 1);
+    assert_eq!(group_state(&server, "jobs", "default")["committed"], 0);
+    berth(
+        &server,
+        &["extend", "jobs", h1, "--group", "g1", "--visibility", "1h"],
+    )
+    .quiet();
+
+    // A nack without delay: deliverable again at once, with its count up.
+    berth(&server, &["nack", "jobs", h1, "--group", "g1"]).quiet();
+    let again = berth(&server, &["consume", "jobs", "--group", "g1"]).json();
+    assert_eq!(
+        (&again["offset"], &again["delivery_count"]),
+        (&json!(1), &json!(2))
+    );
+    // With --delay it is held back: the next consumes see only offset 2.
+    berth(
+        &server,
+        &[
+            "nack",
+            "jobs",
+            handle(&again),
+            "--group",
+            "g1",
+            "--delay",
+            "1h",
+        ],
+    )
+    .quiet();
+    assert_eq!(group_state(&server, "jobs", "g1")["delayed"], 1);
+    let rest = berth(
+        &server,
+        &[
+            "consume", "jobs", "--group", "g1", "--max", "10", "--count", "10",
+        ],
+    )
+    .lines();
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert_eq!(
+        (&rest[0]["offset"], &rest[0]["delivery_count"]),
+        (&json!(2), &json!(1))
+    );
+    let bad_delay = berth(
+        &server,
+        &[
+            "nack",
+            "jobs",
+            handle(&rest[0]),
+            "--group",
+            "g1",
+            "--delay",
+            "13h",
+        ],
+    );
+    assert_eq!(bad_delay.code, Some(1));
+    assert!(
+        bad_delay
+            .stderr
+            .starts_with("berth: 400 invalid_duration: "),
+        "{}",
+        bad_delay.stderr
+    );
+
+    // Batch consumes settle in their group: a batch nack comes back with count 2, a batch ack commits.
+    let batch = berth(
+        &server,
+        &[
+            "consume", "jobs", "--group", "g2", "--max", "3", "--count", "3", "--nack",
+        ],
+    )
+    .lines();
+    assert_eq!(batch.len(), 3);
+    assert!(batch.iter().all(|m| m["delivery_count"] == 1), "{batch:?}");
+    let batch = berth(
+        &server,
+        &[
+            "consume", "jobs", "--group", "g2", "--max", "3", "--count", "3", "--ack",
+        ],
+    )
+    .lines();
+    assert_eq!(batch.len(), 3);
+    assert!(batch.iter().all(|m| m["delivery_count"] == 2), "{batch:?}");
+    assert_eq!(group_state(&server, "jobs", "g2")["committed"], 3);
+    // So do single consumes with --ack.
+    let acked = berth(&server, &["consume", "jobs", "--group", "g3", "--ack"]).json();
+    assert_eq!(acked["offset"], 0);
+    assert_eq!(group_state(&server, "jobs", "g3")["committed"], 1);
+    assert_eq!(group_state(&server, "jobs", "g3")["in_flight"], 0);
+
+    // An unknown topic: the server's error, exit 1, for each command.
+    for (args, path) in [
+        (
+            &["consume", "nosuch", "--group", "g1"][..],
+            "/consume?topic=nosuch&group=g1",
+        ),
+        (
+            &["consume", "nosuch", "--group", "g1", "--max", "5"][..],
+            "/consume?topic=nosuch&group=g1&max=5",
+        ),
+        (
+            &["ack", "nosuch", "0:0:1", "--group", "g1"][..],
+            "/ack?topic=nosuch&receipt_handle=0:0:1&group=g1",
+        ),
+        (
+            &["nack", "nosuch", "0:0:1", "--group", "g1", "--delay", "5s"][..],
+            "/nack?topic=nosuch&receipt_handle=0:0:1&group=g1&delay=5s",
+        ),
+        (
+            &["extend", "nosuch", "0:0:1", "--group", "g1"][..],
+            "/extend?topic=nosuch&receipt_handle=0:0:1&group=g1",
+        ),
+    ] {
+        let method = if args[0] == "consume" { "GET" } else { "POST" };
+        assert_eq!(fails_like(&server, args, method, path), "topic_not_found");
+    }
+}
+
+#[test]
+fn group_list_create_describe_and_delete() {
+    let server = Server::start(1, &[]);
+    server.create_topic("events", "");
+    server.produce("events", "", b"x");
+    server.produce("events", "", b"y");
+
+    let created = berth(&server, &["group", "create", "events", "audit"]).json();
+    assert_eq!(
+        created,
+        json!({"topic": "events", "group": "audit", "created": true})
+    );
+    let again = berth(&server, &["group", "create", "events", "audit"]).json();
+    assert_eq!(again["created"], false);
+    berth(
+        &server,
+        &["group", "create", "events", "tail", "--start", "latest"],
+    )
+    .json();
+    let run = berth(
+        &server,
+        &["group", "create", "events", "x", "--start", "now"],
+    );
+    assert_eq!(
+        run.code,
+        Some(2),
+        "a bad --start is a usage error: {}",
+        run.stderr
+    );
+
+    let list = berth(&server, &["group", "list", "events"]).json();
+    let mut names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["audit", "default", "tail"]);
+    assert_eq!(list, server.get("/topics/events/groups").json());
+
+    let audit = berth(&server, &["group", "describe", "events", "audit"]).json();
+    assert_eq!(audit["group"], "audit");
+    assert_eq!(audit["partitions"][0]["committed"], 0);
+    let tail = berth(&server, &["group", "describe", "events", "tail"]).json();
+    assert_eq!(tail["partitions"][0]["committed"], 2);
+
+    let run = berth(&server, &["group", "delete", "events", "audit"]);
+    run.quiet();
+    assert!(
+        run.stderr.contains("deleted group audit of events"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["group", "describe", "events", "audit"],
+            "GET",
+            "/topics/events/groups/audit",
+        ),
+        "group_not_found"
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["group", "delete", "events", "audit"],
+            "DELETE",
+            "/topics/events/groups/audit",
+        ),
+        "group_not_found"
+    );
+    let left = berth(&server, &["group", "list", "events"]).json();
+    assert!(
+        left.as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["group"] != "audit"),
+        "{left}"
+    );
+
+    for (args, method, path) in [
+        (
+            &["group", "list", "nosuch"][..],
+            "GET",
+            "/topics/nosuch/groups",
+        ),
+        (
+            &["group", "create", "nosuch", "g"][..],
+            "PUT",
+            "/topics/nosuch/groups/g",
+        ),
+        (
+            &["group", "describe", "nosuch", "g"][..],
+            "GET",
+            "/topics/nosuch/groups/g",
+        ),
+        (
+            &["group", "delete", "nosuch", "g"][..],
+            "DELETE",
+            "/topics/nosuch/groups/g",
+        ),
+    ] {
+        assert_eq!(fails_like(&server, args, method, path), "topic_not_found");
+    }
+}
+
+#[test]
+fn dead_lettered_messages_are_redriven_back() {
+    let server = Server::start(1, &[]);
+    berth(&server, &["topic", "create", "pay.dlq"]).json();
+    berth(&server, &["topic", "create", "pay"]).json();
+    let updated = berth(
+        &server,
+        &[
+            "topic",
+            "update",
+            "pay",
+            "--max-deliveries",
+            "1",
+            "--dead-letter",
+            "pay.dlq",
+        ],
+    )
+    .json();
+    assert_eq!(updated["config"]["max_deliveries"], 1);
+    server.produce("pay", "", b"poison");
+
+    // Delivered once, nacked: the second delivery would exceed max_deliveries, so it goes to pay.dlq instead.
+    let first = berth(&server, &["consume", "pay"]).json();
+    assert_eq!(first["delivery_count"], 1);
+    berth(&server, &["nack", "pay", handle(&first)]).quiet();
+    let run = berth(&server, &["consume", "pay"]);
+    run.quiet();
+    let dead = berth(
+        &server,
+        &[
+            "consume",
+            "pay.dlq",
+            "--partition",
+            "0",
+            "--offset",
+            "0",
+            "--wait",
+            "5s",
+        ],
+    )
+    .json();
+    assert_eq!(dead["body"], "poison");
+    assert_eq!(group_state(&server, "pay", "default")["dead_lettered"], 1);
+
+    // Redrive moves it back; it is delivered afresh in pay.
+    let moved = berth(&server, &["redrive", "pay.dlq", "--to", "pay"]).json();
+    assert_eq!(moved, json!({"moved": 1}));
+    let back = berth(&server, &["consume", "pay"]).json();
+    assert_eq!(
+        (&back["body"], &back["offset"], &back["delivery_count"]),
+        (&json!("poison"), &json!(1), &json!(1))
+    );
+    assert_eq!(
+        berth(&server, &["redrive", "pay.dlq", "--to", "pay"]).json(),
+        json!({"moved": 0})
+    );
+
+    // --max and --group: another group reads pay.dlq from its start.
+    for body in ["d1", "d2"] {
+        server.produce("pay.dlq", "", body.as_bytes());
+    }
+    assert_eq!(
+        berth(
+            &server,
+            &["redrive", "pay.dlq", "--to", "pay", "--group", "again", "--max", "2"],
+        )
+        .json(),
+        json!({"moved": 2})
+    );
+    assert_eq!(group_state(&server, "pay.dlq", "again")["committed"], 2);
+    assert_eq!(
+        berth(
+            &server,
+            &["redrive", "pay.dlq", "--to", "pay", "--group", "again"],
+        )
+        .json(),
+        json!({"moved": 1})
+    );
+    assert_eq!(group_state(&server, "pay.dlq", "again")["committed"], 3);
+    assert_eq!(server.partitions("pay")[0]["end_offset"], 5);
+
+    assert_eq!(
+        fails_like(
+            &server,
+            &["redrive", "nosuch", "--to", "pay"],
+            "POST",
+            "/topics/nosuch/redrive?to=pay",
+        ),
+        "topic_not_found"
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["redrive", "pay.dlq", "--to", "nosuch", "--max", "1"],
+            "POST",
+            "/topics/pay.dlq/redrive?to=nosuch&max=1",
+        ),
+        "topic_not_found"
+    );
+    assert_eq!(
+        fails_like(
+            &server,
+            &["redrive", "pay.dlq", "--to", "pay.dlq"],
+            "POST",
+            "/topics/pay.dlq/redrive?to=pay.dlq",
+        ),
+        "invalid_parameter"
+    );
+}
