@@ -600,7 +600,7 @@ fn a_receipt_handle_settled_with_another_groups_name_is_410() {
 /// The same after a restart, when every group's lease state is loaded at once (and with groups created together
 /// before any consume): handles of one group still do not settle another's leases.
 #[test]
-#[ignore = "server bug: after a restart every group's lease shard gets the same wall-clock nonce seed, so group a's handle acks group b's lease (200, not 410)"]
+
 fn receipt_handles_stay_per_group_when_groups_load_together() {
     let _g = common::serial();
     let mut s = Server::start(1, &[]);

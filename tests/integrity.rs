@@ -588,10 +588,19 @@ fn relative_symlinked_and_config_file_data_dirs_keep_their_data_across_kill_9() 
 /// Produces 5, settles 5 (frontier 5 on disk), kill -9, flips one byte of the last frame (payload or header), and
 /// restarts.
 fn settled_log_with_a_damaged_last_frame(header: bool) -> Server {
+    damaged_last_frame(header, false)
+}
+
+/// Five records produced and settled, kill -9, one byte of the last frame flipped; without `keep_journal` the
+/// journal is gone too (the damage came after a checkpoint), so the segment's own recovery has to cope.
+fn damaged_last_frame(header: bool, keep_journal: bool) -> Server {
     let mut s = Server::start(1, &[]);
     s.create_topic("t", "");
     produce_settle_all(&s, "t", "m", 5);
     s.kill9();
+    if !keep_journal {
+        s.drop_journal();
+    }
     let seg = s.partition_dir("t", 0).join(SEGMENT0);
     let mut bytes = std::fs::read(&seg).unwrap();
     let f = frames(&bytes);
@@ -607,6 +616,24 @@ fn settled_log_with_a_damaged_last_frame(header: bool) -> Server {
     std::fs::write(&seg, &bytes).unwrap();
     s.restart();
     s
+}
+
+/// The same damage while the journal still holds the record (no checkpoint since): replay repairs the segment,
+/// nothing is corrupt, and the next produce still gets offset 5.
+#[test]
+fn a_damaged_last_frame_is_repaired_from_the_journal() {
+    let _g = common::serial();
+    for header in [false, true] {
+        let s = damaged_last_frame(header, true);
+        assert_frontier_kept(&s, "repaired");
+        let p = &s.partitions("t")[0];
+        assert_eq!(p["corrupt_skipped"].as_u64(), Some(0), "{p}");
+        let replayed = s.get("/consume?topic=t&partition=0&offset=4");
+        assert_eq!(replayed.status, 200, "{}", replayed.text());
+        assert_eq!(replayed.body, b"m4", "the repaired record");
+        let a = s.post("/produce?topic=t", b"after");
+        assert_eq!(a.json()["offset"].as_u64(), Some(5), "{}", a.text());
+    }
 }
 
 fn assert_frontier_kept(s: &Server, what: &str) {
@@ -1295,6 +1322,7 @@ fn a_run_of_corrupt_records_is_skipped_at_once_with_one_log_line_per_run() {
         assert_eq!(s.produce("run", "", format!("body-{i}").as_bytes()), (0, i));
     }
     s.kill9();
+    s.drop_journal();
     let seg = s.partition_dir("run", 0).join(SEGMENT0);
     let mut bytes = std::fs::read(&seg).unwrap();
     let f = frames(&bytes);

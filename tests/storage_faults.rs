@@ -118,8 +118,20 @@ fn strace() -> Option<PathBuf> {
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// The second produce's segment write fails.
 #[test]
 fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
+    eio_on_pwrite(4);
+}
+
+/// The second produce's journal write fails: the journal zeroes what it may have written and refuses the pass; the
+/// log rolls its segment back; the next produce takes the same offset.
+#[test]
+fn a_journal_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
+    eio_on_pwrite(5);
+}
+
+fn eio_on_pwrite(when: u32) {
     let Some(strace) = strace() else {
         panic!("strace is not installed (.ci/run installs it)");
     };
@@ -130,8 +142,9 @@ fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
         .local_addr()
         .unwrap()
         .port();
-    // Segment appends are the server's only pwrite64 calls: per batch the frames, then the zero reserve when it
-    // grows. Call 1 = first batch, call 2 = its reserve, call 3 = the second batch: that one fails with EIO.
+    // Segment and journal appends are the server's only pwrite64 calls: call 1 = the journal's zeros at start, then
+    // per batch its frames to the segment and the journal entry (the journal's zeros are 1 MiB ahead: no more
+    // before the second batch). Call 4 = the second batch's segment write, call 5 = its journal entry.
     let mut child = Command::new(strace)
         .args([
             "-f",
@@ -141,7 +154,7 @@ fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
             "-e",
             "trace=pwrite64",
             "-e",
-            "inject=pwrite64:error=EIO:when=3",
+            &format!("inject=pwrite64:error=EIO:when={when}"),
         ])
         .arg(env!("CARGO_BIN_EXE_berth"))
         .args([

@@ -392,7 +392,9 @@ impl Journal {
         self.poisoned.get()
     }
 
-    /// Stops taking entries, answers the queued ones, syncs. Idempotent.
+    /// Stops taking entries, answers the queued ones, syncs, and (call it after the core's logs are closed) leaves
+    /// no journal file behind: the segments written since the last checkpoint are synced and the file removed, so a
+    /// clean stop starts without a replay. Idempotent.
     pub async fn close(&self) {
         self.closed.set(true);
         self.queue_event.notify(usize::MAX);
@@ -402,6 +404,26 @@ impl Journal {
                 break;
             }
             listener.await;
+        }
+        while self.checkpoints_running.get() > 0 {
+            self.clock.sleep_until(self.clock.now_ms() + 1).await;
+        }
+        if self.poisoned.get() {
+            return;
+        }
+        let (segments, path) = {
+            let mut c = self.current.borrow_mut();
+            (std::mem::take(&mut c.segments), c.path.clone())
+        };
+        for (_, segment) in segments {
+            if let Err(e) = segment.sync().await {
+                error!(core = self.core, error = %e, "closing: a segment sync failed; the journal stays for replay at the next start");
+                self.poisoned.set(true);
+                return;
+            }
+        }
+        if self.storage.remove(&path).await.is_ok() {
+            let _ = self.storage.sync_dir(&self.dir).await;
         }
     }
 
@@ -468,6 +490,19 @@ impl Journal {
             (c.file.clone(), c.pos, c.zeroed_to)
         };
         let end = pos + bytes as u64;
+        // The zeros ahead are written first, so the entries land in blocks the file already has: a full disk
+        // refuses the zeros (nothing of the pass is in the journal), never an entry half-way.
+        let ahead = zero_ahead(self.opts.file_bytes);
+        let mut new_zeroed_to = zeroed_to;
+        if end + ahead / 2 > zeroed_to {
+            let to = end + ahead;
+            if let Err(e) = file.write_at(&vec![0u8; (to - zeroed_to) as usize], zeroed_to) {
+                warn!(core = self.core, error = %e, "cannot extend the journal: the pass is refused");
+                let _ = file.truncate(zeroed_to).await;
+                return Self::refuse(pass, &e);
+            }
+            new_zeroed_to = to;
+        }
         let written = if pass.len() == 1 {
             file.write_at(&pass[0].entry, pos)
         } else {
@@ -477,22 +512,15 @@ impl Journal {
             }
             file.write_at(&buf, pos)
         };
-        let mut new_zeroed_to = zeroed_to.max(end);
-        let ahead = zero_ahead(self.opts.file_bytes);
-        let written = written.and_then(|()| {
-            if end + ahead / 2 > zeroed_to {
-                let to = end + ahead;
-                file.write_at(&vec![0u8; (to - new_zeroed_to) as usize], new_zeroed_to)?;
-                new_zeroed_to = to;
-            }
-            Ok(())
-        });
         if let Err(e) = written {
-            self.poison("write", &e);
-            for q in pass {
-                let _ = q.reply.send(Err(AppendError::Io(e.to_string())));
+            // Whatever part of the pass reached the file is zeroed again, so no entry of it (never acknowledged, its
+            // segment write rolled back) can be replayed; if even that fails, nothing more is written until a restart.
+            error!(core = self.core, error = %e, "a journal write failed: the pass is refused");
+            if let Err(scrub) = file.write_at(&vec![0u8; bytes], pos) {
+                self.poison("scrub after a failed write", &scrub);
             }
-            return;
+            self.current.borrow_mut().zeroed_to = new_zeroed_to;
+            return Self::refuse(pass, &e);
         }
         {
             let mut c = self.current.borrow_mut();
@@ -532,6 +560,18 @@ impl Journal {
         }
         for q in pass {
             let _ = q.reply.send(Ok(()));
+        }
+    }
+
+    /// Answers a pass that was not written: `NoSpace` for a full disk, else the error's text.
+    fn refuse(pass: Vec<Queued>, e: &std::io::Error) {
+        let error = if e.raw_os_error() == Some(libc::ENOSPC) {
+            AppendError::NoSpace
+        } else {
+            AppendError::Io(e.to_string())
+        };
+        for q in pass {
+            let _ = q.reply.send(Err(error.clone()));
         }
     }
 
@@ -631,6 +671,8 @@ pub struct ReplayReport {
     /// Entries of topics or segments that no longer exist.
     pub skipped: usize,
     pub damaged: usize,
+    /// Entries that could not be read back or rewritten (I/O errors).
+    pub failed: usize,
 }
 
 /// Finds a partition's directory for a journal entry: Some only if topic `name` still exists with id `topic_id`.
@@ -674,11 +716,15 @@ pub async fn replay(
             };
             let seg_path = partition_dir.join(format!("{:020}.log", entry.head.segment_base));
             if !open.contains_key(&seg_path) {
-                // A segment that is gone was removed by retention or with its topic: nothing to restore.
+                // A segment that is gone was removed by retention or with its topic: nothing to restore. One that
+                // cannot be opened is reported; its partition meets the same error when it opens (quarantine).
                 let file = match storage.open(&seg_path, false).await {
                     Ok(f) => Some(f),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        error!(segment = %seg_path.display(), error = %e, "journal replay cannot open a segment: its entries are not replayed");
+                        None
+                    }
                 };
                 open.insert(seg_path.clone(), file);
             }
@@ -686,14 +732,24 @@ pub async fn replay(
                 report.skipped += 1;
                 continue;
             };
-            let held = file
-                .read_at(entry.head.position, entry.frames.len())
-                .await?;
-            if held != entry.frames {
-                file.write_at(&entry.frames, entry.head.position)?;
-                report.rewritten += 1;
-                if !touched.iter().any(|t| Rc::ptr_eq(t, &file)) {
-                    touched.push(file.clone());
+            let restored = match file.read_at(entry.head.position, entry.frames.len()).await {
+                Ok(held) if held == entry.frames => Ok(false),
+                Ok(_) => file
+                    .write_at(&entry.frames, entry.head.position)
+                    .map(|()| true),
+                Err(e) => Err(e),
+            };
+            match restored {
+                Ok(false) => {}
+                Ok(true) => {
+                    report.rewritten += 1;
+                    if !touched.iter().any(|t| Rc::ptr_eq(t, &file)) {
+                        touched.push(file.clone());
+                    }
+                }
+                Err(e) => {
+                    error!(segment = %seg_path.display(), error = %e, "journal replay cannot restore an entry: passed over");
+                    report.failed += 1;
                 }
             }
         }
@@ -806,6 +862,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// docs/format.md's journal example is what `begin_entry` + `seal_entry` write, and `scan` reads it back.
+    #[test]
+    fn the_documented_example_matches_the_code() {
+        let doc = include_str!("../../docs/format.md");
+        let section = &doc[doc.find("## Journal").expect("a Journal section")..];
+        let example = section.split("```").nth(1).expect("an example block");
+        let bytes: Vec<u8> = example
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .flat_map(|(_, rest)| {
+                rest.split("   ")
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .map(|h| u8::from_str_radix(h, 16).expect("hex"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut frame = Vec::new();
+        crate::storage::frame::encode(5, 1_700_000_000_000, b"hi", &mut frame);
+        let head = EntryHead {
+            topic: "t".into(),
+            topic_id: 1,
+            partition: 0,
+            segment_base: 0,
+            position: 0,
+            first_offset: 5,
+            count: 1,
+        };
+        let mut entry = begin_entry(&head, frame.len());
+        assert_eq!(frames_start(&entry), entry.len());
+        entry.extend_from_slice(&frame);
+        seal_entry(&mut entry, 1);
+        assert_eq!(bytes, entry, "docs/format.md's example");
+        let found = scan(&bytes);
+        assert_eq!(found.entries.len(), 1);
+        assert_eq!(found.entries[0].head, head);
+        assert!(section.contains(&format!("`0x{MAGIC:08X}`")));
+        assert!(section.contains(&format!("| 0..{HEADER_LEN} |")) || HEADER_LEN == 24);
+        assert!(section.contains(&format!("| 40..{BODY_FIXED_LEN} | u16 | name_len")));
     }
 
     #[test]

@@ -589,8 +589,17 @@ impl Log {
         }
         if let Some(link) = &self.journal {
             if let Err(e) = link.journal.commit(buf, records as u32, file.clone()).await {
-                error!(dir = %self.dir.display(), error = ?e, "journal commit failed: refusing appends until restart");
-                self.poisoned.set(true);
+                if link.journal.is_poisoned() {
+                    error!(dir = %self.dir.display(), error = ?e, "the journal failed: refusing appends until restart");
+                    self.poisoned.set(true);
+                    return Err(e);
+                }
+                // Not in the journal: roll the segment back as for a failed write, so the next batch lands cleanly.
+                warn!(dir = %self.dir.display(), error = ?e, "journal commit refused; rolling back");
+                if let Err(te) = file.truncate(start_pos).await {
+                    error!(dir = %self.dir.display(), error = %te, "cannot truncate after a refused commit: refusing appends until restart");
+                    self.poisoned.set(true);
+                }
                 return Err(e);
             }
         } else if self.opts.fsync == FsyncPolicy::Always {

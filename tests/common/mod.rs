@@ -196,6 +196,17 @@ impl Server {
     }
 
     /// The data directory of one partition.
+    /// Removes the per-core journal files of a stopped server, as if a checkpoint had synced the segments and
+    /// removed them: damage a test then makes to a segment is damage the journal cannot repair (bit rot at rest).
+    pub fn drop_journal(&self) {
+        let dir = self.data_dir.join("journal");
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries {
+                std::fs::remove_file(e.unwrap().path()).unwrap();
+            }
+        }
+    }
+
     pub fn partition_dir(&self, topic: &str, partition: u64) -> PathBuf {
         self.data_dir
             .join("topics")

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Durable throughput in one run on this machine (the group-commit issue's figures), servers on CPU 0, load on the
+# last CPU, 100-byte messages, every produce fsynced:
+#   - cycle (produce -> consume -> ack), 16 connections: Redis Streams with `appendfsync always` (XADD, XREADGROUP,
+#     XACK, driven by the same `berth bench --protocol redis`), then berth at 1, 16 and 256 partitions;
+#   - the same cycle batched, 100 messages per request, and batched produce alone;
+#   - fsynced produce at 64 connections with wrk (epoll client, keyless POST /produce) on 1 and 16 partitions.
+#   benches/group_commit.sh [--duration 10s] [--out DIR]
+# Needs redis-server and wrk (apt-get install redis-server wrk); a missing one is skipped with a note.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+duration=10s
+out="benches/results/group-commit-$(date -u +%Y-%m-%dT%H%M%SZ)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --duration) duration="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+cargo build --release -q
+berth=target/release/berth
+last=$(( $(nproc) - 1 ))
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
+
+run() {  # run NAME bench-args...
+  local name="$1"; shift
+  "$berth" bench --duration "$duration" --client-cpus "$last" --json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1
+  echo "  $name done"
+}
+
+if command -v redis-server >/dev/null; then
+  taskset -c 0 redis-server --port 16399 --bind 127.0.0.1 --dir "$tmp" --save "" \
+    --appendonly yes --appendfsync always > "$tmp/redis.log" 2>&1 & rpid=$!
+  for _ in $(seq 50); do redis-cli -p 16399 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  "$berth" --server 127.0.0.1:16399 bench --protocol redis --server-pid "$rpid" --workload cycle --connections 16 \
+    --duration "$duration" --client-cpus "$last" --json "$out/redis-always-cycle.json" > "$out/redis-always-cycle.txt" 2>&1
+  echo "  redis-always-cycle done"
+  kill "$rpid"; wait "$rpid" 2>/dev/null || true
+else
+  echo "redis-server not installed: no Redis baseline" >&2
+fi
+
+for p in 1 16 256; do
+  run "berth-always-cycle-p$p" --workload cycle --connections 16 --partitions "$p" --fsync always --server-cpus 0
+done
+run "berth-always-cycle-batch100" --workload cycle --connections 16 --batch 100 --fsync always --server-cpus 0
+run "berth-always-produce-batch100" --workload produce --connections 16 --batch 100 --fsync always --server-cpus 0
+
+if command -v wrk >/dev/null; then
+  port=17171
+  taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk" > "$tmp/wrk-server.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+  cat > "$tmp/post.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = string.rep("x", 100)
+LUA
+  for p in 1 16; do
+    curl -fs -X PUT "http://127.0.0.1:$port/topics/w$p?partitions=$p" >/dev/null
+    taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w$p" \
+      > "$out/wrk-always-produce-c64-p$p.txt"
+    echo "  wrk-always-produce-c64-p$p done"
+  done
+  curl -fs "http://127.0.0.1:$port/metrics" > "$out/wrk-server-metrics.txt"
+  kill "$spid"; wait "$spid" 2>/dev/null || true
+else
+  echo "wrk not installed: no epoll-client produce figures" >&2
+fi
+
+python3 - "$out" <<'PY'
+import json, os, re, sys
+out = sys.argv[1]
+rows = []
+for name in sorted(os.listdir(out)):
+    path = os.path.join(out, name)
+    if name.endswith(".json"):
+        d = json.load(open(path))
+        op = "produce" if d["settings"]["workload"] == "produce" else "cycle"
+        m = d["clients"]["all"].get(op, {})
+        per_sec = m.get("per_sec", 0)
+        msgs = per_sec * d["settings"].get("batch", 1)
+        rows.append((name[:-5], op, per_sec, msgs, m.get("p50_us"), m.get("p99_us"), d.get("server_cpu_us_per_unit")))
+    elif name.startswith("wrk-") and name.endswith(".txt"):
+        text = open(path).read()
+        rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+        lat = re.search(r"Latency\s+(\S+)", text)
+        rows.append((name[:-4], "produce", float(rps.group(1)) if rps else 0, float(rps.group(1)) if rps else 0, lat.group(1) if lat else None, None, None))
+lines = ["| run | op | requests/s | messages/s | p50 µs (wrk: mean) | p99 µs | server CPU µs/op |", "|---|---|---|---|---|---|---|"]
+for r in rows:
+    lines.append("| %s | %s | %.0f | %.0f | %s | %s | %s |" % (r[0], r[1], r[2], r[3], r[4], r[5], "%.1f" % r[6] if r[6] else "n/a"))
+get = lambda n: next((r[2] for r in rows if r[0] == n), 0)
+redis = get("redis-always-cycle")
+one = get("berth-always-cycle-p1")
+lines.append("")
+for p in (1, 16, 256):
+    b = get("berth-always-cycle-p%d" % p)
+    parts = ["berth cycle at %d partitions: %.0f/s" % (p, b)]
+    if one:
+        parts.append("%.2f× the 1-partition figure" % (b / one))
+    if redis:
+        parts.append("%.2f× Redis appendfsync always (%.0f/s)" % (b / redis, redis))
+    lines.append("- " + ", ".join(parts))
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+echo "results in $out"
