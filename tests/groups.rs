@@ -1772,3 +1772,20 @@ fn kill_9_while_dead_lettering_leaves_a_copy_in_at_least_one_place() {
     }
     eprintln!("(in dead-letter topic, in source) per round: {outcomes:?}");
 }
+
+/// A topic that another names as its dead-letter topic cannot be deleted (its poison messages would have nowhere to
+/// go): `409 topic_in_use`, nothing changed; once the other topic stops naming it, it can.
+#[test]
+fn a_dead_letter_topic_in_use_cannot_be_deleted() {
+    let _g = common::serial();
+    let s = Server::start(1, &[]);
+    s.create_topic("used.dlq", "");
+    s.create_topic("src", "max_deliveries=2&dead_letter=used.dlq");
+    assert_error(&call(&s, "DELETE", "/topics/used.dlq"), 409, "topic_in_use");
+    assert_eq!(call(&s, "GET", "/topics/used.dlq").status, 200);
+    assert_eq!(topic_config(&s, "src")["dead_letter"], "used.dlq");
+    let cleared = call(&s, "PATCH", "/topics/src?max_deliveries=0&dead_letter=");
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    assert_eq!(call(&s, "DELETE", "/topics/used.dlq").status, 204);
+    assert_error(&call(&s, "GET", "/topics/used.dlq"), 404, "topic_not_found");
+}

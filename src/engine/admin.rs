@@ -560,6 +560,20 @@ impl Engine {
             Ok(_) | Err(EngineError::TopicUnavailable(_)) => {}
             Err(e) => return Err(e),
         }
+        // A dead-letter topic stays while a topic sends to it (else its poison messages would have nowhere to go).
+        let user = self
+            .topics
+            .borrow()
+            .values()
+            .map(|t| t.config())
+            .find(|c| c.name != name && c.dead_letter.as_deref() == Some(name))
+            .map(|c| c.name.clone());
+        if let Some(by) = user {
+            return Err(EngineError::TopicInUse {
+                topic: name.to_string(),
+                by,
+            });
+        }
         self.everywhere(AdminStep::Drop(name.to_string())).await?;
         let dir = TopicConfig::dir(&self.config.data_dir, name);
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());

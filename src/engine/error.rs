@@ -23,6 +23,8 @@ pub enum EngineError {
     GroupLimit { limit: usize },
     /// 404 group_not_found.
     GroupNotFound { topic: String, group: String },
+    /// 409 topic_in_use: the topic is another topic's dead-letter topic.
+    TopicInUse { topic: String, by: String },
     /// 400 invalid_parameter: a setting that does not fit (e.g. a dead-letter topic that does not exist).
     InvalidSetting(String),
     /// The request reached a core that does not own the partition, or a topic incarnation that is gone (the topic
@@ -69,6 +71,9 @@ impl std::fmt::Display for EngineError {
                     f,
                     "this topic holds its maximum of {limit} groups (max_groups)"
                 )
+            }
+            Self::TopicInUse { topic, by } => {
+                write!(f, "topic '{topic}' is the dead-letter topic of '{by}': change or clear that first (PATCH /topics/{by}?max_deliveries=0&dead_letter=)")
             }
             Self::GroupNotFound { topic, group } => {
                 write!(f, "topic '{topic}' has no consumer group '{group}'")

@@ -30,6 +30,7 @@ fn engine_status(e: &EngineError) -> (u16, &'static str) {
         EngineError::TopicLimit { .. } => (409, "topic_limit"),
         EngineError::PartitionLimit { .. } => (409, "partition_limit"),
         EngineError::GroupLimit { .. } => (409, "group_limit"),
+        EngineError::TopicInUse { .. } => (409, "topic_in_use"),
         EngineError::InvalidSetting(_) => (400, "invalid_parameter"),
         EngineError::TopicUnavailable(_) => (503, "topic_unavailable"),
         EngineError::ShuttingDown => (503, "shutting_down"),

@@ -468,6 +468,8 @@ impl Partition {
     fn install_shard(&self, g: &Group, stored: u64) {
         let (start, end) = (self.log.start_offset(), self.log.end_offset());
         let committed = stored.max(start);
+        // Retention removed what this group had not settled while it was not loaded: counted as it would be live.
+        bump(&g.counters.retention_skipped, committed - stored);
         assert!(
             committed <= end,
             "frontier {committed} beyond the log end {end}"
