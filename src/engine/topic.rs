@@ -363,9 +363,7 @@ mod tests {
  "max_in_flight": 1000, "max_acked_ahead": 10000, "retention_ms": 604800000}"#,
         )
         .unwrap();
-        let disk = crate::storage::backend::Disk {
-            sync_via: crate::storage::backend::SyncVia::Inline,
-        };
+        let disk = crate::storage::backend::Disk::new(crate::storage::backend::SyncVia::Inline);
         let c = TopicConfig::load(&disk, &path).unwrap();
         assert_eq!(c.format, 1);
         assert_eq!((c.partitions, c.max_in_flight), (4, 1000));

@@ -121,6 +121,7 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         ..Probed::default()
     };
     let start = topic.next_cursor();
+    let now = engine.now_ms();
     for i in 0..owned.len() {
         if probed.deliveries.len() >= req.max {
             break;
@@ -129,6 +130,15 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         let Some(partition) = topic.owned_partition(p) else {
             continue;
         };
+        // Idle partitions are skipped without a take (a consume over many partitions touches the few with messages).
+        match partition.idle(&req.group, now) {
+            Some(false) => {
+                probed.at_cap = false;
+                continue;
+            }
+            Some(true) => continue,
+            None => {}
+        }
         let want = req.max - probed.deliveries.len();
         let taken = partition.take(&req.group, want, visibility_ms).await?;
         match taken.stop {

@@ -967,6 +967,28 @@ impl Partition {
         .unwrap_or(end > self.log.start_offset())
     }
 
+    /// Whether a take in `group` now could lease something, without taking: `Some(false)` = nothing to deliver,
+    /// `Some(true)` = at its `max_in_flight`, `None` = maybe (deliverable, not loaded yet, or a lease or delay due:
+    /// only a take knows). Lets a consume skip idle partitions at the cost of a map lookup.
+    pub fn idle(&self, group: &str, now_ms: u64) -> Option<bool> {
+        let end = self.log.end_offset();
+        let g = self.group(group).ok()?;
+        let max_in_flight = self.limits.get().max_in_flight;
+        g.with_loaded(|s| {
+            if s.next_expiry_ms().is_some_and(|at| at <= now_ms) {
+                return None;
+            }
+            if !s.has_deliverable(end) {
+                Some(false)
+            } else if s.in_flight() + s.delayed() >= max_in_flight {
+                Some(true)
+            } else {
+                None
+            }
+        })
+        .flatten()
+    }
+
     /// The lease shard of `group`, for a test's failure report.
     #[cfg(test)]
     pub fn debug_shard(&self, group: &str) -> String {

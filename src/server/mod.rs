@@ -101,7 +101,7 @@ fn replay_journal(config: &Config) -> Result<(), String> {
     LocalExecutorBuilder::default()
         .name("berth-replay")
         .spawn(move || async move {
-            let storage = Disk { sync_via };
+            let storage = Disk::new(sync_via);
             crate::engine::admin::replay_journal(&storage, &data_dir)
                 .await
                 .map(|_| ())
@@ -242,9 +242,7 @@ async fn core_main(
     // Core ids are mesh peer ids (join order), which every core agrees on.
     let id = senders.peer_id();
     let config = Rc::new(config);
-    let storage = Rc::new(Disk {
-        sync_via: config.sync_via,
-    });
+    let storage = Rc::new(Disk::new(config.sync_via));
     let core = Engine::new(
         id,
         cores,
