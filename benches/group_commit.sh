@@ -43,7 +43,7 @@ else
   echo "redis-server not installed: no Redis baseline" >&2
 fi
 
-for p in 1 16 256; do
+for p in 1 16 256 1000; do
   run "berth-always-cycle-p$p" --workload cycle --connections 16 --partitions "$p" --fsync always --server-cpus 0
 done
 run "berth-always-cycle-batch100" --workload cycle --connections 16 --batch 100 --fsync always --server-cpus 0
@@ -95,7 +95,7 @@ get = lambda n: next((r[2] for r in rows if r[0] == n), 0)
 redis = get("redis-always-cycle")
 one = get("berth-always-cycle-p1")
 lines.append("")
-for p in (1, 16, 256):
+for p in (1, 16, 256, 1000):
     b = get("berth-always-cycle-p%d" % p)
     parts = ["berth cycle at %d partitions: %.0f/s" % (p, b)]
     if one:

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 /// Histogram bucket upper bounds, in microseconds (the rendering says seconds). Fine enough below a millisecond
 /// for the per-request path, coarse up to a minute for long-polls.
-pub const BUCKETS_US: [u64; 30] = [
+pub const BUCKETS_US: [u64; 33] = [
     5,
     10,
     25,
@@ -31,6 +31,9 @@ pub const BUCKETS_US: [u64; 30] = [
     25_000,
     50_000,
     100_000,
+    125_000,
+    150_000,
+    200_000,
     250_000,
     500_000,
     1_000_000,
@@ -43,12 +46,22 @@ pub const BUCKETS_US: [u64; 30] = [
 ];
 
 /// A latency histogram with the buckets above (and +Inf), cheap to record into on the hot path.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Latency {
     /// Per bucket (not cumulative); the last slot is +Inf.
     counts: [u64; BUCKETS_US.len() + 1],
     sum_us: u64,
     count: u64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            counts: [0; BUCKETS_US.len() + 1],
+            sum_us: 0,
+            count: 0,
+        }
+    }
 }
 
 impl Latency {
