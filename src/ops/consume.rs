@@ -162,13 +162,7 @@ pub async fn release(engine: &Rc<Engine>, topic: &str, group: &str, deliveries: 
     };
     for d in deliveries {
         if let Some(p) = t.owned_partition(d.partition) {
-            let _ = p
-                .settle(
-                    group,
-                    &[(d.offset, d.nonce)],
-                    crate::partition::SettleOp::Nack(Some(0)),
-                )
-                .await;
+            p.give_back(group, &[(d.offset, d.nonce)]);
         }
     }
 }

@@ -663,6 +663,21 @@ impl Partition {
 
     /// Acks, nacks or extends the leases `(offset, nonce)` of `group`, each exactly as alone would; an ack batch
     /// advances the frontier once. The outer error fails the whole batch (the partition cannot be served).
+    /// Gives back leases that never reached a consumer (the reply to the core that asked was lost): deliverable
+    /// again at once, their deliveries not counted; waiters woken.
+    pub fn give_back(&self, group: &str, items: &[(u64, u64)]) {
+        let Ok(g) = self.group(group) else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        let given = g
+            .with_loaded(|s| s.give_back_batch(items, now))
+            .map_or(0, |r| r.iter().filter(|r| r.is_ok()).count());
+        if given > 0 {
+            (self.wake)(Some(&g.name), given);
+        }
+    }
+
     pub async fn settle(
         &self,
         group: &str,
