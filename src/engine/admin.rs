@@ -28,6 +28,14 @@ impl Engine {
         self.config.data_dir.join("topics")
     }
 
+    /// Topic and group administration is serialised (on core 0): the permit is held for the whole change.
+    async fn admin_permit(&self) -> EngineResult<glommio::sync::Permit<'_>> {
+        self.admin_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)
+    }
+
     fn log_options(&self) -> LogOptions {
         LogOptions {
             segment_bytes: self.config.segment_bytes,
@@ -350,11 +358,7 @@ impl Engine {
         mut config: TopicConfig,
     ) -> EngineResult<(bool, TopicConfig)> {
         assert_eq!(self.id, 0, "topics are created on core 0");
-        let _permit = self
-            .admin_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _permit = self.admin_permit().await?;
         match self.topic(&config.name) {
             Ok(existing) if existing.partition_count() == config.partitions => {
                 return Ok((false, (*existing.config()).clone()));
@@ -461,11 +465,7 @@ impl Engine {
         change: impl FnOnce(&mut TopicConfig) -> EngineResult<()>,
     ) -> EngineResult<TopicConfig> {
         assert_eq!(self.id, 0, "topics are changed on core 0");
-        let _permit = self
-            .admin_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
         let mut config = (*topic.config()).clone();
         change(&mut config)?;
@@ -487,11 +487,7 @@ impl Engine {
         latest: bool,
     ) -> EngineResult<bool> {
         assert_eq!(self.id, 0, "groups are created on core 0");
-        let _permit = self
-            .admin_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
         let mut config = (*topic.config()).clone();
         if config.has_group(group) {
@@ -526,11 +522,7 @@ impl Engine {
                 "the default group cannot be deleted".into(),
             ));
         }
-        let _permit = self
-            .admin_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
         let mut config = (*topic.config()).clone();
         if !config.has_group(group) {
@@ -551,11 +543,7 @@ impl Engine {
     /// trash. A quarantined topic can be deleted too.
     pub async fn delete_topic(self: &Rc<Self>, name: &str) -> EngineResult<()> {
         assert_eq!(self.id, 0, "topics are deleted on core 0");
-        let _permit = self
-            .admin_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _permit = self.admin_permit().await?;
         match self.topic(name) {
             Ok(_) | Err(EngineError::TopicUnavailable(_)) => {}
             Err(e) => return Err(e),
