@@ -287,16 +287,11 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
             v["groups"] = json!(p
                 .groups
                 .iter()
-                .map(|g| json!({
-                    "group": g.group,
-                    "committed": g.committed,
-                    "in_flight": g.in_flight,
-                    "delayed": g.delayed,
-                    "acked_ahead": g.acked_ahead,
-                    "dead_lettered": g.counters[7],
-                    "redelivered": g.counters[1],
-                    "retention_skipped": g.counters[8],
-                }))
+                .map(|g| {
+                    let mut v = group_state_json(g);
+                    v["group"] = json!(g.group);
+                    v
+                })
                 .collect::<Vec<_>>());
             v
         })
@@ -308,6 +303,21 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
         "groups": config.all_groups(),
     });
     Ok(Response::json(200, &body))
+}
+
+/// A group's state on one partition, as both the topic description and the group listing show it (the counters in
+/// `GroupInfo::counters` order: delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered,
+/// retention_skipped).
+fn group_state_json(g: &crate::partition::GroupInfo) -> serde_json::Value {
+    json!({
+        "committed": g.committed,
+        "in_flight": g.in_flight,
+        "delayed": g.delayed,
+        "acked_ahead": g.acked_ahead,
+        "redelivered": g.counters[1],
+        "dead_lettered": g.counters[7],
+        "retention_skipped": g.counters[8],
+    })
 }
 
 /// Every group of a topic with its state on every partition.
@@ -328,21 +338,14 @@ fn group_json(group: &str, partitions: &[crate::partition::PartitionInfo]) -> se
         .iter()
         .filter_map(|p| {
             let g = p.groups.iter().find(|g| g.group == group)?;
-            Some(json!({
-                "partition": p.partition,
-                "committed": g.committed,
-                "in_flight": g.in_flight,
-                "delayed": g.delayed,
-                "acked_ahead": g.acked_ahead,
-                "corrupt_skipped": g.corrupt_skipped,
-                "delivered": g.counters[0],
-                "redelivered": g.counters[1],
-                "acked": g.counters[2],
-                "nacked": g.counters[3],
-                "expired": g.counters[5],
-                "dead_lettered": g.counters[7],
-                "retention_skipped": g.counters[8],
-            }))
+            let mut v = group_state_json(g);
+            v["partition"] = json!(p.partition);
+            v["corrupt_skipped"] = json!(g.corrupt_skipped);
+            v["delivered"] = json!(g.counters[0]);
+            v["acked"] = json!(g.counters[2]);
+            v["nacked"] = json!(g.counters[3]);
+            v["expired"] = json!(g.counters[5]);
+            Some(v)
         })
         .collect();
     json!({"group": group, "partitions": parts})

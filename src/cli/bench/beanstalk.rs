@@ -2,7 +2,7 @@
 //! same run: produce = `put`, consume = `reserve-with-timeout`, ack = `delete`.
 
 use super::{Consumed, Driver, Pipelined};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
@@ -29,8 +29,7 @@ fn reserved_body_len(line: &str) -> usize {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        let _ = stream.set_nodelay(true);
+        let stream = super::wire::connect(addr).await?;
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(8 << 10),
@@ -54,16 +53,14 @@ impl Conn {
                     return Ok((line, extra));
                 }
             }
-            let len = self.buf.len();
-            self.buf.resize(len + (8 << 10), 0);
-            let n = self.stream.read(&mut self.buf[len..]).await?;
-            self.buf.truncate(len + n);
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "beanstalkd closed",
-                ));
-            }
+            super::wire::read_more(
+                &mut self.stream,
+                &mut self.buf,
+                8 << 10,
+                usize::MAX,
+                "beanstalkd",
+            )
+            .await?;
         }
     }
 

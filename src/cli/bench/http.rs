@@ -4,7 +4,7 @@
 //! `max=N` in the same framing, and acks a `text/plain` body of receipt handles.
 
 use super::{Consumed, Driver, Pipelined};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
@@ -57,8 +57,7 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        let _ = stream.set_nodelay(true);
+        let stream = super::wire::connect(addr).await?;
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(16 << 10),
@@ -113,22 +112,14 @@ impl Conn {
                 self.buf.drain(..used);
                 return Ok(reply);
             }
-            if self.buf.len() > MAX_REPLY_BYTES {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("a reply over {MAX_REPLY_BYTES} bytes"),
-                ));
-            }
-            let len = self.buf.len();
-            self.buf.resize(len + (16 << 10), 0);
-            let n = self.stream.read(&mut self.buf[len..]).await?;
-            self.buf.truncate(len + n);
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "server closed",
-                ));
-            }
+            super::wire::read_more(
+                &mut self.stream,
+                &mut self.buf,
+                16 << 10,
+                MAX_REPLY_BYTES,
+                "the server",
+            )
+            .await?;
         }
     }
 }

@@ -9,6 +9,7 @@ mod http;
 mod redis;
 pub mod report;
 mod resp;
+mod wire;
 
 use berth::duration::parse_duration_ms;
 use glommio::{LocalExecutorBuilder, Placement};

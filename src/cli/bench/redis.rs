@@ -4,7 +4,7 @@
 
 use super::resp::{self, Value};
 use super::{Consumed, Driver, Pipelined};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
@@ -26,8 +26,7 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        let _ = stream.set_nodelay(true);
+        let stream = super::wire::connect(addr).await?;
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(64 << 10),
@@ -45,19 +44,14 @@ impl Conn {
                 self.buf.drain(..used);
                 return Ok(value);
             }
-            if self.buf.len() > MAX_REPLY_BYTES {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("a Redis reply over {MAX_REPLY_BYTES} bytes"),
-                ));
-            }
-            let len = self.buf.len();
-            self.buf.resize(len + (64 << 10), 0);
-            let n = self.stream.read(&mut self.buf[len..]).await?;
-            self.buf.truncate(len + n);
-            if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "redis closed"));
-            }
+            super::wire::read_more(
+                &mut self.stream,
+                &mut self.buf,
+                64 << 10,
+                MAX_REPLY_BYTES,
+                "redis",
+            )
+            .await?;
         }
     }
 }
