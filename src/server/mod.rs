@@ -14,7 +14,7 @@ use crate::transport::{Envelope, Router, RouterPeers};
 use futures_lite::future;
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{CpuSet, LocalExecutorBuilder, Placement, PoolPlacement};
 use shutdown::Shutdown;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -64,7 +64,10 @@ pub fn run(mut config: Config) -> Result<(), String> {
             .spin_before_park(Duration::from_micros(config.spin_before_park_us))
             .io_memory(config.io_memory_bytes)
             .ring_depth(config.ring_depth)
-            .preempt_timer(Duration::from_millis(config.preempt_timer_ms));
+            .preempt_timer(Duration::from_millis(config.preempt_timer_ms))
+            // Two blocking threads on the core's CPU: a group commit's fdatasync never waits behind a batch of
+            // small-file replacements.
+            .blocking_thread_pool_placement(PoolPlacement::Custom(vec![cpu_set(cpu)?; 2]));
         let handle = builder
             .spawn(move || async move { core_main(cores, config, shared, stop, mesh).await })
             .map_err(|e| format!("cannot start the executor for cpu {cpu}: {e}"))?;
@@ -198,6 +201,12 @@ fn probe_listen_address(addr: SocketAddr) -> std::io::Result<SocketAddr> {
         .local_addr()?
         .as_socket()
         .ok_or_else(|| std::io::Error::other("not an IP address"))
+}
+
+/// The one-CPU set of `cpu`, for the core's blocking threads.
+fn cpu_set(cpu: usize) -> Result<CpuSet, String> {
+    let online = CpuSet::online().map_err(|e| format!("cannot list the online CPUs: {e}"))?;
+    Ok(online.filter(|l| l.cpu == cpu))
 }
 
 /// The CPUs to pin to: `cpus` if given, else the first `cores` that core_affinity lists.
