@@ -8,7 +8,6 @@ use super::routes;
 use crate::clock::monotonic_ms as now_ms;
 use crate::engine::Engine;
 use crate::front::Front;
-use bytes::{Buf, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::os::unix::io::AsRawFd;
@@ -52,6 +51,70 @@ async fn write_out(
     result
 }
 
+/// A connection's read buffer: `data[start..end]` holds bytes read and not yet parsed. Its memory is zeroed once,
+/// when it grows, and reused by every read (a per-read `resize` cost a 16 KiB memset per request).
+struct ReadBuf {
+    data: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    fn new() -> ReadBuf {
+        ReadBuf {
+            data: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    fn consume(&mut self, n: usize) {
+        debug_assert!(self.start + n <= self.end);
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Room for the next read: at least `READ_CHUNK / 4` bytes, moving the unparsed bytes to the front or growing
+    /// (a request larger than the buffer) when there is less.
+    fn spare(&mut self) -> &mut [u8] {
+        if self.data.len() - self.end < READ_CHUNK / 4 {
+            if self.start > 0 {
+                self.data.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.data.len() - self.end < READ_CHUNK / 4 {
+                let grown = (self.data.len() * 2).max(self.end + READ_CHUNK);
+                self.data.resize(grown, 0);
+            }
+        }
+        &mut self.data[self.end..]
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.end += n;
+        debug_assert!(self.end <= self.data.len());
+    }
+
+    /// An idle connection gives back what a large request made it grow to.
+    fn shrink_idle(&mut self) {
+        if self.data.len() > MAX_IDLE_BUFFER {
+            *self = ReadBuf::new();
+        }
+    }
+}
+
 /// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (header read time,
 /// idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
 pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream) {
@@ -66,7 +129,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
     };
     let registration = table.register(stream.as_raw_fd(), now_ms() + config.idle_timeout_ms);
     let watch = &registration.watch;
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut buf = ReadBuf::new();
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     // When the first byte of the request being read arrived (None while idle between requests).
     let mut request_started_ms: Option<u64> = None;
@@ -82,9 +145,9 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                 more_buffered = true;
                 break;
             }
-            match request::parse(&buf, &limits) {
+            match request::parse(buf.data(), &limits) {
                 Ok(Parsed::Complete(req, used)) => {
-                    buf.advance(used);
+                    buf.consume(used);
                     continued = false;
                     // Read and idle deadlines do not run while a request is being served (a long-poll may
                     // outlast them); the next read sets a fresh one.
@@ -145,8 +208,8 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
         if more_buffered {
             continue;
         }
-        if buf.is_empty() && buf.capacity() > MAX_IDLE_BUFFER {
-            buf = BytesMut::with_capacity(READ_CHUNK);
+        if buf.is_empty() {
+            buf.shrink_idle();
         }
         let idle = buf.is_empty();
         if idle && core.is_stopping() {
@@ -157,10 +220,8 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
             Some(started) => started + config.header_read_timeout_ms,
             None => now_ms() + config.idle_timeout_ms,
         });
-        let len = buf.len();
-        buf.resize(len + READ_CHUNK, 0);
-        let n = stream.read(&mut buf[len..]).await.unwrap_or(0);
-        buf.truncate(len + n);
+        let n = stream.read(buf.spare()).await.unwrap_or(0);
+        buf.filled(n);
         watch.idle.set(false);
         if n == 0 {
             if watch.expired.get() && request_started_ms.is_some() {

@@ -67,8 +67,16 @@ pub enum Parsed {
 
 /// Parses one request from the front of `buf`.
 pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
-    let mut headers = vec![httparse::EMPTY_HEADER; limits.max_headers];
-    let mut req = httparse::Request::new(&mut headers);
+    // Headers on the stack up to 64 (the default limit), else on the heap.
+    let mut on_stack = [httparse::EMPTY_HEADER; 64];
+    let mut on_heap = Vec::new();
+    let headers: &mut [httparse::Header] = if limits.max_headers <= on_stack.len() {
+        &mut on_stack[..limits.max_headers]
+    } else {
+        on_heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
+        &mut on_heap
+    };
+    let mut req = httparse::Request::new(headers);
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
