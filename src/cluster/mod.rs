@@ -7,3 +7,5 @@
 
 pub mod etcd;
 pub mod http_client;
+#[cfg(test)]
+mod test_etcd;
