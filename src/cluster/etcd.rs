@@ -946,9 +946,7 @@ impl WatchStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use glommio::{LocalExecutorBuilder, Placement};
-    use std::path::PathBuf;
-    use std::process::{Child, Command, Stdio};
+    use crate::cluster::test_etcd::{free_port, run, start_etcd, EtcdProcess};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -1025,104 +1023,6 @@ mod tests {
     }
 
     // ---- integration tests against a real etcd on loopback ----
-
-    fn etcd_binary() -> Option<PathBuf> {
-        // An explicit choice wins; one naming no file means "no etcd" (which also exercises the skip path).
-        if let Some(p) = std::env::var_os("BERTH_ETCD_BIN") {
-            return Some(PathBuf::from(p)).filter(|p| p.is_file());
-        }
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::split_paths(&path)
-            .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-            .map(|d| d.join("etcd"))
-            .find(|p| p.is_file())
-    }
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap()
-    }
-
-    /// A running single-member etcd; killed (and its data dir removed) on drop.
-    struct EtcdProcess {
-        child: Child,
-        url: String,
-        dir: tempfile::TempDir,
-    }
-
-    impl Drop for EtcdProcess {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    impl EtcdProcess {
-        fn log(&self) -> String {
-            std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-        }
-
-        /// Kills the process now (the guard's drop then has nothing left to do).
-        fn kill(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    /// Starts etcd, or prints a skip line and returns `None` when it is not installed.
-    fn start_etcd(test: &str) -> Option<EtcdProcess> {
-        let Some(bin) = etcd_binary() else {
-            println!("SKIP {test}: etcd not installed (apt-get install -y etcd-server)");
-            return None;
-        };
-        for _attempt in 0..3 {
-            let dir = tempfile::tempdir().unwrap();
-            let (cp, pp) = (free_port(), free_port());
-            let url = format!("http://127.0.0.1:{cp}");
-            let peer = format!("http://127.0.0.1:{pp}");
-            let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-            let child = Command::new(&bin)
-                .arg("--name=t")
-                .arg(format!("--data-dir={}", dir.path().join("data").display()))
-                .arg(format!("--listen-client-urls={url}"))
-                .arg(format!("--advertise-client-urls={url}"))
-                .arg(format!("--listen-peer-urls={peer}"))
-                .arg(format!("--initial-advertise-peer-urls={peer}"))
-                .arg(format!("--initial-cluster=t={peer}"))
-                .env_remove("ETCD_DATA_DIR")
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap();
-            let mut proc = EtcdProcess { child, url, dir };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = proc.child.try_wait() {
-                    break; // exited: port clash or similar; try again
-                }
-                let ready = ureq::post(&format!("{}/v3/kv/range", proc.url))
-                    .timeout(Duration::from_secs(1))
-                    .send_string(r#"{"key":"AA=="}"#)
-                    .is_ok();
-                if ready {
-                    return Some(proc);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            eprintln!("etcd did not start; log:\n{}", proc.log());
-        }
-        panic!("etcd would not start");
-    }
-
-    fn run<Fut: std::future::Future<Output = ()>>(fut: Fut) {
-        LocalExecutorBuilder::new(Placement::Unbound)
-            .make()
-            .unwrap()
-            .run(fut);
-    }
 
     fn client(p: &EtcdProcess) -> Etcd {
         Etcd::new(vec![p.url.clone()]).unwrap()

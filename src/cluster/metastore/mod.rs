@@ -1,0 +1,189 @@
+//! The cluster metastore on etcd: which nodes exist and which are alive, which topics exist, and where each
+//! partition lives. It exists so that nodes agree on placement without talking to each other; etcd's transactions
+//! make every decision (a node index, a topic's creation, a settings change) once, for everyone.
+//!
+//! Core 0 owns all of it: the [`Metastore`] handle (one etcd client), the node's [`Session`] (lease and keep-alive)
+//! and the [`Replica`] (one watch). Nothing here is `Send` except [`Snapshot`]: other cores get the cluster state as
+//! an `Arc<Snapshot>` in a message from core 0, and ask core 0 for anything that must read or write etcd (a lookup
+//! on a miss, a topic creation). Everything runs as glommio tasks on the calling executor; no second runtime.
+//!
+//! Key layout under the prefix (default `/berth/<cluster>/`), values JSON (`docs/cluster.md` has the details):
+//!
+//! | key | value | written by, in |
+//! |---|---|---|
+//! | `node-counter` | next node index, e.g. `3` | a node's first registration, in its registration txn |
+//! | `nodes/<id>` | `{"id","index","advertise","peer_addr","cores"}`, permanent | registration txn |
+//! | `alive/<id>` | `{"lease","since_ms"}`, attached to the session lease | registration txn; goes with the lease |
+//! | `topics/<name>` | `{"config": TopicConfig, "placement": [node index per partition]}` | `create_topic` txn (if absent), `change_topic` txn (if mod revision unchanged), `delete_topic` |
+//!
+//! A topic's id is the revision that created its key (stored as `id: 0` in `config`), so a topic created again
+//! under the same name has a new id.
+
+mod keys;
+mod placement;
+mod replica;
+mod session;
+mod snapshot;
+mod topics;
+mod watched;
+
+#[cfg(test)]
+mod tests;
+
+pub use keys::{Keys, MemberRecord, TopicRecord};
+pub use placement::{locations, spread};
+pub use replica::{Changes, Replica, ReplicaStatus};
+pub use session::{NodeSpec, Session, SessionState};
+pub use snapshot::{Change, NodeInfo, Snapshot};
+
+use super::etcd::{Etcd, EtcdError, RangeResponse, TxnOpResponse, TxnResponse};
+use super::http_client::HttpConfig;
+use std::fmt;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Default session lease TTL: how long a node that stops answering keeps its partitions (and how long a crashed
+/// node's id stays taken).
+pub const DEFAULT_LEASE_TTL_S: i64 = 5;
+/// Longest session lease TTL accepted.
+pub const MAX_LEASE_TTL_S: i64 = 3600;
+/// Most rounds of read-then-compare-and-write before a metastore write gives up with [`MetaError::Contended`]
+/// (each lost round means another writer's change went in).
+pub const MAX_TXN_ATTEMPTS: usize = 32;
+/// First delay before retrying etcd after a failure (watch reconnect, re-registration, keep-alive retry).
+pub const RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest delay between retries; doubles from [`RETRY_MIN`] up to this.
+pub const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Everything a metastore call can fail with.
+#[derive(Debug)]
+pub enum MetaError {
+    /// etcd failed the call; [`EtcdError::Transport`] on a write means its outcome is unknown.
+    Etcd(EtcdError),
+    /// A name, setting or argument is unusable.
+    Invalid(String),
+    /// Another live node holds this node id (its alive key exists under another session).
+    NodeIdInUse {
+        id: String,
+    },
+    /// No node holds a session, so a topic has nowhere to go.
+    NoLiveNodes,
+    TopicNotFound(String),
+    /// Other writers kept changing the same keys: `what` gave up after [`MAX_TXN_ATTEMPTS`] rounds.
+    Contended(&'static str),
+    /// A stored value does not decode or contradicts its key.
+    Corrupt {
+        key: String,
+        reason: String,
+    },
+    /// Every `u32` node index has been handed out.
+    NodeIndexExhausted,
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaError::Etcd(e) => write!(f, "metastore: {e}"),
+            MetaError::Invalid(s) => write!(f, "metastore: {s}"),
+            MetaError::NodeIdInUse { id } => write!(
+                f,
+                "node id '{id}' is held by another live node (a crashed node's id frees up once its lease expires)"
+            ),
+            MetaError::NoLiveNodes => write!(f, "no live node to place partitions on"),
+            MetaError::TopicNotFound(t) => write!(f, "topic '{t}' not found"),
+            MetaError::Contended(what) => write!(
+                f,
+                "metastore: {what} gave up after {MAX_TXN_ATTEMPTS} concurrent changes"
+            ),
+            MetaError::Corrupt { key, reason } => write!(f, "metastore key {key}: {reason}"),
+            MetaError::NodeIndexExhausted => write!(f, "metastore: node indices exhausted"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+impl From<EtcdError> for MetaError {
+    fn from(e: EtcdError) -> MetaError {
+        MetaError::Etcd(e)
+    }
+}
+
+/// How to reach the metastore.
+#[derive(Debug, Clone)]
+pub struct MetaConfig {
+    /// etcd client URLs (`http://host:port`), tried in order from the last that answered.
+    pub endpoints: Vec<String>,
+    pub keys: Keys,
+    /// Session lease TTL, seconds, 1 to [`MAX_LEASE_TTL_S`] (default [`DEFAULT_LEASE_TTL_S`]; etcd raises values
+    /// below its minimum, 2 s with default settings). Keep-alives go every third of it.
+    pub lease_ttl_s: i64,
+    /// Timeouts and limits of the HTTP client under the etcd client.
+    pub http: HttpConfig,
+}
+
+impl MetaConfig {
+    /// Endpoints and cluster name, defaults for the rest.
+    pub fn new(endpoints: Vec<String>, cluster: &str) -> Result<MetaConfig, MetaError> {
+        Ok(MetaConfig {
+            endpoints,
+            keys: Keys::for_cluster(cluster)?,
+            lease_ttl_s: DEFAULT_LEASE_TTL_S,
+            http: HttpConfig::default(),
+        })
+    }
+}
+
+/// A handle on the metastore: an etcd client and the key layout. Lives on core 0 (see the module header); shared
+/// by `Rc` with the session and replica tasks it starts.
+#[derive(Debug)]
+pub struct Metastore {
+    etcd: Etcd,
+    keys: Keys,
+    lease_ttl_s: i64,
+}
+
+impl Metastore {
+    pub fn new(config: MetaConfig) -> Result<Rc<Metastore>, MetaError> {
+        if !(1..=MAX_LEASE_TTL_S).contains(&config.lease_ttl_s) {
+            return Err(MetaError::Invalid(format!(
+                "lease ttl {} s is not within 1 to {MAX_LEASE_TTL_S} s",
+                config.lease_ttl_s
+            )));
+        }
+        Ok(Rc::new(Metastore {
+            etcd: Etcd::with_config(config.endpoints, config.http)?,
+            keys: config.keys,
+            lease_ttl_s: config.lease_ttl_s,
+        }))
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Reads everything under the prefix at one revision, straight from etcd.
+    pub async fn read_all(&self) -> Result<Snapshot, MetaError> {
+        let read = self.etcd.get_prefix(self.keys.prefix().as_bytes()).await?;
+        Ok(Snapshot::from_kvs(&self.keys, read.revision, &read.kvs))
+    }
+}
+
+/// The range results of a transaction whose ops are all reads, in order; anything else is a decode error.
+fn ranges(t: &TxnResponse, n: usize) -> Result<Vec<&RangeResponse>, MetaError> {
+    let ranges: Vec<&RangeResponse> = t
+        .responses
+        .iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Range(range) => Some(range),
+            _ => None,
+        })
+        .collect();
+    if ranges.len() != n {
+        return Err(MetaError::Etcd(EtcdError::Decode(format!(
+            "expected {n} range results in a transaction, got {:?}",
+            t.responses
+        ))));
+    }
+    Ok(ranges)
+}

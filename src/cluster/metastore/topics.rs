@@ -1,0 +1,191 @@
+//! Topic records in etcd: creation with its placement (one txn, only if absent), changes of settings (compare and
+//! swap on the key's mod revision, retried), deletion, and direct reads. Called on core 0.
+
+use super::keys::{decode_topic, encode_topic, TopicRecord};
+use super::placement::spread;
+use super::snapshot::Snapshot;
+use super::{ranges, MetaError, Metastore, MAX_TXN_ATTEMPTS};
+use crate::cluster::etcd::{prefix_range_end, Compare, KeyValue, TxnOp, TxnOpResponse};
+use crate::engine::topic::{validate_name, TopicConfig, MAX_PARTITIONS};
+use tracing::{info, warn};
+
+fn check_name(name: &str) -> Result<(), MetaError> {
+    validate_name(name).map_err(|e| MetaError::Invalid(format!("topic {e}")))
+}
+
+/// Reads every key under `prefix` in a transaction.
+fn range_prefix(prefix: Vec<u8>) -> TxnOp {
+    let range_end = prefix_range_end(&prefix);
+    TxnOp::Range {
+        key: prefix,
+        range_end: Some(range_end),
+    }
+}
+
+impl Metastore {
+    /// A topic as etcd has it now (the replica may lag behind this).
+    pub async fn topic(&self, name: &str) -> Result<Option<TopicRecord>, MetaError> {
+        check_name(name)?;
+        let read = self.etcd.range(&self.keys.topic(name), None).await?;
+        read.kvs
+            .first()
+            .map(|kv| decode_topic(name, kv))
+            .transpose()
+    }
+
+    /// Creates a topic with `config.partitions` partitions spread over the nodes alive now (see
+    /// [`spread`](super::spread)). Returns `(true, record)`, or `(false, existing)` when a topic of that name
+    /// exists, whatever its settings (the caller compares, as the single node's PUT does). The record's
+    /// `config.id` is new; the `id` passed in is ignored.
+    pub async fn create_topic(
+        &self,
+        config: TopicConfig,
+    ) -> Result<(bool, TopicRecord), MetaError> {
+        check_name(&config.name)?;
+        if config.partitions == 0 || config.partitions > MAX_PARTITIONS {
+            return Err(MetaError::Invalid(format!(
+                "partitions must be 1 to {MAX_PARTITIONS}"
+            )));
+        }
+        let key = self.keys.topic(&config.name);
+        for _ in 0..MAX_TXN_ATTEMPTS {
+            // The topic and the nodes, at one revision.
+            let read = self
+                .etcd
+                .txn(
+                    &[],
+                    &[
+                        TxnOp::get(key.clone()),
+                        range_prefix(self.keys.members()),
+                        range_prefix(self.keys.alives()),
+                    ],
+                    &[],
+                )
+                .await?;
+            let r = ranges(&read, 3)?;
+            if let Some(kv) = r[0].kvs.first() {
+                return Ok((false, decode_topic(&config.name, kv)?));
+            }
+            let nodes =
+                Snapshot::from_kvs(&self.keys, read.revision, r[1].kvs.iter().chain(&r[2].kvs));
+            let placement = spread(&config.name, config.partitions, &nodes.live_nodes());
+            if placement.is_empty() {
+                return Err(MetaError::NoLiveNodes);
+            }
+            let value = encode_topic(&config, &placement);
+            let t = self
+                .etcd
+                .txn(
+                    &[Compare::absent(key.clone())],
+                    &[TxnOp::put(key.clone(), value.clone(), None)],
+                    &[TxnOp::get(key.clone())],
+                )
+                .await?;
+            if t.succeeded {
+                // Decoding what was written gives exactly what every replica will hold.
+                let written = KeyValue {
+                    key,
+                    value,
+                    create_revision: t.revision,
+                    mod_revision: t.revision,
+                    version: 1,
+                    lease: 0,
+                };
+                let record = decode_topic(&config.name, &written)?;
+                info!(topic = %config.name, id = record.id(), placement = ?record.placement, "metastore: topic created");
+                return Ok((true, record));
+            }
+            // Created by someone else between the read and the write.
+            if let Some(kv) = ranges(&t, 1)?[0].kvs.first() {
+                return Ok((false, decode_topic(&config.name, kv)?));
+            }
+        }
+        Err(MetaError::Contended("create_topic"))
+    }
+
+    /// Changes a topic's settings: `change` edits a copy of the current settings, which is written only if the
+    /// topic has not changed since it was read; otherwise it is read again and `change` runs again on the newer
+    /// settings, so concurrent changes all land, one after another. `change` may not touch `name`, `id` or
+    /// `partitions`. An unchanged result writes nothing. Returns the new record.
+    pub async fn change_topic<E: From<MetaError>>(
+        &self,
+        name: &str,
+        mut change: impl FnMut(&mut TopicConfig) -> Result<(), E>,
+    ) -> Result<TopicRecord, E> {
+        check_name(name)?;
+        let key = self.keys.topic(name);
+        for _ in 0..MAX_TXN_ATTEMPTS {
+            let current = self
+                .topic(name)
+                .await?
+                .ok_or_else(|| MetaError::TopicNotFound(name.to_string()))?;
+            let mut config = current.config.clone();
+            change(&mut config)?;
+            if (&config.name, config.id, config.partitions)
+                != (
+                    &current.config.name,
+                    current.id(),
+                    current.config.partitions,
+                )
+            {
+                return Err(MetaError::Invalid(
+                    "a topic change may not alter its name, id or partition count".into(),
+                )
+                .into());
+            }
+            if config == current.config {
+                return Ok(current);
+            }
+            let value = encode_topic(&config, &current.placement);
+            let t = self
+                .etcd
+                .txn(
+                    &[Compare::mod_revision_is(key.clone(), current.mod_revision)],
+                    &[TxnOp::put(key.clone(), value.clone(), None)],
+                    &[],
+                )
+                .await
+                .map_err(MetaError::from)?;
+            if t.succeeded {
+                info!(topic = %name, revision = t.revision, "metastore: topic settings changed");
+                let written = KeyValue {
+                    key,
+                    value,
+                    create_revision: current.id() as i64,
+                    mod_revision: t.revision,
+                    version: 0,
+                    lease: 0,
+                };
+                return Ok(decode_topic(name, &written)?);
+            }
+        }
+        Err(MetaError::Contended("change_topic").into())
+    }
+
+    /// Deletes a topic. Returns what was deleted (`None`: there was no such topic, or its record did not decode).
+    pub async fn delete_topic(&self, name: &str) -> Result<Option<TopicRecord>, MetaError> {
+        check_name(name)?;
+        let key = self.keys.topic(name);
+        let t = self
+            .etcd
+            .txn(&[], &[TxnOp::get(key.clone()), TxnOp::delete(key)], &[])
+            .await?;
+        let deleted = match t.responses.first() {
+            Some(TxnOpResponse::Range(r)) => r.kvs.first().cloned(),
+            _ => None,
+        };
+        let Some(kv) = deleted else {
+            return Ok(None);
+        };
+        match decode_topic(name, &kv) {
+            Ok(record) => {
+                info!(topic = %name, id = record.id(), "metastore: topic deleted");
+                Ok(Some(record))
+            }
+            Err(e) => {
+                warn!(error = %e, "metastore: deleted a topic record that did not decode");
+                Ok(None)
+            }
+        }
+    }
+}
