@@ -762,7 +762,8 @@ fn parse_base_url(url: &str) -> Result<(String, u16, String), HttpError> {
     Ok((host.to_string(), port, authority.to_string()))
 }
 
-fn set_tcp_keepalive(stream: &TcpStream) {
+/// Turns on TCP keepalive with the timings above (node RPC's connections use it too).
+pub(crate) fn set_tcp_keepalive(stream: &TcpStream) {
     use std::os::fd::{AsRawFd, BorrowedFd};
     // SAFETY: the descriptor belongs to `stream`, which is borrowed for longer than `fd` lives.
     let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };

@@ -4,6 +4,8 @@
 //! across cores and nodes.
 
 use crate::partition::{GroupInfo, PartitionInfo};
+use crate::storage::journal::JournalStats;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::cell::Cell;
 use std::fmt::Write;
 
@@ -46,9 +48,10 @@ pub const BUCKETS_US: [u64; 33] = [
 ];
 
 /// A latency histogram with the buckets above (and +Inf), cheap to record into on the hot path.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Latency {
     /// Per bucket (not cumulative); the last slot is +Inf.
+    #[serde(with = "bucket_counts")]
     counts: [u64; BUCKETS_US.len() + 1],
     sum_us: u64,
     count: u64,
@@ -113,7 +116,7 @@ fn seconds(us: u64) -> String {
 pub const RECORD_BUCKETS: [u64; 13] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
 
 /// A histogram of counts (records per journal sync), rendered with `RECORD_BUCKETS`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Counts {
     counts: [u64; RECORD_BUCKETS.len() + 1],
     sum: u64,
@@ -173,8 +176,62 @@ impl CoreMetrics {
     }
 }
 
-/// A snapshot of one core, sent to the core rendering `/metrics`.
-#[derive(Debug, Clone)]
+/// Bucket counts as a sequence (serde derives arrays only up to 32 elements); a wrong length fails to decode.
+mod bucket_counts {
+    use super::*;
+
+    pub fn serialize<S: Serializer, const N: usize>(a: &[u64; N], s: S) -> Result<S::Ok, S::Error> {
+        a.as_slice().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, const N: usize>(
+        d: D,
+    ) -> Result<[u64; N], D::Error> {
+        let counts = Vec::<u64>::deserialize(d)?;
+        let len = counts.len();
+        counts
+            .try_into()
+            .map_err(|_| serde::de::Error::invalid_length(len, &"one count per bucket"))
+    }
+}
+
+/// `JournalStats` (a storage type without serde) as a plain tuple.
+mod journal_stats {
+    use super::*;
+
+    type Tuple = (u64, u64, u64, u64, u64, u64);
+
+    pub fn serialize<S: Serializer>(j: &Option<JournalStats>, s: S) -> Result<S::Ok, S::Error> {
+        j.map(|j| {
+            (
+                j.syncs,
+                j.passes,
+                j.entries,
+                j.records,
+                j.bytes,
+                j.checkpoints,
+            )
+        })
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JournalStats>, D::Error> {
+        let t = Option::<Tuple>::deserialize(d)?;
+        Ok(t.map(
+            |(syncs, passes, entries, records, bytes, checkpoints)| JournalStats {
+                syncs,
+                passes,
+                entries,
+                records,
+                bytes,
+                checkpoints,
+            },
+        ))
+    }
+}
+
+/// A snapshot of one core, sent to the core rendering `/metrics` (and serialised by node RPC).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CoreStats {
     pub core: usize,
     pub latency: Latency,
@@ -186,8 +243,10 @@ pub struct CoreStats {
     pub journal_wait: Latency,
     pub journal_records: Counts,
     /// The journal's counters (none with fsync `never`).
-    pub journal: Option<crate::storage::journal::JournalStats>,
+    #[serde(with = "journal_stats")]
+    pub journal: Option<JournalStats>,
     /// (topic, partition) for every partition this core owns.
+    #[serde(with = "crate::partition::whole_infos::named")]
     pub partitions: Vec<(String, PartitionInfo)>,
 }
 

@@ -51,7 +51,7 @@ pub enum Signal {
 }
 
 /// A step of a topic change that every core applies.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum AdminStep {
     /// Learn a topic and open the partitions this core owns.
     Apply(TopicConfig, Vec<Location>),

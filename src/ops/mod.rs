@@ -19,10 +19,13 @@ use crate::engine::topic::TopicConfig;
 use crate::engine::{AdminStep, Engine, Signal};
 use crate::partition::PartitionInfo;
 pub use error::{OpError, OpResult};
+use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
-/// A request for the owner of some state: a partition's owning core, or core 0 for topic administration.
-#[derive(Debug)]
+/// A request for the owner of some state: a partition's owning core, or core 0 for topic administration. Node RPC
+/// carries it serialised (`cluster::rpc`): the order of the variants is part of that wire format, so add new ones at
+/// the end.
+#[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     Produce(produce::Produce),
     Probe(consume::Probe),
@@ -48,8 +51,8 @@ pub enum Request {
     Signal(Signal),
 }
 
-/// The answer to a `Request`.
-#[derive(Debug)]
+/// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
+#[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     Produced(produce::Produced),
     Probed(consume::Probed),
@@ -59,7 +62,7 @@ pub enum Reply {
     Changed(TopicConfig),
     /// A group was created (true) or already existed (false).
     GroupCreated(bool),
-    Described(Vec<PartitionInfo>),
+    Described(#[serde(with = "crate::partition::whole_infos")] Vec<PartitionInfo>),
     Stats(Box<CoreStats>),
     Done,
 }

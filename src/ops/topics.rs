@@ -10,10 +10,11 @@ use crate::engine::topic::{
 };
 use crate::engine::{Engine, EngineError};
 use crate::partition::PartitionInfo;
+use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
 /// Settings a request sets (None: not given).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settings {
     pub partitions: Option<u32>,
     pub visibility_ms: Option<u64>,

@@ -133,6 +133,70 @@ pub struct PartitionInfo {
     pub io_counts: (u64, u64),
 }
 
+/// `PartitionInfo` whole, every field included, for node RPC: its own `Serialize` leaves out what describe's JSON
+/// does not show. Use as `#[serde(with = "crate::partition::whole_infos")]` on a `Vec<PartitionInfo>`.
+pub mod whole_infos {
+    use super::{GroupInfo, PartitionInfo};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(remote = "PartitionInfo")]
+    struct Whole {
+        partition: u32,
+        core: usize,
+        start_offset: u64,
+        end_offset: u64,
+        committed: u64,
+        in_flight: usize,
+        acked_ahead: usize,
+        corrupt_skipped: u64,
+        groups: Vec<GroupInfo>,
+        counters: [u64; 2],
+        io_counts: (u64, u64),
+    }
+
+    /// One `PartitionInfo`, whole.
+    #[derive(Serialize, Deserialize)]
+    pub struct WholeInfo(#[serde(with = "Whole")] pub PartitionInfo);
+
+    struct WholeRef<'a>(&'a PartitionInfo);
+
+    impl Serialize for WholeRef<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            Whole::serialize(self.0, s)
+        }
+    }
+
+    pub fn serialize<S: Serializer>(infos: &[PartitionInfo], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(infos.iter().map(WholeRef))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PartitionInfo>, D::Error> {
+        let infos = Vec::<WholeInfo>::deserialize(d)?;
+        Ok(infos.into_iter().map(|w| w.0).collect())
+    }
+
+    /// The same for `(topic, PartitionInfo)` pairs (a core's stats).
+    pub mod named {
+        use super::{PartitionInfo, WholeInfo, WholeRef};
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(
+            infos: &[(String, PartitionInfo)],
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.collect_seq(infos.iter().map(|(t, p)| (t, WholeRef(p))))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<(String, PartitionInfo)>, D::Error> {
+            let infos = Vec::<(String, WholeInfo)>::deserialize(d)?;
+            Ok(infos.into_iter().map(|(t, w)| (t, w.0)).collect())
+        }
+    }
+}
+
 /// Where the lease shards stand: loaded lazily at the first touch, from the frontier files on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Load {

@@ -1,0 +1,954 @@
+//! Node RPC end to end: every request and reply through the codec, then a real server and client on loopback
+//! sockets of one glommio executor (ports from 0). Nothing waits a fixed time for something to happen: tests wait on
+//! conditions with a deadline (`eventually`), or poll a call once to show it did not wait at all.
+
+use super::frame::{self, Hello, Kind, ReplyBody, RequestBody, Welcome};
+use super::*;
+use crate::cluster::http_client::within;
+use crate::engine::metrics::{CoreStats, Counts, Latency};
+use crate::engine::placement::Location;
+use crate::engine::topic::{BackoffKind, TopicConfig};
+use crate::engine::{AdminStep, Signal};
+use crate::ops::consume::{Probe, Probed};
+use crate::ops::produce::{Produce, Produced};
+use crate::ops::replay::{Replay, Replayed};
+use crate::ops::settle::{Settle, Settled};
+use crate::ops::topics::Settings;
+use crate::partition::{Delivery, GroupInfo, PartitionError, PartitionInfo, SettleOp};
+use crate::storage::journal::JournalStats;
+use crate::storage::log::Record;
+use bytes::Bytes;
+use futures_lite::future::poll_once;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::net::{Shutdown, SocketAddr};
+use std::time::Instant;
+
+/// A tiny deterministic generator (xorshift64*), so failures reproduce.
+pub(crate) struct Rng(pub u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+// ---- the codec ----
+
+fn config_value() -> TopicConfig {
+    let mut c = TopicConfig::with_defaults("orders");
+    c.id = 77;
+    c.partitions = 6;
+    c.redelivery_backoff = BackoffKind::Exponential;
+    c.dead_letter = Some("orders.dlq".into());
+    c.max_deliveries = 5;
+    c.groups = vec!["billing".into(), "audit".into()];
+    c
+}
+
+fn info_value() -> PartitionInfo {
+    PartitionInfo {
+        partition: 2,
+        core: 1,
+        start_offset: 10,
+        end_offset: 99,
+        committed: 50,
+        in_flight: 3,
+        acked_ahead: 1,
+        corrupt_skipped: 0,
+        groups: vec![GroupInfo {
+            group: "billing".into(),
+            committed: 40,
+            in_flight: 2,
+            delayed: 1,
+            acked_ahead: 0,
+            corrupt_skipped: 7,
+            counters: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        }],
+        counters: [11, 12],
+        io_counts: (13, 14),
+    }
+}
+
+fn every_request() -> Vec<Request> {
+    let topic = || "orders".to_string();
+    vec![
+        Request::Produce(Produce {
+            topic: topic(),
+            topic_id: 77,
+            partition: 3,
+            records: vec![Bytes::from_static(b"\x00\xffbinary"), Bytes::new()],
+        }),
+        Request::Probe(Probe {
+            topic: topic(),
+            topic_id: 77,
+            group: "billing".into(),
+            max: 100,
+            visibility_ms: Some(30_000),
+        }),
+        Request::Settle(Settle {
+            topic: topic(),
+            topic_id: 77,
+            group: "billing".into(),
+            partition: 1,
+            items: vec![(5, 6), (u64::MAX, 0)],
+            op: SettleOp::Nack(Some(250)),
+            dead_lettered: true,
+        }),
+        Request::Replay(Replay {
+            topic: topic(),
+            topic_id: 77,
+            partition: 0,
+            offset: 123,
+            wait_ms: 5000,
+        }),
+        Request::CreateTopic(config_value()),
+        Request::ChangeTopic(
+            topic(),
+            Settings {
+                partitions: None,
+                visibility_ms: Some(10_000),
+                max_in_flight: Some(64),
+                max_acked_ahead: Some(65),
+                retention_ms: Some(3_600_000),
+                redelivery_delay_ms: Some(100),
+                redelivery_backoff: Some(BackoffKind::Fixed),
+                redelivery_delay_max_ms: Some(60_000),
+                max_deliveries: Some(3),
+                dead_letter: Some(None),
+                max_groups: Some(8),
+            },
+        ),
+        Request::DeleteTopic(topic()),
+        Request::CreateGroup(topic(), "audit".into(), true),
+        Request::DeleteGroup(topic(), "audit".into()),
+        Request::Describe(topic()),
+        Request::Stats,
+        Request::Admin(AdminStep::Apply(
+            config_value(),
+            vec![Location { node: 1, core: 0 }, Location { node: 2, core: 3 }],
+        )),
+        Request::Admin(AdminStep::Drop(topic())),
+        Request::Admin(AdminStep::Update(config_value())),
+        Request::Admin(AdminStep::PrepareGroup {
+            topic: topic(),
+            topic_id: 77,
+            group: "audit".into(),
+            latest: false,
+        }),
+        Request::Signal(Signal::Interest {
+            topic: topic(),
+            group: "billing".into(),
+            from: 1,
+        }),
+        Request::Signal(Signal::NoInterest {
+            topic: topic(),
+            group: "billing".into(),
+            from: 1,
+        }),
+        Request::Signal(Signal::Wake {
+            topic: topic(),
+            group: "billing".into(),
+            n: 4,
+        }),
+    ]
+}
+
+fn every_reply() -> Vec<ReplyBody> {
+    let mut latency = Latency::default();
+    for us in [3, 120, 2_000_000, 500_000_000] {
+        latency.record(us);
+    }
+    let mut records = Counts::default();
+    records.record(17);
+    let stats = CoreStats {
+        core: 1,
+        latency: latency.clone(),
+        frontier_lag: Latency::default(),
+        connections_open: 2,
+        connections_refused: 3,
+        connections_timed_out: 4,
+        mesh_full: 5,
+        journal_wait: latency,
+        journal_records: records,
+        journal: Some(JournalStats {
+            syncs: 1,
+            passes: 2,
+            entries: 3,
+            records: 4,
+            bytes: 5,
+            checkpoints: 6,
+        }),
+        partitions: vec![("orders".into(), info_value())],
+    };
+    vec![
+        Ok(Reply::Produced(Produced { first_offset: 42 })),
+        Ok(Reply::Probed(Probed {
+            deliveries: vec![Delivery {
+                partition: 2,
+                offset: 9,
+                nonce: 1234,
+                delivery_count: 2,
+                expires_at_ms: 1_700_000_000_000,
+                payload: Bytes::from_static(b"payload"),
+            }],
+            at_cap: true,
+            unavailable: false,
+            none_owned: true,
+        })),
+        Ok(Reply::Settled(Settled {
+            results: vec![
+                Ok(()),
+                Err(PartitionError::LeaseGone),
+                Err(PartitionError::OutOfRetention { start: 3 }),
+                Err(PartitionError::Unavailable("disk".into())),
+            ],
+        })),
+        Ok(Reply::Replayed(Replayed {
+            record: Some(Record {
+                offset: 5,
+                timestamp_ms: 1_700_000_000_000,
+                payload: Bytes::from_static(b"hi"),
+            }),
+        })),
+        Ok(Reply::Replayed(Replayed { record: None })),
+        Ok(Reply::Created(true, config_value())),
+        Ok(Reply::Changed(config_value())),
+        Ok(Reply::GroupCreated(false)),
+        Ok(Reply::Described(vec![info_value(), info_value()])),
+        Ok(Reply::Stats(Box::new(stats))),
+        Ok(Reply::Done),
+        Err(OpError::MessageTooLarge { limit: 1 << 20 }),
+        Err(OpError::PartitionUnavailable("node 3".into())),
+        Err(OpError::Engine(EngineError::TopicExists {
+            topic: "orders".into(),
+            partitions: 4,
+        })),
+        Err(OpError::Engine(EngineError::Partition(
+            PartitionError::Corrupt {
+                partition: 1,
+                offset: 2,
+            },
+        ))),
+    ]
+}
+
+/// Which variant a request is: no wildcard, so a new variant fails to compile here until the test covers it.
+fn request_variant(r: &Request) -> usize {
+    match r {
+        Request::Produce(_) => 0,
+        Request::Probe(_) => 1,
+        Request::Settle(_) => 2,
+        Request::Replay(_) => 3,
+        Request::CreateTopic(_) => 4,
+        Request::ChangeTopic(..) => 5,
+        Request::DeleteTopic(_) => 6,
+        Request::CreateGroup(..) => 7,
+        Request::DeleteGroup(..) => 8,
+        Request::Describe(_) => 9,
+        Request::Stats => 10,
+        Request::Admin(_) => 11,
+        Request::Signal(_) => 12,
+    }
+}
+
+fn reply_variant(r: &Reply) -> usize {
+    match r {
+        Reply::Produced(_) => 0,
+        Reply::Probed(_) => 1,
+        Reply::Settled(_) => 2,
+        Reply::Replayed(_) => 3,
+        Reply::Created(..) => 4,
+        Reply::Changed(_) => 5,
+        Reply::GroupCreated(_) => 6,
+        Reply::Described(_) => 7,
+        Reply::Stats(_) => 8,
+        Reply::Done => 9,
+    }
+}
+
+#[test]
+fn every_request_and_reply_variant_round_trips_through_frames() {
+    let requests = every_request();
+    let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
+    seen.dedup();
+    assert_eq!(seen, (0..13).collect::<Vec<_>>(), "every request variant");
+    let replies = every_reply();
+    let mut seen: Vec<usize> = replies
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(reply_variant)
+        .collect();
+    seen.dedup();
+    assert_eq!(seen, (0..10).collect::<Vec<_>>(), "every reply variant");
+
+    let mut wire = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        frame::encode(
+            Kind::Request,
+            i as u64,
+            &(i as u32, request),
+            1 << 20,
+            &mut wire,
+        )
+        .unwrap();
+    }
+    for (i, reply) in replies.iter().enumerate() {
+        frame::encode(Kind::Reply, i as u64, reply, 1 << 20, &mut wire).unwrap();
+    }
+    let mut reader = frame::FrameReader::new(1 << 20);
+    let mut stream = futures_lite::io::Cursor::new(wire);
+    futures_lite::future::block_on(async {
+        for (i, request) in requests.iter().enumerate() {
+            let f = reader.next(&mut stream).await.unwrap().unwrap();
+            assert_eq!((f.kind, f.id), (Kind::Request, i as u64));
+            let (core, back): RequestBody = frame::decode(&f.body).unwrap();
+            assert_eq!(core, i as u32);
+            assert_eq!(format!("{back:?}"), format!("{request:?}"));
+        }
+        for (i, reply) in replies.iter().enumerate() {
+            let f = reader.next(&mut stream).await.unwrap().unwrap();
+            assert_eq!((f.kind, f.id), (Kind::Reply, i as u64));
+            let back: ReplyBody = frame::decode(&f.body).unwrap();
+            // Debug shows every field, the ones describe's JSON leaves out included.
+            assert_eq!(format!("{back:?}"), format!("{reply:?}"));
+        }
+        assert!(reader.next(&mut stream).await.unwrap().is_none());
+    });
+}
+
+// ---- over sockets ----
+
+const TOKEN: &str = "s3cret";
+
+fn on_executor(test: impl Future<Output = ()>) {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("an executor")
+        .run(test);
+}
+
+/// Waits until `cond` holds, checking every millisecond; fails the test after 10 s.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn config(node: u32) -> RpcConfig {
+    RpcConfig {
+        node,
+        token: Some(TOKEN.into()),
+        call_timeout: Duration::from_secs(10),
+        reconnect_backoff_min: Duration::from_millis(5),
+        reconnect_backoff_max: Duration::from_millis(50),
+        ..RpcConfig::default()
+    }
+}
+
+/// A latch the handlers of a test wait on.
+#[derive(Default)]
+struct Gate {
+    open: Cell<bool>,
+    event: event_listener::Event,
+}
+
+impl Gate {
+    fn open(&self) {
+        self.open.set(true);
+        self.event.notify(usize::MAX);
+    }
+
+    async fn passed(&self) {
+        until_set(&self.open, &self.event).await;
+    }
+}
+
+/// A handler for tests: `Replay` is answered with a record naming the offset and the core it was sent to (after
+/// `gate` opens), `Probe` with one delivery (after `gate` opens), `Stats` never, `DeleteTopic` with an error, a
+/// signal by logging its `n`, the rest with `Done`.
+fn test_handler(gate: Rc<Gate>, signals: Rc<RefCell<Vec<usize>>>) -> Handler {
+    Rc::new(move |core, request| {
+        let gate = gate.clone();
+        let signals = signals.clone();
+        Box::pin(async move {
+            Ok(match request {
+                Request::Replay(r) => {
+                    gate.passed().await;
+                    Reply::Replayed(Replayed {
+                        record: Some(Record {
+                            offset: r.offset,
+                            timestamp_ms: core as u64,
+                            payload: Bytes::from(r.topic),
+                        }),
+                    })
+                }
+                Request::Probe(_) => {
+                    gate.passed().await;
+                    Reply::Probed(Probed {
+                        deliveries: vec![Delivery {
+                            partition: 0,
+                            offset: 5,
+                            nonce: 1,
+                            delivery_count: 1,
+                            expires_at_ms: 0,
+                            payload: Bytes::from_static(b"leased"),
+                        }],
+                        ..Probed::default()
+                    })
+                }
+                Request::Stats => futures_lite::future::pending().await,
+                Request::DeleteTopic(t) => return Err(EngineError::TopicNotFound(t).into()),
+                Request::Signal(Signal::Wake { n, .. }) => {
+                    signals.borrow_mut().push(n);
+                    Reply::Done
+                }
+                _ => Reply::Done,
+            })
+        })
+    })
+}
+
+/// A started server of node 1 with `test_handler`, its gate (open unless `gated`), and its signal log.
+fn server_with(
+    config: RpcConfig,
+    addr: &str,
+    gated: bool,
+) -> (RpcServer, Rc<Gate>, Rc<RefCell<Vec<usize>>>) {
+    let gate = Rc::new(Gate::default());
+    if !gated {
+        gate.open();
+    }
+    let signals = Rc::new(RefCell::new(Vec::new()));
+    let server = RpcServer::bind(addr, config, test_handler(gate.clone(), signals.clone()))
+        .expect("bind a loopback port");
+    server.start();
+    (server, gate, signals)
+}
+
+fn replay(offset: u64) -> Request {
+    Request::Replay(Replay {
+        topic: "t".into(),
+        topic_id: 1,
+        partition: 0,
+        offset,
+        wait_ms: 0,
+    })
+}
+
+fn probe() -> Request {
+    Request::Probe(Probe {
+        topic: "t".into(),
+        topic_id: 1,
+        group: "g".into(),
+        max: 1,
+        visibility_ms: None,
+    })
+}
+
+fn replayed_offset(reply: OpResult<Reply>) -> (u64, u64) {
+    match reply {
+        Ok(Reply::Replayed(Replayed {
+            record: Some(record),
+        })) => (record.offset, record.timestamp_ms),
+        other => panic!("not a replayed record: {other:?}"),
+    }
+}
+
+fn is_overloaded(r: &OpResult<Reply>) -> bool {
+    matches!(r, Err(OpError::Engine(EngineError::Overloaded)))
+}
+
+fn is_unavailable(r: &OpResult<Reply>, text: &str) -> bool {
+    matches!(r, Err(OpError::PartitionUnavailable(why)) if why.contains(text))
+}
+
+#[test]
+fn calls_reach_the_named_core_and_errors_come_back_as_they_were() {
+    on_executor(async {
+        let (server, _, _) = server_with(config(1), "127.0.0.1:0", false);
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(3, replay(9)).await), (9, 3));
+        assert_eq!(replayed_offset(client.call(0, replay(10)).await), (10, 0));
+        assert_eq!(
+            client
+                .call(0, Request::DeleteTopic("gone".into()))
+                .await
+                .unwrap_err(),
+            OpError::Engine(EngineError::TopicNotFound("gone".into()))
+        );
+        assert!(client.is_connected());
+        let s = client.stats();
+        assert_eq!((s.sent, s.refused, s.timeouts, s.reconnects), (3, 0, 0, 0));
+        assert_eq!(server.stats().requests, 3);
+    });
+}
+
+#[test]
+fn a_hundred_pipelined_calls_share_one_connection_and_are_answered_out_of_order() {
+    on_executor(async {
+        // The handler holds every request until all 100 are running at once, then answers them last to first.
+        let arrived = Rc::new(Cell::new(0u64));
+        let turn = Rc::new(Cell::new(99i64));
+        let moved = Rc::new(event_listener::Event::new());
+        let answered = Rc::new(RefCell::new(Vec::new()));
+        let handler: Handler = {
+            let (arrived, turn, moved, answered) = (
+                arrived.clone(),
+                turn.clone(),
+                moved.clone(),
+                answered.clone(),
+            );
+            Rc::new(move |core, request| {
+                let (arrived, turn, moved, answered) = (
+                    arrived.clone(),
+                    turn.clone(),
+                    moved.clone(),
+                    answered.clone(),
+                );
+                Box::pin(async move {
+                    let Request::Replay(r) = request else {
+                        return Ok(Reply::Done);
+                    };
+                    arrived.set(arrived.get() + 1);
+                    moved.notify(usize::MAX);
+                    while arrived.get() < 100 || turn.get() != r.offset as i64 {
+                        let l = moved.listen();
+                        if arrived.get() >= 100 && turn.get() == r.offset as i64 {
+                            break;
+                        }
+                        l.await;
+                    }
+                    answered.borrow_mut().push(r.offset);
+                    turn.set(turn.get() - 1);
+                    moved.notify(usize::MAX);
+                    Ok(Reply::Replayed(Replayed {
+                        record: Some(Record {
+                            offset: r.offset,
+                            timestamp_ms: core as u64,
+                            payload: Bytes::new(),
+                        }),
+                    }))
+                })
+            })
+        };
+        let server = RpcServer::bind("127.0.0.1:0", config(1), handler).unwrap();
+        server.start();
+        let client = Rc::new(RpcClient::new(
+            server.local_addr().to_string(),
+            1,
+            config(2),
+        ));
+        let calls: Vec<_> = (0..100u64)
+            .map(|i| {
+                let client = client.clone();
+                glommio::spawn_local(async move { client.call(i as u32 % 4, replay(i)).await })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(replayed_offset(call.await), (i as u64, i as u64 % 4));
+        }
+        assert_eq!(*answered.borrow(), (0..100).rev().collect::<Vec<u64>>());
+        assert_eq!(server.stats().connections_accepted, 1);
+        assert_eq!(client.stats().sent, 100);
+    });
+}
+
+#[test]
+fn a_full_outstanding_queue_refuses_at_once_and_recovers() {
+    on_executor(async {
+        let (server, gate, _) = server_with(config(1), "127.0.0.1:0", true);
+        let client = Rc::new(RpcClient::new(
+            server.local_addr().to_string(),
+            1,
+            RpcConfig {
+                max_outstanding: 4,
+                ..config(2)
+            },
+        ));
+        let calls: Vec<_> = (0..4u64)
+            .map(|i| {
+                let client = client.clone();
+                glommio::spawn_local(async move { client.call(0, replay(i)).await })
+            })
+            .collect();
+        eventually("the server runs all four", || server.stats().requests == 4).await;
+        let refused = poll_once(client.call(0, replay(4))).await;
+        assert!(
+            matches!(&refused, Some(r) if is_overloaded(r)),
+            "the fifth call is refused without waiting: {refused:?}"
+        );
+        assert_eq!(client.stats().refused, 1);
+        gate.open();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(replayed_offset(call.await).0, i as u64);
+        }
+        assert_eq!(replayed_offset(client.call(0, replay(5)).await).0, 5);
+    });
+}
+
+#[test]
+fn a_call_to_a_handler_that_never_answers_times_out_and_the_connection_goes_on() {
+    on_executor(async {
+        let (server, _, _) = server_with(config(1), "127.0.0.1:0", false);
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        let r = client
+            .call_within(0, Request::Stats, Duration::from_millis(30))
+            .await;
+        assert!(is_unavailable(&r, "did not answer within 30 ms"), "{r:?}");
+        assert_eq!(client.stats().timeouts, 1);
+        assert_eq!(replayed_offset(client.call(1, replay(1)).await), (1, 1));
+        assert_eq!(server.stats().connections_accepted, 1);
+    });
+}
+
+#[test]
+fn a_late_reply_with_leases_goes_to_the_clients_undeliverable_hook() {
+    on_executor(async {
+        let (server, gate, _) = server_with(config(1), "127.0.0.1:0", true);
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        let given_back = Rc::new(RefCell::new(Vec::new()));
+        let log = given_back.clone();
+        client.on_undeliverable(Rc::new(move |u: Undelivered| log.borrow_mut().push(u)));
+        let r = client
+            .call_within(2, probe(), Duration::from_millis(20))
+            .await;
+        assert!(is_unavailable(&r, "did not answer"), "{r:?}");
+        gate.open();
+        eventually("the late reply is handed to the hook", || {
+            given_back.borrow().len() == 1
+        })
+        .await;
+        let u = given_back.borrow_mut().remove(0);
+        assert_eq!(u.core, 2);
+        assert_eq!(u.probe, Some(("t".to_string(), "g".to_string())));
+        assert!(
+            matches!(u.reply, Reply::Probed(p) if p.deliveries.len() == 1 && p.deliveries[0].offset == 5)
+        );
+        assert_eq!(client.stats().late_replies, 1);
+    });
+}
+
+#[test]
+fn the_server_answers_overloaded_beyond_its_in_flight_bound() {
+    on_executor(async {
+        let server_config = RpcConfig {
+            max_in_flight_per_connection: 2,
+            ..config(1)
+        };
+        let (server, gate, _) = server_with(server_config, "127.0.0.1:0", true);
+        let client = Rc::new(RpcClient::new(
+            server.local_addr().to_string(),
+            1,
+            config(2),
+        ));
+        let calls: Vec<_> = (0..3u64)
+            .map(|i| {
+                let client = client.clone();
+                glommio::spawn_local(async move { client.call(0, replay(i)).await })
+            })
+            .collect();
+        eventually("the third request is refused", || {
+            server.stats().overloaded == 1
+        })
+        .await;
+        gate.open();
+        let mut results = Vec::new();
+        for call in calls {
+            results.push(call.await);
+        }
+        assert_eq!(results.iter().filter(|r| is_overloaded(r)).count(), 1);
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 2);
+        assert_eq!(server.stats().requests, 2);
+    });
+}
+
+#[test]
+fn a_restarted_server_is_reconnected_and_calls_fail_fast_meanwhile() {
+    on_executor(async {
+        let (server, _, _) = server_with(config(1), "127.0.0.1:0", false);
+        let addr: SocketAddr = server.local_addr();
+        let client = RpcClient::new(addr.to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(1)).await).0, 1);
+
+        server.stop().await;
+        eventually("the client sees the connection go", || {
+            !client.is_connected()
+        })
+        .await;
+        let meanwhile = poll_once(client.call(0, replay(2))).await;
+        assert!(
+            matches!(&meanwhile, Some(r) if is_unavailable(r, "unreachable")),
+            "a call during the outage fails without waiting: {meanwhile:?}"
+        );
+
+        let (_again, _, _) = server_with(config(1), &addr.to_string(), false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.call(0, replay(3)).await {
+                Ok(reply) => {
+                    assert_eq!(replayed_offset(Ok(reply)).0, 3);
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "never reconnected: {e}"),
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        let s = client.stats();
+        assert_eq!(s.reconnects, 1);
+        assert!(s.unreachable >= 1);
+    });
+}
+
+/// A raw connection that sends `bytes` (then, if `half_close`, ends its side) and reads until the server closes;
+/// what it read. Fails the test if the server keeps the connection open for 10 s.
+async fn send_raw(addr: SocketAddr, bytes: &[u8], half_close: bool) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    // A server that refuses the connection may have reset it already.
+    let _ = stream.write_all(bytes).await;
+    if half_close {
+        let _ = stream.shutdown(Shutdown::Write).await;
+    }
+    let mut got = Vec::new();
+    let read = within(Duration::from_secs(10), stream.read_to_end(&mut got)).await;
+    assert!(read.is_some(), "the server did not close the connection");
+    got
+}
+
+/// A raw connection that sends `bytes` and reads until `n` frames came back; those frames.
+async fn exchange(addr: SocketAddr, bytes: &[u8], n: usize) -> Vec<frame::Frame> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut reader = frame::FrameReader::new(1 << 20);
+    let mut frames = Vec::new();
+    while frames.len() < n {
+        let next = within(Duration::from_secs(10), reader.next(&mut stream)).await;
+        frames.push(
+            next.expect("an answer in time")
+                .expect("a frame")
+                .expect("open"),
+        );
+    }
+    frames
+}
+
+fn hello_frame(token: &str, version: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    let hello = Hello {
+        version: version as u32,
+        node: 2,
+        token: token.into(),
+    };
+    frame::encode(Kind::Handshake, 0, &hello, 1 << 20, &mut out).unwrap();
+    out[4] = version;
+    out
+}
+
+/// The frames in `bytes` (which must hold whole frames only).
+fn frames_in(bytes: Vec<u8>) -> Vec<frame::Frame> {
+    futures_lite::future::block_on(async {
+        let mut stream = futures_lite::io::Cursor::new(bytes);
+        let mut reader = frame::FrameReader::new(1 << 20);
+        let mut frames = Vec::new();
+        while let Some(f) = reader.next(&mut stream).await.expect("whole frames") {
+            frames.push(f);
+        }
+        frames
+    })
+}
+
+fn welcome(f: &frame::Frame) -> Welcome {
+    assert_eq!(f.kind, Kind::Handshake);
+    frame::decode(&f.body).expect("a welcome")
+}
+
+#[test]
+fn a_bad_token_a_foreign_version_or_the_wrong_node_is_refused() {
+    on_executor(async {
+        let (server, _, _) = server_with(config(1), "127.0.0.1:0", false);
+        let addr = server.local_addr();
+
+        let intruder = RpcClient::new(
+            addr.to_string(),
+            1,
+            RpcConfig {
+                token: Some("guess".into()),
+                ..config(2)
+            },
+        );
+        let r = intruder.call(0, replay(1)).await;
+        assert!(is_unavailable(&r, "bad cluster token"), "{r:?}");
+        assert!(intruder.stats().connect_failures >= 1);
+        drop(intruder);
+
+        let lost = RpcClient::new(addr.to_string(), 9, config(2));
+        let r = lost.call(0, replay(1)).await;
+        assert!(is_unavailable(&r, "not node 9"), "{r:?}");
+        drop(lost);
+
+        // A raw hello of version 2: a refusal naming the versions, then the connection closes.
+        let got = frames_in(send_raw(addr, &hello_frame(TOKEN, 2), false).await);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].version, frame::VERSION);
+        assert!(
+            matches!(welcome(&got[0]), Welcome::Refused { reason } if reason.contains("version 2")),
+            "{:?}",
+            welcome(&got[0])
+        );
+        // And the right token on a raw connection is welcomed by node 1.
+        let got = frames_in(send_raw(addr, &hello_frame(TOKEN, 1), true).await);
+        assert_eq!(welcome(&got[0]), Welcome::Accepted { node: 1 });
+
+        eventually("every refused handshake is counted", || {
+            server.stats().handshakes_failed >= 2
+        })
+        .await;
+    });
+}
+
+#[test]
+fn garbage_closes_its_connection_and_the_server_keeps_serving() {
+    on_executor(async {
+        let server_config = RpcConfig {
+            handshake_timeout: Duration::from_millis(100),
+            ..config(1)
+        };
+        let (server, _, _) = server_with(server_config, "127.0.0.1:0", false);
+        let addr = server.local_addr();
+        let mut rng = Rng(0x5EED);
+        let hello = hello_frame(TOKEN, 1);
+        let mut request = Vec::new();
+        frame::encode(Kind::Request, 1, &(0u32, &replay(1)), 1 << 20, &mut request).unwrap();
+
+        // Random bytes instead of a hello.
+        assert!(send_raw(addr, &rng.bytes(300), true).await.is_empty());
+        // Silence: closed once the handshake timeout passes.
+        assert!(send_raw(addr, &[], false).await.is_empty());
+        // After a good hello: random bytes, a bad CRC, a frame cut short, a reply where a request belongs.
+        let mut bad_crc = request.clone();
+        *bad_crc.last_mut().unwrap() ^= 1;
+        let mut reply = Vec::new();
+        frame::encode(
+            Kind::Reply,
+            1,
+            &Ok::<Reply, OpError>(Reply::Done),
+            1 << 20,
+            &mut reply,
+        )
+        .unwrap();
+        for garbage in [
+            rng.bytes(300),
+            bad_crc,
+            request[..request.len() - 3].to_vec(),
+            reply,
+        ] {
+            let mut bytes = hello.clone();
+            bytes.extend_from_slice(&garbage);
+            let got = frames_in(send_raw(addr, &bytes, true).await);
+            assert_eq!(got.len(), 1, "the welcome only");
+            assert_eq!(welcome(&got[0]), Welcome::Accepted { node: 1 });
+        }
+        // A well-framed request whose body does not decode is answered with an error; the connection stays.
+        let mut undecodable = hello.clone();
+        frame::encode(Kind::Request, 7, &(0u32, 99u8), 1 << 20, &mut undecodable).unwrap();
+        undecodable.extend_from_slice(&request);
+        let got = exchange(addr, &undecodable, 3).await;
+        assert_eq!(got.len(), 3, "welcome, error, answer");
+        let error: ReplyBody = frame::decode(&got[1].body).unwrap();
+        assert_eq!(got[1].id, 7);
+        assert!(
+            matches!(error, Err(OpError::InvalidParameter(_))),
+            "{error:?}"
+        );
+        let answer: ReplyBody = frame::decode(&got[2].body).unwrap();
+        assert_eq!((got[2].id, replayed_offset(answer).0), (1, 1));
+
+        let s = server.stats();
+        assert_eq!(s.bad_frames, 4);
+        assert_eq!(s.handshakes_failed, 2);
+        let client = RpcClient::new(addr.to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(8)).await).0, 8);
+    });
+}
+
+#[test]
+fn one_way_requests_are_applied_in_arrival_order() {
+    on_executor(async {
+        let (server, _, signals) = server_with(config(1), "127.0.0.1:0", false);
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        for n in 0..50 {
+            let wake = Signal::Wake {
+                topic: "t".into(),
+                group: "g".into(),
+                n,
+            };
+            client.send_one_way(1, Request::Signal(wake)).unwrap();
+        }
+        eventually("every signal is applied", || signals.borrow().len() == 50).await;
+        assert_eq!(*signals.borrow(), (0..50).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn connections_beyond_the_cap_are_closed_at_once() {
+    on_executor(async {
+        let server_config = RpcConfig {
+            max_connections: 1,
+            ..config(1)
+        };
+        let (server, _, _) = server_with(server_config, "127.0.0.1:0", false);
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(1)).await).0, 1);
+        let got = send_raw(server.local_addr(), &hello_frame(TOKEN, 1), false).await;
+        assert!(got.is_empty(), "not even a welcome");
+        assert_eq!(server.stats().connections_refused, 1);
+        assert_eq!(replayed_offset(client.call(0, replay(2)).await).0, 2);
+    });
+}
+
+#[test]
+fn a_reply_whose_connection_closed_goes_to_the_servers_undeliverable_hook() {
+    on_executor(async {
+        let (server, gate, _) = server_with(config(1), "127.0.0.1:0", true);
+        let given_back = Rc::new(RefCell::new(Vec::new()));
+        let log = given_back.clone();
+        server.on_undeliverable(Rc::new(move |u: Undelivered| log.borrow_mut().push(u)));
+        let client = Rc::new(RpcClient::new(
+            server.local_addr().to_string(),
+            1,
+            config(2),
+        ));
+        let asker = client.clone();
+        let call = glommio::spawn_local(async move { asker.call(3, probe()).await });
+        eventually("the probe runs", || server.stats().requests == 1).await;
+        client.close();
+        assert!(is_unavailable(&call.await, "closed"));
+        eventually("the server sees the connection close", || {
+            server.stats().connections_open == 0
+        })
+        .await;
+        gate.open();
+        eventually("the probe's reply is given back", || {
+            given_back.borrow().len() == 1
+        })
+        .await;
+        let u = given_back.borrow_mut().remove(0);
+        assert_eq!(
+            (u.core, u.probe),
+            (3, Some(("t".to_string(), "g".to_string())))
+        );
+        assert!(matches!(u.reply, Reply::Probed(_)));
+        assert_eq!(server.stats().undelivered, 1);
+    });
+}
