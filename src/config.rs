@@ -107,7 +107,7 @@ impl Default for Config {
             cores: None,
             cpus: None,
             fsync: FsyncPolicy::Always,
-            sync_via: crate::storage::backend::SyncVia::Inline,
+            sync_via: crate::storage::backend::SyncVia::Thread,
             max_message_bytes: 1 << 20,
             listen_backlog: 1024,
             max_connections: 10_000,
