@@ -7,6 +7,49 @@ use std::path::PathBuf;
 
 pub use crate::storage::FsyncPolicy;
 
+/// Cluster mode: how this node joins (`[cluster]` in TOML, or the `serve` flags).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// etcd client URLs (`http://host:port`).
+    pub etcd: Vec<String>,
+    /// This node's id (letters, digits, `-`, `_`, `.`), unique in the cluster.
+    pub node_id: String,
+    /// This node's client HTTP address as other nodes and clients should reach it (`GET /cluster`).
+    pub advertise: String,
+    /// Where node RPC listens; published in etcd. Default: the `listen` address's host, port + 100.
+    pub peer_listen: Option<SocketAddr>,
+    /// etcd key prefix `/berth/<name>/`: several clusters can share one etcd. Default `default`.
+    #[serde(default = "default_cluster_name")]
+    pub name: String,
+    /// Session lease TTL in seconds: a node that stops renewing is dead this long after. Default 5.
+    #[serde(default = "default_node_ttl")]
+    pub node_ttl_s: u64,
+    /// A node RPC call that gets no answer in this long fails with 503 partition_unavailable. Default 2000 ms.
+    #[serde(default = "default_rpc_timeout")]
+    pub rpc_timeout_ms: u64,
+}
+
+fn default_cluster_name() -> String {
+    "default".into()
+}
+
+fn default_node_ttl() -> u64 {
+    5
+}
+
+fn default_rpc_timeout() -> u64 {
+    2000
+}
+
+impl ClusterSettings {
+    /// The node RPC address: `peer_listen`, else `listen`'s host at port + 100.
+    pub fn peer_addr(&self, listen: SocketAddr) -> SocketAddr {
+        self.peer_listen
+            .unwrap_or_else(|| SocketAddr::new(listen.ip(), listen.port().wrapping_add(100)))
+    }
+}
+
 /// Everything `berth serve` can be told. Field names are the TOML keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -84,6 +127,8 @@ pub struct Config {
     /// A response write that makes no progress for this long closes the connection (a client that pipelines
     /// without reading). Default 30 s.
     pub write_timeout_ms: u64,
+    /// Cluster mode (`--cluster`): etcd endpoints, this node's id and addresses. Default: none (one node).
+    pub cluster: Option<ClusterSettings>,
     /// The token read from `auth_token_file` at start (not a config key).
     #[serde(skip)]
     pub auth_token: Option<String>,
@@ -127,6 +172,7 @@ impl Default for Config {
             ring_depth: 128,
             preempt_timer_ms: 100,
             auth_token_file: None,
+            cluster: None,
             insecure: false,
             auth_token: None,
             max_batch_records: 1000,

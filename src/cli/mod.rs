@@ -36,6 +36,9 @@ enum Command {
     /// Create, update, list, describe or delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
+    /// Cluster mode: the nodes, their liveness and how many partitions each owns.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// List, create, describe or delete a topic's consumer groups.
     #[command(subcommand)]
     Group(GroupCommand),
@@ -134,6 +137,12 @@ enum Command {
     },
 }
 
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Prints `GET /cluster`: every node (dead ones too), alive or not, and its partition count.
+    Status,
+}
+
 #[derive(Args, Debug)]
 struct ServeArgs {
     /// Address to listen on [default 127.0.0.1:7070].
@@ -160,6 +169,24 @@ struct ServeArgs {
     /// Allow a non-loopback --listen address without --auth-token-file.
     #[arg(long)]
     insecure: bool,
+    /// Cluster mode: etcd client URLs, comma separated (http://host:port).
+    #[arg(long, value_delimiter = ',')]
+    cluster: Option<Vec<String>>,
+    /// Cluster mode: this node's id, unique in the cluster.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Cluster mode: this node's HTTP address as others reach it [default: --listen].
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Cluster mode: node RPC listen address [default: --listen's host, port + 100].
+    #[arg(long)]
+    peer_listen: Option<std::net::SocketAddr>,
+    /// Cluster mode: etcd key prefix /berth/NAME/ [default: default].
+    #[arg(long)]
+    cluster_name: Option<String>,
+    /// Cluster mode: seconds a node that stops renewing its etcd lease stays alive [default 5].
+    #[arg(long)]
+    node_ttl: Option<u64>,
 }
 
 /// A topic's settings (everything but `partitions`), as `PUT` and `PATCH /topics/T` take them. Unset ones are not
@@ -322,6 +349,38 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     if args.insecure {
         config.insecure = true;
     }
+    if let Some(etcd) = args.cluster {
+        let node_id = args
+            .node_id
+            .ok_or("--cluster needs --node-id (this node's id, unique in the cluster)")?;
+        let mut cluster = config
+            .cluster
+            .take()
+            .unwrap_or(berth::config::ClusterSettings {
+                etcd: Vec::new(),
+                node_id: String::new(),
+                advertise: String::new(),
+                peer_listen: None,
+                name: "default".into(),
+                node_ttl_s: 5,
+                rpc_timeout_ms: 2000,
+            });
+        cluster.etcd = etcd;
+        cluster.node_id = node_id;
+        cluster.advertise = args.advertise.unwrap_or_else(|| config.listen.to_string());
+        if let Some(v) = args.peer_listen {
+            cluster.peer_listen = Some(v);
+        }
+        if let Some(v) = args.cluster_name {
+            cluster.name = v;
+        }
+        if let Some(v) = args.node_ttl {
+            cluster.node_ttl_s = v;
+        }
+        config.cluster = Some(cluster);
+    } else if args.node_id.is_some() || args.advertise.is_some() || args.peer_listen.is_some() {
+        return Err("--node-id, --advertise and --peer-listen need --cluster".into());
+    }
     berth::server::run(config)?;
     Ok(0)
 }
@@ -349,6 +408,9 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
         Command::Serve(_) | Command::Bench(_) => unreachable!("handled by main"),
         Command::Topic(t) => topic_command(client, t),
         Command::Group(g) => group_command(client, g),
+        Command::Cluster(ClusterCommand::Status) => {
+            finish(client.call("GET", "/cluster", &[])?, &[200])
+        }
         Command::Redrive {
             topic,
             to,

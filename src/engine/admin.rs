@@ -58,7 +58,7 @@ impl Engine {
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mine = Location {
-            node: self.node,
+            node: self.node.get(),
             core: self.id as u32,
         };
         for (p, location) in locations.iter().enumerate() {
@@ -109,7 +109,13 @@ impl Engine {
             }
         }
         let name = config.name.clone();
-        let topic = Rc::new(Topic::new(config, locations, partitions, self.id));
+        let topic = Rc::new(Topic::new(
+            config,
+            locations,
+            partitions,
+            self.id,
+            self.node.get(),
+        ));
         self.topics.borrow_mut().insert(name, topic);
         Ok(())
     }
@@ -207,11 +213,15 @@ impl Engine {
                 group,
                 latest,
             } => self.prepare_group(&topic, topic_id, &group, latest).await,
+            AdminStep::Cluster(view) => {
+                self.set_cluster_view(view);
+                Ok(())
+            }
         }
     }
 
     /// Applies a step here and on every other core; the first failure, after every core answered.
-    async fn everywhere(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
+    pub(crate) async fn everywhere(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
         let peers = self.peers.borrow().clone();
         let remote = async {
             match &peers {
@@ -229,6 +239,11 @@ impl Engine {
     /// returned (name, reason) for quarantine, which every core then applies alike (`quarantine`).
     pub async fn load_topics(self: &Rc<Self>) -> Result<Vec<(String, String)>, String> {
         self.start_journal().await?;
+        if self.clustered() {
+            // The metastore says which topics exist and where their partitions are: core 0 opens them once it is
+            // registered (`learn_topic`).
+            return Ok(Vec::new());
+        }
         let dir = self.topics_dir();
         let mut names = match self.storage.list_dirs(&dir) {
             Ok(names) => names,
@@ -265,7 +280,7 @@ impl Engine {
                 }
             };
             let locations =
-                placement::on_node(&config.name, config.partitions, self.node, self.cores);
+                placement::on_node(&config.name, config.partitions, self.node.get(), self.cores);
             if let Err(e) = self.apply_topic(config, locations).await {
                 failed.push((name, e.to_string()));
             }
@@ -392,6 +407,14 @@ impl Engine {
             });
         }
         config.format = TOPIC_FORMAT;
+        if let Some(metadata) = self.metadata() {
+            let (created, config, locations) = metadata.create_topic(config).await?;
+            self.materialise(config.clone(), locations).await?;
+            if created {
+                info!(topic = %config.name, partitions = config.partitions, "topic created in the cluster");
+            }
+            return Ok((created, config));
+        }
         config.id = new_topic_id();
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
@@ -404,7 +427,8 @@ impl Engine {
                 .map_err(storage)
         }
         .await;
-        let locations = placement::on_node(&config.name, config.partitions, self.node, self.cores);
+        let locations =
+            placement::on_node(&config.name, config.partitions, self.node.get(), self.cores);
         let applied = match written {
             Ok(()) => {
                 self.everywhere(AdminStep::Apply(config.clone(), locations))
@@ -467,6 +491,30 @@ impl Engine {
         assert_eq!(self.id, 0, "topics are changed on core 0");
         let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
+        if let Some(metadata) = self.metadata() {
+            // The change is made to this node's copy; the metastore takes its settings (not its id, partitions or
+            // groups, which other changes own), in a compare-and-set loop.
+            let mut edited = (*topic.config()).clone();
+            change(&mut edited)?;
+            self.check_dead_letter(&edited)?;
+            let (config, locations) = metadata
+                .change_topic(
+                    name.to_string(),
+                    Box::new(move |stored: &mut TopicConfig| {
+                        let (id, groups, partitions) =
+                            (stored.id, stored.groups.clone(), stored.partitions);
+                        *stored = edited.clone();
+                        stored.id = id;
+                        stored.groups = groups;
+                        stored.partitions = partitions;
+                        Ok(())
+                    }),
+                )
+                .await?;
+            self.materialise(config.clone(), locations).await?;
+            info!(topic = %name, "topic settings changed in the cluster");
+            return Ok(config);
+        }
         let mut config = (*topic.config()).clone();
         change(&mut config)?;
         self.check_dead_letter(&config)?;
@@ -497,6 +545,29 @@ impl Engine {
             return Err(EngineError::GroupLimit {
                 limit: config.max_groups,
             });
+        }
+        if let Some(metadata) = self.metadata() {
+            // Every node prepares the group's frontier files for its partitions when it learns the new settings
+            // (`materialise`), from the oldest retained offset: `latest` is not carried across nodes yet.
+            let add = group.to_string();
+            let max = config.max_groups;
+            let (config, locations) = metadata
+                .change_topic(
+                    name.to_string(),
+                    Box::new(move |stored: &mut TopicConfig| {
+                        if !stored.has_group(&add) {
+                            if stored.groups.len() + 1 >= max {
+                                return Err(EngineError::GroupLimit { limit: max });
+                            }
+                            stored.groups.push(add.clone());
+                        }
+                        Ok(())
+                    }),
+                )
+                .await?;
+            self.materialise(config, locations).await?;
+            info!(topic = %name, group = %group, "consumer group created in the cluster");
+            return Ok(true);
         }
         self.everywhere(AdminStep::PrepareGroup {
             topic: name.to_string(),
@@ -531,6 +602,21 @@ impl Engine {
                 group: group.to_string(),
             });
         }
+        if let Some(metadata) = self.metadata() {
+            let remove = group.to_string();
+            let (config, locations) = metadata
+                .change_topic(
+                    name.to_string(),
+                    Box::new(move |stored: &mut TopicConfig| {
+                        stored.groups.retain(|g| *g != remove);
+                        Ok(())
+                    }),
+                )
+                .await?;
+            self.materialise(config, locations).await?;
+            info!(topic = %name, group = %group, "consumer group deleted in the cluster");
+            return Ok(());
+        }
         config.groups.retain(|g| g != group);
         config.format = TOPIC_FORMAT;
         self.write_meta(&config).await?;
@@ -562,6 +648,12 @@ impl Engine {
                 by,
             });
         }
+        if let Some(metadata) = self.metadata() {
+            metadata.delete_topic(name.to_string()).await?;
+            self.forget(name).await?;
+            info!(topic = %name, "topic deleted in the cluster");
+            return Ok(());
+        }
         self.everywhere(AdminStep::Drop(name.to_string())).await?;
         let dir = TopicConfig::dir(&self.config.data_dir, name);
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
@@ -574,6 +666,111 @@ impl Engine {
             .map_err(storage)?;
         info!(topic = %name, "topic deleted");
         Ok(())
+    }
+
+    /// Cluster mode (core 0): takes the metastore's version of a topic, serialised with local admin changes.
+    pub async fn learn_topic(
+        self: &Rc<Self>,
+        config: TopicConfig,
+        locations: Vec<Location>,
+    ) -> EngineResult<()> {
+        let _permit = self.admin_permit().await?;
+        self.materialise(config, locations).await
+    }
+
+    /// Cluster mode (core 0): forgets a topic the metastore no longer has (deleted through another node).
+    pub async fn unlearn_topic(self: &Rc<Self>, name: &str, id: u64) -> EngineResult<()> {
+        let _permit = self.admin_permit().await?;
+        match self.topic(name) {
+            Ok(t) if t.id() == id => self.forget(name).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Cluster mode: makes this node's state match the metastore's version of a topic: opened if new (an older
+    /// topic of the same name, another id, is forgotten first), new settings and groups if changed. The caller
+    /// holds the admin permit.
+    async fn materialise(
+        self: &Rc<Self>,
+        mut config: TopicConfig,
+        locations: Vec<Location>,
+    ) -> EngineResult<()> {
+        config.format = TOPIC_FORMAT;
+        let known = self.topic(&config.name).ok();
+        if let Some(existing) = &known {
+            if existing.id() != config.id {
+                self.forget(&config.name).await?;
+            }
+        }
+        let known = known.filter(|t| t.id() == config.id);
+        match known {
+            None => {
+                let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+                let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+                self.storage.create_dir_all(&dir).map_err(storage)?;
+                self.write_meta(&config).await?;
+                self.storage
+                    .sync_dir(&self.topics_dir())
+                    .await
+                    .map_err(storage)?;
+                self.everywhere(AdminStep::Apply(config, locations)).await
+            }
+            Some(topic) => {
+                let old = topic.config();
+                if *old == config {
+                    return Ok(());
+                }
+                for group in config.groups.iter().filter(|g| !old.has_group(g)) {
+                    self.everywhere(AdminStep::PrepareGroup {
+                        topic: config.name.clone(),
+                        topic_id: config.id,
+                        group: group.clone(),
+                        latest: false,
+                    })
+                    .await?;
+                }
+                self.write_meta(&config).await?;
+                self.everywhere(AdminStep::Update(config)).await
+            }
+        }
+    }
+
+    /// Closes a topic on every core and moves its directory to the trash. The caller holds the admin permit.
+    async fn forget(self: &Rc<Self>, name: &str) -> EngineResult<()> {
+        self.everywhere(AdminStep::Drop(name.to_string())).await?;
+        let dir = TopicConfig::dir(&self.config.data_dir, name);
+        let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+        if self.storage.read(&dir.join("topic.json")).is_ok() {
+            self.trash(&dir).map_err(storage)?;
+            self.storage
+                .sync_dir(&self.topics_dir())
+                .await
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+
+    /// Cluster mode (core 0, at start): topics on this node's disk that the metastore no longer has (deleted
+    /// while this node was down) go to the trash.
+    pub async fn trash_unknown_topics(self: &Rc<Self>, known: &BTreeMap<String, u64>) {
+        let dir = self.topics_dir();
+        let Ok(names) = self.storage.list_dirs(&dir) else {
+            return;
+        };
+        for name in names {
+            let meta = dir.join(&name).join("topic.json");
+            let Ok(config) = TopicConfig::load(&*self.storage, &meta) else {
+                continue;
+            };
+            if known.get(&name) == Some(&config.id) || self.topic(&name).is_ok() {
+                continue;
+            }
+            info!(topic = %name, "topic deleted in the cluster while this node was away: its data goes to the trash");
+            if let Err(e) = self.trash(&dir.join(&name)) {
+                warn!(topic = %name, error = %e, "cannot trash a deleted topic's directory");
+            }
+        }
+        let _ = self.storage.sync_dir(&dir).await;
     }
 }
 

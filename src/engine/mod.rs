@@ -5,6 +5,7 @@
 //! wake-up signals), so it does not depend on the transport above it.
 
 pub mod admin;
+pub mod cluster;
 pub mod error;
 pub mod metrics;
 pub mod placement;
@@ -59,6 +60,8 @@ pub enum AdminStep {
     Drop(String),
     /// New settings (or groups) for a known topic.
     Update(TopicConfig),
+    /// Cluster mode: the node table, this node's index and fencing.
+    Cluster(cluster::ClusterView),
     /// Before a group is announced: each core writes the group's frontier file for the partitions it owns, at the
     /// oldest retained offset (`earliest`) or at the end (`latest`), overwriting a file a crashed creation left.
     PrepareGroup {
@@ -92,6 +95,8 @@ pub struct Shared {
     pub boot_failures: std::sync::Mutex<Vec<(String, String)>>,
     /// Cores done loading their topics (a barrier with `loaded_event`).
     pub loaded: std::sync::atomic::AtomicUsize,
+    /// Cluster mode: 0 while core 0 joins, 1 once joined (other cores wait on `loaded_event`), else it failed.
+    pub cluster_joined: std::sync::atomic::AtomicUsize,
     pub loaded_event: Event,
 }
 
@@ -102,7 +107,11 @@ pub struct Engine {
     /// Number of cores on this node.
     cores: usize,
     /// This node's index in the node table.
-    node: NodeIndex,
+    node: Cell<NodeIndex>,
+    /// Cluster mode: the node table and fencing (see `cluster`).
+    view: RefCell<Rc<cluster::ClusterView>>,
+    /// Cluster mode, core 0: where topic changes are decided.
+    metadata: RefCell<Option<Rc<dyn cluster::Metadata>>>,
     config: Rc<Config>,
     clock: Rc<dyn Clock>,
     storage: Rc<dyn Storage>,
@@ -148,7 +157,9 @@ impl Engine {
         Rc::new(Engine {
             id,
             cores,
-            node: 0,
+            node: Cell::new(0),
+            view: RefCell::new(Rc::default()),
+            metadata: RefCell::new(None),
             config,
             clock,
             storage,
@@ -185,7 +196,7 @@ impl Engine {
     }
 
     pub fn node(&self) -> NodeIndex {
-        self.node
+        self.node.get()
     }
 
     pub fn config(&self) -> &Rc<Config> {

@@ -235,6 +235,8 @@ pub struct Topic {
     owned: Vec<u32>,
     /// The cores of this node that own some partition of the topic, ascending.
     owner_cores: Vec<u32>,
+    /// Cluster mode: (node, core) pairs of other nodes that own partitions of the topic.
+    remote_owners: Vec<Location>,
     /// Round-robin cursor over `owned` (produce without key) and over cores (consume).
     cursor: Cell<usize>,
     /// Set when the topic is deleted; parked consumers notice and leave.
@@ -247,6 +249,7 @@ impl Topic {
         locations: Vec<Location>,
         partitions: Vec<Option<Rc<Partition>>>,
         start: usize,
+        node: super::placement::NodeIndex,
     ) -> Topic {
         let owned = partitions
             .iter()
@@ -254,11 +257,23 @@ impl Topic {
             .filter(|(_, p)| p.is_some())
             .map(|(i, _)| i as u32)
             .collect();
-        let mut owner_cores: Vec<u32> = locations.iter().map(|l| l.core).collect();
+        let mut owner_cores: Vec<u32> = locations
+            .iter()
+            .filter(|l| l.node == node)
+            .map(|l| l.core)
+            .collect();
         owner_cores.sort_unstable();
         owner_cores.dedup();
+        let mut remote_owners: Vec<Location> = locations
+            .iter()
+            .copied()
+            .filter(|l| l.node != node)
+            .collect();
+        remote_owners.sort_unstable();
+        remote_owners.dedup();
         Topic {
             owner_cores,
+            remote_owners,
             config: RefCell::new(Rc::new(config)),
             locations,
             partitions,
@@ -311,6 +326,16 @@ impl Topic {
     /// The cores owning some partition of the topic (on this node).
     pub fn owner_cores(&self) -> &[u32] {
         &self.owner_cores
+    }
+
+    /// Cluster mode: the (node, core) pairs of other nodes owning partitions of this topic.
+    pub fn remote_owners(&self) -> &[Location] {
+        &self.remote_owners
+    }
+
+    /// Every partition's location, in partition order.
+    pub fn locations(&self) -> &[Location] {
+        &self.locations
     }
 
     pub fn owned(&self) -> &[u32] {

@@ -66,17 +66,16 @@ impl Front {
     /// A topic's settings and every partition, from every core, in partition order.
     pub async fn describe_topic(&self, name: &str) -> OpResult<(TopicConfig, Vec<PartitionInfo>)> {
         let topic = self.engine().topic(name)?;
-        let calls: Vec<_> = topic
+        let owners = topic
             .owner_cores()
             .iter()
-            .map(|&core| {
+            .map(|&core| self.router().core(core as usize))
+            .chain(topic.remote_owners().iter().copied());
+        let calls: Vec<_> = owners
+            .map(|to| {
                 let router = self.router().clone();
                 let name = name.to_string();
-                async move {
-                    router
-                        .call(router.core(core as usize), Request::Describe(name))
-                        .await
-                }
+                async move { router.call(to, Request::Describe(name)).await }
             })
             .collect();
         let mut all = Vec::with_capacity(topic.partition_count() as usize);
@@ -88,6 +87,43 @@ impl Front {
         }
         all.sort_by_key(|p| p.partition);
         Ok(((*topic.config()).clone(), all))
+    }
+
+    /// Cluster mode: the nodes, their liveness and how many partitions each owns (dead nodes included).
+    pub fn cluster(&self) -> serde_json::Value {
+        let engine = self.engine();
+        let view = engine.cluster_view();
+        let mut owned: std::collections::BTreeMap<u32, usize> = Default::default();
+        for name in engine.topic_names() {
+            if let Ok(topic) = engine.topic(&name) {
+                for l in topic.locations() {
+                    *owned.entry(l.node).or_default() += 1;
+                }
+            }
+        }
+        if !engine.clustered() {
+            let config = engine.config();
+            return serde_json::json!({"nodes": [{
+                "id": "local",
+                "advertise": config.listen.to_string(),
+                "alive": true,
+                "partitions": owned.get(&0).copied().unwrap_or(0),
+            }]});
+        }
+        let nodes: Vec<serde_json::Value> = view
+            .nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "id": n.id,
+                    "advertise": n.advertise,
+                    "alive": engine.node_alive(n.index),
+                    "partitions": owned.get(&n.index).copied().unwrap_or(0),
+                    "self": n.index == view.node,
+                })
+            })
+            .collect();
+        serde_json::json!({ "nodes": nodes })
     }
 
     /// Every core's counters, in core order.

@@ -164,17 +164,36 @@ impl Front {
         } else {
             topic.next_cursor() % others.len()
         };
-        let order = topic
+        let local = topic
             .owner_cores()
             .contains(&me)
             .then_some(me)
             .into_iter()
-            .chain((0..others.len()).map(|i| others[(start + i) % others.len()]));
-        for core in order {
+            .chain((0..others.len()).map(|i| others[(start + i) % others.len()]))
+            .map(|core| self.router().core(core as usize));
+        // Cluster mode: then other nodes' owners (alive ones), from the same rotating start.
+        let remote: Vec<_> = topic
+            .remote_owners()
+            .iter()
+            .copied()
+            .filter(|l| engine.node_alive(l.node))
+            .collect();
+        let rstart = if remote.is_empty() {
+            0
+        } else {
+            topic.next_cursor() % remote.len()
+        };
+        let order = local.chain((0..remote.len()).map(|i| remote[(rstart + i) % remote.len()]));
+        for to in order {
             if round.deliveries.len() >= params.max {
                 break;
             }
-            if parking
+            let core = to.core;
+            if to.node != engine.node() {
+                // A consumer parked here is not registered with another node's owners: it polls them
+                // (`UNREGISTERED_POLL_MS`) while it waits.
+                round.unregistered |= parking;
+            } else if parking
                 && core != me
                 && !engine.register_interest(&params.topic, &params.group, core as usize)
             {
@@ -187,10 +206,7 @@ impl Front {
                 max: params.max - round.deliveries.len(),
                 visibility_ms: params.visibility_ms,
             });
-            let reply = self
-                .router()
-                .call(self.router().core(core as usize), probe)
-                .await;
+            let reply = self.router().call(to, probe).await;
             match reply {
                 Ok(Reply::Probed(probed)) => {
                     let Probed {
@@ -213,6 +229,10 @@ impl Front {
                 Err(OpError::Engine(EngineError::Overloaded)) => {
                     round.at_cap = false;
                     round.unregistered = true;
+                }
+                // Another node's owner that cannot be reached now: skipped, as a dead one is.
+                Err(OpError::PartitionUnavailable(_)) if to.node != engine.node() => {
+                    round.unregistered |= parking;
                 }
                 // Leases already gathered must reach the consumer: the error is reported only when there are none.
                 Err(_) if !round.deliveries.is_empty() => break,

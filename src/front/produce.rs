@@ -25,11 +25,15 @@ impl Front {
             *any.get_or_insert_with(|| {
                 let owned = topic.owned();
                 let i = topic.next_cursor();
-                if owned.is_empty() {
-                    (i % count as usize) as u32
-                } else {
-                    owned[i % owned.len()]
+                if !owned.is_empty() {
+                    return owned[i % owned.len()];
                 }
+                // Cluster mode: a partition whose node is alive, round robin from the cursor.
+                let locations = topic.locations();
+                (0..count as usize)
+                    .map(|k| (i + k) % count as usize)
+                    .find(|&p| engine.node_alive(locations[p].node))
+                    .unwrap_or(i % count as usize) as u32
             })
         };
         let mut by_partition: BTreeMap<u32, Vec<(usize, Bytes)>> = BTreeMap::new();

@@ -34,7 +34,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     let path = req.path.as_str();
     let topic_route = TopicRoute::of(path);
     let allowed: &str = match (path, &topic_route) {
-        ("/health" | "/metrics" | "/topics" | "/consume", _) => "GET",
+        ("/health" | "/metrics" | "/topics" | "/consume" | "/cluster", _) => "GET",
         ("/produce" | "/ack" | "/nack" | "/extend", _) => "POST",
         (_, Some(TopicRoute::Topic(_))) => "GET, PUT, PATCH, DELETE",
         (_, Some(TopicRoute::Groups(_))) => "GET",
@@ -59,6 +59,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
         "/health" => Ok(health(front)),
         "/metrics" => metrics(front).await,
         "/topics" => Ok(Response::json(200, &json!(front.engine().topic_names()))),
+        "/cluster" => Ok(Response::json(200, &front.cluster())),
         "/produce" => {
             produce(
                 front,
@@ -280,10 +281,18 @@ async fn change_topic(front: &Front, name: &str, query: &Query) -> OpResult<Resp
 async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
     validate_name(name)?;
     let (config, partitions) = front.describe_topic(name).await?;
+    let engine = front.engine();
+    let topic = engine.topic(name).ok();
     let parts: Vec<serde_json::Value> = partitions
         .iter()
         .map(|p| {
             let mut v = serde_json::to_value(p).expect("partition info serialises");
+            if engine.clustered() {
+                if let Some(t) = &topic {
+                    let node = t.location(p.partition).node;
+                    v["node"] = json!(engine.node_id(node).unwrap_or_else(|| node.to_string()));
+                }
+            }
             v["groups"] = json!(p
                 .groups
                 .iter()

@@ -262,7 +262,7 @@ async fn core_main(
     );
     let router = Router::new(core.clone(), Rc::new(Mesh::new(senders)));
     core.set_peers(Rc::new(RouterPeers(Rc::downgrade(&router))));
-    let front = Front::new(router);
+    let front = Front::new(router.clone());
     // Topics load before this core serves its peers: a request forwarded here meanwhile waits in the channel
     // instead of finding no topic (a false 404 right after a restart).
     let failed = match core.load_topics().await {
@@ -291,6 +291,37 @@ async fn core_main(
         core.empty_trash();
     }
     mesh::serve(&core, receivers);
+    // Cluster mode: core 0 joins (registers, opens the cluster's topics on every core, starts node RPC) before any
+    // core listens; every core gets its node RPC clients.
+    let mut _membership = None;
+    if let Some(settings) = &config.cluster {
+        if id == 0 {
+            match crate::cluster::node::join(&core, &router, &config, settings).await {
+                Ok(m) => _membership = Some(m),
+                Err(e) => {
+                    shared.cluster_joined.store(usize::MAX, Ordering::Release);
+                    shared.loaded_event.notify(usize::MAX);
+                    return fail(&stop, e).await;
+                }
+            }
+            shared.cluster_joined.store(1, Ordering::Release);
+            shared.loaded_event.notify(usize::MAX);
+        } else {
+            loop {
+                let listener = shared.loaded_event.listen();
+                match shared.cluster_joined.load(Ordering::Acquire) {
+                    0 => listener.await,
+                    1 => break,
+                    _ => return fail(&stop, "core 0 could not join the cluster".into()).await,
+                }
+            }
+        }
+        router.set_node_link(crate::cluster::node::RpcNodes::new(
+            core.clone(),
+            &config,
+            settings,
+        ));
+    }
     glommio::spawn_local(timers::run_lease_timer(core.clone())).detach();
     glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();
     let listener = match bind_listener(config.listen, config.listen_backlog) {

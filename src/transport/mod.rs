@@ -26,6 +26,16 @@ pub trait CoreLink {
     fn send(&self, core: usize, envelope: Envelope) -> bool;
 }
 
+/// A way to reach the owners on other nodes (cluster mode): node RPC, implemented by the cluster layer. The link
+/// answers `PartitionUnavailable` when the node cannot be reached or does not answer in time.
+pub trait NodeLink {
+    fn call(
+        &self,
+        to: Location,
+        request: Request,
+    ) -> Pin<Box<dyn Future<Output = OpResult<Reply>>>>;
+}
+
 /// Applies an envelope that arrived from another core, on this core: one-way signals at once (in arrival order),
 /// requests as their own tasks (a long-poll must not block the pump). A reply that cannot be delivered (the asker
 /// went away) has its leases released.
@@ -54,11 +64,22 @@ pub fn serve_envelope(engine: &Rc<Engine>, envelope: Envelope) {
 pub struct Router {
     engine: Rc<Engine>,
     link: Rc<dyn CoreLink>,
+    /// Cluster mode: the other nodes.
+    nodes: std::cell::RefCell<Option<Rc<dyn NodeLink>>>,
 }
 
 impl Router {
     pub fn new(engine: Rc<Engine>, link: Rc<dyn CoreLink>) -> Rc<Router> {
-        Rc::new(Router { engine, link })
+        Rc::new(Router {
+            engine,
+            link,
+            nodes: std::cell::RefCell::new(None),
+        })
+    }
+
+    /// Cluster mode: wires node RPC (set once, before serving).
+    pub fn set_node_link(&self, link: Rc<dyn NodeLink>) {
+        *self.nodes.borrow_mut() = Some(link);
     }
 
     pub fn engine(&self) -> &Rc<Engine> {
@@ -76,10 +97,35 @@ impl Router {
     /// Sends `request` to the owner at `to` and awaits its reply.
     pub async fn call(&self, to: Location, request: Request) -> OpResult<Reply> {
         if to.node != self.engine.node() {
-            return Err(OpError::PartitionUnavailable(format!(
-                "node {} is not reachable from this node",
-                to.node
-            )));
+            let link = self.nodes.borrow().clone();
+            let Some(link) = link else {
+                return Err(OpError::PartitionUnavailable(format!(
+                    "node {} is not reachable from this node",
+                    to.node
+                )));
+            };
+            if !self.engine.node_alive(to.node) {
+                return Err(OpError::PartitionUnavailable(format!(
+                    "node {} is down (its metastore session lapsed)",
+                    self.engine
+                        .node_id(to.node)
+                        .unwrap_or_else(|| to.node.to_string())
+                )));
+            }
+            return link.call(to, request).await;
+        }
+        if self.engine.clustered()
+            && !self.engine.node_alive(to.node)
+            && matches!(
+                request,
+                Request::Produce(_) | Request::Probe(_) | Request::Settle(_) | Request::Replay(_)
+            )
+        {
+            // Fenced: this node's session lapsed, so others may count it dead; it serves its partitions again
+            // once it has registered again.
+            return Err(OpError::PartitionUnavailable(
+                "this node lost its metastore session; it serves its partitions again once it re-registers".into(),
+            ));
         }
         if to.core as usize == self.engine.id() {
             return ops::apply(&self.engine, request).await;

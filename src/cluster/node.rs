@@ -1,0 +1,338 @@
+//! Cluster mode wiring: how a node joins (registration under an etcd lease), how the metastore's topics and node
+//! table reach the engine (core 0 watches and applies them on every core), how requests reach owners on other
+//! nodes (node RPC, one client per (core, peer node)), and the node RPC server (core 0; a request for another core
+//! crosses the mesh). `server` calls `join` on core 0 and `link` on every core; nothing here is on the single-node
+//! path.
+
+use super::metastore::{
+    Change, MetaConfig, MetaError, Metastore, NodeSpec, Replica, Session, SessionState, Snapshot,
+    TopicRecord,
+};
+use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer};
+use crate::config::{ClusterSettings, Config};
+use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry};
+use crate::engine::placement::{Location, NodeIndex};
+use crate::engine::topic::TopicConfig;
+use crate::engine::{Engine, EngineError, EngineResult};
+use crate::ops::{OpError, OpResult, Reply, Request};
+use crate::transport::{NodeLink, Router};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Maps a metastore failure to what a client sees: etcd out of reach is a 503 (retry), not a 500.
+fn engine_error(e: MetaError) -> EngineError {
+    match e {
+        MetaError::TopicNotFound(t) => EngineError::TopicNotFound(t),
+        MetaError::Invalid(s) => EngineError::InvalidSetting(s),
+        MetaError::Contended(_) => EngineError::Overloaded,
+        MetaError::Etcd(e) => {
+            EngineError::TopicUnavailable(format!("the metastore (etcd) failed: {e}"))
+        }
+        MetaError::NoLiveNodes => {
+            EngineError::TopicUnavailable("no live node to place partitions on".into())
+        }
+        other => EngineError::Storage(other.to_string()),
+    }
+}
+
+impl From<MetaError> for EngineError {
+    fn from(e: MetaError) -> EngineError {
+        engine_error(e)
+    }
+}
+
+/// A topic as the engine takes it: settings with the metastore's id, and where each partition lives.
+fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> (TopicConfig, Vec<Location>) {
+    let mut config = record.config.clone();
+    config.id = record.id();
+    (config, snapshot.locations(record))
+}
+
+/// The node table and fencing as every core holds them.
+fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool) -> ClusterView {
+    ClusterView {
+        node: me,
+        nodes: snapshot
+            .nodes()
+            .into_iter()
+            .map(|n| NodeEntry {
+                index: n.index,
+                id: n.id,
+                advertise: n.advertise,
+                peer_addr: n.peer_addr,
+                alive: n.alive,
+            })
+            .collect(),
+        fenced,
+    }
+}
+
+/// The engine's metadata service over etcd (core 0).
+struct EtcdMetadata {
+    meta: Rc<Metastore>,
+    replica: Rc<Replica>,
+}
+
+impl Metadata for EtcdMetadata {
+    fn create_topic(
+        &self,
+        config: TopicConfig,
+    ) -> LocalFuture<'_, EngineResult<(bool, TopicConfig, Vec<Location>)>> {
+        Box::pin(async move {
+            let partitions = config.partitions;
+            let (created, record) = self.meta.create_topic(config).await?;
+            if !created && record.config.partitions != partitions {
+                return Err(EngineError::TopicExists {
+                    topic: record.config.name.clone(),
+                    partitions: record.config.partitions,
+                });
+            }
+            let snapshot = self.replica.caught_up(record.mod_revision).await;
+            let (config, locations) = as_engine(&record, &snapshot);
+            Ok((created, config, locations))
+        })
+    }
+
+    fn change_topic(
+        &self,
+        name: String,
+        mut change: ChangeFn,
+    ) -> LocalFuture<'_, EngineResult<(TopicConfig, Vec<Location>)>> {
+        Box::pin(async move {
+            let record = self
+                .meta
+                .change_topic::<EngineError>(&name, |c| change(c))
+                .await?;
+            let snapshot = self.replica.caught_up(record.mod_revision).await;
+            Ok(as_engine(&record, &snapshot))
+        })
+    }
+
+    fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>> {
+        Box::pin(async move {
+            match self.meta.delete_topic(&name).await? {
+                Some(_) => Ok(()),
+                None => Err(EngineError::TopicNotFound(name)),
+            }
+        })
+    }
+}
+
+/// What core 0 keeps alive while the node is in the cluster.
+pub struct Membership {
+    pub session: Rc<Session>,
+    pub replica: Rc<Replica>,
+    pub rpc: RpcServer,
+}
+
+/// Core 0: registers this node (waiting out a crashed predecessor's lease), loads the metastore, opens the topics
+/// this node owns partitions of, publishes the node table on every core, starts the node RPC server, and keeps it
+/// all current from the watch.
+pub async fn join(
+    engine: &Rc<Engine>,
+    router: &Rc<Router>,
+    config: &Config,
+    settings: &ClusterSettings,
+) -> Result<Membership, String> {
+    let mut meta_config = MetaConfig::new(settings.etcd.clone(), &settings.name)
+        .map_err(|e| format!("--cluster: {e}"))?;
+    meta_config.lease_ttl_s = settings.node_ttl_s as i64;
+    let meta = Metastore::new(meta_config).map_err(|e| format!("--cluster: {e}"))?;
+    let peer_addr = settings.peer_addr(config.listen);
+    let spec = NodeSpec {
+        id: settings.node_id.clone(),
+        advertise: settings.advertise.clone(),
+        peer_addr: peer_addr.to_string(),
+        cores: engine.cores() as u32,
+    };
+    // A node restarted right after a crash finds its old session still alive in etcd until the lease runs out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(settings.node_ttl_s + 5);
+    let session = loop {
+        match meta.register(spec.clone()).await {
+            Ok(session) => break session,
+            Err(e @ MetaError::NodeIdInUse { .. }) | Err(e @ MetaError::Etcd(_))
+                if std::time::Instant::now() < deadline =>
+            {
+                warn!(error = %e, "cannot register with the metastore yet; retrying");
+                glommio::timer::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(format!("cannot join the cluster: {e}")),
+        }
+    };
+    let me = session.index();
+    let session = Rc::new(session);
+    let replica = Rc::new(
+        meta.replica()
+            .await
+            .map_err(|e| format!("cannot read the metastore: {e}"))?,
+    );
+    let snapshot = replica.snapshot();
+    engine
+        .publish_cluster_view(view_of(&snapshot, me, false))
+        .await
+        .map_err(|e| format!("cannot publish the node table: {e}"))?;
+    let mut known = BTreeMap::new();
+    for record in snapshot.topics() {
+        let (config, locations) = as_engine(record, &snapshot);
+        known.insert(config.name.clone(), config.id);
+        if let Err(e) = engine.learn_topic(config, locations).await {
+            error!(topic = %record.name(), error = %e, "cannot open a topic of the cluster");
+        }
+    }
+    engine.trash_unknown_topics(&known).await;
+    engine.set_metadata(Rc::new(EtcdMetadata {
+        meta: meta.clone(),
+        replica: replica.clone(),
+    }));
+    let handler: Handler = {
+        let router = router.clone();
+        Rc::new(move |core: u32, request: Request| {
+            let router = router.clone();
+            Box::pin(async move {
+                if core as usize >= router.engine().cores() {
+                    return Err(OpError::InvalidParameter(format!(
+                        "this node has no core {core}"
+                    )));
+                }
+                router.call(router.core(core as usize), request).await
+            }) as Pin<Box<dyn Future<Output = OpResult<Reply>>>>
+        })
+    };
+    let rpc = RpcServer::bind(peer_addr, rpc_config(config, settings, me), handler)
+        .map_err(|e| format!("cannot listen for node RPC on {peer_addr}: {e}"))?;
+    rpc.start();
+    info!(node = %settings.node_id, index = me, peer = %peer_addr, topics = known.len(), "joined the cluster");
+    glommio::spawn_local(follow(engine.clone(), replica.clone(), session.clone(), me)).detach();
+    Ok(Membership {
+        session,
+        replica,
+        rpc,
+    })
+}
+
+fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> RpcConfig {
+    RpcConfig {
+        node: me,
+        token: config.auth_token.clone(),
+        call_timeout: Duration::from_millis(settings.rpc_timeout_ms),
+        ..RpcConfig::default()
+    }
+}
+
+/// Core 0: applies the metastore's changes (topics created, changed or deleted through other nodes; nodes coming
+/// and going) and this node's own session state (fenced while it has lapsed).
+async fn follow(engine: Rc<Engine>, replica: Rc<Replica>, session: Rc<Session>, me: NodeIndex) {
+    let mut changes = replica.changes();
+    let mut seen = 0u64;
+    let fenced = Rc::new(std::cell::Cell::new(false));
+    // Session state: its own task, so a lapse is noticed while no metastore change arrives.
+    {
+        let engine = engine.clone();
+        let replica = replica.clone();
+        let fenced = fenced.clone();
+        let session = session.clone();
+        glommio::spawn_local(async move {
+            loop {
+                let state = session.next_state(&mut seen).await;
+                let lost = matches!(state, SessionState::Lost | SessionState::Closed);
+                if lost != fenced.get() {
+                    fenced.set(lost);
+                    if lost {
+                        warn!("the metastore session lapsed: this node stops serving its partitions until it registers again");
+                    } else {
+                        info!("registered again: serving this node's partitions");
+                    }
+                    let view = view_of(&replica.snapshot(), me, lost);
+                    let _ = engine.publish_cluster_view(view).await;
+                }
+                if matches!(state, SessionState::Closed) || engine.is_stopping() {
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
+    loop {
+        let (snapshot, list) = changes.next().await;
+        if engine.is_stopping() {
+            return;
+        }
+        let mut nodes_changed = false;
+        for change in list {
+            match change {
+                Change::Node(_) | Change::NodeRemoved(_) => nodes_changed = true,
+                Change::TopicCreated(record) | Change::TopicChanged(record) => {
+                    let (config, locations) = as_engine(&record, &snapshot);
+                    if let Err(e) = engine.learn_topic(config, locations).await {
+                        error!(topic = %record.name(), error = %e, "cannot apply a topic change from the metastore");
+                    }
+                }
+                Change::TopicDeleted(record) => {
+                    if let Err(e) = engine.unlearn_topic(record.name(), record.id()).await {
+                        error!(topic = %record.name(), error = %e, "cannot apply a topic deletion from the metastore");
+                    }
+                }
+            }
+        }
+        if nodes_changed {
+            let view = view_of(&snapshot, me, fenced.get());
+            if let Err(e) = engine.publish_cluster_view(view).await {
+                warn!(error = %e, "cannot publish the node table");
+            }
+        }
+    }
+}
+
+/// Every core: node RPC clients to the other nodes, one per peer, made at first use from the node table (and made
+/// again when a peer's address changes).
+pub struct RpcNodes {
+    engine: Rc<Engine>,
+    config: RpcConfig,
+    clients: RefCell<HashMap<NodeIndex, (String, Rc<RpcClient>)>>,
+}
+
+impl RpcNodes {
+    pub fn new(engine: Rc<Engine>, config: &Config, settings: &ClusterSettings) -> Rc<RpcNodes> {
+        Rc::new(RpcNodes {
+            config: rpc_config(config, settings, engine.node()),
+            engine,
+            clients: RefCell::new(HashMap::new()),
+        })
+    }
+
+    fn client(&self, node: NodeIndex) -> OpResult<Rc<RpcClient>> {
+        let view = self.engine.cluster_view();
+        let Some(entry) = view.nodes.iter().find(|n| n.index == node) else {
+            return Err(OpError::PartitionUnavailable(format!(
+                "node {node} is not in the node table"
+            )));
+        };
+        let mut clients = self.clients.borrow_mut();
+        if let Some((addr, client)) = clients.get(&node) {
+            if *addr == entry.peer_addr {
+                return Ok(client.clone());
+            }
+        }
+        let mut config = self.config.clone();
+        config.node = view.node;
+        let client = Rc::new(RpcClient::new(entry.peer_addr.clone(), node, config));
+        clients.insert(node, (entry.peer_addr.clone(), client.clone()));
+        Ok(client)
+    }
+}
+
+impl NodeLink for RpcNodes {
+    fn call(
+        &self,
+        to: Location,
+        request: Request,
+    ) -> Pin<Box<dyn Future<Output = OpResult<Reply>>>> {
+        let client = self.client(to.node);
+        Box::pin(async move { client?.call(to.core, request).await })
+    }
+}

@@ -1,0 +1,111 @@
+//! What a core knows of the cluster (cluster mode only): this node's index, the node table with liveness, whether
+//! this node is fenced (its metastore session lapsed), and, on core 0, the metadata service topic changes go
+//! through. The cluster layer (`crate::cluster`) implements [`Metadata`] over etcd and feeds the table; the engine
+//! only reads it, so it never imports the layer above it. Every core holds its own copy, changed by admin steps.
+
+use super::placement::{Location, NodeIndex};
+use super::topic::TopicConfig;
+use super::{AdminStep, Engine, EngineResult};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+/// A node as every core sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    pub index: NodeIndex,
+    pub id: String,
+    /// Client HTTP address (`--advertise`).
+    pub advertise: String,
+    /// Node RPC address (`--peer-listen`).
+    pub peer_addr: String,
+    pub alive: bool,
+}
+
+/// The cluster view a core holds, replaced whole by an admin step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// This node's index.
+    pub node: NodeIndex,
+    pub nodes: Vec<NodeEntry>,
+    /// The metastore session lapsed: this node does not serve its partitions until it registers again.
+    pub fenced: bool,
+}
+
+pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// A settings change applied inside the metastore's compare-and-set loop (it may run more than once).
+pub type ChangeFn = Box<dyn FnMut(&mut TopicConfig) -> EngineResult<()>>;
+
+/// The cluster's metadata service as core 0 uses it: topic creation, changes and deletion decided once for every
+/// node. Each answers with the topic as stored (its id, and where its partitions are).
+pub trait Metadata {
+    /// Creates the topic unless it exists (then returns the existing one, `false`).
+    fn create_topic(
+        &self,
+        config: TopicConfig,
+    ) -> LocalFuture<'_, EngineResult<(bool, TopicConfig, Vec<Location>)>>;
+    /// Changes a topic's settings.
+    fn change_topic(
+        &self,
+        name: String,
+        change: ChangeFn,
+    ) -> LocalFuture<'_, EngineResult<(TopicConfig, Vec<Location>)>>;
+    /// Deletes a topic.
+    fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>>;
+}
+
+impl Engine {
+    /// Cluster mode: core 0's metadata service (set once, before serving).
+    pub fn set_metadata(&self, metadata: Rc<dyn Metadata>) {
+        *self.metadata.borrow_mut() = Some(metadata);
+    }
+
+    pub(crate) fn metadata(&self) -> Option<Rc<dyn Metadata>> {
+        self.metadata.borrow().clone()
+    }
+
+    /// Whether this node runs in a cluster.
+    pub fn clustered(&self) -> bool {
+        self.config.cluster.is_some()
+    }
+
+    /// The cluster view (default: one node, index 0, when not clustered).
+    pub fn cluster_view(&self) -> Rc<ClusterView> {
+        self.view.borrow().clone()
+    }
+
+    /// Node `index` holds a live session (always true for this node unless fenced, and without a cluster).
+    pub fn node_alive(&self, index: NodeIndex) -> bool {
+        let view = self.view.borrow();
+        if !self.clustered() {
+            return true;
+        }
+        if index == view.node {
+            return !view.fenced;
+        }
+        view.nodes.iter().any(|n| n.index == index && n.alive)
+    }
+
+    /// The id of node `index`, if known.
+    pub fn node_id(&self, index: NodeIndex) -> Option<String> {
+        self.view
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.index == index)
+            .map(|n| n.id.clone())
+    }
+
+    /// Applies a new cluster view on this core (an admin step).
+    pub(crate) fn set_cluster_view(&self, view: ClusterView) {
+        self.node.set(view.node);
+        *self.view.borrow_mut() = Rc::new(view);
+    }
+
+    /// Core 0: applies a cluster view on every core.
+    pub async fn publish_cluster_view(self: &Rc<Self>, view: ClusterView) -> EngineResult<()> {
+        self.everywhere(AdminStep::Cluster(view)).await
+    }
+}
