@@ -335,4 +335,12 @@ impl NodeLink for RpcNodes {
         let client = self.client(to.node);
         Box::pin(async move { client?.call(to.core, request).await })
     }
+
+    fn signal(&self, to: Location, signal: crate::engine::Signal) -> bool {
+        self.client(to.node).is_ok_and(|client| {
+            client
+                .send_one_way(to.core, Request::Signal(signal))
+                .is_ok()
+        })
+    }
 }

@@ -31,17 +31,18 @@ use waiters::WaitQueue;
 /// A one-way message between cores about parked consumers of a (topic, group).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Signal {
-    /// Core `from` has consumers parked on this (topic, group): wake it when something becomes deliverable here.
+    /// Core `from` (of this node or, in a cluster, another) has consumers parked on this (topic, group): wake it
+    /// when something becomes deliverable here.
     Interest {
         topic: String,
         group: String,
-        from: usize,
+        from: Location,
     },
     /// Core `from` has no consumer parked on this (topic, group) any more.
     NoInterest {
         topic: String,
         group: String,
-        from: usize,
+        from: Location,
     },
     /// `n` messages of (topic, group) became deliverable on the sending core.
     Wake {
@@ -80,7 +81,7 @@ pub trait Peers {
         step: AdminStep,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<EngineResult<()>>> + '_>>;
     /// Sends a signal to another core without waiting; false when it cannot be sent now (a full channel).
-    fn signal(&self, core: usize, signal: Signal) -> bool;
+    fn signal(&self, to: Location, signal: Signal) -> bool;
 }
 
 /// The little state every core shares: readiness for /health, the server-wide connection count, and the boot-time
@@ -120,12 +121,12 @@ pub struct Engine {
     quarantined: RefCell<BTreeMap<String, String>>,
     /// Front side: consumers parked on this core, per (topic, group).
     waiters: RefCell<BTreeMap<(String, String), Rc<WaitQueue>>>,
-    /// Front side: cores told that this core has consumers parked on (topic, group).
-    registered: RefCell<BTreeMap<(String, String), BTreeSet<usize>>>,
+    /// Front side: owner cores told that this core has consumers parked on (topic, group).
+    registered: RefCell<BTreeMap<(String, String), BTreeSet<Location>>>,
     /// Owner side: cores with consumers parked on (topic, group), to wake when something becomes deliverable here.
-    interest: RefCell<BTreeMap<(String, String), BTreeSet<usize>>>,
+    interest: RefCell<BTreeMap<(String, String), BTreeSet<Location>>>,
     /// Owner side: wake units that could not be sent (full channel), per (core, topic, group); retried by the timer.
-    pending_wakes: RefCell<BTreeMap<(usize, String, String), usize>>,
+    pending_wakes: RefCell<BTreeMap<(Location, String, String), usize>>,
     peers: RefCell<Option<Rc<dyn Peers>>>,
     /// Serialises topic creation, changes and deletion (core 0).
     admin_lock: glommio::sync::Semaphore,
@@ -332,7 +333,7 @@ impl Engine {
             let signal = Signal::NoInterest {
                 topic: topic.to_string(),
                 group: group.to_string(),
-                from: self.id,
+                from: self.here(),
             };
             if !peers.signal(core, signal) {
                 // Still registered there: it keeps waking us (harmless); tell it next time.
@@ -347,8 +348,8 @@ impl Engine {
     /// Makes sure core `owner` will wake this core for (topic, group). Sent before probing that core, on the same
     /// FIFO channel, so nothing becoming deliverable there after the probe can be missed. False if it could not be
     /// sent (a full channel): the caller must not sleep on it unboundedly.
-    pub fn register_interest(&self, topic: &str, group: &str, owner: usize) -> bool {
-        if owner == self.id {
+    pub fn register_interest(&self, topic: &str, group: &str, owner: Location) -> bool {
+        if owner == self.here() {
             return true;
         }
         let key = (topic.to_string(), group.to_string());
@@ -366,7 +367,7 @@ impl Engine {
         let signal = Signal::Interest {
             topic: topic.to_string(),
             group: group.to_string(),
-            from: self.id,
+            from: self.here(),
         };
         if !peers.signal(owner, signal) {
             return false;
@@ -427,7 +428,7 @@ impl Engine {
             if local >= n {
                 continue;
             }
-            let cores: Vec<usize> = self
+            let cores: Vec<Location> = self
                 .interest
                 .borrow()
                 .get(&key)
@@ -439,7 +440,7 @@ impl Engine {
         }
     }
 
-    fn send_wake(&self, core: usize, topic: &str, group: &str, n: usize) {
+    fn send_wake(&self, core: Location, topic: &str, group: &str, n: usize) {
         let Some(peers) = self.peers.borrow().clone() else {
             return;
         };
@@ -477,11 +478,35 @@ impl Engine {
 
     /// Cores registered as interested in (topic, group) here (for tests).
     pub fn interested_cores(&self, topic: &str, group: &str) -> Vec<usize> {
+        let node = self.node();
         self.interest
             .borrow()
             .get(&(topic.to_string(), group.to_string()))
-            .map(|s| s.iter().copied().collect())
+            .map(|s| {
+                s.iter()
+                    .filter(|l| l.node == node)
+                    .map(|l| l.core as usize)
+                    .collect()
+            })
             .unwrap_or_default()
+    }
+
+    /// This core's address: (this node, this core).
+    pub fn here(&self) -> Location {
+        Location {
+            node: self.node(),
+            core: self.id as u32,
+        }
+    }
+
+    /// Cluster mode: the owner `owner` on another node was told (inside a probe) that consumers are parked here for
+    /// (topic, group); it is told when none are any more.
+    pub fn note_remote_interest(&self, topic: &str, group: &str, owner: Location) {
+        self.registered
+            .borrow_mut()
+            .entry((topic.to_string(), group.to_string()))
+            .or_default()
+            .insert(owner);
     }
 
     /// Parked consumers polling because some owner could not be told to wake them.

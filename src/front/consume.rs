@@ -21,6 +21,10 @@ use tracing::warn;
 /// it looks again then instead of trusting a wake-up that may never come. 10 ms.
 pub const UNREGISTERED_POLL_MS: u64 = 10;
 
+/// Cluster mode: a consumer parked on owners of other nodes looks again this often, in case a wake-up was lost on
+/// the network (a one-way signal dropped with a connection); normally the owner's wake-up comes first.
+pub const REMOTE_RECHECK_MS: u64 = 500;
+
 /// How many times the settle of a dead-lettered message is retried when its owner's channel is full (1 ms apart).
 pub const DEAD_LETTER_SETTLE_RETRIES: u32 = 100;
 
@@ -67,6 +71,8 @@ struct Round {
     unavailable: bool,
     /// Some owner could not be told to wake this core.
     unregistered: bool,
+    /// Cluster mode: some owner on another node was probed (and registered this core for wake-ups).
+    remote: bool,
     /// Messages diverted to the dead-letter topic: they took places in `max`, so look again before parking.
     diverted: usize,
 }
@@ -122,6 +128,8 @@ impl Front {
             }
             let wake_by = if round.unregistered {
                 deadline.min(now + UNREGISTERED_POLL_MS)
+            } else if round.remote {
+                deadline.min(now + REMOTE_RECHECK_MS)
             } else {
                 deadline
             };
@@ -188,15 +196,13 @@ impl Front {
             if round.deliveries.len() >= params.max {
                 break;
             }
-            let core = to.core;
-            if to.node != engine.node() {
-                // A consumer parked here is not registered with another node's owners: it polls them
-                // (`UNREGISTERED_POLL_MS`) while it waits.
-                round.unregistered |= parking;
-            } else if parking
-                && core != me
-                && !engine.register_interest(&params.topic, &params.group, core as usize)
-            {
+            let remote = to.node != engine.node();
+            if remote && parking {
+                // Registered by the probe itself (`waker`); a wake-up lost on the network is covered by a slow
+                // recheck (`REMOTE_RECHECK_MS`).
+                engine.note_remote_interest(&params.topic, &params.group, to);
+                round.remote = true;
+            } else if parking && !engine.register_interest(&params.topic, &params.group, to) {
                 round.unregistered = true;
             }
             let probe = Request::Probe(Probe {
@@ -205,6 +211,7 @@ impl Front {
                 group: params.group.clone(),
                 max: params.max - round.deliveries.len(),
                 visibility_ms: params.visibility_ms,
+                waker: (remote && parking).then(|| engine.here()),
             });
             let reply = self.router().call(to, probe).await;
             match reply {
@@ -231,9 +238,7 @@ impl Front {
                     round.unregistered = true;
                 }
                 // Another node's owner that cannot be reached now: skipped, as a dead one is.
-                Err(OpError::PartitionUnavailable(_)) if to.node != engine.node() => {
-                    round.unregistered |= parking;
-                }
+                Err(OpError::PartitionUnavailable(_)) if remote => {}
                 // Leases already gathered must reach the consumer: the error is reported only when there are none.
                 Err(_) if !round.deliveries.is_empty() => break,
                 Err(e) => return Err(e),

@@ -88,6 +88,10 @@ pub struct Probe {
     pub max: usize,
     /// Lease length (None: the topic's `visibility`).
     pub visibility_ms: Option<u64>,
+    /// Cluster mode: the asking core (on another node) has consumers parked on (topic, group): the owner registers
+    /// it for wake-ups before it looks, so nothing that becomes deliverable after the look is missed.
+    #[serde(default)]
+    pub waker: Option<crate::engine::placement::Location>,
 }
 
 /// What a probe found.
@@ -112,6 +116,13 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
             group: req.group,
         }
         .into());
+    }
+    if let Some(from) = req.waker {
+        engine.on_signal(crate::engine::Signal::Interest {
+            topic: req.topic.clone(),
+            group: req.group.clone(),
+            from,
+        });
     }
     let visibility_ms = req.visibility_ms.unwrap_or(config.visibility_ms);
     let owned = topic.owned();

@@ -34,6 +34,8 @@ pub trait NodeLink {
         to: Location,
         request: Request,
     ) -> Pin<Box<dyn Future<Output = OpResult<Reply>>>>;
+    /// Sends a one-way signal to a core of another node; false when it cannot be sent now.
+    fn signal(&self, to: Location, signal: Signal) -> bool;
 }
 
 /// Applies an envelope that arrived from another core, on this core: one-way signals at once (in arrival order),
@@ -144,6 +146,16 @@ impl Router {
             .unwrap_or(Err(OpError::Engine(EngineError::ShuttingDown)))
     }
 
+    /// Sends a one-way signal to a core of this node or (cluster mode) another; false if refused (full channel,
+    /// unreachable node).
+    pub fn signal_to(&self, to: Location, signal: Signal) -> bool {
+        if to.node == self.engine.node() {
+            return self.signal(to.core as usize, signal);
+        }
+        let link = self.nodes.borrow().clone();
+        link.is_some_and(|link| self.engine.node_alive(to.node) && link.signal(to, signal))
+    }
+
     /// Sends a one-way signal to another core of this node; false if refused (full channel).
     pub fn signal(&self, core: usize, signal: Signal) -> bool {
         let envelope = Envelope {
@@ -194,10 +206,10 @@ impl Peers for RouterPeers {
         })
     }
 
-    fn signal(&self, core: usize, signal: Signal) -> bool {
+    fn signal(&self, to: Location, signal: Signal) -> bool {
         self.0
             .upgrade()
-            .is_some_and(|router| router.signal(core, signal))
+            .is_some_and(|router| router.signal_to(to, signal))
     }
 }
 

@@ -114,6 +114,7 @@ fn probe(topic: &str, topic_id: u64) -> Request {
         max: 1,
         // Far longer than the test: only a release can make the message deliverable again.
         visibility_ms: Some(60_000),
+        waker: None,
     })
 }
 

@@ -94,6 +94,7 @@ fn every_request() -> Vec<Request> {
             group: "billing".into(),
             max: 100,
             visibility_ms: Some(30_000),
+            waker: Some(crate::engine::placement::Location { node: 2, core: 1 }),
         }),
         Request::Settle(Settle {
             topic: topic(),
@@ -148,12 +149,12 @@ fn every_request() -> Vec<Request> {
         Request::Signal(Signal::Interest {
             topic: topic(),
             group: "billing".into(),
-            from: 1,
+            from: crate::engine::placement::Location { node: 1, core: 1 },
         }),
         Request::Signal(Signal::NoInterest {
             topic: topic(),
             group: "billing".into(),
-            from: 1,
+            from: crate::engine::placement::Location { node: 1, core: 1 },
         }),
         Request::Signal(Signal::Wake {
             topic: topic(),
@@ -454,6 +455,7 @@ fn probe() -> Request {
         group: "g".into(),
         max: 1,
         visibility_ms: None,
+        waker: None,
     })
 }
 
