@@ -2,6 +2,8 @@
 //! HTTP client. Shared by every end-to-end test file (`mod common;`).
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use berth::client::{Answer, Client};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
