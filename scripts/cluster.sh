@@ -8,7 +8,9 @@
 #
 # Environment: BERTH_BIN (default target/release/berth), ETCD_BIN (default: etcd on PATH), BERTH_CORES (cores
 # per node, default 1), BERTH_CLUSTER_NAME (default: default), BERTH_CLUSTER_STATE (where the pid files and
-# the temp dir's path are kept, default /tmp/berth-cluster.state), BERTH_CLUSTER_KEEP=1 (stop keeps the data).
+# the temp dir's path are kept, default /tmp/berth-cluster.state), BERTH_CLUSTER_KEEP=1 (stop keeps the data),
+# BERTH_ETCD_PORT (default 2379; etcd's peer port is the next one), BERTH_PORT_BASE (default 7070: node i
+# serves clients on BASE+i and node RPC on BASE+100+i).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +20,9 @@ CORES=${BERTH_CORES:-1}
 NAME=${BERTH_CLUSTER_NAME:-default}
 STATE=${BERTH_CLUSTER_STATE:-/tmp/berth-cluster.state}
 NODES=(1 2 3)
-ETCD_URL=http://127.0.0.1:2379
+ETCD_PORT=${BERTH_ETCD_PORT:-2379}
+BASE=${BERTH_PORT_BASE:-7070}
+ETCD_URL=http://127.0.0.1:$ETCD_PORT
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 
@@ -43,6 +47,9 @@ start() {
     for f in "$STATE"/*.pid; do
       running "$f" && die "already running (pid files in $STATE): scripts/cluster.sh stop first"
     done
+    local old
+    old=$(cat "$STATE/dir")
+    [[ $old == /tmp/berth-cluster.* ]] && rm -rf "$old"
     rm -rf "$STATE"
   fi
   mkdir -p "$STATE"
@@ -52,38 +59,41 @@ start() {
 
   "$ETCD" --name=berth-dev --data-dir="$dir/etcd" \
     --listen-client-urls=$ETCD_URL --advertise-client-urls=$ETCD_URL \
-    --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
-    --initial-cluster=berth-dev=http://127.0.0.1:2380 >"$dir/etcd.log" 2>&1 &
+    --listen-peer-urls=http://127.0.0.1:$((ETCD_PORT + 1)) \
+    --initial-advertise-peer-urls=http://127.0.0.1:$((ETCD_PORT + 1)) \
+    --initial-cluster=berth-dev=http://127.0.0.1:$((ETCD_PORT + 1)) >"$dir/etcd.log" 2>&1 &
   echo $! >"$STATE/etcd.pid"
   wait_up "$ETCD_URL/v3/kv/range" 20 "$STATE/etcd.pid" -X POST -d '{"key":"AA=="}' ||
-    { tail -20 "$dir/etcd.log" >&2; die "etcd did not come up (port 2379 or 2380 taken?); log: $dir/etcd.log"; }
+    { tail -20 "$dir/etcd.log" >&2; die "etcd did not come up (port $ETCD_PORT or $((ETCD_PORT + 1)) taken?); log: $dir/etcd.log"; }
 
   local i
   for i in "${NODES[@]}"; do
-    "$BERTH" serve --listen 127.0.0.1:707$i --data-dir "$dir/n$i" --cores "$CORES" \
-      --cluster $ETCD_URL --cluster-name "$NAME" --node-id n$i \
-      --advertise 127.0.0.1:707$i --peer-listen 127.0.0.1:717$i >"$dir/n$i.log" 2>&1 &
+    "$BERTH" serve --listen 127.0.0.1:$((BASE + i)) --data-dir "$dir/n$i" --cores "$CORES" \
+      --cluster "$ETCD_URL" --cluster-name "$NAME" --node-id n$i \
+      --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) >"$dir/n$i.log" 2>&1 &
     echo $! >"$STATE/n$i.pid"
   done
   for i in "${NODES[@]}"; do
-    wait_up http://127.0.0.1:707$i/health 30 "$STATE/n$i.pid" ||
+    wait_up http://127.0.0.1:$((BASE + i))/health 30 "$STATE/n$i.pid" ||
       { tail -20 "$dir/n$i.log" >&2; die "node n$i did not become healthy; log: $dir/n$i.log"; }
   done
 
+  local n1=$((BASE + 1)) n2=$((BASE + 2)) n3=$((BASE + 3))
   cat <<EOF
-berth cluster "$NAME" is up: etcd $ETCD_URL, nodes n1..n3 on http://127.0.0.1:7071-7073 (logs and data in $dir)
+berth cluster "$NAME" is up: etcd $ETCD_URL, nodes n1..n3 on http://127.0.0.1:$n1-$n3 (logs and data in $dir)
 
 Try:
-  $BERTH cluster status --server http://127.0.0.1:7071
-  curl -s localhost:7071/cluster
-  curl -s -X PUT 'localhost:7071/topics/demo?partitions=6'
-  curl -s localhost:7072/topics/demo                 # served by every node; "node" per partition
-  curl -s -X POST 'localhost:7073/produce?topic=demo' -d hello
-  curl -si 'localhost:7071/consume?topic=demo&wait=5s'  # then ack its Receipt-Handle through any node:
-  curl -s -X POST 'localhost:7072/ack?topic=demo&receipt_handle=P:O:N'
-  kill -9 \$(cat $STATE/n3.pid)                     # n3's partitions: 503 partition_unavailable
-  curl -si -X POST 'localhost:7071/produce?topic=demo&partition=0' -d x
-  curl -s localhost:7071/cluster                     # n3 "alive": false after its lease (5 s)
+  $BERTH cluster status --server http://127.0.0.1:$n1
+  curl -s localhost:$n1/cluster
+  curl -s -X PUT 'localhost:$n1/topics/demo?partitions=6'
+  curl -s localhost:$n2/topics/demo                 # served by every node; "node" per partition
+  curl -s -X POST 'localhost:$n3/produce?topic=demo' -d hello
+  curl -si 'localhost:$n1/consume?topic=demo&wait=5s'  # then ack its Receipt-Handle through any node:
+  curl -s -X POST 'localhost:$n2/ack?topic=demo&receipt_handle=P:O:N'
+  kill -9 \$(cat $STATE/n3.pid)                     # then, with P a partition whose "node" is n3:
+  curl -si -X POST 'localhost:$n1/produce?topic=demo&partition=P' -d x   # 503 partition_unavailable
+  curl -s -X POST 'localhost:$n1/produce?topic=demo' -d y                # keyless: a live partition
+  curl -s localhost:$n1/cluster                     # n3 "alive": false once its lease (5 s) expires
   ETCDCTL_API=3 etcdctl --endpoints=$ETCD_URL get --prefix /berth/$NAME/   # if etcdctl is installed
 
 Stop: $0 stop
@@ -136,7 +146,7 @@ status() {
     printf '%-5s pid %-8s %s\n' "$(basename "$f" .pid)" "$(cat "$f")" "$state"
   done
   echo "logs and data: $(cat "$STATE/dir")"
-  "$BERTH" cluster status --server http://127.0.0.1:7071 || true
+  "$BERTH" cluster status --server http://127.0.0.1:$((BASE + 1)) || true
 }
 
 case ${1:-start} in

@@ -6,7 +6,7 @@
 //!
 //! Skips, never fails, when the environment lacks a piece: [`Cluster::start`] prints `SKIP <test>: ...` and returns
 //! `None` when etcd is not installed (or `BERTH_ETCD_BIN` names no file), or when netns was asked for and
-//! `ip netns` does not work here (not root, no `ip`, no CAP_NET_ADMIN).
+//! `ip netns` does not work here (not root, no `ip`, no CAP_NET_ADMIN) or `BERTH_NO_NETNS` is set.
 //!
 //! Every child process (etcd, nodes) is killed on drop, and also by the kernel if the thread that started it dies
 //! (`PR_SET_PDEATHSIG`): start and restart processes from the test's own thread. Namespaces, veths and the bridge
@@ -16,7 +16,7 @@
 
 use berth::client::{Answer, Client};
 use serde_json::Value;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,14 @@ const POLL: Duration = Duration::from_millis(20);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// The berth binary the nodes run: `BERTH_CLUSTER_BIN` if set (to run these tests against another build), else
+/// this package's.
+pub fn berth_bin() -> PathBuf {
+    std::env::var_os("BERTH_CLUSTER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_berth")))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -65,7 +73,6 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<
 /// Configures `cmd` to die with the thread that spawns it and, when `netns` is given, to run in that network
 /// namespace (entered between fork and exec: the child is the program itself, so its pid is the one to signal).
 /// The returned file (the namespace) must be held until `spawn` returns.
-#[must_use]
 fn prepare(cmd: &mut Command, netns: Option<&str>) -> std::io::Result<Option<std::fs::File>> {
     let ns_file = match netns {
         Some(ns) => Some(std::fs::File::open(format!("/run/netns/{ns}"))?),
@@ -356,12 +363,54 @@ pub fn tcp_reachable(from: Option<&str>, addr: SocketAddr, timeout: Duration) ->
     }
 }
 
-/// Whether `addr` can be bound (no socket holds it), in network namespace `ns` (None: this one).
-fn bindable(ns: Option<&str>, addr: SocketAddr) -> bool {
-    let probe = move || TcpListener::bind(addr).is_ok();
+/// Whether a socket listens on TCP port `port` in network namespace `ns` (None: this one). (Not "can the port be
+/// bound": the old process's connections in TIME_WAIT refuse a probe, yet not a server binding with SO_REUSEPORT,
+/// or SO_REUSEADDR; what must be gone before a restart is the old listener.)
+fn listening(ns: Option<&str>, port: u16) -> bool {
+    let probe = move || {
+        ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"]
+            .iter()
+            .any(|table| {
+                std::fs::read_to_string(table)
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .any(|line| {
+                        // "sl local_address rem_address st ...": local "0100007F:1F90", state 0A = LISTEN.
+                        let cols: Vec<&str> = line.split_whitespace().collect();
+                        cols.len() > 3
+                            && cols[3] == "0A"
+                            && cols[1]
+                                .rsplit(':')
+                                .next()
+                                .and_then(|p| u16::from_str_radix(p, 16).ok())
+                                == Some(port)
+                    })
+            })
+    };
     match ns {
         Some(ns) => in_netns(ns, probe),
         None => probe(),
+    }
+}
+
+/// `ss`'s lines about TCP port `port` (in namespace `ns`), for a diagnosis.
+fn sockets_on(ns: Option<&str>, port: u16) -> String {
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new(ip_binary().unwrap_or_else(|| "ip".into()));
+            c.args(["netns", "exec", ns, "ss"]);
+            c
+        }
+        None => Command::new("ss"),
+    };
+    match cmd.args(["-tanp"]).output() {
+        Ok(out) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(&format!(":{port} ")))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(ss: {e})"),
     }
 }
 
@@ -391,6 +440,9 @@ static NET_SEQ: AtomicU32 = AtomicU32::new(0);
 impl Net {
     /// Whether network namespaces can be made here: Err with the reason when not.
     pub fn probe() -> Result<(), String> {
+        if std::env::var_os("BERTH_NO_NETNS").is_some() {
+            return Err("BERTH_NO_NETNS is set".into());
+        }
         let name = format!("berth-{}-probe", std::process::id());
         ip(&["netns", "add", &name])?;
         let exec = ip(&["-n", &name, "link", "set", "lo", "up"]);
@@ -645,7 +697,7 @@ impl Node {
                 self.args.join(" ")
             );
         }
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        let mut cmd = Command::new(berth_bin());
         cmd.args(&self.args)
             .env(
                 "BERTH_LOG",
@@ -960,8 +1012,8 @@ impl Cluster {
     }
 
     /// kill -9 (if running), then node `i` again on the same data dir, ports, namespace and flags, once etcd has
-    /// expired its old session (a node id whose lease is still alive is refused, docs/cluster.md) and its ports are
-    /// free; waits for `/health`. Does not wait for the others to see it alive.
+    /// expired its old session (a node id whose lease is still alive is refused, docs/cluster.md) and no socket
+    /// listens on its ports any more; waits for `/health`. Does not wait for the others to see it alive.
     pub fn restart(&mut self, i: usize) {
         self.kill9(i);
         let alive_key = format!("/berth/{}/alive/{}", self.name, self.nodes[i].id);
@@ -979,15 +1031,14 @@ impl Cluster {
         let node = &self.nodes[i];
         let ns = node.netns.clone();
         for port in [node.port, node.peer_port] {
-            let addr: SocketAddr = format!("{}:{port}", node.ip).parse().unwrap();
             wait_for(
-                &format!("{addr} to be free"),
+                &format!("{}'s old listener on port {port} to be gone", node.id),
                 Duration::from_secs(5),
                 || {
-                    if bindable(ns.as_deref(), addr) {
-                        Ok(())
+                    if listening(ns.as_deref(), port) {
+                        Err(sockets_on(ns.as_deref(), port))
                     } else {
-                        Err("still bound".into())
+                        Ok(())
                     }
                 },
             );
@@ -1138,9 +1189,20 @@ impl Cluster {
     }
 
     /// The owner (node id) of every partition of `topic`, from `GET /topics/{topic}` on node `on`.
+    /// Waits (bounded, 10 s) for the topic to be known there: tests that are not about read-your-writes should not
+    /// stop at it (`topic_created_on_one_node_is_served_by_all` checks that a created topic is served at once).
     pub fn owners(&self, on: usize, topic: &str) -> Vec<String> {
-        let a = self.nodes[on].get(&format!("/topics/{topic}"));
-        assert_eq!(a.status, 200, "GET /topics/{topic}: {}", a.text());
+        let node = &self.nodes[on];
+        let path = format!("/topics/{topic}");
+        let a = wait_for(
+            &format!("GET {path} through {} to answer 200", node.id),
+            Duration::from_secs(10),
+            || match node.call("GET", &path, &[]) {
+                Ok(a) if a.status == 200 => Ok(a),
+                Ok(a) => Err(format!("{} {}", a.status, a.text())),
+                Err(e) => Err(e),
+            },
+        );
         a.json()["partitions"]
             .as_array()
             .expect("partitions array")
