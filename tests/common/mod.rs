@@ -1,6 +1,9 @@
 //! Test harness: starts the real `berth` binary on a free port with a temp data dir, and a few helpers around the
-//! HTTP client. Shared by every end-to-end test file (`mod common;`).
+//! HTTP client. Shared by every end-to-end test file (`mod common;`). The cluster harness (etcd, N nodes, network
+//! namespaces) is `common::cluster`.
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use berth::client::{Answer, Client};
 use std::path::{Path, PathBuf};

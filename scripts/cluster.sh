@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# A three-node berth cluster on this machine, for trying cluster mode by hand (design/api.md, "Cluster mode").
+#
+#   scripts/cluster.sh [start]   etcd on 127.0.0.1:2379 (data in a temp dir) and nodes n1..n3 from
+#                                target/release/berth: client ports 7071-7073, peer ports 7171-7173, one core each
+#   scripts/cluster.sh status    which processes run, and `berth cluster status`
+#   scripts/cluster.sh stop      stops them (SIGTERM, then SIGKILL after 10 s) and removes the temp dir
+#
+# Environment: BERTH_BIN (default target/release/berth), ETCD_BIN (default: etcd on PATH), BERTH_CORES (cores
+# per node, default 1), BERTH_CLUSTER_NAME (default: default), BERTH_CLUSTER_STATE (where the pid files and
+# the temp dir's path are kept, default /tmp/berth-cluster.state), BERTH_CLUSTER_KEEP=1 (stop keeps the data),
+# BERTH_ETCD_PORT (default 2379; etcd's peer port is the next one), BERTH_PORT_BASE (default 7070: node i
+# serves clients on BASE+i and node RPC on BASE+100+i).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BERTH=${BERTH_BIN:-$ROOT/target/release/berth}
+ETCD=${ETCD_BIN:-$(command -v etcd || true)}
+CORES=${BERTH_CORES:-1}
+NAME=${BERTH_CLUSTER_NAME:-default}
+STATE=${BERTH_CLUSTER_STATE:-/tmp/berth-cluster.state}
+NODES=(1 2 3)
+ETCD_PORT=${BERTH_ETCD_PORT:-2379}
+BASE=${BERTH_PORT_BASE:-7070}
+ETCD_URL=http://127.0.0.1:$ETCD_PORT
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+running() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# Waits up to $2 seconds for `curl $1` to succeed; fails early when the process of pid file $3 is gone.
+wait_up() {
+  local url=$1 secs=$2 pidfile=$3 i
+  for ((i = 0; i < secs * 10; i++)); do
+    if curl -fs -o /dev/null --max-time 1 "${@:4}" "$url"; then return 0; fi
+    running "$pidfile" || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+start() {
+  [[ -x $BERTH ]] || die "no $BERTH: run cargo build --release first (or set BERTH_BIN)"
+  [[ -n $ETCD && -x $ETCD ]] || die "etcd not found: apt-get install -y etcd-server (or set ETCD_BIN)"
+  command -v curl >/dev/null || die "curl is needed to check that the processes came up"
+  if [[ -f $STATE/dir ]]; then
+    for f in "$STATE"/*.pid; do
+      running "$f" && die "already running (pid files in $STATE): scripts/cluster.sh stop first"
+    done
+    local old
+    old=$(cat "$STATE/dir")
+    [[ $old == /tmp/berth-cluster.* ]] && rm -rf "$old"
+    rm -rf "$STATE"
+  fi
+  mkdir -p "$STATE"
+  local dir
+  dir=$(mktemp -d /tmp/berth-cluster.XXXXXX)
+  echo "$dir" >"$STATE/dir"
+
+  "$ETCD" --name=berth-dev --data-dir="$dir/etcd" \
+    --listen-client-urls=$ETCD_URL --advertise-client-urls=$ETCD_URL \
+    --listen-peer-urls=http://127.0.0.1:$((ETCD_PORT + 1)) \
+    --initial-advertise-peer-urls=http://127.0.0.1:$((ETCD_PORT + 1)) \
+    --initial-cluster=berth-dev=http://127.0.0.1:$((ETCD_PORT + 1)) >"$dir/etcd.log" 2>&1 &
+  echo $! >"$STATE/etcd.pid"
+  wait_up "$ETCD_URL/v3/kv/range" 20 "$STATE/etcd.pid" -X POST -d '{"key":"AA=="}' ||
+    { tail -20 "$dir/etcd.log" >&2; die "etcd did not come up (port $ETCD_PORT or $((ETCD_PORT + 1)) taken?); log: $dir/etcd.log"; }
+
+  local i
+  for i in "${NODES[@]}"; do
+    "$BERTH" serve --listen 127.0.0.1:$((BASE + i)) --data-dir "$dir/n$i" --cores "$CORES" \
+      --cluster "$ETCD_URL" --cluster-name "$NAME" --node-id n$i \
+      --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) >"$dir/n$i.log" 2>&1 &
+    echo $! >"$STATE/n$i.pid"
+  done
+  for i in "${NODES[@]}"; do
+    wait_up http://127.0.0.1:$((BASE + i))/health 30 "$STATE/n$i.pid" ||
+      { tail -20 "$dir/n$i.log" >&2; die "node n$i did not become healthy; log: $dir/n$i.log"; }
+  done
+
+  local n1=$((BASE + 1)) n2=$((BASE + 2)) n3=$((BASE + 3))
+  cat <<EOF
+berth cluster "$NAME" is up: etcd $ETCD_URL, nodes n1..n3 on http://127.0.0.1:$n1-$n3 (logs and data in $dir)
+
+Try:
+  $BERTH cluster status --server http://127.0.0.1:$n1
+  curl -s localhost:$n1/cluster
+  curl -s -X PUT 'localhost:$n1/topics/demo?partitions=6'
+  curl -s localhost:$n2/topics/demo                 # served by every node; "node" per partition
+  curl -s -X POST 'localhost:$n3/produce?topic=demo' -d hello
+  curl -si 'localhost:$n1/consume?topic=demo&wait=5s'  # then ack its Receipt-Handle through any node:
+  curl -s -X POST 'localhost:$n2/ack?topic=demo&receipt_handle=P:O:N'
+  kill -9 \$(cat $STATE/n3.pid)                     # then, with P a partition whose "node" is n3:
+  curl -si -X POST 'localhost:$n1/produce?topic=demo&partition=P' -d x   # 503 partition_unavailable
+  curl -s -X POST 'localhost:$n1/produce?topic=demo' -d y                # keyless: a live partition
+  curl -s localhost:$n1/cluster                     # n3 "alive": false once its lease (5 s) expires
+  ETCDCTL_API=3 etcdctl --endpoints=$ETCD_URL get --prefix /berth/$NAME/   # if etcdctl is installed
+
+Stop: $0 stop
+EOF
+}
+
+# Sends SIGTERM to the process of each pid file given, waits up to 10 s for each, then SIGKILL.
+term() {
+  local f pid i pids=()
+  for f in "$@"; do
+    [[ -f $f ]] || continue
+    if running "$f"; then
+      pid=$(cat "$f")
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+  done
+  for pid in "${pids[@]}"; do
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "pid $pid ignored SIGTERM for 10 s: SIGKILL" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
+}
+
+stop() {
+  [[ -d $STATE ]] || { echo "not running"; return 0; }
+  # Nodes first (a clean stop revokes their leases, which needs etcd), etcd last.
+  term "$STATE"/n*.pid
+  term "$STATE/etcd.pid"
+  local dir
+  dir=$(cat "$STATE/dir" 2>/dev/null || true)
+  if [[ ${BERTH_CLUSTER_KEEP:-0} == 1 ]]; then
+    echo "stopped; data and logs kept in $dir"
+    rm -rf "$STATE"
+  else
+    [[ -n $dir && $dir == /tmp/berth-cluster.* ]] && rm -rf "$dir"
+    rm -rf "$STATE"
+    echo "stopped"
+  fi
+}
+
+status() {
+  [[ -f $STATE/dir ]] || { echo "not running"; return 0; }
+  local f state
+  for f in "$STATE/etcd.pid" "$STATE"/n*.pid; do
+    [[ -f $f ]] || continue
+    if running "$f"; then state=running; else state=gone; fi
+    printf '%-5s pid %-8s %s\n' "$(basename "$f" .pid)" "$(cat "$f")" "$state"
+  done
+  echo "logs and data: $(cat "$STATE/dir")"
+  "$BERTH" cluster status --server http://127.0.0.1:$((BASE + 1)) || true
+}
+
+case ${1:-start} in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) die "usage: $0 [start|stop|status]" ;;
+esac
