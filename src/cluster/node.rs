@@ -10,7 +10,7 @@ use super::metastore::{
 };
 use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer};
 use crate::config::{ClusterSettings, Config};
-use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry};
+use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry, Placed};
 use crate::engine::placement::{Location, NodeIndex};
 use crate::engine::topic::TopicConfig;
 use crate::engine::{Engine, EngineError, EngineResult};
@@ -102,7 +102,7 @@ impl Metadata for EtcdMetadata {
         &self,
         name: String,
         mut change: ChangeFn,
-    ) -> LocalFuture<'_, EngineResult<(TopicConfig, Vec<Location>)>> {
+    ) -> LocalFuture<'_, EngineResult<Placed>> {
         Box::pin(async move {
             let record = self
                 .meta
@@ -110,6 +110,22 @@ impl Metadata for EtcdMetadata {
                 .await?;
             let snapshot = self.replica.caught_up(record.mod_revision).await;
             Ok(as_engine(&record, &snapshot))
+        })
+    }
+
+    fn lookup_topic(&self, name: String) -> LocalFuture<'_, EngineResult<Option<Placed>>> {
+        Box::pin(async move {
+            let Some(record) = self.replica.lookup_topic(&name).await? else {
+                return Ok(None);
+            };
+            // Placement needs the owners' core counts: give the replica a moment to reach the record's revision.
+            let snapshot =
+                futures_lite::future::or(self.replica.caught_up(record.mod_revision), async {
+                    glommio::timer::sleep(Duration::from_secs(1)).await;
+                    self.replica.snapshot()
+                })
+                .await;
+            Ok(Some(as_engine(&record, &snapshot)))
         })
     }
 

@@ -33,6 +33,9 @@ pub struct ClusterView {
     pub fenced: bool,
 }
 
+/// A topic's settings and where each of its partitions lives.
+pub type Placed = (TopicConfig, Vec<Location>);
+
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// A settings change applied inside the metastore's compare-and-set loop (it may run more than once).
@@ -47,13 +50,12 @@ pub trait Metadata {
         config: TopicConfig,
     ) -> LocalFuture<'_, EngineResult<(bool, TopicConfig, Vec<Location>)>>;
     /// Changes a topic's settings.
-    fn change_topic(
-        &self,
-        name: String,
-        change: ChangeFn,
-    ) -> LocalFuture<'_, EngineResult<(TopicConfig, Vec<Location>)>>;
+    fn change_topic(&self, name: String, change: ChangeFn)
+        -> LocalFuture<'_, EngineResult<Placed>>;
     /// Deletes a topic.
     fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>>;
+    /// Reads a topic from the metastore itself (the replica may not have it yet).
+    fn lookup_topic(&self, name: String) -> LocalFuture<'_, EngineResult<Option<Placed>>>;
 }
 
 impl Engine {
@@ -102,6 +104,21 @@ impl Engine {
     pub(crate) fn set_cluster_view(&self, view: ClusterView) {
         self.node.set(view.node);
         *self.view.borrow_mut() = Rc::new(view);
+    }
+
+    /// Core 0: a topic this node does not know may exist in the metastore already (created through another node a
+    /// moment ago): looks it up there and opens it here. `TopicNotFound` when the metastore does not have it.
+    pub async fn lookup_topic(self: &Rc<Self>, name: &str) -> EngineResult<()> {
+        if self.topic(name).is_ok() {
+            return Ok(());
+        }
+        let Some(metadata) = self.metadata() else {
+            return Err(super::EngineError::TopicNotFound(name.to_string()));
+        };
+        match metadata.lookup_topic(name.to_string()).await? {
+            Some((config, locations)) => self.learn_topic(config, locations).await,
+            None => Err(super::EngineError::TopicNotFound(name.to_string())),
+        }
     }
 
     /// Core 0: applies a cluster view on every core.

@@ -89,6 +89,15 @@ impl Front {
         Ok(((*topic.config()).clone(), all))
     }
 
+    /// Cluster mode: asks core 0 to look a topic up in the metastore (and open it here); true if it exists now.
+    pub async fn lookup_topic(&self, name: &str) -> bool {
+        let router = self.router();
+        router
+            .call(router.core(0), Request::LookupTopic(name.to_string()))
+            .await
+            .is_ok()
+    }
+
     /// Cluster mode: the nodes, their liveness and how many partitions each owns (dead nodes included).
     pub fn cluster(&self) -> serde_json::Value {
         let engine = self.engine();

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 /// A parsed request head plus its body.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Request {
     pub method: String,
     /// The path without the query.

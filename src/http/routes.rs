@@ -28,8 +28,41 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
     }
 }
 
-/// Serves one request.
+/// Serves one request. In cluster mode, a topic this node does not know yet (created through another node a moment
+/// ago, its replica not there yet) is looked up in the metastore before the answer is `404`.
 pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
+    if !front.engine().clustered() || req.method == "PUT" {
+        return handle_once(front, req).await;
+    }
+    let again = req.clone();
+    let response = handle_once(front, req).await;
+    if response.status != 404
+        || !response
+            .body
+            .windows(b"topic_not_found".len())
+            .any(|w| w == b"topic_not_found")
+    {
+        return response;
+    }
+    let name = match TopicRoute::of(&again.path) {
+        Some(
+            TopicRoute::Topic(name)
+            | TopicRoute::Groups(name)
+            | TopicRoute::Group(name, _)
+            | TopicRoute::Redrive(name),
+        ) => Some(name),
+        None => query_pairs(&again.query)
+            .into_iter()
+            .find(|(k, _)| k == "topic")
+            .map(|(_, v)| v),
+    };
+    match name {
+        Some(name) if front.lookup_topic(&name).await => handle_once(front, again).await,
+        _ => response,
+    }
+}
+
+async fn handle_once(front: &Rc<Front>, req: Request) -> Response {
     let method = req.method.as_str();
     let path = req.path.as_str();
     let topic_route = TopicRoute::of(path);

@@ -49,6 +49,8 @@ pub enum Request {
     Admin(AdminStep),
     /// A one-way long-poll signal.
     Signal(Signal),
+    /// Core 0, cluster mode: look a topic up in the metastore and open it here (`Done`, or `TopicNotFound`).
+    LookupTopic(String),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -108,6 +110,10 @@ pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         }
         Request::Signal(signal) => {
             engine.on_signal(signal);
+            Reply::Done
+        }
+        Request::LookupTopic(name) => {
+            engine.lookup_topic(&name).await?;
             Reply::Done
         }
     })

@@ -161,6 +161,7 @@ fn every_request() -> Vec<Request> {
             group: "billing".into(),
             n: 4,
         }),
+        Request::LookupTopic(topic()),
     ]
 }
 
@@ -259,6 +260,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Stats => 10,
         Request::Admin(_) => 11,
         Request::Signal(_) => 12,
+        Request::LookupTopic(_) => 13,
     }
 }
 
@@ -282,7 +284,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..13).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..14).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
