@@ -215,6 +215,23 @@ impl Config {
                 self.listen
             ));
         }
+        if let Some(cluster) = &self.cluster {
+            let peer = cluster.peer_addr(self.listen);
+            if self.auth_token.is_none() && !peer.ip().is_loopback() && !self.insecure {
+                return Err(format!(
+                    "refusing node RPC on {peer} without --auth-token-file, which guards it too (pass --insecure to allow it)"
+                ));
+            }
+            if cluster.etcd.is_empty() {
+                return Err("--cluster needs at least one etcd URL".into());
+            }
+            if !(1..=3600).contains(&cluster.node_ttl_s) {
+                return Err("node_ttl_s must be 1 to 3600 seconds".into());
+            }
+            if cluster.rpc_timeout_ms == 0 {
+                return Err("rpc_timeout_ms must be positive".into());
+            }
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use super::metastore::{
 use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer};
 use crate::config::{ClusterSettings, Config};
 use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry, Placed};
+use crate::engine::metrics::ExtraSeries;
 use crate::engine::placement::{Location, NodeIndex};
 use crate::engine::topic::TopicConfig;
 use crate::engine::{Engine, EngineError, EngineResult};
@@ -143,7 +144,66 @@ impl Metadata for EtcdMetadata {
 pub struct Membership {
     pub session: Rc<Session>,
     pub replica: Rc<Replica>,
-    pub rpc: RpcServer,
+    pub rpc: Rc<RpcServer>,
+}
+
+fn series(name: &str, help: &str, kind: &str, labels: String, value: u64) -> ExtraSeries {
+    ExtraSeries {
+        name: name.into(),
+        help: help.into(),
+        kind: kind.into(),
+        labels,
+        value,
+    }
+}
+
+/// `/metrics` series of the node RPC server (core 0).
+pub fn server_series(server: &RpcServer) -> Vec<ExtraSeries> {
+    let s = server.stats();
+    vec![
+        series(
+            "rpc_server_connections_open",
+            "node RPC connections open (from other nodes)",
+            "gauge",
+            String::new(),
+            s.connections_open,
+        ),
+        series(
+            "rpc_server_requests_total",
+            "node RPC requests received, one-way ones included",
+            "counter",
+            String::new(),
+            s.requests,
+        ),
+        series(
+            "rpc_server_overloaded_total",
+            "node RPC requests refused by the in-flight bound (and one-way ones dropped)",
+            "counter",
+            String::new(),
+            s.overloaded,
+        ),
+        series(
+            "rpc_server_handshakes_failed_total",
+            "node RPC handshakes refused (token, version) or not completed",
+            "counter",
+            String::new(),
+            s.handshakes_failed,
+        ),
+        series(
+            "rpc_server_bad_frames_total",
+            "node RPC connections closed for a malformed frame",
+            "counter",
+            String::new(),
+            s.bad_frames,
+        ),
+        series(
+            "rpc_server_undelivered_total",
+            "node RPC replies that could not be written back",
+            "counter",
+            String::new(),
+            s.undelivered,
+        ),
+    ]
 }
 
 /// Core 0: registers this node (waiting out a crashed predecessor's lease), loads the metastore, opens the topics
@@ -219,8 +279,10 @@ pub async fn join(
             }) as Pin<Box<dyn Future<Output = OpResult<Reply>>>>
         })
     };
-    let rpc = RpcServer::bind(peer_addr, rpc_config(config, settings, me), handler)
-        .map_err(|e| format!("cannot listen for node RPC on {peer_addr}: {e}"))?;
+    let rpc = Rc::new(
+        RpcServer::bind(peer_addr, rpc_config(config, settings, me), handler)
+            .map_err(|e| format!("cannot listen for node RPC on {peer_addr}: {e}"))?,
+    );
     rpc.start();
     info!(node = %settings.node_id, index = me, peer = %peer_addr, topics = known.len(), "joined the cluster");
     glommio::spawn_local(follow(engine.clone(), replica.clone(), session.clone(), me)).detach();
@@ -319,6 +381,57 @@ impl RpcNodes {
             engine,
             clients: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// `/metrics` series of this core's clients, one per peer node.
+    pub fn series(&self) -> Vec<ExtraSeries> {
+        let view = self.engine.cluster_view();
+        let mut out = Vec::new();
+        for (node, (_, client)) in self.clients.borrow().iter() {
+            let peer = view
+                .nodes
+                .iter()
+                .find(|n| n.index == *node)
+                .map_or_else(|| node.to_string(), |n| n.id.clone());
+            let labels = format!("peer=\"{peer}\"");
+            let s = client.stats();
+            out.push(series(
+                "rpc_client_sent_total",
+                "node RPC requests sent to a peer, one-way ones included",
+                "counter",
+                labels.clone(),
+                s.sent,
+            ));
+            out.push(series(
+                "rpc_client_refused_total",
+                "node RPC calls refused at once (outstanding or queued-bytes bound)",
+                "counter",
+                labels.clone(),
+                s.refused,
+            ));
+            out.push(series(
+                "rpc_client_unreachable_total",
+                "node RPC calls failed for want of a connection",
+                "counter",
+                labels.clone(),
+                s.unreachable,
+            ));
+            out.push(series(
+                "rpc_client_timeouts_total",
+                "node RPC calls that gave up waiting for their reply",
+                "counter",
+                labels.clone(),
+                s.timeouts,
+            ));
+            out.push(series(
+                "rpc_client_reconnects_total",
+                "node RPC connections made again after a failure",
+                "counter",
+                labels,
+                s.reconnects,
+            ));
+        }
+        out
     }
 
     fn client(&self, node: NodeIndex) -> OpResult<Rc<RpcClient>> {

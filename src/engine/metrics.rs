@@ -248,6 +248,22 @@ pub struct CoreStats {
     /// (topic, partition) for every partition this core owns.
     #[serde(with = "crate::partition::whole_infos::named")]
     pub partitions: Vec<(String, PartitionInfo)>,
+    /// Series from layers above the engine (node RPC in cluster mode).
+    #[serde(default)]
+    pub extra: Vec<ExtraSeries>,
+}
+
+/// A counter or gauge a layer above the engine reports through a core (`Engine::set_extra_stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExtraSeries {
+    /// Metric name without the `berth_` prefix.
+    pub name: String,
+    pub help: String,
+    /// `counter` or `gauge`.
+    pub kind: String,
+    /// More labels after `core`, rendered as is (`peer="n2"`), or empty.
+    pub labels: String,
+    pub value: u64,
 }
 
 const PARTITION_COUNTERS: [(&str, &str); 2] = [
@@ -375,6 +391,29 @@ pub fn render(stats: &[CoreStats]) -> String {
         );
         for s in stats {
             let _ = writeln!(out, "berth_{name}{{core=\"{}\"}} {}", s.core, f(s));
+        }
+    }
+    let mut extra: std::collections::BTreeMap<&str, Vec<(usize, &ExtraSeries)>> =
+        Default::default();
+    for s in stats {
+        for e in &s.extra {
+            extra.entry(e.name.as_str()).or_default().push((s.core, e));
+        }
+    }
+    for (name, series) in extra {
+        let (_, first) = series[0];
+        let _ = writeln!(
+            out,
+            "# HELP berth_{name} {}\n# TYPE berth_{name} {}",
+            first.help, first.kind
+        );
+        for (core, e) in series {
+            let sep = if e.labels.is_empty() { "" } else { "," };
+            let _ = writeln!(
+                out,
+                "berth_{name}{{core=\"{core}\"{sep}{}}} {}",
+                e.labels, e.value
+            );
         }
     }
     let _ = writeln!(out, "# HELP berth_request_duration_seconds request latency per core, from the end of parsing to the answer being queued\n# TYPE berth_request_duration_seconds histogram");

@@ -101,6 +101,9 @@ pub struct Shared {
     pub loaded_event: Event,
 }
 
+/// Reads extra `/metrics` series (see `Engine::set_extra_stats`).
+pub type ExtraStats = Rc<dyn Fn() -> Vec<metrics::ExtraSeries>>;
+
 /// One core's engine.
 pub struct Engine {
     /// This core's index (0-based); equals its mesh peer id.
@@ -142,6 +145,8 @@ pub struct Engine {
     /// Notified when `stopping` is set (idle connections and parked consumers listen).
     stop_event: Event,
     shared: std::sync::Arc<Shared>,
+    /// Series from layers above (node RPC), read at each `/metrics`.
+    extra_stats: RefCell<Option<ExtraStats>>,
     /// This core's journal (fsync `always` and `interval:MS`), started by `load_topics`.
     journal: RefCell<Option<Rc<crate::storage::journal::Journal>>>,
 }
@@ -180,7 +185,13 @@ impl Engine {
             stop_event: Event::new(),
             shared,
             journal: RefCell::new(None),
+            extra_stats: RefCell::new(None),
         })
+    }
+
+    /// Adds series from a layer above the engine to this core's `/metrics` (node RPC counters); set once.
+    pub fn set_extra_stats(&self, f: ExtraStats) {
+        *self.extra_stats.borrow_mut() = Some(f);
     }
 
     /// Wires the other cores (set once, before serving).
@@ -552,6 +563,12 @@ impl Engine {
             journal_records: m.journal_records.borrow().clone(),
             journal: self.journal.borrow().as_ref().map(|j| j.stats()),
             partitions,
+            extra: self
+                .extra_stats
+                .borrow()
+                .as_ref()
+                .map(|f| f())
+                .unwrap_or_default(),
         }
     }
 

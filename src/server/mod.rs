@@ -316,11 +316,16 @@ async fn core_main(
                 }
             }
         }
-        router.set_node_link(crate::cluster::node::RpcNodes::new(
-            core.clone(),
-            &config,
-            settings,
-        ));
+        let nodes = crate::cluster::node::RpcNodes::new(core.clone(), &config, settings);
+        router.set_node_link(nodes.clone());
+        let server = _membership.as_ref().map(|m| m.rpc.clone());
+        core.set_extra_stats(Rc::new(move || {
+            let mut all = nodes.series();
+            if let Some(server) = &server {
+                all.extend(crate::cluster::node::server_series(server));
+            }
+            all
+        }));
     }
     glommio::spawn_local(timers::run_lease_timer(core.clone())).detach();
     glommio::spawn_local(timers::run_frontier_flush(core.clone())).detach();

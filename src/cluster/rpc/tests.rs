@@ -191,6 +191,7 @@ fn every_reply() -> Vec<ReplyBody> {
             checkpoints: 6,
         }),
         partitions: vec![("orders".into(), info_value())],
+        extra: vec![],
     };
     vec![
         Ok(Reply::Produced(Produced { first_offset: 42 })),
