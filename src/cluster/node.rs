@@ -8,13 +8,14 @@ use super::metastore::{
     Change, MetaConfig, MetaError, Metastore, NodeSpec, Replica, Session, SessionState, Snapshot,
     TopicRecord,
 };
-use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer};
+use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer, Undelivered};
 use crate::config::{ClusterSettings, Config};
 use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry, Placed};
 use crate::engine::metrics::ExtraSeries;
 use crate::engine::placement::{Location, NodeIndex};
 use crate::engine::topic::TopicConfig;
 use crate::engine::{Engine, EngineError, EngineResult};
+use crate::ops::consume::GiveBack;
 use crate::ops::{OpError, OpResult, Reply, Request};
 use crate::transport::{NodeLink, Router};
 use std::cell::RefCell;
@@ -283,6 +284,21 @@ pub async fn join(
         RpcServer::bind(peer_addr, rpc_config(config, settings, me), handler)
             .map_err(|e| format!("cannot listen for node RPC on {peer_addr}: {e}"))?,
     );
+    // A probe's reply that could not be written back to its node: its leases go back at once.
+    {
+        let router = router.clone();
+        rpc.on_undeliverable(Rc::new(move |u: Undelivered| {
+            if let Some(give) = undelivered_leases(&u) {
+                let router = router.clone();
+                glommio::spawn_local(async move {
+                    let _ = router
+                        .call(router.core(u.core as usize), Request::GiveBack(give))
+                        .await;
+                })
+                .detach();
+            }
+        }));
+    }
     rpc.start();
     info!(node = %settings.node_id, index = me, peer = %peer_addr, topics = known.len(), "joined the cluster");
     glommio::spawn_local(follow(engine.clone(), replica.clone(), session.clone(), me)).detach();
@@ -291,6 +307,16 @@ pub async fn join(
         replica,
         rpc,
     })
+}
+
+/// The leases in an undelivered reply (a probe's), as a give-back for their owner.
+fn undelivered_leases(u: &Undelivered) -> Option<GiveBack> {
+    match (&u.reply, &u.probe) {
+        (Reply::Probed(probed), Some((topic, group))) => {
+            GiveBack::of(topic.clone(), group.clone(), &probed.deliveries)
+        }
+        _ => None,
+    }
 }
 
 fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> RpcConfig {
@@ -450,6 +476,13 @@ impl RpcNodes {
         let mut config = self.config.clone();
         config.node = view.node;
         let client = Rc::new(RpcClient::new(entry.peer_addr.clone(), node, config));
+        // A probe's reply that came after its caller gave up: its leases go back to the owner at once (one-way).
+        let weak = Rc::downgrade(&client);
+        client.on_undeliverable(Rc::new(move |u: Undelivered| {
+            if let (Some(give), Some(client)) = (undelivered_leases(&u), weak.upgrade()) {
+                let _ = client.send_one_way(u.core, Request::GiveBack(give));
+            }
+        }));
         clients.insert(node, (entry.peer_addr.clone(), client.clone()));
         Ok(client)
     }

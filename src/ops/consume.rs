@@ -168,12 +168,52 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
 /// A probe's reply could not reach the consumer that asked (it went away): its leases are released at once rather
 /// than staying invisible for their whole visibility.
 pub async fn release(engine: &Rc<Engine>, topic: &str, group: &str, deliveries: Vec<Delivery>) {
-    let Ok(t) = engine.topic(topic) else {
+    let leases = deliveries
+        .iter()
+        .map(|d| (d.partition, d.offset, d.nonce))
+        .collect();
+    give_back(
+        engine,
+        GiveBack {
+            topic: topic.to_string(),
+            group: group.to_string(),
+            leases,
+        },
+    );
+}
+
+/// Leases of a probe whose reply never reached its consumer (a node RPC reply that came too late, or whose
+/// connection closed), given back to the owner: deliverable again at once, not counted as a delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GiveBack {
+    pub topic: String,
+    pub group: String,
+    /// (partition, offset, nonce) of each lease.
+    pub leases: Vec<(u32, u64, u64)>,
+}
+
+impl GiveBack {
+    /// The give-back for the leases in an undelivered probe reply, if it carries any.
+    pub fn of(topic: String, group: String, deliveries: &[Delivery]) -> Option<GiveBack> {
+        (!deliveries.is_empty()).then(|| GiveBack {
+            topic,
+            group,
+            leases: deliveries
+                .iter()
+                .map(|d| (d.partition, d.offset, d.nonce))
+                .collect(),
+        })
+    }
+}
+
+/// Gives leases back on their owner core (a lease already settled or re-leased is left alone: the nonce differs).
+pub fn give_back(engine: &Rc<Engine>, req: GiveBack) {
+    let Ok(t) = engine.topic(&req.topic) else {
         return;
     };
-    for d in deliveries {
-        if let Some(p) = t.owned_partition(d.partition) {
-            p.give_back(group, &[(d.offset, d.nonce)]);
+    for (partition, offset, nonce) in req.leases {
+        if let Some(p) = t.owned_partition(partition) {
+            p.give_back(&req.group, &[(offset, nonce)]);
         }
     }
 }

@@ -51,6 +51,8 @@ pub enum Request {
     Signal(Signal),
     /// Core 0, cluster mode: look a topic up in the metastore and open it here (`Done`, or `TopicNotFound`).
     LookupTopic(String),
+    /// The owner core: leases whose probe reply never reached its consumer, given back.
+    GiveBack(consume::GiveBack),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -114,6 +116,10 @@ pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         }
         Request::LookupTopic(name) => {
             engine.lookup_topic(&name).await?;
+            Reply::Done
+        }
+        Request::GiveBack(req) => {
+            consume::give_back(engine, req);
             Reply::Done
         }
     })

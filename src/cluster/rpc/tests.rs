@@ -162,6 +162,11 @@ fn every_request() -> Vec<Request> {
             n: 4,
         }),
         Request::LookupTopic(topic()),
+        Request::GiveBack(crate::ops::consume::GiveBack {
+            topic: topic(),
+            group: "billing".into(),
+            leases: vec![(1, 2, 3), (4, 5, 6)],
+        }),
     ]
 }
 
@@ -262,6 +267,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Admin(_) => 11,
         Request::Signal(_) => 12,
         Request::LookupTopic(_) => 13,
+        Request::GiveBack(_) => 14,
     }
 }
 
@@ -285,7 +291,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..14).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..15).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
