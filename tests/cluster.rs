@@ -1369,3 +1369,97 @@ fn crash_loop_across_nodes() {
         h.odd.join("\n")
     );
 }
+
+#[test]
+fn batches_split_by_owner_and_merge_in_order() {
+    let _g = serial();
+    let Some(c) = Cluster::start("batches_split_by_owner_and_merge_in_order", 3) else {
+        return;
+    };
+    create_topic(c.node(0), "bat", 6);
+    let (x, y, z) = (c.node(0), c.node(1), c.node(2));
+    // One ndjson batch through x naming every partition (so every node owns some of it), keyed and keyless records
+    // mixed in: results come back in request order, each at the partition it named.
+    let mut lines = String::new();
+    for i in 0..12u32 {
+        match i % 3 {
+            0 => lines += &format!("{{\"body\": \"b{i}\", \"partition\": {}}}\n", i % 6),
+            1 => lines += &format!("{{\"body\": \"b{i}\", \"key\": \"k{i}\"}}\n"),
+            _ => lines += &format!("{{\"body\": \"b{i}\"}}\n"),
+        }
+    }
+    let a = x
+        .client
+        .call_with(
+            "POST",
+            "/produce?topic=bat",
+            &[("content-type", "application/x-ndjson")],
+            lines.as_bytes(),
+        )
+        .expect("batch produce");
+    assert_eq!(a.status, 200, "batch produce: {}", a.text());
+    let j = a.json();
+    assert_eq!(j["failed"], 0, "{j}");
+    let results = j["results"].as_array().expect("results").clone();
+    assert_eq!(results.len(), 12);
+    for (i, r) in results.iter().enumerate() {
+        if i % 3 == 0 {
+            assert_eq!(r["partition"], (i % 6) as u64, "record {i} in order: {r}");
+        }
+    }
+    let nodes: HashSet<String> = partitions(x, "bat")
+        .iter()
+        .map(|p| p["node"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 3, "the topic spans the three nodes");
+
+    // A batch consume through y gathers from every node (its own partitions first).
+    let mut handles = Vec::new();
+    let mut bodies = HashSet::new();
+    wait_for("all 12 leased through y", Duration::from_secs(10), || {
+        let a = y
+            .client
+            .call("GET", "/consume?topic=bat&max=12&wait=1s", &[])
+            .map_err(|e| e.to_string())?;
+        if a.status == 200 {
+            for line in a.text().lines() {
+                let m: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+                bodies.insert(m["body"].as_str().unwrap_or_default().to_string());
+                handles.push(m["receipt_handle"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        if bodies.len() == 12 {
+            Ok(())
+        } else {
+            Err(format!("{} leased", bodies.len()))
+        }
+    });
+    assert_eq!(handles.len(), 12, "each message leased once");
+
+    // One batch ack through z, with a stale handle in the middle: per-handle results in request order.
+    let mut body = handles[..6].join("\n");
+    body += "\n0:0:1\n";
+    body += &handles[6..].join("\n");
+    let a = z
+        .client
+        .call_with(
+            "POST",
+            "/ack?topic=bat",
+            &[("content-type", "text/plain")],
+            body.as_bytes(),
+        )
+        .expect("batch ack");
+    assert_eq!(a.status, 200, "batch ack: {}", a.text());
+    let results = a.json()["results"].as_array().expect("results").clone();
+    assert_eq!(results.len(), 13);
+    for (i, r) in results.iter().enumerate() {
+        let want = if i == 6 { 410 } else { 200 };
+        assert_eq!(r["status"], want, "handle {i}: {r}");
+    }
+    // Everything settled: nothing left to lease anywhere.
+    let a = x
+        .client
+        .call("GET", "/consume?topic=bat&max=12", &[])
+        .expect("consume");
+    assert_eq!(a.status, 204, "left after the acks: {}", a.text());
+}
