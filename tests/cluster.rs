@@ -1463,3 +1463,74 @@ fn batches_split_by_owner_and_merge_in_order() {
         .expect("consume");
     assert_eq!(a.status, 204, "left after the acks: {}", a.text());
 }
+
+#[test]
+fn a_group_created_at_latest_starts_at_the_end_on_every_node() {
+    let _g = serial();
+    let Some(c) = Cluster::start(
+        "a_group_created_at_latest_starts_at_the_end_on_every_node",
+        3,
+    ) else {
+        return;
+    };
+    create_topic(c.node(0), "lat", 6);
+    for p in 0..6 {
+        produce(
+            c.node(p % 3),
+            "lat",
+            &format!("&partition={p}"),
+            &format!("old{p}"),
+        );
+    }
+    let a = c
+        .node(1)
+        .client
+        .call("PUT", "/topics/lat/groups/late?start=latest", &[])
+        .expect("create group");
+    assert_eq!(a.status, 201, "group create: {}", a.text());
+    // Nothing from before the group, through any node, on any node's partitions.
+    for i in 0..3 {
+        let a = c
+            .node(i)
+            .client
+            .call("GET", "/consume?topic=lat&group=late&max=20", &[])
+            .expect("consume");
+        assert_eq!(
+            a.status,
+            204,
+            "old messages through {}: {}",
+            c.node(i).id,
+            a.text()
+        );
+    }
+    for p in 0..6 {
+        produce(
+            c.node(p % 3),
+            "lat",
+            &format!("&partition={p}"),
+            &format!("new{p}"),
+        );
+    }
+    let mut seen = HashSet::new();
+    wait_for(
+        "the 6 new messages for the group",
+        Duration::from_secs(10),
+        || {
+            let a = c
+                .node(2)
+                .client
+                .call("GET", "/consume?topic=lat&group=late&max=20&wait=1s", &[])
+                .map_err(|e| e.to_string())?;
+            for line in a.text().lines() {
+                let m: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+                seen.insert(m["body"].as_str().unwrap_or_default().to_string());
+            }
+            if seen.len() >= 6 {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        },
+    );
+    assert!(seen.iter().all(|b| b.starts_with("new")), "{seen:?}");
+}

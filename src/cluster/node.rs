@@ -115,9 +115,18 @@ impl Metadata for EtcdMetadata {
         })
     }
 
-    fn lookup_topic(&self, name: String) -> LocalFuture<'_, EngineResult<Option<Placed>>> {
+    fn lookup_topic(
+        &self,
+        name: String,
+        fresh: bool,
+    ) -> LocalFuture<'_, EngineResult<Option<Placed>>> {
         Box::pin(async move {
-            let Some(record) = self.replica.lookup_topic(&name).await? else {
+            let record = if fresh {
+                self.meta.topic(&name).await?.map(std::sync::Arc::new)
+            } else {
+                self.replica.lookup_topic(&name).await?
+            };
+            let Some(record) = record else {
                 return Ok(None);
             };
             // Placement needs the owners' core counts: give the replica a moment to reach the record's revision.
@@ -248,6 +257,9 @@ pub async fn join(
             .await
             .map_err(|e| format!("cannot read the metastore: {e}"))?,
     );
+    // Subscribed at the very snapshot the engine starts from (no await between): every later change reaches
+    // `follow`, even one the watch applies while this node is still opening its topics.
+    let changes = replica.changes();
     let snapshot = replica.snapshot();
     engine
         .publish_cluster_view(view_of(&snapshot, me, false))
@@ -276,6 +288,13 @@ pub async fn join(
                         "this node has no core {core}"
                     )));
                 }
+                // A request from a node that knows more than this one (a topic, a new incarnation or a group
+                // created through it a moment ago, not yet in this node's replica): read the metastore first.
+                if let Some(name) = behind(router.engine(), &request) {
+                    let _ = router
+                        .call(router.core(0), Request::LookupTopic(name, true))
+                        .await;
+                }
                 router.call(router.core(core as usize), request).await
             }) as Pin<Box<dyn Future<Output = OpResult<Reply>>>>
         })
@@ -301,12 +320,36 @@ pub async fn join(
     }
     rpc.start();
     info!(node = %settings.node_id, index = me, peer = %peer_addr, topics = known.len(), "joined the cluster");
-    glommio::spawn_local(follow(engine.clone(), replica.clone(), session.clone(), me)).detach();
+    glommio::spawn_local(follow(
+        engine.clone(),
+        replica.clone(),
+        changes,
+        session.clone(),
+        me,
+    ))
+    .detach();
     Ok(Membership {
         session,
         replica,
         rpc,
     })
+}
+
+/// The topic a request from another node names, when this node's copy of it is missing, another incarnation, or
+/// lacks the request's group.
+fn behind(engine: &Engine, request: &Request) -> Option<String> {
+    let (topic, id, group) = match request {
+        Request::Produce(r) => (&r.topic, r.topic_id, None),
+        Request::Probe(r) => (&r.topic, r.topic_id, Some(&r.group)),
+        Request::Settle(r) => (&r.topic, r.topic_id, Some(&r.group)),
+        Request::Replay(r) => (&r.topic, r.topic_id, None),
+        _ => return None,
+    };
+    let current = match engine.topic(topic) {
+        Ok(t) => t.id() == id && group.is_none_or(|g| t.config().has_group(g)),
+        Err(_) => false,
+    };
+    (!current).then(|| topic.clone())
 }
 
 /// The leases in an undelivered reply (a probe's), as a give-back for their owner.
@@ -330,8 +373,13 @@ fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> Rpc
 
 /// Core 0: applies the metastore's changes (topics created, changed or deleted through other nodes; nodes coming
 /// and going) and this node's own session state (fenced while it has lapsed).
-async fn follow(engine: Rc<Engine>, replica: Rc<Replica>, session: Rc<Session>, me: NodeIndex) {
-    let mut changes = replica.changes();
+async fn follow(
+    engine: Rc<Engine>,
+    replica: Rc<Replica>,
+    mut changes: super::metastore::Changes,
+    session: Rc<Session>,
+    me: NodeIndex,
+) {
     let mut seen = 0u64;
     let fenced = Rc::new(std::cell::Cell::new(false));
     // Session state: its own task, so a lapse is noticed while no metastore change arrives.

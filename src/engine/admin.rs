@@ -501,11 +501,16 @@ impl Engine {
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
-                        let (id, groups, partitions) =
-                            (stored.id, stored.groups.clone(), stored.partitions);
+                        let (id, groups, latest, partitions) = (
+                            stored.id,
+                            stored.groups.clone(),
+                            stored.latest_groups.clone(),
+                            stored.partitions,
+                        );
                         *stored = edited.clone();
                         stored.id = id;
                         stored.groups = groups;
+                        stored.latest_groups = latest;
                         stored.partitions = partitions;
                         Ok(())
                     }),
@@ -548,7 +553,7 @@ impl Engine {
         }
         if let Some(metadata) = self.metadata() {
             // Every node prepares the group's frontier files for its partitions when it learns the new settings
-            // (`materialise`), from the oldest retained offset: `latest` is not carried across nodes yet.
+            // (`materialise`), at the oldest retained offset or, for a group in `latest_groups`, at the end.
             let add = group.to_string();
             let max = config.max_groups;
             let (config, locations) = metadata
@@ -560,6 +565,9 @@ impl Engine {
                                 return Err(EngineError::GroupLimit { limit: max });
                             }
                             stored.groups.push(add.clone());
+                            if latest {
+                                stored.latest_groups.insert(add.clone());
+                            }
                         }
                         Ok(())
                     }),
@@ -609,6 +617,7 @@ impl Engine {
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
                         stored.groups.retain(|g| *g != remove);
+                        stored.latest_groups.remove(&remove);
                         Ok(())
                     }),
                 )
@@ -725,7 +734,7 @@ impl Engine {
                         topic: config.name.clone(),
                         topic_id: config.id,
                         group: group.clone(),
-                        latest: false,
+                        latest: config.latest_groups.contains(group),
                     })
                     .await?;
                 }

@@ -54,8 +54,13 @@ pub trait Metadata {
         -> LocalFuture<'_, EngineResult<Placed>>;
     /// Deletes a topic.
     fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>>;
-    /// Reads a topic from the metastore itself (the replica may not have it yet).
-    fn lookup_topic(&self, name: String) -> LocalFuture<'_, EngineResult<Option<Placed>>>;
+    /// Reads a topic from the replica or, when it does not have it or `fresh` is asked, from the metastore itself
+    /// (the replica may lag behind a change made through another node).
+    fn lookup_topic(
+        &self,
+        name: String,
+        fresh: bool,
+    ) -> LocalFuture<'_, EngineResult<Option<Placed>>>;
 }
 
 impl Engine {
@@ -108,14 +113,14 @@ impl Engine {
 
     /// Core 0: a topic this node does not know may exist in the metastore already (created through another node a
     /// moment ago): looks it up there and opens it here. `TopicNotFound` when the metastore does not have it.
-    pub async fn lookup_topic(self: &Rc<Self>, name: &str) -> EngineResult<()> {
-        if self.topic(name).is_ok() {
+    pub async fn lookup_topic(self: &Rc<Self>, name: &str, fresh: bool) -> EngineResult<()> {
+        if !fresh && self.topic(name).is_ok() {
             return Ok(());
         }
         let Some(metadata) = self.metadata() else {
             return Err(super::EngineError::TopicNotFound(name.to_string()));
         };
-        match metadata.lookup_topic(name.to_string()).await? {
+        match metadata.lookup_topic(name.to_string(), fresh).await? {
             Some((config, locations)) => self.learn_topic(config, locations).await,
             None => Err(super::EngineError::TopicNotFound(name.to_string())),
         }

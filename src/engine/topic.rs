@@ -96,6 +96,10 @@ pub struct TopicConfig {
     /// Consumer groups besides `default`, in creation order.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Cluster mode: the groups created with `start=latest`, so that every node starts them at the end of its own
+    /// partitions when it learns of them (a single node prepares a group before announcing it, and keeps none here).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub latest_groups: std::collections::BTreeSet<String>,
 }
 
 impl TopicConfig {
@@ -117,6 +121,7 @@ impl TopicConfig {
             dead_letter: None,
             max_groups: default_max_groups(),
             groups: Vec::new(),
+            latest_groups: Default::default(),
         }
     }
 

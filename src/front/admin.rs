@@ -90,10 +90,13 @@ impl Front {
     }
 
     /// Cluster mode: asks core 0 to look a topic up in the metastore (and open it here); true if it exists now.
-    pub async fn lookup_topic(&self, name: &str) -> bool {
+    pub async fn lookup_topic(&self, name: &str, fresh: bool) -> bool {
         let router = self.router();
         router
-            .call(router.core(0), Request::LookupTopic(name.to_string()))
+            .call(
+                router.core(0),
+                Request::LookupTopic(name.to_string(), fresh),
+            )
             .await
             .is_ok()
     }

@@ -36,12 +36,11 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     }
     let again = req.clone();
     let response = handle_once(front, req).await;
-    if response.status != 404
-        || !response
-            .body
-            .windows(b"topic_not_found".len())
-            .any(|w| w == b"topic_not_found")
-    {
+    let says = |code: &[u8]| response.body.windows(code.len()).any(|w| w == code);
+    // A group created through another node a moment ago may not be in this node's replica either: then the
+    // metastore itself is read.
+    let fresh = says(b"group_not_found");
+    if response.status != 404 || !(fresh || says(b"topic_not_found")) {
         return response;
     }
     let name = match TopicRoute::of(&again.path) {
@@ -57,7 +56,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
             .map(|(_, v)| v),
     };
     match name {
-        Some(name) if front.lookup_topic(&name).await => handle_once(front, again).await,
+        Some(name) if front.lookup_topic(&name, fresh).await => handle_once(front, again).await,
         _ => response,
     }
 }

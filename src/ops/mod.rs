@@ -49,8 +49,9 @@ pub enum Request {
     Admin(AdminStep),
     /// A one-way long-poll signal.
     Signal(Signal),
-    /// Core 0, cluster mode: look a topic up in the metastore and open it here (`Done`, or `TopicNotFound`).
-    LookupTopic(String),
+    /// Core 0, cluster mode: look a topic up in the metastore and open it here (`Done`, or `TopicNotFound`); with
+    /// `true`, read the metastore itself even if this node knows the topic (its replica may lag).
+    LookupTopic(String, bool),
     /// The owner core: leases whose probe reply never reached its consumer, given back.
     GiveBack(consume::GiveBack),
 }
@@ -114,8 +115,8 @@ pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
             engine.on_signal(signal);
             Reply::Done
         }
-        Request::LookupTopic(name) => {
-            engine.lookup_topic(&name).await?;
+        Request::LookupTopic(name, fresh) => {
+            engine.lookup_topic(&name, fresh).await?;
             Reply::Done
         }
         Request::GiveBack(req) => {

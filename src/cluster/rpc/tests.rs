@@ -161,7 +161,7 @@ fn every_request() -> Vec<Request> {
             group: "billing".into(),
             n: 4,
         }),
-        Request::LookupTopic(topic()),
+        Request::LookupTopic(topic(), true),
         Request::GiveBack(crate::ops::consume::GiveBack {
             topic: topic(),
             group: "billing".into(),
@@ -266,7 +266,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Stats => 10,
         Request::Admin(_) => 11,
         Request::Signal(_) => 12,
-        Request::LookupTopic(_) => 13,
+        Request::LookupTopic(..) => 13,
         Request::GiveBack(_) => 14,
     }
 }
