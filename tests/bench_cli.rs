@@ -1,14 +1,14 @@
 //! `berth bench` end to end: a short run against its embedded server prints a row per client core and operation,
-//! writes JSON, .hgrm files and an SVG, and the JSON agrees with the table.
+//! writes JSON, .hgrm files and an SVG, and the JSON agrees with the table; against two servers it reports each
+//! node too.
+
+mod common;
 
 use std::process::Command;
 
 #[test]
 fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
-    let _g = {
-        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        LOCK.lock().unwrap_or_else(|e| e.into_inner())
-    };
+    let _g = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let hgrm = dir.path().join("hgrm");
@@ -89,4 +89,88 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
         stdout.contains("server core"),
         "server-side histograms missing:\n{stdout}"
     );
+}
+
+/// `--server URL1,URL2`: connections spread over two plain single-node servers (the topic made on both, named with
+/// `--topic`); the JSON has a `nodes` section with both URLs, each with traffic, whose counts add up to the
+/// merged ones; server CPU is the sum over `--server-pid P1,P2`, and is not measured without a pid per node.
+#[test]
+fn several_servers_get_per_node_results() {
+    let _g = common::serial();
+    let a = common::Server::start(1, &["--fsync", "never"]);
+    let b = common::Server::start(1, &["--fsync", "never"]);
+    for s in [&a, &b] {
+        s.create_topic("spread", "partitions=2");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let servers = format!("{},{}", a.url(), b.url());
+    let pids = format!("{},{}", a.pid().unwrap(), b.pid().unwrap());
+    let run = |workload: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["--server", &servers, "bench", "--topic", "spread"])
+            .args(["--workload", workload, "--connections", "4"])
+            .args(["--duration", "1500ms", "--json"])
+            .arg(&json)
+            .args(extra)
+            .output()
+            .expect("run berth bench");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "bench failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        (stdout, doc)
+    };
+
+    let (stdout, doc) = run("cycle", &["--server-pid", &pids]);
+    let nodes = doc["nodes"].as_object().expect("a nodes section");
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for op in ["produce", "consume", "ack", "cycle"] {
+        let mut sum = 0;
+        for url in [a.url(), b.url()] {
+            let m = &nodes[&url][op];
+            let count = m["count"].as_u64().unwrap_or(0);
+            assert!(count > 0, "{url} {op}: {m}");
+            assert_eq!(m["errors"].as_u64(), Some(0), "{url} {op}: {m}");
+            sum += count;
+            // The table has the node's row too.
+            assert!(
+                stdout.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 2 && f[0] == url && f[1] == op && f[2] == count.to_string()
+                }),
+                "no table row for {url} {op}:\n{stdout}"
+            );
+        }
+        assert_eq!(
+            sum,
+            doc["clients"]["all"][op]["count"].as_u64().unwrap(),
+            "{op}: nodes add up to all"
+        );
+    }
+    assert_eq!(doc["servers"], serde_json::json!([a.url(), b.url()]));
+    assert!(doc["server_cpu_us_per_unit"].as_f64().unwrap() > 0.0);
+    // The topic was not ours: still there on both.
+    assert_eq!(a.get("/topics/spread").status, 200);
+    assert_eq!(b.get("/topics/spread").status, 200);
+
+    let (stdout, doc) = run("produce", &[]);
+    assert!(doc["server_cpu_us_total"].is_null(), "{doc}");
+    assert!(
+        doc["server_cpu_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("not measured")),
+        "{doc}"
+    );
+    assert!(
+        stdout.contains("server CPU: not measured"),
+        "no note:\n{stdout}"
+    );
+    for url in [a.url(), b.url()] {
+        assert!(doc["nodes"][&url]["produce"]["count"].as_u64().unwrap() > 0);
+    }
 }

@@ -19,7 +19,8 @@ const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
     about = "A thread-per-core message-queue broker with leases"
 )]
 struct Cli {
-    /// Server to talk to [default http://127.0.0.1:7070; for bench: an embedded server].
+    /// Server to talk to [default http://127.0.0.1:7070; for bench: an embedded server]. bench takes several, comma
+    /// separated (berth only): each client core spreads its connections over them round robin.
     #[arg(long, global = true, env = "BERTH_SERVER")]
     server: Option<String>,
     /// Bearer token for a server started with --auth-token-file.

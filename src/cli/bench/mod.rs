@@ -2,7 +2,9 @@
 //! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation and the messages
 //! they carried; then a table, JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core
 //! histograms from `/metrics`. The same loop drives berth (HTTP, single messages or `--batch N`), beanstalkd and
-//! Redis Streams (`--protocol`), so the baselines are measured by the same client in the same way.
+//! Redis Streams (`--protocol`), so the baselines are measured by the same client in the same way. Against several
+//! berth nodes (`--server URL1,URL2,...`) each core's connections go round robin over them, and the results are
+//! also kept per node.
 
 mod beanstalk;
 mod http;
@@ -103,7 +105,7 @@ pub struct BenchArgs {
     /// Lease visibility for consumes.
     #[arg(long, default_value = "30s")]
     pub visibility: String,
-    /// How long to run (ignored for consume, which runs until drained).
+    /// How long to run (consume: at most this long; it stops sooner once the topic is drained).
     #[arg(long, default_value = "10s")]
     pub duration: String,
     /// Messages to pre-fill for the consume workload.
@@ -137,9 +139,25 @@ pub struct BenchArgs {
     /// a busy remote client would. 0 lets the client sleep.
     #[arg(long, default_value_t = 0)]
     pub client_spin_us: u64,
-    /// Server process id, to report server CPU per operation against an external server.
+    /// Server process id(s), comma separated, to report server CPU per operation against an external server: the
+    /// CPU of all of them is added up. With several `--server` URLs, give one per node (or none: not measured).
+    #[arg(long, value_delimiter = ',')]
+    #[serde(serialize_with = "serialize_pids")]
+    pub server_pid: Option<Vec<u32>>,
+    /// berth: use this existing topic instead of creating (and deleting) one; it must exist on every `--server`.
+    /// Its settings are its own: --partitions and --max-in-flight do not apply (--visibility does, per consume).
     #[arg(long)]
-    pub server_pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+}
+
+/// `--server-pid` in the JSON settings: a number when one pid was given (as before lists were accepted), else a list.
+fn serialize_pids<S: serde::Serializer>(pids: &Option<Vec<u32>>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    match pids.as_deref() {
+        Some([one]) => one.serialize(s),
+        other => other.serialize(s),
+    }
 }
 
 /// Validated, resolved settings.
@@ -178,6 +196,24 @@ impl BenchArgs {
         }
         if self.batch > 1 && self.protocol == Protocol::Beanstalkd {
             return Err("--batch: beanstalkd has no batches; use --batch 1 with it".into());
+        }
+        if self.server_pid.as_ref().is_some_and(|p| p.is_empty()) {
+            return Err("--server-pid: no pid given".into());
+        }
+        if let Some(topic) = &self.topic {
+            if self.protocol != Protocol::Berth {
+                return Err("--topic: berth only".into());
+            }
+            let valid = !topic.is_empty()
+                && topic.len() <= 128
+                && topic
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !valid {
+                return Err(format!(
+                    "--topic {topic:?}: not a topic name ([A-Za-z0-9._-]{{1,128}})"
+                ));
+            }
         }
         if let Some(cap) = self.max_in_flight {
             if cap == 0 || cap > MAX_TOPIC_CAP {
@@ -308,7 +344,40 @@ fn topic_cap(plan: &Plan) -> usize {
     })
 }
 
-/// Runs the benchmark; `server` is the global --server when given explicitly.
+/// `--server URL[,URL...]`: each URL with its address (`http://` and `redis://` prefixes and a trailing `/` are
+/// dropped for the address; the URL is kept as given, as the report's key).
+fn parse_servers(list: &str) -> Result<Vec<(String, SocketAddr)>, String> {
+    let mut out: Vec<(String, SocketAddr)> = Vec::new();
+    for url in list.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        if out.iter().any(|(u, _)| u == url) {
+            return Err(format!("--server: {url} given twice"));
+        }
+        let hostport = url
+            .trim_start_matches("http://")
+            .trim_start_matches("redis://")
+            .trim_end_matches('/');
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
+            .map_err(|e| format!("--server {url}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("--server {url}: no address"))?;
+        out.push((url.to_string(), addr));
+    }
+    if out.is_empty() {
+        return Err("--server: no URL given".into());
+    }
+    Ok(out)
+}
+
+/// CPU time of all these processes together, µs; None when there are none or one cannot be read.
+fn processes_cpu_us(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|&pid| process_cpu_us(pid)).sum()
+}
+
+/// Runs the benchmark; `server` is the global --server when given explicitly: one URL, or several comma separated
+/// (berth only), over which every client core spreads its connections round robin.
 pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
     let plan = args.plan()?;
     let protocol = plan.args.protocol;
@@ -323,30 +392,50 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
             }
         ));
     }
-    let (embedded, addr) = match server {
-        Some(url) => {
-            let hostport = url
-                .trim_start_matches("http://")
-                .trim_start_matches("redis://")
-                .trim_end_matches('/');
-            let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
-                .map_err(|e| format!("--server {url}: {e}"))?
-                .next()
-                .ok_or_else(|| format!("--server {url}: no address"))?;
-            (None, addr)
-        }
+    let (embedded, targets) = match server {
+        Some(list) => (None, parse_servers(list)?),
         None => {
             let (e, addr) = Embedded::start(&plan)?;
-            (Some(e), addr)
+            (Some(e), vec![(format!("http://{addr}"), addr)])
         }
     };
-    let server_pid = args.server_pid.or(embedded.as_ref().map(|e| e.child.id()));
-    let client = berth::client::Client::new(&format!("http://{addr}"));
-    let topic = format!("bench-{}", berth::clock::wall_clock_ms());
+    let several = targets.len() > 1;
+    if several && protocol != Protocol::Berth {
+        return Err(format!(
+            "several --server URLs: --protocol berth only, not {}",
+            protocol.name()
+        ));
+    }
+    let addrs: Vec<SocketAddr> = targets.iter().map(|(_, a)| *a).collect();
+    let addr = addrs[0];
+    let mut server_pids: Vec<u32> = match (&args.server_pid, &embedded) {
+        (Some(pids), _) => pids.clone(),
+        (None, Some(e)) => vec![e.child.id()],
+        (None, None) => Vec::new(),
+    };
+    let mut server_cpu_note = None;
+    if several && server_pids.len() < targets.len() {
+        server_cpu_note = Some(format!(
+            "not measured: {} nodes but {} --server-pid (give one per node, comma separated, to add up their CPU)",
+            targets.len(),
+            server_pids.len()
+        ));
+        server_pids.clear();
+    }
+    let clients: Vec<berth::client::Client> = addrs
+        .iter()
+        .map(|a| berth::client::Client::new(&format!("http://{a}")))
+        .collect();
+    let client = &clients[0];
+    let owned_topic = args.topic.is_none();
+    let topic = args
+        .topic
+        .clone()
+        .unwrap_or_else(|| format!("bench-{}", berth::clock::wall_clock_ms()));
     match protocol {
         Protocol::Beanstalkd => {}
         Protocol::Redis => redis::create_group(addr, &topic)?,
-        Protocol::Berth => {
+        Protocol::Berth if owned_topic => {
             let cap = topic_cap(&plan);
             let mut path = format!(
                 "/topics/{topic}?partitions={}&visibility={}",
@@ -364,47 +453,79 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
                 ));
             }
         }
+        Protocol::Berth => {
+            for ((url, _), c) in targets.iter().zip(&clients) {
+                let a = c.call("GET", &format!("/topics/{topic}"), &[])?;
+                if a.status != 200 {
+                    return Err(format!(
+                        "--topic {topic}: {url} answers {} {}",
+                        a.status,
+                        a.text()
+                    ));
+                }
+            }
+        }
     }
     if plan.args.workload == Workload::Consume {
         eprintln!("pre-filling {} messages...", plan.args.messages);
-        prefill(&plan, addr, &topic)?;
+        prefill(&plan, &addrs, &topic)?;
     }
-    let metrics = || {
-        client
-            .call("GET", "/metrics", &[])
+    let metrics = |c: &berth::client::Client| {
+        c.call("GET", "/metrics", &[])
             .ok()
             .filter(|a| a.status == 200)
             .map(|a| a.text())
     };
-    let metrics_before = if protocol == Protocol::Berth {
-        metrics()
+    let metrics_before: Vec<Option<String>> = if protocol == Protocol::Berth {
+        clients.iter().map(metrics).collect()
     } else {
-        None
+        Vec::new()
     };
     let stop = Arc::new(AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone());
     let progress = Arc::new(AtomicU64::new(0));
-    let cpu_before = server_pid.and_then(process_cpu_us);
+    let cpu_before = processes_cpu_us(&server_pids);
     let started = Instant::now();
     let ticker = spawn_progress(progress.clone(), stop.clone());
-    let results = run_clients(&plan, addr, &topic, stop.clone(), progress.clone());
+    let results = run_clients(&plan, &addrs, &topic, stop.clone(), progress.clone());
     let elapsed = started.elapsed();
-    let cpu_after = server_pid.and_then(process_cpu_us);
+    let cpu_after = processes_cpu_us(&server_pids);
     stop.store(true, Ordering::Relaxed);
     let _ = ticker.join();
     eprintln!();
     let results = results?;
     let server_histograms = match protocol {
-        Protocol::Berth => ServerHistograms::from_metrics(
-            metrics_before.as_deref(),
-            &metrics().unwrap_or_default(),
+        Protocol::Berth => ServerHistograms::of_nodes(
+            targets
+                .iter()
+                .zip(&clients)
+                .zip(&metrics_before)
+                .map(|(((url, _), c), before)| {
+                    let after = metrics(c).unwrap_or_default();
+                    (
+                        url.clone(),
+                        ServerHistograms::from_metrics(before.as_deref(), &after),
+                    )
+                })
+                .collect(),
         ),
         _ => ServerHistograms::default(),
     };
-    let report = RunReport::new(
+    let mut per_node: Vec<CoreResult> = targets
+        .iter()
+        .map(|_| CoreResult::new(usize::MAX))
+        .collect();
+    let mut cores = Vec::with_capacity(results.len());
+    for run in results {
+        for (merged, node) in per_node.iter_mut().zip(&run.nodes) {
+            merged.merge(node);
+        }
+        cores.push(run.core);
+    }
+    let mut report = RunReport::new(
         &plan.args,
         elapsed,
-        results,
+        cores,
         cpu_before.zip(cpu_after).map(|(b, a)| a.saturating_sub(b)),
         server_histograms,
         plan.client_cpus.clone(),
@@ -414,6 +535,14 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
             Vec::new()
         },
     );
+    if several {
+        report.nodes = targets
+            .iter()
+            .map(|(url, _)| url.clone())
+            .zip(per_node)
+            .collect();
+    }
+    report.server_cpu_note = server_cpu_note;
     print!("{}", report.table());
     if let Some(path) = &args.json {
         std::fs::write(
@@ -432,9 +561,10 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         eprintln!("wrote {}", path.display());
     }
     match protocol {
-        Protocol::Berth => {
+        Protocol::Berth if owned_topic => {
             let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
         }
+        Protocol::Berth => {}
         Protocol::Redis => {
             let _ = redis::command(addr, &[b"DEL", topic.as_bytes()]);
         }
@@ -465,7 +595,7 @@ fn spawn_progress(progress: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> std::threa
 }
 
 /// Fills the topic for the consume workload with produces (of `--batch` messages) from the client cores.
-fn prefill(plan: &Plan, addr: SocketAddr, topic: &str) -> Result<(), String> {
+fn prefill(plan: &Plan, addrs: &[SocketAddr], topic: &str) -> Result<(), String> {
     let mut fill = plan.args.clone();
     fill.workload = Workload::Produce;
     fill.rate = None;
@@ -479,8 +609,11 @@ fn prefill(plan: &Plan, addr: SocketAddr, topic: &str) -> Result<(), String> {
     let progress = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let budget = Arc::new(AtomicU64::new(plan.args.messages));
-    let results = run_clients_with(&fill_plan, addr, topic, stop, progress, Some(budget))?;
-    let errors: u64 = results.iter().map(|r| r.errors[Op::Produce as usize]).sum();
+    let results = run_clients_with(&fill_plan, addrs, topic, stop, progress, Some(budget))?;
+    let errors: u64 = results
+        .iter()
+        .map(|r| r.core.errors[Op::Produce as usize])
+        .sum();
     if errors > 0 {
         return Err(format!("pre-filling: {errors} produce requests failed"));
     }
@@ -489,22 +622,22 @@ fn prefill(plan: &Plan, addr: SocketAddr, topic: &str) -> Result<(), String> {
 
 fn run_clients(
     plan: &Plan,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     topic: &str,
     stop: Arc<AtomicBool>,
     progress: Arc<AtomicU64>,
-) -> Result<Vec<CoreResult>, String> {
-    run_clients_with(plan, addr, topic, stop, progress, None)
+) -> Result<Vec<CoreRun>, String> {
+    run_clients_with(plan, addrs, topic, stop, progress, None)
 }
 
 fn run_clients_with(
     plan: &Plan,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     topic: &str,
     stop: Arc<AtomicBool>,
     progress: Arc<AtomicU64>,
     budget: Option<Arc<AtomicU64>>,
-) -> Result<Vec<CoreResult>, String> {
+) -> Result<Vec<CoreRun>, String> {
     let deadline = Instant::now() + plan.duration;
     let mut handles = Vec::new();
     let per_conn_interval = plan.args.rate.map(|rate| {
@@ -531,7 +664,10 @@ fn run_clients_with(
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("bench-client-{index}"))
             .spin_before_park(Duration::from_micros(plan.args.client_spin_us))
-            .spawn(move || async move { client_core(index, cpu, addr, job).await })
+            .spawn({
+                let addrs = addrs.to_vec();
+                move || async move { client_core(index, cpu, addrs, job).await }
+            })
             .map_err(|e| format!("cannot start a client executor on cpu {cpu}: {e}"))?;
         handles.push(handle);
     }
@@ -572,27 +708,45 @@ struct Job {
     budget: Option<Arc<AtomicU64>>,
 }
 
+/// One client core's results: all its connections, and its connections to each node (indexed like `--server`).
+struct CoreRun {
+    core: CoreResult,
+    nodes: Vec<CoreResult>,
+}
+
+/// The node (index into `--server`) of connection `conn` of client core `core`: round robin over the nodes,
+/// counting every core's connections in turn, so each core's connections are spread evenly and so are the cores'.
+fn node_of(core: usize, conn: usize, connections: usize, nodes: usize) -> usize {
+    (core * connections + conn) % nodes
+}
+
 async fn client_core(
     index: usize,
     cpu: usize,
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     job: Job,
-) -> Result<CoreResult, String> {
+) -> Result<CoreRun, String> {
     let job = std::rc::Rc::new(job);
     let mut tasks = Vec::new();
     for conn in 0..job.connections {
         let job = job.clone();
+        let node = node_of(index, conn, job.connections, addrs.len());
+        let addr = addrs[node];
         tasks.push(glommio::spawn_local(async move {
-            connection(index, conn, addr, &job).await
+            (node, connection(index, conn, addr, &job).await)
         }));
     }
     let mut result = CoreResult::new(cpu);
+    let mut nodes: Vec<CoreResult> = addrs.iter().map(|_| CoreResult::new(usize::MAX)).collect();
     let mut first_error = None;
     // Every connection is awaited (none is left running) before an error is returned.
     for t in tasks {
         match t.await {
-            Ok(r) => result.merge(&r),
-            Err(e) => {
+            (node, Ok(r)) => {
+                result.merge(&r);
+                nodes[node].merge(&r);
+            }
+            (_, Err(e)) => {
                 job.stop.store(true, Ordering::Relaxed);
                 first_error.get_or_insert(e);
             }
@@ -600,7 +754,10 @@ async fn client_core(
     }
     match first_error {
         Some(e) => Err(e),
-        None => Ok(result),
+        None => Ok(CoreRun {
+            core: result,
+            nodes,
+        }),
     }
 }
 
@@ -828,11 +985,39 @@ mod tests {
             (vec!["--message-bytes", "2000000"], "--message-bytes"),
             (vec!["--client-cpus", "999"], "cpu 999"),
             (vec!["--workload", "dance"], "dance"),
+            (vec!["--topic", "a/b"], "--topic"),
+            (vec!["--topic", "t", "--protocol", "redis"], "--topic"),
         ] {
             let err = plan(&args)
                 .err()
                 .unwrap_or_else(|| panic!("{args:?} accepted"));
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn several_servers_are_parsed_and_connections_spread_round_robin() {
+        let s = parse_servers("http://127.0.0.1:1, 127.0.0.1:2/,").unwrap();
+        assert_eq!(
+            s.iter()
+                .map(|(u, a)| (u.as_str(), a.port()))
+                .collect::<Vec<_>>(),
+            vec![("http://127.0.0.1:1", 1), ("127.0.0.1:2/", 2)]
+        );
+        assert!(parse_servers(" , ").unwrap_err().contains("no URL"));
+        assert!(parse_servers("127.0.0.1:1,127.0.0.1:1")
+            .unwrap_err()
+            .contains("twice"));
+        // One node: everything on it. Two cores of 3 connections over 2 nodes: 0 1 0 | 1 0 1.
+        assert!((0..4).all(|c| node_of(c, 1, 8, 1) == 0));
+        let spread: Vec<usize> = (0..2)
+            .flat_map(|core| (0..3).map(move |conn| node_of(core, conn, 3, 2)))
+            .collect();
+        assert_eq!(spread, vec![0, 1, 0, 1, 0, 1]);
+        // One connection per core: the cores take the nodes in turn.
+        assert_eq!(
+            (0..3).map(|c| node_of(c, 0, 1, 3)).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
     }
 }

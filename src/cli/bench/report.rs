@@ -109,6 +109,11 @@ pub struct RunReport {
     pub server: ServerHistograms,
     pub client_cpus: Vec<usize>,
     pub server_cpus: Vec<usize>,
+    /// With several `--server` URLs: each node's results (its connections, over every client core), keyed by the
+    /// URL as given; empty with one server.
+    pub nodes: Vec<(String, CoreResult)>,
+    /// Why server CPU is not reported, when that needs saying (several nodes without a pid for each).
+    pub server_cpu_note: Option<String>,
 }
 
 /// The server histograms the report shows: (Prometheus name, what the table calls it, JSON key).
@@ -161,6 +166,30 @@ impl ServerHistograms {
                 .collect(),
             run_only: before.is_some(),
         }
+    }
+}
+
+impl ServerHistograms {
+    /// Several nodes' histograms as one: with one node, its own; with several, every core of every node, the core
+    /// named `URL/CORE`.
+    pub fn of_nodes(mut nodes: Vec<(String, ServerHistograms)>) -> ServerHistograms {
+        if nodes.len() == 1 {
+            return nodes.pop().map(|(_, h)| h).unwrap_or_default();
+        }
+        let mut all = ServerHistograms {
+            histograms: SERVER_HISTOGRAMS.iter().map(|_| Vec::new()).collect(),
+            run_only: !nodes.is_empty(),
+        };
+        for (url, node) in nodes {
+            all.run_only &= node.run_only;
+            for (into, cores) in all.histograms.iter_mut().zip(node.histograms) {
+                into.extend(cores.into_iter().map(|c| CoreQuantiles {
+                    core: format!("{url}/{}", c.core),
+                    ..c
+                }));
+            }
+        }
+        all
     }
 }
 
@@ -282,6 +311,8 @@ impl RunReport {
             server,
             client_cpus,
             server_cpus,
+            nodes: Vec::new(),
+            server_cpu_note: None,
         }
     }
 
@@ -306,6 +337,35 @@ impl RunReport {
     /// Messages per unit operation (cycle or produce) in the whole run.
     fn unit_messages(&self) -> u64 {
         self.merged.messages[self.unit_op() as usize]
+    }
+
+    /// One table row per operation of `core`.
+    fn table_rows(out: &mut String, label: &str, core: &CoreResult, secs: f64) {
+        for op in OPS {
+            let h = &core.latency_us[op as usize];
+            if h.is_empty() {
+                continue;
+            }
+            let _ = write!(
+                out,
+                "{:<6} {:<8} {:>10} {:>10.0}",
+                label,
+                op.name(),
+                h.len(),
+                h.len() as f64 / secs
+            );
+            for (p, _) in PERCENTILES {
+                let _ = write!(out, " {:>7}", h.value_at_percentile(p));
+            }
+            let messages = core.messages[op as usize];
+            let _ = writeln!(
+                out,
+                " {:>7} {:>11} {:>10.0}",
+                core.errors[op as usize],
+                messages,
+                messages as f64 / secs
+            );
+        }
     }
 
     /// The stdout table.
@@ -338,30 +398,15 @@ impl RunReport {
             "msg_per_sec"
         );
         for (label, core) in self.rows() {
-            for op in OPS {
-                let h = &core.latency_us[op as usize];
-                if h.is_empty() {
-                    continue;
-                }
-                let _ = write!(
-                    out,
-                    "{:<6} {:<8} {:>10} {:>10.0}",
-                    label,
-                    op.name(),
-                    h.len(),
-                    h.len() as f64 / secs
-                );
-                for (p, _) in PERCENTILES {
-                    let _ = write!(out, " {:>7}", h.value_at_percentile(p));
-                }
-                let messages = core.messages[op as usize];
-                let _ = writeln!(
-                    out,
-                    " {:>7} {:>11} {:>10.0}",
-                    core.errors[op as usize],
-                    messages,
-                    messages as f64 / secs
-                );
+            Self::table_rows(&mut out, &label, core, secs);
+        }
+        if !self.nodes.is_empty() {
+            let _ = writeln!(
+                out,
+                "per node (each client core's connections round robin over the nodes; same columns):"
+            );
+            for (url, core) in &self.nodes {
+                Self::table_rows(&mut out, url, core, secs);
             }
         }
         let _ = writeln!(
@@ -378,6 +423,8 @@ impl RunReport {
                 cpu as f64 / self.unit_messages().max(1) as f64,
                 cpu as f64 / 1e6 / secs
             );
+        } else if let Some(note) = &self.server_cpu_note {
+            let _ = writeln!(out, "server CPU: {note}");
         }
         let scope = if self.server.run_only {
             "this run"
@@ -420,8 +467,7 @@ impl RunReport {
     /// The JSON document (`--json`): the same figures as the table, plus the settings.
     pub fn json(&self) -> serde_json::Value {
         let secs = self.elapsed.as_secs_f64();
-        let mut clients = serde_json::Map::new();
-        for (label, core) in self.rows() {
+        let ops_json = |core: &CoreResult| {
             let mut ops = serde_json::Map::new();
             for op in OPS {
                 let i = op as usize;
@@ -433,7 +479,11 @@ impl RunReport {
                     );
                 }
             }
-            clients.insert(label, ops.into());
+            serde_json::Value::from(ops)
+        };
+        let mut clients = serde_json::Map::new();
+        for (label, core) in self.rows() {
+            clients.insert(label, ops_json(core));
         }
         let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
         let messages = self.unit_messages().max(1);
@@ -448,6 +498,18 @@ impl RunReport {
             "server_cpu_us_per_message": self.server_cpu_us.map(|c| c as f64 / messages as f64),
             "server_histograms_scope": if self.server.run_only { "run" } else { "server lifetime" },
         });
+        if !self.nodes.is_empty() {
+            let nodes: serde_json::Map<String, serde_json::Value> = self
+                .nodes
+                .iter()
+                .map(|(url, core)| (url.clone(), ops_json(core)))
+                .collect();
+            doc["servers"] = json!(self.nodes.iter().map(|(url, _)| url).collect::<Vec<_>>());
+            doc["nodes"] = nodes.into();
+        }
+        if let Some(note) = &self.server_cpu_note {
+            doc["server_cpu_note"] = json!(note);
+        }
         for ((_, _, key), cores) in SERVER_HISTOGRAMS.iter().zip(&self.server.histograms) {
             let per_core: serde_json::Map<String, serde_json::Value> = cores
                 .iter()
@@ -472,10 +534,16 @@ impl RunReport {
         doc
     }
 
-    /// Writes `{label}-{op}.hgrm` percentile distributions (HdrHistogram's text format, values in µs).
+    /// Writes `{label}-{op}.hgrm` percentile distributions (HdrHistogram's text format, values in µs); with
+    /// several nodes also `node{i}-{op}.hgrm`, `i` counting the `--server` URLs from 0.
     pub fn write_hgrm(&self, dir: &Path) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for (label, core) in self.rows() {
+        let nodes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (_, core))| (format!("node{i}"), core));
+        for (label, core) in self.rows().into_iter().chain(nodes) {
             for op in OPS {
                 let h = &core.latency_us[op as usize];
                 if h.is_empty() {
