@@ -98,7 +98,8 @@ pub struct TopicConfig {
     pub groups: Vec<String>,
     /// Cluster mode: the groups created with `start=latest`, so that every node starts them at the end of its own
     /// partitions when it learns of them (a single node prepares a group before announcing it, and keeps none here).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    /// Always written (node RPC's encoding is not self-describing: no field may be skipped).
+    #[serde(default)]
     pub latest_groups: std::collections::BTreeSet<String>,
 }
 
