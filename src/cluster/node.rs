@@ -343,6 +343,9 @@ fn behind(engine: &Engine, request: &Request) -> Option<String> {
         Request::Probe(r) => (&r.topic, r.topic_id, Some(&r.group)),
         Request::Settle(r) => (&r.topic, r.topic_id, Some(&r.group)),
         Request::Replay(r) => (&r.topic, r.topic_id, None),
+        Request::Describe(name) => {
+            return engine.topic(name).is_err().then(|| name.clone());
+        }
         _ => return None,
     };
     let current = match engine.topic(topic) {

@@ -69,8 +69,12 @@ impl Engine {
             let wake: crate::partition::Wake = {
                 let engine = Rc::downgrade(self);
                 let name = config.name.clone();
+                let partition = p as u32;
                 Rc::new(move |group, n| {
                     if let Some(engine) = engine.upgrade() {
+                        if let Ok(topic) = engine.topic(&name) {
+                            topic.mark_ready(group, partition);
+                        }
                         engine.deliverable(&name, group, n);
                     }
                 })

@@ -247,7 +247,22 @@ pub struct Topic {
     cursor: Cell<usize>,
     /// Set when the topic is deleted; parked consumers notice and leave.
     deleted: Cell<bool>,
+    /// Per group: the partitions owned here that may have something to deliver, so that a probe over many
+    /// partitions looks at the few with messages (`ops::consume::apply`). Kept by the partitions' wake-ups; a
+    /// partition found with nothing leaves it; a periodic full scan covers anything that became deliverable
+    /// without a wake-up.
+    ready: RefCell<std::collections::HashMap<String, Ready>>,
 }
+
+/// A group's may-have-something partitions on this core, and when they were last all scanned.
+#[derive(Debug, Default)]
+pub struct Ready {
+    pub partitions: std::collections::BTreeSet<u32>,
+    pub scanned_ms: u64,
+}
+
+/// A probe that finds no partition marked ready scans every owned partition, at most this often per (topic, group).
+pub const FULL_SCAN_MS: u64 = 10;
 
 impl Topic {
     pub fn new(
@@ -286,6 +301,7 @@ impl Topic {
             owned,
             cursor: Cell::new(start),
             deleted: Cell::new(false),
+            ready: RefCell::new(Default::default()),
         }
     }
 
@@ -346,6 +362,55 @@ impl Topic {
 
     pub fn owned(&self) -> &[u32] {
         &self.owned
+    }
+
+    /// Partition `p` (owned here) may have something deliverable for `group`, or (None) for every group.
+    pub fn mark_ready(&self, group: Option<&str>, p: u32) {
+        let mut ready = self.ready.borrow_mut();
+        match group {
+            Some(g) => {
+                if let Some(r) = ready.get_mut(g) {
+                    r.partitions.insert(p);
+                }
+            }
+            None => {
+                for r in ready.values_mut() {
+                    r.partitions.insert(p);
+                }
+            }
+        }
+    }
+
+    /// The partitions a probe for `group` looks at, from a rotating start: those marked ready, or (a full scan,
+    /// `true`) every owned one when the group has no set yet, or none is marked and the last full scan is older
+    /// than `FULL_SCAN_MS`.
+    pub fn probe_order(&self, group: &str, now_ms: u64) -> (Vec<u32>, bool) {
+        let start = self.next_cursor();
+        let mut ready = self.ready.borrow_mut();
+        let full = match ready.get(group) {
+            None => true,
+            Some(r) => r.partitions.is_empty() && now_ms >= r.scanned_ms + FULL_SCAN_MS,
+        };
+        if full {
+            let r = ready.entry(group.to_string()).or_default();
+            r.scanned_ms = now_ms;
+            r.partitions = self.owned.iter().copied().collect();
+            let owned = &self.owned;
+            let order = (0..owned.len())
+                .map(|i| owned[(start + i) % owned.len()])
+                .collect();
+            return (order, true);
+        }
+        let list: Vec<u32> = ready[group].partitions.iter().copied().collect();
+        let n = list.len();
+        ((0..n).map(|i| list[(start + i) % n]).collect(), false)
+    }
+
+    /// A probe found nothing deliverable in partition `p` for `group`: it leaves the ready set until a wake-up.
+    pub fn not_ready(&self, group: &str, p: u32) {
+        if let Some(r) = self.ready.borrow_mut().get_mut(group) {
+            r.partitions.remove(&p);
+        }
     }
 
     /// Advances the round-robin cursor; returns its previous value.

@@ -131,13 +131,17 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         none_owned: owned.is_empty(),
         ..Probed::default()
     };
-    let start = topic.next_cursor();
     let now = engine.now_ms();
-    for i in 0..owned.len() {
+    // The partitions that may have something (kept by wake-ups), or all of them now and then.
+    let (order, full) = topic.probe_order(&req.group, now);
+    if !full && order.len() < owned.len() {
+        // Those left out have nothing to deliver: not at their cap.
+        probed.at_cap = false;
+    }
+    for p in order {
         if probed.deliveries.len() >= req.max {
             break;
         }
-        let p = owned[(start + i) % owned.len()];
         let Some(partition) = topic.owned_partition(p) else {
             continue;
         };
@@ -145,6 +149,7 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         match partition.idle(&req.group, now) {
             Some(false) => {
                 probed.at_cap = false;
+                topic.not_ready(&req.group, p);
                 continue;
             }
             Some(true) => continue,
