@@ -11,6 +11,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 
+/// Names the metastore was asked about and did not have, remembered this long (core 0)...
+const MISSING_TTL_MS: u64 = 1000;
+/// ...up to this many.
+const MISSING_CACHE: usize = 4096;
+
 /// A node as every core sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeEntry {
@@ -120,9 +125,33 @@ impl Engine {
         let Some(metadata) = self.metadata() else {
             return Err(super::EngineError::TopicNotFound(name.to_string()));
         };
+        // Requests naming topics that do not exist cost at most one metastore read per name and second.
+        let now = self.clock.now_ms();
+        if !fresh
+            && self
+                .missing
+                .borrow()
+                .get(name)
+                .is_some_and(|&until| until > now)
+        {
+            return Err(super::EngineError::TopicNotFound(name.to_string()));
+        }
         match metadata.lookup_topic(name.to_string(), fresh).await? {
-            Some((config, locations)) => self.learn_topic(config, locations).await,
-            None => Err(super::EngineError::TopicNotFound(name.to_string())),
+            Some((config, locations)) => {
+                self.missing.borrow_mut().remove(name);
+                self.learn_topic(config, locations).await
+            }
+            None => {
+                let mut missing = self.missing.borrow_mut();
+                if missing.len() >= MISSING_CACHE {
+                    missing.retain(|_, until| *until > now);
+                    if missing.len() >= MISSING_CACHE {
+                        missing.clear();
+                    }
+                }
+                missing.insert(name.to_string(), now + MISSING_TTL_MS);
+                Err(super::EngineError::TopicNotFound(name.to_string()))
+            }
         }
     }
 

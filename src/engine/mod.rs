@@ -116,6 +116,8 @@ pub struct Engine {
     view: RefCell<Rc<cluster::ClusterView>>,
     /// Cluster mode, core 0: where topic changes are decided.
     metadata: RefCell<Option<Rc<dyn cluster::Metadata>>>,
+    /// Cluster mode, core 0: topic names the metastore did not have, until when (ms): a negative cache.
+    missing: RefCell<std::collections::HashMap<String, u64>>,
     config: Rc<Config>,
     clock: Rc<dyn Clock>,
     storage: Rc<dyn Storage>,
@@ -166,6 +168,7 @@ impl Engine {
             node: Cell::new(0),
             view: RefCell::new(Rc::default()),
             metadata: RefCell::new(None),
+            missing: RefCell::new(Default::default()),
             config,
             clock,
             storage,
