@@ -263,6 +263,9 @@ pub struct Ready {
 
 /// A probe that finds no partition marked ready scans every owned partition, at most this often per (topic, group).
 pub const FULL_SCAN_MS: u64 = 10;
+/// And every probe scans them all when the last full scan is this old, marked ones or not: a partition that became
+/// deliverable without a wake-up is never passed over for longer under a steady load.
+pub const FULL_SCAN_EVERY_MS: u64 = 100;
 
 impl Topic {
     pub fn new(
@@ -320,6 +323,8 @@ impl Topic {
 
     /// Replaces the settings (a change by PATCH or a new group); partitions get the new caps and policy.
     pub fn set_config(&self, config: TopicConfig) {
+        // A group created again, or new settings (caps): every group's next probe scans all partitions.
+        self.ready.borrow_mut().clear();
         for p in self.partitions.iter().flatten() {
             p.set_policy(config.limits(), config.redelivery());
         }
@@ -389,7 +394,10 @@ impl Topic {
         let mut ready = self.ready.borrow_mut();
         let full = match ready.get(group) {
             None => true,
-            Some(r) => r.partitions.is_empty() && now_ms >= r.scanned_ms + FULL_SCAN_MS,
+            Some(r) => {
+                (r.partitions.is_empty() && now_ms >= r.scanned_ms + FULL_SCAN_MS)
+                    || now_ms >= r.scanned_ms + FULL_SCAN_EVERY_MS
+            }
         };
         if full {
             let r = ready.entry(group.to_string()).or_default();
