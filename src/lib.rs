@@ -14,6 +14,8 @@ pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod engine;
+#[cfg(test)]
+mod format_doc;
 pub mod front;
 pub mod http;
 pub mod ops;

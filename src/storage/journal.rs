@@ -867,21 +867,9 @@ mod tests {
     /// docs/format.md's journal example is what `begin_entry` + `seal_entry` write, and `scan` reads it back.
     #[test]
     fn the_documented_example_matches_the_code() {
+        let bytes = crate::format_doc::example("Journal", 0);
         let doc = include_str!("../../docs/format.md");
         let section = &doc[doc.find("## Journal").expect("a Journal section")..];
-        let example = section.split("```").nth(1).expect("an example block");
-        let bytes: Vec<u8> = example
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .flat_map(|(_, rest)| {
-                rest.split("   ")
-                    .next()
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .map(|h| u8::from_str_radix(h, 16).expect("hex"))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
         let mut frame = Vec::new();
         crate::storage::frame::encode(5, 1_700_000_000_000, b"hi", &mut frame);
         let head = EntryHead {

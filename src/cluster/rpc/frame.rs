@@ -342,24 +342,7 @@ mod tests {
 
     /// The hex bytes of the `n`th example block of docs/format.md's "Node RPC" section (`OFFSET: hex...   note`).
     fn doc_example(n: usize) -> Vec<u8> {
-        let doc = include_str!("../../../docs/format.md");
-        let section = &doc[doc.find("## Node RPC").expect("a Node RPC section")..];
-        let example = section
-            .split("```")
-            .nth(2 * n + 1)
-            .expect("an example block");
-        example
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .flat_map(|(_, rest)| {
-                rest.split("   ")
-                    .next()
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .map(|h| u8::from_str_radix(h, 16).expect("hex"))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        crate::format_doc::example("Node RPC", n)
     }
 
     /// docs/format.md's three examples are what `encode` writes, and the reader takes them back.
