@@ -3,6 +3,11 @@
 
 mod cli;
 
+/// mimalloc instead of glibc's malloc: the request path allocates small, short-lived buffers on every core, and
+/// glibc's arenas showed as 6-7 % of a core in the unbatched cycle's profile (malloc, free, consolidation).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::process::exit(cli::main());
 }

@@ -54,7 +54,7 @@ impl Front {
         }
         let total: usize = by_partition.values().map(Vec::len).sum();
         let topic_id = topic.id();
-        let calls: Vec<_> = by_partition
+        let mut jobs: Vec<_> = by_partition
             .into_iter()
             .map(|(partition, records)| {
                 let (indexes, bodies): (Vec<usize>, Vec<Bytes>) = records.into_iter().unzip();
@@ -64,18 +64,34 @@ impl Front {
                     partition,
                     records: bodies,
                 });
-                let location = topic.location(partition);
-                let router = self.router().clone();
-                async move {
-                    let reply = router.call(location, request).await;
-                    (partition, indexes, reply)
-                }
+                (partition, indexes, topic.location(partition), request)
             })
             .collect();
+        // One partition (every single-message produce) is called in place: a future moved into a list is copied.
+        let replies = if jobs.len() == 1 {
+            let (partition, indexes, location, request) = jobs.pop().expect("one job");
+            vec![(
+                partition,
+                indexes,
+                self.router().call(location, request).await,
+            )]
+        } else {
+            let calls = jobs
+                .into_iter()
+                .map(|(partition, indexes, location, request)| {
+                    let router = self.router().clone();
+                    async move {
+                        let reply = router.call(location, request).await;
+                        (partition, indexes, reply)
+                    }
+                })
+                .collect();
+            join_all(calls).await
+        };
         let mut results: ProduceResults = (0..total)
             .map(|_| Err(OpError::Engine(EngineError::ShuttingDown)))
             .collect();
-        for (partition, indexes, reply) in join_all(calls).await {
+        for (partition, indexes, reply) in replies {
             match reply {
                 Ok(Reply::Produced(produced)) => {
                     for (k, i) in indexes.into_iter().enumerate() {

@@ -37,7 +37,7 @@ impl Front {
                     .push((i, (*o, *n))),
             }
         }
-        let calls: Vec<_> = by_partition
+        let mut jobs: Vec<_> = by_partition
             .into_iter()
             .map(|(partition, items)| {
                 let (indexes, items): (Vec<usize>, Vec<(u64, u64)>) = items.into_iter().unzip();
@@ -50,12 +50,24 @@ impl Front {
                     op: params.op,
                     dead_lettered: false,
                 });
-                let location = topic.location(partition);
-                let router = self.router().clone();
-                async move { (indexes, router.call(location, request).await) }
+                (indexes, topic.location(partition), request)
             })
             .collect();
-        for (indexes, reply) in join_all(calls).await {
+        // One partition (every single-handle settle) is called in place: a future moved into a list is copied.
+        let replies = if jobs.len() == 1 {
+            let (indexes, location, request) = jobs.pop().expect("one job");
+            vec![(indexes, self.router().call(location, request).await)]
+        } else {
+            let calls = jobs
+                .into_iter()
+                .map(|(indexes, location, request)| {
+                    let router = self.router().clone();
+                    async move { (indexes, router.call(location, request).await) }
+                })
+                .collect();
+            join_all(calls).await
+        };
+        for (indexes, reply) in replies {
             match reply {
                 Ok(Reply::Settled(settled)) => {
                     for (i, r) in indexes.into_iter().zip(settled.results) {

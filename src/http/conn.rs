@@ -314,6 +314,12 @@ async fn unless_hung_up(
             Ok(_) => futures_lite::future::pending().await,
         }
     };
+    // Boxed: the routes' future is large, and moving it into the combinator by value cost a memcpy per consume.
+    let mut work = Box::pin(work);
+    // Most consumes find a message at once: they need no hang-up watch (a peek and its cancel on the ring).
+    if let Some(response) = futures_lite::future::poll_once(work.as_mut()).await {
+        return Some(response);
+    }
     futures_lite::future::or(async { Some(work.await) }, hangup).await
 }
 

@@ -34,8 +34,9 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     if !front.engine().clustered() || req.method == "PUT" {
         return handle_once(front, req).await;
     }
+    // Boxed here, so the single-node path above holds one `handle_once` in place and no more.
     let again = req.clone();
-    let response = handle_once(front, req).await;
+    let response = Box::pin(handle_once(front, req)).await;
     let says = |code: &[u8]| response.body.windows(code.len()).any(|w| w == code);
     // A group created through another node a moment ago may not be in this node's replica either: then the
     // metastore itself is read.
@@ -56,7 +57,9 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
             .map(|(_, v)| v),
     };
     match name {
-        Some(name) if front.lookup_topic(&name, fresh).await => handle_once(front, again).await,
+        Some(name) if front.lookup_topic(&name, fresh).await => {
+            Box::pin(handle_once(front, again)).await
+        }
         _ => response,
     }
 }
@@ -87,11 +90,10 @@ async fn handle_once(front: &Rc<Front>, req: Request) -> Response {
     }
     let query = Query(query_pairs(&req.query));
     let limits = batch_limits(front);
+    // The data path is awaited in place; administration is boxed, so a connection's future stays as small as
+    // the data path needs (moving a future copies all of it).
     let result = match path {
         "/health" => Ok(health(front)),
-        "/metrics" => metrics(front).await,
-        "/topics" => Ok(Response::json(200, &json!(front.engine().topic_names()))),
-        "/cluster" => Ok(Response::json(200, &front.cluster())),
         "/produce" => {
             produce(
                 front,
@@ -106,23 +108,39 @@ async fn handle_once(front: &Rc<Front>, req: Request) -> Response {
         "/ack" => settle(front, Verb::Ack, &query, &req.body, &limits).await,
         "/nack" => settle(front, Verb::Nack, &query, &req.body, &limits).await,
         "/extend" => settle(front, Verb::Extend, &query, &req.body, &limits).await,
+        _ => Box::pin(admin(front, method, path, topic_route, &query)).await,
+    };
+    result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// The routes off the data path: metrics, listings and topic and group administration.
+async fn admin(
+    front: &Front,
+    method: &str,
+    path: &str,
+    topic_route: Option<TopicRoute>,
+    query: &Query,
+) -> OpResult<Response> {
+    match path {
+        "/metrics" => metrics(front).await,
+        "/topics" => Ok(Response::json(200, &json!(front.engine().topic_names()))),
+        "/cluster" => Ok(Response::json(200, &front.cluster())),
         _ => match topic_route.expect("a topic route") {
             TopicRoute::Topic(name) => match method {
-                "PUT" => create_topic(front, &name, &query).await,
-                "PATCH" => change_topic(front, &name, &query).await,
+                "PUT" => create_topic(front, &name, query).await,
+                "PATCH" => change_topic(front, &name, query).await,
                 "GET" => describe_topic(front, &name).await,
                 _ => delete_topic(front, &name).await,
             },
             TopicRoute::Groups(name) => list_groups(front, &name).await,
             TopicRoute::Group(name, group) => match method {
-                "PUT" => create_group(front, &name, &group, &query).await,
+                "PUT" => create_group(front, &name, &group, query).await,
                 "GET" => describe_group(front, &name, &group).await,
                 _ => delete_group(front, &name, &group).await,
             },
-            TopicRoute::Redrive(name) => redrive(front, &name, &query).await,
+            TopicRoute::Redrive(name) => redrive(front, &name, query).await,
         },
-    };
-    result.unwrap_or_else(|e| error_response(&e))
+    }
 }
 
 /// The checks before any operation: the bearer token when one is configured; without one, only loopback (or
