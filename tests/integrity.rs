@@ -26,10 +26,7 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// Asserts a JSON error answer: exact status, exact `error` code, non-empty `message`.
 fn assert_error(a: &Answer, status: u16, code: &str, what: &str) {

@@ -22,10 +22,7 @@ const HEADER: usize = 32;
 /// The frame magic as it lies on disk.
 const MAGIC: [u8; 4] = *b"FRTB";
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// The end_offset of every partition, in partition order.
 fn end_offsets(server: &Server, topic: &str) -> Vec<u64> {

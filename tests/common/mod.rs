@@ -28,9 +28,20 @@ pub struct Server {
     log: PathBuf,
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
-    l.local_addr().unwrap().port()
+/// A port nothing listens on, never handed out twice by this test binary: tests run in parallel, the kernel may
+/// offer a port it just offered another test, and berth binds with SO_REUSEPORT, so two servers of two tests could
+/// share one port and answer each other's clients.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl Server {
