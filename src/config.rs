@@ -90,6 +90,11 @@ pub struct Config {
     /// A core's journal file is checkpointed (its segments synced) and replaced once it holds this many bytes.
     /// Bounds the replay at start. 64 MiB.
     pub journal_file_bytes: u64,
+    /// fsync `always`: how long an append reaching an idle journal committer waits for others before its pass is
+    /// written and synced, when the previous pass carried appends of more than one partition (one partition's
+    /// appenders are gathered by its log and never wait).
+    /// 0 to 10000 µs. Default 100.
+    pub journal_commit_delay_us: u64,
     /// How often a moved frontier is written to consumer.offset. Default 100 ms.
     pub frontier_flush_interval_ms: u64,
     /// Background expiry sweep and retention cadence. Default 1000 ms.
@@ -164,6 +169,7 @@ impl Default for Config {
             mesh_channel_depth: 1024,
             segment_bytes: 64 << 20,
             journal_file_bytes: 64 << 20,
+            journal_commit_delay_us: 100,
             frontier_flush_interval_ms: 100,
             purge_interval_ms: 1000,
             shutdown_grace_ms: 5000,
@@ -318,6 +324,9 @@ impl Config {
         }
         if self.journal_file_bytes < (1 << 20) || self.journal_file_bytes > (1 << 34) {
             return Err("journal_file_bytes must be 1 MiB to 16 GiB".into());
+        }
+        if self.journal_commit_delay_us > 10_000 {
+            return Err("journal_commit_delay_us must be 0 to 10000".into());
         }
         if self.cores == Some(0) {
             return Err("cores must be at least 1".into());

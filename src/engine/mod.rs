@@ -612,6 +612,7 @@ impl Engine {
             JournalOptions {
                 fsync: self.config.fsync,
                 file_bytes: self.config.journal_file_bytes,
+                commit_delay_us: self.config.journal_commit_delay_us,
             },
         )
         .await

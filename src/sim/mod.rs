@@ -373,6 +373,8 @@ fn sim_config(plan: &Plan) -> Config {
         segment_bytes: 2048,
         // Journal files rotate (and checkpoint) every few passes.
         journal_file_bytes: 4096,
+        // The delay sleeps on the real clock; the simulation's interleavings must depend on its seed only.
+        journal_commit_delay_us: 0,
         max_message_bytes: 512,
         frontier_flush_interval_ms: 100,
         purge_interval_ms: 1000,

@@ -6,7 +6,11 @@
 //! journal file with one `pwrite` and makes them durable with one `fdatasync` (fsync `always`), then answers them all:
 //! sixteen or a thousand partitions pay for one sync per pass, as one partition does. Requests that arrive while a
 //! sync runs are served in the next pass (group commit), as ScyllaDB's per-shard commitlog and Cassandra's
-//! `commitlog_sync: batch` do. With `interval:MS` the committer writes without syncing and a timer syncs the journal.
+//! `commitlog_sync: batch` do. When several partitions are appended to at once (the last pass carried more than one
+//! entry), an entry reaching an idle committer waits `commit_delay_us` for company before its pass is written, so one
+//! sync serves more entries (PostgreSQL's `commit_delay`); a single partition's log gathers its own appenders into
+//! one entry while the previous one syncs, so it never waits. With `interval:MS` the committer writes
+//! without syncing and a timer syncs the journal.
 //!
 //! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
 //! starts a new one and a checkpoint syncs every segment file written during the old one, then deletes it. At start,
@@ -216,6 +220,11 @@ pub struct JournalOptions {
     pub fsync: FsyncPolicy,
     /// A journal file past this many bytes is replaced by a new one and checkpointed.
     pub file_bytes: u64,
+    /// `Always`: when an entry arrives at an idle committer and the previous pass carried entries of more than one
+    /// partition log (several partitions are being appended to at once), wait this long for more entries before writing the pass, so one sync
+    /// serves more of them (PostgreSQL's `commit_delay` with `commit_siblings`; MySQL's
+    /// `binlog_group_commit_sync_delay`). A lone appender never waits. 0 turns it off.
+    pub commit_delay_us: u64,
 }
 
 /// An entry waiting for the committer.
@@ -275,6 +284,8 @@ pub struct Journal {
     observer: RefCell<Option<PassObserver>>,
     /// Checkpoints still running (their journal files are deleted when they finish).
     checkpoints_running: Cell<usize>,
+    /// Entries the last pass carried (the commit delay applies only after a pass of more than one).
+    last_pass_entries: Cell<usize>,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -315,6 +326,7 @@ impl Journal {
             stats: Cell::new(JournalStats::default()),
             observer: RefCell::new(None),
             checkpoints_running: Cell::new(0),
+            last_pass_entries: Cell::new(0),
         });
         glommio::spawn_local(journal.clone().run_committer()).detach();
         if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
@@ -462,6 +474,14 @@ impl Journal {
                     return;
                 }
                 listener.await;
+                let delay = self.opts.commit_delay_us;
+                if delay > 0
+                    && self.opts.fsync == FsyncPolicy::Always
+                    && self.last_pass_entries.get() > 1
+                    && !self.closed.get()
+                {
+                    glommio::timer::sleep(std::time::Duration::from_micros(delay)).await;
+                }
                 continue;
             }
             drop(listener);
@@ -545,6 +565,7 @@ impl Journal {
         }
         let now = std::time::Instant::now();
         let records: u64 = pass.iter().map(|q| u64::from(q.records)).sum();
+        self.last_pass_entries.set(pass.len());
         self.bump(|s| {
             s.passes += 1;
             s.entries += pass.len() as u64;
@@ -911,5 +932,72 @@ mod tests {
             with_magic.extend(&bytes);
             let _ = scan(&with_magic);
         }
+    }
+
+    /// The commit delay: a lone appender is synced at once, pass after pass; once a pass carried more than one
+    /// entry, an entry reaching the idle committer waits for company, and an entry queued meanwhile shares its pass.
+    #[test]
+    fn the_commit_delay_gathers_concurrent_appenders_and_never_holds_a_lone_one() {
+        use super::super::sim::{Sim, SimStorage};
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+                // Long enough that the second entry below is queued well inside it, whatever the machine's load.
+                let delay_us = 200_000;
+                let journal = Journal::open(
+                    storage.clone(),
+                    Rc::new(crate::clock::RealClock),
+                    Path::new("/sim/journal"),
+                    0,
+                    JournalOptions {
+                        fsync: FsyncPolicy::Always,
+                        file_bytes: 1 << 20,
+                        commit_delay_us: delay_us,
+                    },
+                )
+                .await
+                .expect("journal opens");
+                let segment = storage
+                    .open(Path::new("/sim/seg"), true)
+                    .await
+                    .expect("segment");
+                let commit = |records: u32| {
+                    let (journal, segment) = (journal.clone(), segment.clone());
+                    glommio::spawn_local(async move {
+                        journal
+                            .commit(begin_entry(&head("t"), 0), records, segment)
+                            .await
+                    })
+                };
+                // A lone appender, one record at a time: no pass waits.
+                let started = std::time::Instant::now();
+                for _ in 0..3 {
+                    commit(1).await.expect("committed");
+                }
+                assert!(
+                    started.elapsed() < std::time::Duration::from_micros(delay_us),
+                    "a lone appender waited for the commit delay"
+                );
+                assert_eq!(journal.stats().passes, 3);
+                // Two entries queued together share a pass (no delay: the last pass had one entry); appenders are
+                // concurrent from now on.
+                let (a, b) = (commit(1), commit(1));
+                a.await.expect("committed");
+                b.await.expect("committed");
+                assert_eq!(journal.stats().passes, 4);
+                let first = commit(1);
+                futures_lite::future::yield_now().await;
+                let second = commit(1);
+                first.await.expect("committed");
+                second.await.expect("committed");
+                let stats = journal.stats();
+                assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
+                assert_eq!(stats.records, 7);
+                assert!(started.elapsed() >= std::time::Duration::from_micros(delay_us));
+                journal.close().await;
+            });
     }
 }
