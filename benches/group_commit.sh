@@ -5,16 +5,20 @@
 #     XACK, driven by the same `berth bench --protocol redis`), then berth at 1, 16 and 256 partitions;
 #   - the same cycle batched, 100 messages per request, and batched produce alone;
 #   - fsynced produce at 64 connections with wrk (epoll client, keyless POST /produce) on 1 and 16 partitions.
-#   benches/group_commit.sh [--duration 10s] [--out DIR]
+#   benches/group_commit.sh [--duration 10s] [--rounds 3] [--out DIR]
+# The Redis and berth cycles run --rounds times, interleaved (Redis, then berth at each partition count, per round),
+# and the summary quotes each one's median: on a shared, noisy machine one run of each says little.
 # Needs redis-server and wrk (apt-get install redis-server wrk); a missing one is skipped with a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=10s
+rounds=3
 out="benches/results/group-commit-$(date -u +%Y-%m-%dT%H%M%SZ)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,20 +35,22 @@ run() {  # run NAME bench-args...
   echo "  $name done"
 }
 
-if command -v redis-server >/dev/null; then
-  taskset -c 0 redis-server --port 16399 --bind 127.0.0.1 --dir "$tmp" --save "" \
-    --appendonly yes --appendfsync always > "$tmp/redis.log" 2>&1 & rpid=$!
-  for _ in $(seq 50); do redis-cli -p 16399 ping >/dev/null 2>&1 && break; sleep 0.1; done
-  "$berth" --server 127.0.0.1:16399 bench --protocol redis --server-pid "$rpid" --workload cycle --connections 16 \
-    --duration "$duration" --client-cpus "$last" --json "$out/redis-always-cycle.json" > "$out/redis-always-cycle.txt" 2>&1
-  echo "  redis-always-cycle done"
-  kill "$rpid"; wait "$rpid" 2>/dev/null || true
-else
-  echo "redis-server not installed: no Redis baseline" >&2
-fi
-
-for p in 1 16 256 1000; do
-  run "berth-always-cycle-p$p" --workload cycle --connections 16 --partitions "$p" --fsync always --server-cpus 0
+for r in $(seq "$rounds"); do
+  if command -v redis-server >/dev/null; then
+    rm -rf "$tmp/redis"; mkdir -p "$tmp/redis"
+    taskset -c 0 redis-server --port 16399 --bind 127.0.0.1 --dir "$tmp/redis" --save "" \
+      --appendonly yes --appendfsync always > "$tmp/redis.log" 2>&1 & rpid=$!
+    for _ in $(seq 50); do redis-cli -p 16399 ping >/dev/null 2>&1 && break; sleep 0.1; done
+    "$berth" --server 127.0.0.1:16399 bench --protocol redis --server-pid "$rpid" --workload cycle --connections 16 \
+      --duration "$duration" --client-cpus "$last" --json "$out/redis-always-cycle-r$r.json" > "$out/redis-always-cycle-r$r.txt" 2>&1
+    echo "  redis-always-cycle-r$r done"
+    kill "$rpid"; wait "$rpid" 2>/dev/null || true
+  elif [ "$r" = 1 ]; then
+    echo "redis-server not installed: no Redis baseline" >&2
+  fi
+  for p in 1 16 256 1000; do
+    run "berth-always-cycle-p$p-r$r" --workload cycle --connections 16 --partitions "$p" --fsync always --server-cpus 0
+  done
 done
 run "berth-always-cycle-batch100" --workload cycle --connections 16 --batch 100 --fsync always --server-cpus 0
 run "berth-always-produce-batch100" --workload produce --connections 16 --batch 100 --fsync always --server-cpus 0
@@ -83,25 +89,37 @@ for name in sorted(os.listdir(out)):
         per_sec = m.get("per_sec", 0)
         msgs = per_sec * d["settings"].get("batch", 1)
         rows.append((name[:-5], op, per_sec, msgs, m.get("p50_us"), m.get("p99_us"), d.get("server_cpu_us_per_unit")))
-    elif name.startswith("wrk-") and name.endswith(".txt"):
+    elif name.startswith("wrk-") and name.endswith(".txt") and "metrics" not in name:
         text = open(path).read()
         rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
         lat = re.search(r"Latency\s+(\S+)", text)
         rows.append((name[:-4], "produce", float(rps.group(1)) if rps else 0, float(rps.group(1)) if rps else 0, lat.group(1) if lat else None, None, None))
-lines = ["| run | op | requests/s | messages/s | p50 µs (wrk: mean) | p99 µs | server CPU µs/op |", "|---|---|---|---|---|---|---|"]
+# Rounds of one configuration (NAME-rK) are summarised by their median.
+import statistics
+groups = {}
 for r in rows:
-    lines.append("| %s | %s | %.0f | %.0f | %s | %s | %s |" % (r[0], r[1], r[2], r[3], r[4], r[5], "%.1f" % r[6] if r[6] else "n/a"))
-get = lambda n: next((r[2] for r in rows if r[0] == n), 0)
+    base = re.sub(r"-r\d+$", "", r[0])
+    groups.setdefault(base, []).append(r)
+lines = ["| run | op | requests/s (median) | rounds | messages/s | p50 µs (wrk: mean) | p99 µs | server CPU µs/op |", "|---|---|---|---|---|---|---|---|"]
+med = {}
+for base, rs in groups.items():
+    rs.sort(key=lambda r: r[2])
+    med[base] = statistics.median(r[2] for r in rs)
+    # Latency and CPU columns: the round nearest the median.
+    m = min(rs, key=lambda r: abs(r[2] - med[base]))
+    each = ", ".join("%.0f" % r[2] for r in rs) if len(rs) > 1 else "1"
+    lines.append("| %s | %s | %.0f | %s | %.0f | %s | %s | %s |" % (base, m[1], med[base], each, med[base] * (m[3] / m[2] if m[2] else 1), m[4], m[5], "%.1f" % m[6] if m[6] else "n/a"))
+get = lambda n: med.get(n, 0)
 redis = get("redis-always-cycle")
 one = get("berth-always-cycle-p1")
 lines.append("")
 for p in (1, 16, 256, 1000):
     b = get("berth-always-cycle-p%d" % p)
-    parts = ["berth cycle at %d partitions: %.0f/s" % (p, b)]
+    parts = ["berth cycle at %d partitions: %.0f/s (median)" % (p, b)]
     if one:
         parts.append("%.2f× the 1-partition figure" % (b / one))
     if redis:
-        parts.append("%.2f× Redis appendfsync always (%.0f/s)" % (b / redis, redis))
+        parts.append("%.2f× Redis appendfsync always (%.0f/s, median)" % (b / redis, redis))
     lines.append("- " + ", ".join(parts))
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
