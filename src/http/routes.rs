@@ -553,38 +553,57 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         .with_header("delivery-count", d.delivery_count)
 }
 
-fn delivery_header(d: &Delivery) -> serde_json::Map<String, serde_json::Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("partition".into(), json!(d.partition));
-    m.insert("offset".into(), json!(d.offset));
-    m.insert("receipt_handle".into(), json!(handle_of(d)));
-    m.insert("delivery_count".into(), json!(d.delivery_count));
-    m
+/// A delivery's JSON fields after the body's, written by hand (a `serde_json::Map` per delivery — a BTreeMap of four
+/// owned keys — was ~15 % of a core in the batched cycle). The keys come in the order serde_json's map gives them
+/// (sorted), so the bytes are those of the map; `delivery_fields_match_serde_json` checks that.
+fn push_delivery_fields(out: &mut Vec<u8>, d: &Delivery) {
+    use std::io::Write;
+    let _ = write!(
+        out,
+        "\"delivery_count\":{},\"offset\":{},\"partition\":{},\"receipt_handle\":\"{}:{}:{}\"}}",
+        d.delivery_count, d.offset, d.partition, d.partition, d.offset, d.nonce
+    );
+}
+
+/// `{"delivery_count":..,"offset":..,"partition":..,"receipt_handle":".."}`: a frame's header.
+fn push_delivery_header(out: &mut Vec<u8>, d: &Delivery) {
+    out.push(b'{');
+    push_delivery_fields(out, d);
 }
 
 fn ndjson_reply(deliveries: &[Delivery]) -> Response {
-    let mut out = Vec::with_capacity(deliveries.len() * 128);
+    let mut out = Vec::with_capacity(deliveries.iter().map(|d| d.payload.len() + 128).sum());
     for d in deliveries {
-        let mut m = delivery_header(d);
         match std::str::from_utf8(&d.payload) {
-            Ok(text) => m.insert("body".into(), json!(text)),
-            Err(_) => m.insert(
-                "body_base64".into(),
-                json!(base64::engine::general_purpose::STANDARD.encode(&d.payload)),
-            ),
-        };
-        serde_json::to_writer(&mut out, &m).expect("a JSON map serialises");
+            Ok(text) => {
+                out.extend_from_slice(b"{\"body\":");
+                serde_json::to_writer(&mut out, text).expect("a string serialises");
+            }
+            Err(_) => {
+                out.extend_from_slice(b"{\"body_base64\":\"");
+                out.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(&d.payload)
+                        .as_bytes(),
+                );
+                out.push(b'"');
+            }
+        }
+        out.push(b',');
+        push_delivery_fields(&mut out, d);
         out.push(b'\n');
     }
     Response::bytes(200, NDJSON, out.into())
 }
 
 fn frames_reply(deliveries: &[Delivery]) -> Response {
-    let mut out = Vec::with_capacity(deliveries.len() * 160);
+    let mut out = Vec::with_capacity(deliveries.iter().map(|d| d.payload.len() + 128).sum());
     for d in deliveries {
-        let header = serde_json::to_vec(&delivery_header(d)).expect("a JSON map serialises");
-        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        out.extend_from_slice(&header);
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        push_delivery_header(&mut out, d);
+        let header_len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&header_len.to_le_bytes());
         out.extend_from_slice(&(d.payload.len() as u32).to_le_bytes());
         out.extend_from_slice(&d.payload);
     }
@@ -662,6 +681,60 @@ mod tests {
             Some("Bearer 0123456789abcdefX"),
         ] {
             assert!(!authorized(token, bad), "{bad:?}");
+        }
+    }
+
+    /// The hand-written delivery JSON is byte for byte what a serde_json map of the same fields gives.
+    #[test]
+    fn delivery_fields_match_serde_json() {
+        use base64::Engine as _;
+        let deliveries = [
+            (0u32, 0u64, 1u64, 1u32, &b"hello"[..]),
+            (
+                7,
+                u64::MAX,
+                u64::MAX,
+                u32::MAX,
+                b"quote \" backslash \\ newline \n tab \t \x01 \xc3\xa9",
+            ),
+            (3, 42, 459798116743936001, 2, b"\xff\x00binary"),
+            (1, 1, 1, 1, b""),
+        ];
+        for (partition, offset, nonce, delivery_count, payload) in deliveries {
+            let d = Delivery {
+                partition,
+                offset,
+                nonce,
+                delivery_count,
+                expires_at_ms: 0,
+                payload: bytes::Bytes::copy_from_slice(payload),
+            };
+            let mut m = serde_json::Map::new();
+            m.insert("partition".into(), json!(partition));
+            m.insert("offset".into(), json!(offset));
+            m.insert(
+                "receipt_handle".into(),
+                json!(format!("{partition}:{offset}:{nonce}")),
+            );
+            m.insert("delivery_count".into(), json!(delivery_count));
+            let mut header = Vec::new();
+            push_delivery_header(&mut header, &d);
+            assert_eq!(
+                String::from_utf8(header).unwrap(),
+                serde_json::to_string(&m).unwrap()
+            );
+            match std::str::from_utf8(payload) {
+                Ok(text) => m.insert("body".into(), json!(text)),
+                Err(_) => m.insert(
+                    "body_base64".into(),
+                    json!(base64::engine::general_purpose::STANDARD.encode(payload)),
+                ),
+            };
+            let line = ndjson_reply(std::slice::from_ref(&d)).body;
+            assert_eq!(
+                String::from_utf8(line.to_vec()).unwrap(),
+                serde_json::to_string(&m).unwrap() + "\n"
+            );
         }
     }
 }
