@@ -628,18 +628,46 @@ async fn settle(
             .expect("a single settle has one result")?;
         return Ok(Response::empty(200));
     }
-    let results: Vec<serde_json::Value> = handles
+    let results: Vec<SettleResult> = handles
         .iter()
         .zip(results.iter())
         .map(|(h, r)| match r {
-            Ok(()) => json!({"receipt_handle": h, "status": 200}),
+            Ok(()) => SettleResult {
+                error: None,
+                message: None,
+                receipt_handle: h,
+                status: 200,
+            },
             Err(e) => {
                 let (status, code) = status_of(e);
-                json!({"receipt_handle": h, "status": status, "error": code, "message": e.to_string()})
+                SettleResult {
+                    error: Some(code),
+                    message: Some(e.to_string()),
+                    receipt_handle: h,
+                    status,
+                }
             }
         })
         .collect();
-    Ok(Response::json(200, &json!({ "results": results })))
+    let body = serde_json::to_vec(&SettleResults { results }).expect("settle results serialise");
+    Ok(Response::bytes(200, "application/json", body.into()))
+}
+
+/// One handle's result in a batch settle's answer. Fields in the order a `serde_json` map would give them (sorted):
+/// the answer's bytes are what they were when it was built as a map per handle, at a fraction of the cost.
+#[derive(serde::Serialize)]
+struct SettleResult<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    receipt_handle: &'a str,
+    status: u16,
+}
+
+#[derive(serde::Serialize)]
+struct SettleResults<'a> {
+    results: Vec<SettleResult<'a>>,
 }
 
 #[cfg(test)]
@@ -736,5 +764,32 @@ mod tests {
                 serde_json::to_string(&m).unwrap() + "\n"
             );
         }
+    }
+
+    /// A batch settle's answer is byte for byte what the map-per-handle `json!` form gave.
+    #[test]
+    fn settle_results_match_serde_json_maps() {
+        let results = vec![
+            SettleResult {
+                error: None,
+                message: None,
+                receipt_handle: "0:1:2",
+                status: 200,
+            },
+            SettleResult {
+                error: Some("invalid_receipt_handle"),
+                message: Some("bad \"handle\"".into()),
+                receipt_handle: "x\\y",
+                status: 400,
+            },
+        ];
+        let want = json!({"results": [
+            {"receipt_handle": "0:1:2", "status": 200},
+            {"receipt_handle": "x\\y", "status": 400, "error": "invalid_receipt_handle", "message": "bad \"handle\""},
+        ]});
+        assert_eq!(
+            serde_json::to_string(&SettleResults { results }).unwrap(),
+            want.to_string()
+        );
     }
 }
