@@ -347,10 +347,7 @@ fn harness_self_check_etcd_and_network() {
     drop(listener);
     drop(net);
     drop(etcd);
-    let left = common::cluster::ip(&["netns", "list"]).unwrap();
-    for n in names {
-        assert!(!left.contains(&n), "namespace {n} left behind: {left}");
-    }
+    assert_no_namespace_left(&names);
 }
 
 /// Node processes (plain single-node servers: this checks the harness, not cluster mode), in namespaces when they
@@ -397,9 +394,17 @@ fn harness_self_check_nodes() {
     let ns: Vec<String> = c.nodes().iter().filter_map(|n| n.netns.clone()).collect();
     assert_eq!(ns.len(), 2);
     drop(c);
+    assert_no_namespace_left(&ns);
+}
+
+/// None of `names` is still among the network namespaces.
+fn assert_no_namespace_left(names: &[String]) {
     let left = common::cluster::ip(&["netns", "list"]).unwrap();
-    for n in ns {
-        assert!(!left.contains(&n), "namespace {n} left behind: {left}");
+    for n in names {
+        assert!(
+            !left.contains(n.as_str()),
+            "namespace {n} left behind: {left}"
+        );
     }
 }
 

@@ -177,30 +177,13 @@ impl Proc {
             .spawn()
             .expect("spawn berth");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(a) = self.client.call("GET", "/health", &[]) {
-                if a.status == 200 {
-                    return;
-                }
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "berth exited during start ({status}); log:\n{}",
-                    self.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "berth did not become healthy; log:\n{}",
-                self.log_text()
-            );
-            thread::sleep(ms(20));
-        }
+        common::await_healthy(
+            &self.client,
+            &mut self.child,
+            Duration::from_secs(20),
+            "berth",
+            &self.log,
+        );
     }
 
     fn log_text(&self) -> String {

@@ -715,35 +715,8 @@ impl Node {
 
     /// Waits (bounded) until `/health` answers 200; panics with the log if the process exits first.
     fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + NODE_START;
-        loop {
-            if let Ok(a) = self.client.call("GET", "/health", &[]) {
-                if a.status == 200 {
-                    return;
-                }
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                panic!(
-                    "node {} exited during start ({status}); log {}:\n{}",
-                    self.id,
-                    self.log.display(),
-                    tail(&self.log_text(), 60)
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {} not healthy after {NODE_START:?}; log {}:\n{}",
-                self.id,
-                self.log.display(),
-                tail(&self.log_text(), 60)
-            );
-            std::thread::sleep(POLL);
-        }
+        let what = format!("node {}", self.id);
+        super::await_healthy(&self.client, &mut self.child, NODE_START, &what, &self.log);
     }
 
     /// SIGKILL (also a paused process), and reap.

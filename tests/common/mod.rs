@@ -44,6 +44,45 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Waits (bounded by `limit`) until `GET /health` through `client` answers 200. If the process exits first, or the
+/// time runs out, panics naming `what` with the last lines of its log.
+pub fn await_healthy(
+    client: &Client,
+    child: &mut Option<Child>,
+    limit: Duration,
+    what: &str,
+    log: &Path,
+) {
+    let log_tail = || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(200)..].join("\n")
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(a) = client.call("GET", "/health", &[]) {
+            if a.status == 200 {
+                return;
+            }
+        }
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            *child = None;
+            panic!(
+                "{what} exited during start ({status}); log {}:\n{}",
+                log.display(),
+                log_tail()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not healthy after {limit:?}; log {}:\n{}",
+            log.display(),
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl Server {
     /// Starts a server with `cores` cores on a new temp data dir; `extra` are more `serve` flags.
     pub fn start(cores: usize, extra: &[&str]) -> Server {
@@ -101,30 +140,13 @@ impl Server {
 
     /// Waits (bounded) until /health answers 200.
     pub fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(a) = self.client.call("GET", "/health", &[]) {
-                if a.status == 200 {
-                    return;
-                }
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "berth exited during start ({status}); log:\n{}",
-                    self.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "berth did not become healthy; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        await_healthy(
+            &self.client,
+            &mut self.child,
+            Duration::from_secs(20),
+            "berth",
+            &self.log,
+        );
     }
 
     pub fn log_text(&self) -> String {
