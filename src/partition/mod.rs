@@ -8,7 +8,7 @@ pub mod inflight;
 
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
-use crate::storage::log::{Log, ReadError, Record};
+use crate::storage::log::{Log, ReadAhead, ReadError, Record};
 use bytes::Bytes;
 pub use error::PartitionError;
 use inflight::{InFlight, Lease, Limits, Redelivery, ReserveStop};
@@ -585,6 +585,7 @@ impl Partition {
         let g = self.group(group)?;
         let mut taken = Taken::default();
         let mut leases: Vec<Lease> = Vec::with_capacity(max.min(64));
+        let mut ahead = ReadAhead::default();
         let now = self.clock.now_ms();
         let mut reserved = Reserved {
             group: &g,
@@ -603,8 +604,9 @@ impl Partition {
                 .handles
                 .extend(leases.iter().map(|l| (l.offset, l.nonce)));
             let mut short = false;
+            let until = leases.iter().map(|l| l.offset + 1).max().unwrap_or(0);
             for lease in &leases {
-                match self.read_leased(&g, lease, end).await {
+                match self.read_leased(&g, lease, end, until, &mut ahead).await {
                     Ok(payload) => {
                         bump(&g.counters.delivered, 1);
                         if lease.delivery_count > 1 {
@@ -646,9 +648,17 @@ impl Partition {
 
     /// Reads one leased record. On failure the lease is settled or released here and the reason returned:
     /// `Empty` for a skipped or vanished record (look further), `Unavailable` for a read error.
-    async fn read_leased(&self, g: &Group, lease: &Lease, end: u64) -> Result<Bytes, Stop> {
+    /// The batch reads on up to `until` (see `Log::read_ahead`).
+    async fn read_leased(
+        &self,
+        g: &Group,
+        lease: &Lease,
+        end: u64,
+        until: u64,
+        ahead: &mut ReadAhead,
+    ) -> Result<Bytes, Stop> {
         let now = self.clock.now_ms();
-        match self.log.read(lease.offset).await {
+        match self.log.read_ahead(lease.offset, until, ahead).await {
             Ok(Record { payload, .. }) => {
                 // Failures count only while consecutive: a record that reads is forgiven.
                 if !self.read_failures.borrow().is_empty() {

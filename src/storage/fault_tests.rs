@@ -2,7 +2,7 @@
 //! lost, a failed write or sync never turns into a success, and every restart succeeds.
 
 use super::backend::Storage;
-use super::log::{AppendError, Log, LogOptions, ReadError};
+use super::log::{AppendError, Log, LogOptions, ReadAhead, ReadError};
 use super::sim::{Sim, SimStorage};
 use super::FsyncPolicy;
 use bytes::Bytes;
@@ -233,6 +233,14 @@ fn bit_flips_in_random_frames_never_panic_and_spare_every_untouched_frame() {
                         Err(e) => assert!(hit[offset], "trial {trial}: untouched offset {offset} unreadable: {e:?}, hits {hit:?}"),
                     }
                 }
+                // The same through one read-ahead over the whole batch, as a consume batch reads.
+                let mut ahead = ReadAhead::default();
+                for (offset, body) in bodies.iter().enumerate() {
+                    match reopened.read_ahead(offset as u64, bodies.len() as u64, &mut ahead).await {
+                        Ok(r) => assert_eq!(&r.payload, body, "trial {trial}: offset {offset} read ahead wrong data"),
+                        Err(e) => assert!(hit[offset], "trial {trial}: untouched offset {offset} unreadable ahead: {e:?}, hits {hit:?}"),
+                    }
+                }
             }
         });
     }
@@ -272,5 +280,68 @@ fn a_frontier_replace_is_old_or_new_after_a_cut() {
             9,
             "a failed write must not move the frontier"
         );
+    });
+}
+
+#[test]
+fn reading_ahead_returns_what_single_reads_return_with_one_read_per_run() {
+    run(async {
+        let sim = Sim::new();
+        // Small segments, so runs cross segment boundaries (a sealed segment is reopened for its reads).
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        let mut bodies = Vec::new();
+        for i in 0..300 {
+            let body = payload(i % 3, i);
+            bodies.push(body.clone());
+            log.append(body).await.unwrap();
+        }
+        let n = bodies.len() as u64;
+        let mut rng = Rng(42);
+        for _ in 0..200 {
+            let from = rng.below(n);
+            let until = (from + 1 + rng.below(64)).min(n);
+            let mut ahead = ReadAhead::default();
+            for offset in from..until {
+                let r = log.read_ahead(offset, until, &mut ahead).await.unwrap();
+                assert_eq!(
+                    r.payload, bodies[offset as usize],
+                    "offset {offset} of {from}..{until}"
+                );
+                assert_eq!(r.offset, offset);
+            }
+            // Out of order and past `until`: still right, read afresh.
+            let back = rng.below(n);
+            let r = log.read_ahead(back, until, &mut ahead).await.unwrap();
+            assert_eq!(r.payload, bodies[back as usize]);
+        }
+        // A run inside one segment costs one read; one record per read without read-ahead.
+        let seg_len = OPTS.segment_bytes as usize;
+        let per_segment = seg_len / super::frame::encoded_len(bodies[0].len() + 100);
+        assert!(
+            per_segment >= 4,
+            "the test needs several records per segment"
+        );
+        let before = sim.reads();
+        let mut ahead = ReadAhead::default();
+        let run_end = n - 2;
+        let run_start = run_end - 3;
+        for offset in run_start..run_end {
+            log.read_ahead(offset, run_end, &mut ahead).await.unwrap();
+        }
+        let ahead_reads = sim.reads() - before;
+        let before = sim.reads();
+        for offset in run_start..run_end {
+            log.read(offset).await.unwrap();
+        }
+        let single_reads = sim.reads() - before;
+        assert_eq!(single_reads, 3);
+        assert!(ahead_reads <= 2, "a run of 3 took {ahead_reads} reads");
+        // Records not yet in the log are not read ahead (nor handed out).
+        assert!(matches!(
+            log.read_ahead(n, n + 10, &mut ReadAhead::default()).await,
+            Err(ReadError::NotYet)
+        ));
     });
 }

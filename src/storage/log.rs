@@ -58,6 +58,18 @@ pub struct Record {
     pub payload: Bytes,
 }
 
+/// Longest run of frames [`Log::read_ahead`] reads with one call: 256 KiB.
+pub const READ_AHEAD_BYTES: u64 = 256 << 10;
+
+/// Frames read ahead by one consume call (see [`Log::read_ahead`]). It lives on that call's stack, on the
+/// partition's core, and is dropped with it; the records handed out share its buffer (no copy per record).
+#[derive(Default)]
+pub struct ReadAhead {
+    segment_base: u64,
+    start: u64,
+    bytes: Bytes,
+}
+
 /// Why an append failed. Nothing of a failed append is ever readable or acknowledged.
 #[derive(Debug, Clone)]
 pub enum AppendError {
@@ -767,7 +779,22 @@ impl Log {
 
     /// Reads the record at `offset` and verifies it.
     pub async fn read(&self, offset: u64) -> Result<Record, ReadError> {
-        let (file, pos, len) = {
+        self.read_ahead(offset, offset + 1, &mut ReadAhead::default())
+            .await
+    }
+
+    /// Reads the record at `offset` and verifies it, as [`Log::read`] does; when the caller will read the offsets
+    /// up to `until` next (a consume batch), the frames up to there (at most [`READ_AHEAD_BYTES`], within one
+    /// segment) are read with the same call and kept in `ra`, so a batch of consecutive deliveries costs one read
+    /// instead of one per record. Only bytes of frames already in the log are read ahead (a segment's `len` and
+    /// `positions` grow after the frames are written), so what `ra` holds never changes under it.
+    pub async fn read_ahead(
+        &self,
+        offset: u64,
+        until: u64,
+        ra: &mut ReadAhead,
+    ) -> Result<Record, ReadError> {
+        let (file, base, pos, len, span_end) = {
             let st = self.state.borrow();
             let start = st.segments.first().map_or(0, |s| s.base);
             if offset < start {
@@ -790,33 +817,60 @@ impl Log {
             if pos == NO_POSITION {
                 return Err(ReadError::Corrupt);
             }
-            let end = seg.positions[slot + 1..]
-                .iter()
-                .find(|&&p| p != NO_POSITION)
-                .map_or(seg.len, |&p| p as u64);
+            let next_position = |from: usize| {
+                seg.positions
+                    .get(from..)
+                    .and_then(|rest| rest.iter().find(|&&p| p != NO_POSITION))
+                    .map_or(seg.len, |&p| p as u64)
+            };
+            let end = next_position(slot + 1);
+            let len = end.saturating_sub(pos as u64);
+            let span_end = if until > offset + 1 {
+                let wanted =
+                    next_position((until.min(offset + u32::MAX as u64) - seg.base) as usize);
+                wanted.min(pos as u64 + READ_AHEAD_BYTES.max(len)).max(end)
+            } else {
+                end
+            };
             (
                 seg.file.clone().ok_or(seg.base),
+                seg.base,
                 pos as u64,
-                end.saturating_sub(pos as u64),
+                len,
+                span_end,
             )
         };
-        let file = match file {
-            Ok(file) => file,
-            Err(base) => self.sealed_file(base).await.map_err(ReadError::Io)?,
-        };
-        let bytes = match file.read_cached(pos, len as usize) {
-            Some(bytes) => bytes,
-            None => file
-                .read_at(pos, len as usize)
-                .await
-                .map_err(ReadError::Io)?,
-        };
-        match frame::decode_frame(&bytes, offset, self.opts.max_payload) {
-            Ok((header, payload)) => Ok(Record {
-                offset,
-                timestamp_ms: header.timestamp_ms,
-                payload: Bytes::copy_from_slice(payload),
-            }),
+        let held = ra.segment_base == base
+            && ra.start <= pos
+            && pos + len <= ra.start + ra.bytes.len() as u64;
+        if !held {
+            let file = match file {
+                Ok(file) => file,
+                Err(base) => self.sealed_file(base).await.map_err(ReadError::Io)?,
+            };
+            let span = (span_end - pos) as usize;
+            let bytes = match file.read_cached(pos, span) {
+                Some(bytes) => bytes,
+                None => file.read_at(pos, span).await.map_err(ReadError::Io)?,
+            };
+            *ra = ReadAhead {
+                segment_base: base,
+                start: pos,
+                bytes: Bytes::from(bytes),
+            };
+        }
+        let from = (pos - ra.start) as usize;
+        let to = (from + len as usize).min(ra.bytes.len());
+        let frame = ra.bytes.slice(from..to);
+        match frame::decode_frame(&frame, offset, self.opts.max_payload) {
+            Ok((header, payload)) => {
+                let at = payload.as_ptr() as usize - frame.as_ptr() as usize;
+                Ok(Record {
+                    offset,
+                    timestamp_ms: header.timestamp_ms,
+                    payload: frame.slice(at..at + payload.len()),
+                })
+            }
             Err(e) => {
                 error!(dir = %self.dir.display(), offset, error = ?e, "frame failed its check on read");
                 Err(ReadError::Corrupt)

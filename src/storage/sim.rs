@@ -30,6 +30,8 @@ struct State {
     fail_syncs: Option<(i32, u32)>,
     /// Segment reads still to fail.
     fail_reads: Option<ReadFault>,
+    /// Reads of open files so far (`read_cached` hits and `read_at` calls).
+    reads: u64,
 }
 
 /// Reads of open files that fail: `left` more, with `errno`, of the files under `under` (every file if None).
@@ -115,6 +117,12 @@ impl Sim {
             left: count,
             under,
         });
+    }
+
+    /// Reads of open files so far: `read_cached` hits and `read_at` calls (a miss followed by its `read_at` counts
+    /// once).
+    pub fn reads(&self) -> u64 {
+        self.state.borrow().reads
     }
 
     /// Failing reads still armed (0 when none).
@@ -258,19 +266,22 @@ impl SegmentFile for SimSegment {
     }
 
     fn read_cached(&self, pos: u64, len: usize) -> Option<Vec<u8>> {
-        let st = self.sim.state.borrow();
+        let mut st = self.sim.state.borrow_mut();
         if st.read_fails(&self.path) {
             return None;
         }
         let f = st.files.get(&self.path)?;
         let start = (pos as usize).min(f.data.len());
         let end = (start + len).min(f.data.len());
-        (end - start == len).then(|| f.data[start..end].to_vec())
+        let bytes = (end - start == len).then(|| f.data[start..end].to_vec());
+        st.reads += bytes.is_some() as u64;
+        bytes
     }
 
     fn read_at(&self, pos: u64, len: usize) -> IoFuture<'_, Vec<u8>> {
         Box::pin(async move {
             let mut st = self.sim.state.borrow_mut();
+            st.reads += 1;
             if let Some(e) = st.take_read_fault(&self.path) {
                 return Err(e);
             }
