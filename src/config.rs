@@ -90,9 +90,10 @@ pub struct Config {
     /// A core's journal file is checkpointed (its segments synced) and replaced once it holds this many bytes.
     /// Bounds the replay at start. 64 MiB.
     pub journal_file_bytes: u64,
-    /// fsync `always`: how long an append reaching an idle journal committer waits for others before its pass is
-    /// written and synced, when the previous pass carried appends of more than one partition (one partition's
-    /// appenders are gathered by its log and never wait).
+    /// fsync `always`: how long an append waits for others before it is written and synced, once appends are
+    /// concurrent: an entry reaching an idle journal committer when the previous pass carried more than one
+    /// partition's entry, and a partition's next batch when its previous batch gathered more than one append.
+    /// A lone appender never waits.
     /// 0 to 10000 µs. Default 100.
     pub journal_commit_delay_us: u64,
     /// How often a moved frontier is written to consumer.offset. Default 100 ms.

@@ -8,8 +8,9 @@
 //! sync runs are served in the next pass (group commit), as ScyllaDB's per-shard commitlog and Cassandra's
 //! `commitlog_sync: batch` do. When several partitions are appended to at once (the last pass carried more than one
 //! entry), an entry reaching an idle committer waits `commit_delay_us` for company before its pass is written, so one
-//! sync serves more entries (PostgreSQL's `commit_delay`); a single partition's log gathers its own appenders into
-//! one entry while the previous one syncs, so it never waits. With `interval:MS` the committer writes
+//! sync serves more entries (PostgreSQL's `commit_delay`). A single partition's log gathers its own appenders into
+//! one entry while the previous one syncs; when that entry carried several, the log waits the same delay before
+//! writing its next one. A lone appender never waits. With `interval:MS` the committer writes
 //! without syncing and a timer syncs the journal.
 //!
 //! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
@@ -53,6 +54,37 @@ fn zero_ahead(file_bytes: u64) -> u64 {
 }
 /// Largest number of entry bytes one pass writes (further entries wait for the next pass). 8 MiB.
 const MAX_PASS_BYTES: usize = 8 << 20;
+
+/// The commit delay's wait: `delay_us`, cut short when `done()` holds (the journal or log is closing), checked each
+/// time `event` fires. Returns at once when `delay_us` is 0.
+pub(super) async fn wait_for_company(event: &Event, delay_us: u64, done: impl Fn() -> bool) {
+    if delay_us == 0 {
+        return;
+    }
+    let mut timer = std::pin::pin!(glommio::timer::sleep(std::time::Duration::from_micros(
+        delay_us
+    )));
+    loop {
+        let listener = event.listen();
+        if done() {
+            return;
+        }
+        let woken = futures_lite::future::or(
+            async {
+                listener.await;
+                true
+            },
+            async {
+                timer.as_mut().await;
+                false
+            },
+        )
+        .await;
+        if !woken {
+            return;
+        }
+    }
+}
 
 /// Where an entry's frames belong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -390,6 +422,15 @@ impl Journal {
     }
 
     /// Counters since open.
+    /// How long an append that has company waits for more before it is written (`commit_delay_us` under fsync
+    /// `always`; 0 otherwise, where no append waits for a sync).
+    pub fn commit_delay_us(&self) -> u64 {
+        match self.opts.fsync {
+            FsyncPolicy::Always => self.opts.commit_delay_us,
+            _ => 0,
+        }
+    }
+
     pub fn stats(&self) -> JournalStats {
         self.stats.get()
     }
@@ -474,13 +515,11 @@ impl Journal {
                     return;
                 }
                 listener.await;
-                let delay = self.opts.commit_delay_us;
-                if delay > 0
-                    && self.opts.fsync == FsyncPolicy::Always
-                    && self.last_pass_entries.get() > 1
-                    && !self.closed.get()
-                {
-                    glommio::timer::sleep(std::time::Duration::from_micros(delay)).await;
+                if self.last_pass_entries.get() > 1 && !self.closed.get() {
+                    wait_for_company(&self.queue_event, self.commit_delay_us(), || {
+                        self.closed.get()
+                    })
+                    .await;
                 }
                 continue;
             }
@@ -988,6 +1027,7 @@ mod tests {
                 a.await.expect("committed");
                 b.await.expect("committed");
                 assert_eq!(journal.stats().passes, 4);
+                let company = std::time::Instant::now();
                 let first = commit(1);
                 futures_lite::future::yield_now().await;
                 let second = commit(1);
@@ -996,7 +1036,86 @@ mod tests {
                 let stats = journal.stats();
                 assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
                 assert_eq!(stats.records, 7);
-                assert!(started.elapsed() >= std::time::Duration::from_micros(delay_us));
+                assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+                journal.close().await;
+            });
+    }
+
+    /// The commit delay in a partition's log: a lone appender is written at once, batch after batch; after a batch
+    /// that gathered several appends, the log waits for company, and appends made meanwhile share one batch.
+    #[test]
+    fn a_log_whose_batch_gathered_several_appends_waits_for_company_and_a_lone_one_never_does() {
+        use super::super::log::{JournalLink, Log, LogOptions};
+        use super::super::sim::{Sim, SimStorage};
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+                let clock: Rc<dyn Clock> = Rc::new(crate::clock::RealClock);
+                let delay_us = 200_000;
+                let journal = Journal::open(
+                    storage.clone(),
+                    clock.clone(),
+                    Path::new("/sim/journal"),
+                    0,
+                    JournalOptions {
+                        fsync: FsyncPolicy::Always,
+                        file_bytes: 1 << 20,
+                        commit_delay_us: delay_us,
+                    },
+                )
+                .await
+                .expect("journal opens");
+                let log = Log::open_with(
+                    storage,
+                    clock,
+                    Path::new("/sim/topics/t/0"),
+                    LogOptions {
+                        segment_bytes: 1 << 20,
+                        max_payload: 1 << 16,
+                        fsync: FsyncPolicy::Always,
+                    },
+                    Some(JournalLink {
+                        journal: journal.clone(),
+                        topic: "t".into(),
+                        topic_id: 1,
+                        partition: 0,
+                    }),
+                )
+                .await
+                .expect("log opens");
+                let append = |body: &'static [u8]| {
+                    let log = log.clone();
+                    glommio::spawn_local(async move {
+                        log.append(bytes::Bytes::from_static(body)).await
+                    })
+                };
+                let started = std::time::Instant::now();
+                for _ in 0..3 {
+                    append(b"lone").await.expect("appended");
+                }
+                assert!(
+                    started.elapsed() < std::time::Duration::from_micros(delay_us),
+                    "a lone appender waited for the commit delay"
+                );
+                assert_eq!(log.io_counts().0, 3);
+                // Two appends queued together share a batch; from then on appenders are concurrent.
+                let (a, b) = (append(b"a"), append(b"b"));
+                a.await.expect("appended");
+                b.await.expect("appended");
+                assert_eq!(log.io_counts().0, 4);
+                // The writer now waits: appends made one after the other meanwhile share one batch.
+                let company = std::time::Instant::now();
+                let c = append(b"c");
+                futures_lite::future::yield_now().await;
+                let d = append(b"d");
+                assert_eq!(c.await.expect("appended"), 5);
+                assert_eq!(d.await.expect("appended"), 6);
+                assert_eq!(log.io_counts().0, 5, "c and d share one batch");
+                assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+                log.close().await;
                 journal.close().await;
             });
     }

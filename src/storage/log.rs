@@ -430,7 +430,22 @@ impl Log {
                     listener.await;
                 }
             };
+            let company = batch.len();
             self.write_batch(batch).await;
+            // Appenders are concurrent (this batch gathered several): give the next batch the journal's commit
+            // delay to fill, so one sync serves more of them. A lone appender never waits. (Ending the wait as soon
+            // as as many appends as last time are queued was tried: batches shrink pass after pass, and at 16
+            // partitions syncs rose by a fifth and cycles fell by 12 %.)
+            if company > 1 && !self.closed.get() {
+                if let Some(link) = &self.journal {
+                    journal::wait_for_company(
+                        &self.queue_event,
+                        link.journal.commit_delay_us(),
+                        || self.closed.get(),
+                    )
+                    .await;
+                }
+            }
         }
     }
 
