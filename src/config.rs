@@ -87,6 +87,9 @@ pub struct Config {
     pub mesh_channel_depth: usize,
     /// A segment file rolls once it would pass this size. Default 64 MiB, max 4 GiB - 1.
     pub segment_bytes: u64,
+    /// Bytes of each partition's newest frames kept in memory, so a consumer keeping up with its producers reads
+    /// them without a system call. Memory: at most this much per written partition. 0 to 16 MiB. Default 16 KiB.
+    pub tail_cache_bytes: u32,
     /// A core's journal file is checkpointed (its segments synced) and replaced once it holds this many bytes.
     /// Bounds the replay at start. 64 MiB.
     pub journal_file_bytes: u64,
@@ -169,6 +172,7 @@ impl Default for Config {
             idle_timeout_ms: 60_000,
             mesh_channel_depth: 1024,
             segment_bytes: 64 << 20,
+            tail_cache_bytes: 16 << 10,
             journal_file_bytes: 64 << 20,
             journal_commit_delay_us: 100,
             frontier_flush_interval_ms: 100,
@@ -325,6 +329,9 @@ impl Config {
         }
         if self.journal_file_bytes < (1 << 20) || self.journal_file_bytes > (1 << 34) {
             return Err("journal_file_bytes must be 1 MiB to 16 GiB".into());
+        }
+        if self.tail_cache_bytes > 16 << 20 {
+            return Err("tail_cache_bytes must be 0 to 16777216".into());
         }
         if self.journal_commit_delay_us > 10_000 {
             return Err("journal_commit_delay_us must be 0 to 10000".into());

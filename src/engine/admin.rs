@@ -41,6 +41,7 @@ impl Engine {
             segment_bytes: self.config.segment_bytes,
             max_payload: self.config.max_message_bytes as u32,
             fsync: self.config.fsync,
+            tail_cache_bytes: self.config.tail_cache_bytes,
         }
     }
 

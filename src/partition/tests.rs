@@ -49,6 +49,8 @@ async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
             segment_bytes: 1 << 20,
             max_payload: 1 << 16,
             fsync: FsyncPolicy::Always,
+            // Reads reach the simulated disk, whose read faults these tests inject (the tail cache has its own tests).
+            tail_cache_bytes: 0,
         },
         limits: Limits {
             max_in_flight: 16,
@@ -250,6 +252,8 @@ async fn one_core(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Front> {
         data_dir: PathBuf::from("/sim"),
         segment_bytes: 1 << 20,
         max_message_bytes: 1 << 16,
+        // Reads reach the simulated disk, whose read faults these tests inject.
+        tail_cache_bytes: 0,
         ..Config::default()
     });
     let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));

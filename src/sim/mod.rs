@@ -376,6 +376,8 @@ fn sim_config(plan: &Plan) -> Config {
         // The delay sleeps on the real clock; the simulation's interleavings must depend on its seed only.
         journal_commit_delay_us: 0,
         max_message_bytes: 512,
+        // Small, so reads go to the tail and to the disk (and its read faults) alike.
+        tail_cache_bytes: 1024,
         frontier_flush_interval_ms: 100,
         purge_interval_ms: 1000,
         ..Config::default()

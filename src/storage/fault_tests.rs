@@ -14,6 +14,7 @@ const OPTS: LogOptions = LogOptions {
     segment_bytes: 4096,
     max_payload: 1 << 16,
     fsync: FsyncPolicy::Always,
+    tail_cache_bytes: 0,
 };
 
 fn dir() -> &'static Path {
@@ -344,4 +345,66 @@ fn reading_ahead_returns_what_single_reads_return_with_one_read_per_run() {
             Err(ReadError::NotYet)
         ));
     });
+}
+
+#[test]
+fn the_tail_cache_serves_recent_records_without_a_read_and_never_a_refused_batch() {
+    for cap in [100u32, 1024, 4096] {
+        run(async move {
+            let sim = Sim::new();
+            let opts = LogOptions {
+                tail_cache_bytes: cap,
+                ..OPTS
+            };
+            let log = Log::open(storage(&sim), clock(), dir(), opts)
+                .await
+                .unwrap();
+            let mut acked: Vec<(u64, Bytes)> = Vec::new();
+            let mut rng = Rng(u64::from(cap));
+            for i in 0..120 {
+                let body = payload(0, i % 40);
+                if rng.below(5) == 0 {
+                    // A refused write leaves nothing behind, in the file or in the tail.
+                    sim.fail_writes(libc::EIO, 1);
+                    assert!(log.append(payload(9, i)).await.is_err());
+                }
+                let offset = log.append(body.clone()).await.unwrap();
+                assert_eq!(
+                    &log.read(offset).await.unwrap().payload,
+                    &body,
+                    "cap {cap}: offset {offset}"
+                );
+                acked.push((offset, body));
+                // Reads right behind the producer, as a consumer keeping up does.
+                let (o, b) = &acked[rng.below(acked.len() as u64) as usize];
+                assert_eq!(
+                    &log.read(*o).await.unwrap().payload,
+                    b,
+                    "cap {cap}: offset {o}"
+                );
+            }
+            for (o, b) in &acked {
+                assert_eq!(
+                    &log.read(*o).await.unwrap().payload,
+                    b,
+                    "cap {cap}: offset {o}"
+                );
+            }
+            // The newest record is in the tail: no read reaches the disk.
+            let (last, body) = acked.last().unwrap();
+            if crate::storage::frame::encoded_len(body.len()) <= cap as usize {
+                let before = sim.reads();
+                assert_eq!(&log.read(*last).await.unwrap().payload, body);
+                assert_eq!(
+                    sim.reads(),
+                    before,
+                    "cap {cap}: the newest record was read from the disk"
+                );
+            }
+            // The oldest one is not (the tail holds at most `cap` bytes).
+            let before = sim.reads();
+            log.read(acked[0].0).await.unwrap();
+            assert_eq!(sim.reads(), before + 1);
+        });
+    }
 }

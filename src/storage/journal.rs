@@ -1076,6 +1076,7 @@ mod tests {
                         segment_bytes: 1 << 20,
                         max_payload: 1 << 16,
                         fsync: FsyncPolicy::Always,
+                        tail_cache_bytes: 0,
                     },
                     Some(JournalLink {
                         journal: journal.clone(),

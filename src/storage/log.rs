@@ -45,6 +45,9 @@ pub struct LogOptions {
     pub max_payload: u32,
     /// When appends are synced.
     pub fsync: FsyncPolicy,
+    /// The newest frames of the active segment kept in memory, so a consumer keeping up with its producers reads
+    /// them without a system call (see `Tail`); 0 keeps none.
+    pub tail_cache_bytes: u32,
 }
 
 /// A record read back from the log.
@@ -110,6 +113,56 @@ pub struct JournalLink {
     pub partition: u32,
 }
 
+/// The newest frames of the active segment, copied from each batch (at most `tail_cache_bytes`; when it would grow
+/// past that, the older half is dropped). Lives on the partition's core. A batch's frames enter it as they are
+/// written, before they are durable, but readers look up only positions of durable frames; a batch that fails is
+/// followed by one written at the same position, which does not continue the tail, so the tail starts afresh (as it
+/// does in a new segment).
+#[derive(Default)]
+struct Tail {
+    segment_base: u64,
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl Tail {
+    /// Adds the frames written at `pos` of segment `base`.
+    fn push(&mut self, base: u64, pos: u64, frames: &[u8], cap: usize) {
+        if cap == 0 || frames.len() > cap {
+            self.bytes = Vec::new();
+            return;
+        }
+        if self.segment_base != base || self.start + self.bytes.len() as u64 != pos {
+            self.segment_base = base;
+            self.start = pos;
+            self.bytes.clear();
+        }
+        if self.bytes.len() + frames.len() > cap {
+            let keep = (cap / 2).min(self.bytes.len());
+            let drop = self.bytes.len() - keep;
+            self.bytes.drain(..drop);
+            self.start += drop as u64;
+            if self.bytes.len() + frames.len() > cap {
+                self.start += self.bytes.len() as u64;
+                self.bytes.clear();
+            }
+        }
+        if self.bytes.capacity() == 0 {
+            self.bytes.reserve_exact(cap);
+        }
+        self.bytes.extend_from_slice(frames);
+    }
+
+    /// The bytes at `pos..pos + len` of segment `base`, if held.
+    fn get(&self, base: u64, pos: u64, len: u64) -> Option<&[u8]> {
+        if self.segment_base != base || pos < self.start {
+            return None;
+        }
+        let from = (pos - self.start) as usize;
+        self.bytes.get(from..from.checked_add(len as usize)?)
+    }
+}
+
 /// One segment file.
 struct Segment {
     /// Offset of its first frame.
@@ -168,6 +221,8 @@ pub struct Log {
     poisoned: Cell<bool>,
     /// The sealed segment opened last for a read (base, file).
     sealed_cache: RefCell<Option<(u64, Rc<dyn SegmentFile>)>>,
+    /// The newest frames of the active segment (see `Tail`).
+    tail: RefCell<Tail>,
     /// Batches written (records per batch = group-commit effectiveness).
     batches: Cell<u64>,
     /// fdatasyncs issued on segments.
@@ -302,6 +357,7 @@ impl Log {
             closed: Cell::new(false),
             poisoned: Cell::new(false),
             sealed_cache: RefCell::new(None),
+            tail: RefCell::new(Tail::default()),
             batches: Cell::new(0),
             syncs: Cell::new(0),
             writer_done: Cell::new(false),
@@ -579,6 +635,14 @@ impl Log {
             frame::encode(first + i as u64, timestamp_ms, payload, &mut buf);
         }
         let end = start_pos + batch_bytes;
+        // Into the tail now (the entry moves to the journal below): see `Tail` for why this is safe before the
+        // batch is durable.
+        self.tail.borrow_mut().push(
+            base,
+            start_pos,
+            &buf[frames_at..],
+            self.opts.tail_cache_bytes as usize,
+        );
         let result = file.write_at(&buf[frames_at..], start_pos);
         let mut new_zeroed_to = zeroed_to.max(end);
         // The zero reserve saves the segment's per-batch sync a metadata commit; with a journal there is no such sync.
@@ -855,6 +919,9 @@ impl Log {
                 span_end,
             )
         };
+        if let Some(frame) = self.tail.borrow().get(base, pos, len) {
+            return self.decode(frame, offset, Bytes::copy_from_slice);
+        }
         let held = ra.segment_base == base
             && ra.start <= pos
             && pos + len <= ra.start + ra.bytes.len() as u64;
@@ -877,15 +944,22 @@ impl Log {
         let from = (pos - ra.start) as usize;
         let to = (from + len as usize).min(ra.bytes.len());
         let frame = ra.bytes.slice(from..to);
-        match frame::decode_frame(&frame, offset, self.opts.max_payload) {
-            Ok((header, payload)) => {
-                let at = payload.as_ptr() as usize - frame.as_ptr() as usize;
-                Ok(Record {
-                    offset,
-                    timestamp_ms: header.timestamp_ms,
-                    payload: frame.slice(at..at + payload.len()),
-                })
-            }
+        self.decode(&frame, offset, |payload| frame.slice_ref(payload))
+    }
+
+    /// Verifies the frame read for `offset`; `keep` turns its payload into the record's bytes.
+    fn decode(
+        &self,
+        frame: &[u8],
+        offset: u64,
+        keep: impl FnOnce(&[u8]) -> Bytes,
+    ) -> Result<Record, ReadError> {
+        match frame::decode_frame(frame, offset, self.opts.max_payload) {
+            Ok((header, payload)) => Ok(Record {
+                offset,
+                timestamp_ms: header.timestamp_ms,
+                payload: keep(payload),
+            }),
             Err(e) => {
                 error!(dir = %self.dir.display(), offset, error = ?e, "frame failed its check on read");
                 Err(ReadError::Corrupt)
