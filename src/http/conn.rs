@@ -5,7 +5,7 @@ use super::reaper::ConnTable;
 use super::request::{self, Limits, ParseError, Parsed};
 use super::response::Response;
 use super::routes;
-use crate::clock::monotonic_ms as now_ms;
+use crate::clock::coarse_ms as now_ms;
 use crate::engine::Engine;
 use crate::front::Front;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};

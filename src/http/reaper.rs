@@ -2,7 +2,7 @@
 //! one task per core sweeps the table and shuts down the read side of any connection past it (the pending read then
 //! returns 0). The same table lets shutdown wake idle connections. Lives on one core; no locks.
 
-use crate::clock::monotonic_ms as now_ms;
+use crate::clock::coarse_ms as now_ms;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::os::unix::io::RawFd;
