@@ -295,8 +295,8 @@ async fn close_after_error(
 fn is_long_poll(req: &request::Request) -> bool {
     req.method == "GET"
         && req.path == "/consume"
-        && request::query_pairs(&req.query).iter().any(|(k, v)| {
-            k == "wait" && crate::duration::parse_duration_ms(v).is_ok_and(|ms| ms > 0)
+        && form_urlencoded::parse(req.query.as_bytes()).any(|(k, v)| {
+            k == "wait" && crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0)
         })
 }
 
