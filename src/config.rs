@@ -64,8 +64,9 @@ pub struct Config {
     pub cpus: Option<Vec<usize>>,
     /// Produce durability. Default always.
     pub fsync: FsyncPolicy,
-    /// How segment syncs are issued: `inline` (the core calls fdatasync itself; default) or `io_uring` (an io-wq
-    /// worker syncs while the core keeps serving). See `storage::backend::SyncVia` for the measured trade-off.
+    /// How syncs are issued: `thread` (a blocking thread of the core's pool calls fdatasync while the core keeps
+    /// serving; default), `inline` (the core calls fdatasync itself) or `io_uring` (an io-wq worker syncs). See
+    /// `storage::backend::SyncVia` for the measured trade-off.
     pub sync_via: crate::storage::backend::SyncVia,
     /// Largest message body accepted. Default 1 MiB.
     pub max_message_bytes: usize,
