@@ -973,6 +973,23 @@ mod tests {
         }
     }
 
+    /// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
+    async fn journal_with_delay(storage: &Rc<dyn Storage>, delay_us: u64) -> Rc<Journal> {
+        Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            Path::new("/sim/journal"),
+            0,
+            JournalOptions {
+                fsync: FsyncPolicy::Always,
+                file_bytes: 1 << 20,
+                commit_delay_us: delay_us,
+            },
+        )
+        .await
+        .expect("journal opens")
+    }
+
     /// The commit delay: a lone appender is synced at once, pass after pass; once a pass carried more than one
     /// entry, an entry reaching the idle committer waits for company, and an entry queued meanwhile shares its pass.
     #[test]
@@ -986,19 +1003,7 @@ mod tests {
                 let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
                 // Long enough that the second entry below is queued well inside it, whatever the machine's load.
                 let delay_us = 200_000;
-                let journal = Journal::open(
-                    storage.clone(),
-                    Rc::new(crate::clock::RealClock),
-                    Path::new("/sim/journal"),
-                    0,
-                    JournalOptions {
-                        fsync: FsyncPolicy::Always,
-                        file_bytes: 1 << 20,
-                        commit_delay_us: delay_us,
-                    },
-                )
-                .await
-                .expect("journal opens");
+                let journal = journal_with_delay(&storage, delay_us).await;
                 let segment = storage
                     .open(Path::new("/sim/seg"), true)
                     .await
@@ -1055,19 +1060,7 @@ mod tests {
                 let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
                 let clock: Rc<dyn Clock> = Rc::new(crate::clock::RealClock);
                 let delay_us = 200_000;
-                let journal = Journal::open(
-                    storage.clone(),
-                    clock.clone(),
-                    Path::new("/sim/journal"),
-                    0,
-                    JournalOptions {
-                        fsync: FsyncPolicy::Always,
-                        file_bytes: 1 << 20,
-                        commit_delay_us: delay_us,
-                    },
-                )
-                .await
-                .expect("journal opens");
+                let journal = journal_with_delay(&storage, delay_us).await;
                 let log = Log::open_with(
                     storage,
                     clock,

@@ -905,8 +905,7 @@ impl Log {
             let end = next_position(slot + 1);
             let len = end.saturating_sub(pos as u64);
             let span_end = if until > offset + 1 {
-                let wanted =
-                    next_position((until.min(offset + u32::MAX as u64) - seg.base) as usize);
+                let wanted = next_position((until - seg.base) as usize);
                 wanted.min(pos as u64 + READ_AHEAD_BYTES.max(len)).max(end)
             } else {
                 end
