@@ -973,6 +973,15 @@ mod tests {
         }
     }
 
+    /// Runs `test` on a fresh executor with a fresh simulated disk.
+    fn on_sim_disk<F: std::future::Future<Output = ()>>(test: impl FnOnce(Rc<dyn Storage>) -> F) {
+        use super::super::sim::{Sim, SimStorage};
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async move { test(Rc::new(SimStorage(Sim::new()))).await });
+    }
+
     /// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
     async fn journal_with_delay(storage: &Rc<dyn Storage>, delay_us: u64) -> Rc<Journal> {
         Journal::open(
@@ -994,56 +1003,50 @@ mod tests {
     /// entry, an entry reaching the idle committer waits for company, and an entry queued meanwhile shares its pass.
     #[test]
     fn the_commit_delay_gathers_concurrent_appenders_and_never_holds_a_lone_one() {
-        use super::super::sim::{Sim, SimStorage};
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
-                // Long enough that the second entry below is queued well inside it, whatever the machine's load.
-                let delay_us = 200_000;
-                let journal = journal_with_delay(&storage, delay_us).await;
-                let segment = storage
-                    .open(Path::new("/sim/seg"), true)
-                    .await
-                    .expect("segment");
-                let commit = |records: u32| {
-                    let (journal, segment) = (journal.clone(), segment.clone());
-                    glommio::spawn_local(async move {
-                        journal
-                            .commit(begin_entry(&head("t"), 0), records, segment)
-                            .await
-                    })
-                };
-                // A lone appender, one record at a time: no pass waits.
-                let started = std::time::Instant::now();
-                for _ in 0..3 {
-                    commit(1).await.expect("committed");
-                }
-                assert!(
-                    started.elapsed() < std::time::Duration::from_micros(delay_us),
-                    "a lone appender waited for the commit delay"
-                );
-                assert_eq!(journal.stats().passes, 3);
-                // Two entries queued together share a pass (no delay: the last pass had one entry); appenders are
-                // concurrent from now on.
-                let (a, b) = (commit(1), commit(1));
-                a.await.expect("committed");
-                b.await.expect("committed");
-                assert_eq!(journal.stats().passes, 4);
-                let company = std::time::Instant::now();
-                let first = commit(1);
-                futures_lite::future::yield_now().await;
-                let second = commit(1);
-                first.await.expect("committed");
-                second.await.expect("committed");
-                let stats = journal.stats();
-                assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
-                assert_eq!(stats.records, 7);
-                assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
-                journal.close().await;
-            });
+        on_sim_disk(|storage| async move {
+            // Long enough that the second entry below is queued well inside it, whatever the machine's load.
+            let delay_us = 200_000;
+            let journal = journal_with_delay(&storage, delay_us).await;
+            let segment = storage
+                .open(Path::new("/sim/seg"), true)
+                .await
+                .expect("segment");
+            let commit = |records: u32| {
+                let (journal, segment) = (journal.clone(), segment.clone());
+                glommio::spawn_local(async move {
+                    journal
+                        .commit(begin_entry(&head("t"), 0), records, segment)
+                        .await
+                })
+            };
+            // A lone appender, one record at a time: no pass waits.
+            let started = std::time::Instant::now();
+            for _ in 0..3 {
+                commit(1).await.expect("committed");
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_micros(delay_us),
+                "a lone appender waited for the commit delay"
+            );
+            assert_eq!(journal.stats().passes, 3);
+            // Two entries queued together share a pass (no delay: the last pass had one entry); appenders are
+            // concurrent from now on.
+            let (a, b) = (commit(1), commit(1));
+            a.await.expect("committed");
+            b.await.expect("committed");
+            assert_eq!(journal.stats().passes, 4);
+            let company = std::time::Instant::now();
+            let first = commit(1);
+            futures_lite::future::yield_now().await;
+            let second = commit(1);
+            first.await.expect("committed");
+            second.await.expect("committed");
+            let stats = journal.stats();
+            assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
+            assert_eq!(stats.records, 7);
+            assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+            journal.close().await;
+        });
     }
 
     /// The commit delay in a partition's log: a lone appender is written at once, batch after batch; after a batch
@@ -1051,66 +1054,60 @@ mod tests {
     #[test]
     fn a_log_whose_batch_gathered_several_appends_waits_for_company_and_a_lone_one_never_does() {
         use super::super::log::{JournalLink, Log, LogOptions};
-        use super::super::sim::{Sim, SimStorage};
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
-                let clock: Rc<dyn Clock> = Rc::new(crate::clock::RealClock);
-                let delay_us = 200_000;
-                let journal = journal_with_delay(&storage, delay_us).await;
-                let log = Log::open_with(
-                    storage,
-                    clock,
-                    Path::new("/sim/topics/t/0"),
-                    LogOptions {
-                        segment_bytes: 1 << 20,
-                        max_payload: 1 << 16,
-                        fsync: FsyncPolicy::Always,
-                        tail_cache_bytes: 0,
-                    },
-                    Some(JournalLink {
-                        journal: journal.clone(),
-                        topic: "t".into(),
-                        topic_id: 1,
-                        partition: 0,
-                    }),
+        on_sim_disk(|storage| async move {
+            let clock: Rc<dyn Clock> = Rc::new(crate::clock::RealClock);
+            let delay_us = 200_000;
+            let journal = journal_with_delay(&storage, delay_us).await;
+            let log = Log::open_with(
+                storage,
+                clock,
+                Path::new("/sim/topics/t/0"),
+                LogOptions {
+                    segment_bytes: 1 << 20,
+                    max_payload: 1 << 16,
+                    fsync: FsyncPolicy::Always,
+                    tail_cache_bytes: 0,
+                },
+                Some(JournalLink {
+                    journal: journal.clone(),
+                    topic: "t".into(),
+                    topic_id: 1,
+                    partition: 0,
+                }),
+            )
+            .await
+            .expect("log opens");
+            let append = |body: &'static [u8]| {
+                let log = log.clone();
+                glommio::spawn_local(
+                    async move { log.append(bytes::Bytes::from_static(body)).await },
                 )
-                .await
-                .expect("log opens");
-                let append = |body: &'static [u8]| {
-                    let log = log.clone();
-                    glommio::spawn_local(async move {
-                        log.append(bytes::Bytes::from_static(body)).await
-                    })
-                };
-                let started = std::time::Instant::now();
-                for _ in 0..3 {
-                    append(b"lone").await.expect("appended");
-                }
-                assert!(
-                    started.elapsed() < std::time::Duration::from_micros(delay_us),
-                    "a lone appender waited for the commit delay"
-                );
-                assert_eq!(log.io_counts().0, 3);
-                // Two appends queued together share a batch; from then on appenders are concurrent.
-                let (a, b) = (append(b"a"), append(b"b"));
-                a.await.expect("appended");
-                b.await.expect("appended");
-                assert_eq!(log.io_counts().0, 4);
-                // The writer now waits: appends made one after the other meanwhile share one batch.
-                let company = std::time::Instant::now();
-                let c = append(b"c");
-                futures_lite::future::yield_now().await;
-                let d = append(b"d");
-                assert_eq!(c.await.expect("appended"), 5);
-                assert_eq!(d.await.expect("appended"), 6);
-                assert_eq!(log.io_counts().0, 5, "c and d share one batch");
-                assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
-                log.close().await;
-                journal.close().await;
-            });
+            };
+            let started = std::time::Instant::now();
+            for _ in 0..3 {
+                append(b"lone").await.expect("appended");
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_micros(delay_us),
+                "a lone appender waited for the commit delay"
+            );
+            assert_eq!(log.io_counts().0, 3);
+            // Two appends queued together share a batch; from then on appenders are concurrent.
+            let (a, b) = (append(b"a"), append(b"b"));
+            a.await.expect("appended");
+            b.await.expect("appended");
+            assert_eq!(log.io_counts().0, 4);
+            // The writer now waits: appends made one after the other meanwhile share one batch.
+            let company = std::time::Instant::now();
+            let c = append(b"c");
+            futures_lite::future::yield_now().await;
+            let d = append(b"d");
+            assert_eq!(c.await.expect("appended"), 5);
+            assert_eq!(d.await.expect("appended"), 6);
+            assert_eq!(log.io_counts().0, 5, "c and d share one batch");
+            assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+            log.close().await;
+            journal.close().await;
+        });
     }
 }
