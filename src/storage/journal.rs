@@ -9,8 +9,9 @@
 //! `commitlog_sync: batch` do. When several partitions are appended to at once (the last pass carried more than one
 //! entry), an entry reaching an idle committer waits `commit_delay_us` for company before its pass is written, so one
 //! sync serves more entries (PostgreSQL's `commit_delay`). A single partition's log gathers its own appenders into
-//! one entry while the previous one syncs; when that entry carried several, the log waits the same delay before
-//! writing its next one. A lone appender never waits. With `interval:MS` the committer writes
+//! one entry while the previous one syncs; when that entry carried several, and the journal's last pass carried one
+//! partition's entry only, the log waits the same delay before writing its next one (one wait per commit path,
+//! never two stacked). A lone appender never waits. With `interval:MS` the committer writes
 //! without syncing and a timer syncs the journal.
 //!
 //! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
@@ -429,6 +430,11 @@ impl Journal {
             FsyncPolicy::Always => self.opts.commit_delay_us,
             _ => 0,
         }
+    }
+
+    /// Entries the last pass carried (several: appends of several partitions share the journal's commit delay).
+    pub fn last_pass_entries(&self) -> usize {
+        self.last_pass_entries.get()
     }
 
     pub fn stats(&self) -> JournalStats {
@@ -1049,34 +1055,42 @@ mod tests {
         });
     }
 
+    /// Partition `partition` of topic `t`, its appends made durable by `journal`.
+    async fn log_on(
+        storage: &Rc<dyn Storage>,
+        journal: &Rc<Journal>,
+        partition: u32,
+    ) -> Rc<super::super::log::Log> {
+        use super::super::log::{JournalLink, Log, LogOptions};
+        Log::open_with(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            &Path::new("/sim/topics/t").join(partition.to_string()),
+            LogOptions {
+                segment_bytes: 1 << 20,
+                max_payload: 1 << 16,
+                fsync: FsyncPolicy::Always,
+                tail_cache_bytes: 0,
+            },
+            Some(JournalLink {
+                journal: journal.clone(),
+                topic: "t".into(),
+                topic_id: 1,
+                partition,
+            }),
+        )
+        .await
+        .expect("log opens")
+    }
+
     /// The commit delay in a partition's log: a lone appender is written at once, batch after batch; after a batch
     /// that gathered several appends, the log waits for company, and appends made meanwhile share one batch.
     #[test]
     fn a_log_whose_batch_gathered_several_appends_waits_for_company_and_a_lone_one_never_does() {
-        use super::super::log::{JournalLink, Log, LogOptions};
         on_sim_disk(|storage| async move {
-            let clock: Rc<dyn Clock> = Rc::new(crate::clock::RealClock);
             let delay_us = 200_000;
             let journal = journal_with_delay(&storage, delay_us).await;
-            let log = Log::open_with(
-                storage,
-                clock,
-                Path::new("/sim/topics/t/0"),
-                LogOptions {
-                    segment_bytes: 1 << 20,
-                    max_payload: 1 << 16,
-                    fsync: FsyncPolicy::Always,
-                    tail_cache_bytes: 0,
-                },
-                Some(JournalLink {
-                    journal: journal.clone(),
-                    topic: "t".into(),
-                    topic_id: 1,
-                    partition: 0,
-                }),
-            )
-            .await
-            .expect("log opens");
+            let log = log_on(&storage, &journal, 0).await;
             let append = |body: &'static [u8]| {
                 let log = log.clone();
                 glommio::spawn_local(
@@ -1107,6 +1121,43 @@ mod tests {
             assert_eq!(log.io_counts().0, 5, "c and d share one batch");
             assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
             log.close().await;
+            journal.close().await;
+        });
+    }
+
+    /// One wait per commit path: when the journal's last pass carried several partitions' entries (the journal's own
+    /// delay gathers them), a log whose batch gathered several appends does not wait as well.
+    #[test]
+    fn a_log_does_not_wait_when_the_journal_gathers_several_partitions() {
+        on_sim_disk(|storage| async move {
+            let journal = journal_with_delay(&storage, 200_000).await;
+            let (one, two) = (
+                log_on(&storage, &journal, 0).await,
+                log_on(&storage, &journal, 1).await,
+            );
+            let append = |log: &Rc<super::super::log::Log>, body: &'static [u8]| {
+                let log = log.clone();
+                glommio::spawn_local(
+                    async move { log.append(bytes::Bytes::from_static(body)).await },
+                )
+            };
+            // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
+            let (a, b, c) = (append(&one, b"a"), append(&one, b"b"), append(&two, b"c"));
+            a.await.expect("appended");
+            b.await.expect("appended");
+            c.await.expect("appended");
+            assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
+            assert_eq!(journal.last_pass_entries(), 2);
+            assert_eq!(one.io_counts().0, 1);
+            // Partition 0's writer does not wait: an append is written at once, and the next is a batch of its own.
+            let d = append(&one, b"d");
+            futures_lite::future::yield_now().await;
+            let e = append(&one, b"e");
+            assert_eq!(d.await.expect("appended"), 2);
+            assert_eq!(e.await.expect("appended"), 3);
+            assert_eq!(one.io_counts().0, 3, "d and e were written one by one");
+            one.close().await;
+            two.close().await;
             journal.close().await;
         });
     }
