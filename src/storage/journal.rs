@@ -1083,6 +1083,15 @@ mod tests {
         .expect("log opens")
     }
 
+    /// Appends `body` to `log` in a task of its own (so several appends can be queued before any is written).
+    fn spawn_append(
+        log: &Rc<super::super::log::Log>,
+        body: &'static [u8],
+    ) -> glommio::Task<Result<u64, AppendError>> {
+        let log = log.clone();
+        glommio::spawn_local(async move { log.append(bytes::Bytes::from_static(body)).await })
+    }
+
     /// The commit delay in a partition's log: a lone appender is written at once, batch after batch; after a batch
     /// that gathered several appends, the log waits for company, and appends made meanwhile share one batch.
     #[test]
@@ -1091,12 +1100,7 @@ mod tests {
             let delay_us = 200_000;
             let journal = journal_with_delay(&storage, delay_us).await;
             let log = log_on(&storage, &journal, 0).await;
-            let append = |body: &'static [u8]| {
-                let log = log.clone();
-                glommio::spawn_local(
-                    async move { log.append(bytes::Bytes::from_static(body)).await },
-                )
-            };
+            let append = |body: &'static [u8]| spawn_append(&log, body);
             let started = std::time::Instant::now();
             for _ in 0..3 {
                 append(b"lone").await.expect("appended");
@@ -1135,14 +1139,12 @@ mod tests {
                 log_on(&storage, &journal, 0).await,
                 log_on(&storage, &journal, 1).await,
             );
-            let append = |log: &Rc<super::super::log::Log>, body: &'static [u8]| {
-                let log = log.clone();
-                glommio::spawn_local(
-                    async move { log.append(bytes::Bytes::from_static(body)).await },
-                )
-            };
             // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
-            let (a, b, c) = (append(&one, b"a"), append(&one, b"b"), append(&two, b"c"));
+            let (a, b, c) = (
+                spawn_append(&one, b"a"),
+                spawn_append(&one, b"b"),
+                spawn_append(&two, b"c"),
+            );
             a.await.expect("appended");
             b.await.expect("appended");
             c.await.expect("appended");
@@ -1150,9 +1152,9 @@ mod tests {
             assert_eq!(journal.last_pass_entries(), 2);
             assert_eq!(one.io_counts().0, 1);
             // Partition 0's writer does not wait: an append is written at once, and the next is a batch of its own.
-            let d = append(&one, b"d");
+            let d = spawn_append(&one, b"d");
             futures_lite::future::yield_now().await;
-            let e = append(&one, b"e");
+            let e = spawn_append(&one, b"e");
             assert_eq!(d.await.expect("appended"), 2);
             assert_eq!(e.await.expect("appended"), 3);
             assert_eq!(one.io_counts().0, 3, "d and e were written one by one");
