@@ -95,8 +95,9 @@ pub struct Config {
     /// Bounds the replay at start. 64 MiB.
     pub journal_file_bytes: u64,
     /// fsync `always`: how long an append waits for others before it is written and synced, once appends are
-    /// concurrent: an entry reaching an idle journal committer when the previous pass carried more than one
-    /// partition's entry, or else a partition's next batch when its previous batch gathered more than one append.
+    /// concurrent: the journal's next pass after a pass that carried more than one partition's entry (entries
+    /// queued during its sync wait too), or else a partition's next batch when its previous batch gathered more
+    /// than one append.
     /// A lone appender never waits.
     /// 0 to 10000 µs. Default 100.
     pub journal_commit_delay_us: u64,

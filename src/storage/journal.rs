@@ -7,8 +7,8 @@
 //! sixteen or a thousand partitions pay for one sync per pass, as one partition does. Requests that arrive while a
 //! sync runs are served in the next pass (group commit), as ScyllaDB's per-shard commitlog and Cassandra's
 //! `commitlog_sync: batch` do. When several partitions are appended to at once (the last pass carried more than one
-//! entry), an entry reaching an idle committer waits `commit_delay_us` for company before its pass is written, so one
-//! sync serves more entries (PostgreSQL's `commit_delay`). A single partition's log gathers its own appenders into
+//! entry), the committer waits `commit_delay_us` after that pass before taking the next one, entries queued during
+//! its sync included, so one sync serves more entries (PostgreSQL's `commit_delay`). A single partition's log gathers its own appenders into
 //! one entry while the previous one syncs; when that entry carried several, and the journal's last pass carried one
 //! partition's entry only, the log waits the same delay before writing its next one (one wait per commit path,
 //! never two stacked). A lone appender never waits. With `interval:MS` the committer writes
@@ -253,9 +253,9 @@ pub struct JournalOptions {
     pub fsync: FsyncPolicy,
     /// A journal file past this many bytes is replaced by a new one and checkpointed.
     pub file_bytes: u64,
-    /// `Always`: when an entry arrives at an idle committer and the previous pass carried entries of more than one
-    /// partition log (several partitions are being appended to at once), wait this long for more entries before writing the pass, so one sync
-    /// serves more of them (PostgreSQL's `commit_delay` with `commit_siblings`; MySQL's
+    /// `Always`: after a pass that carried entries of more than one partition log (several partitions are being
+    /// appended to at once), wait this long before taking the next pass, whether or not entries are queued already,
+    /// so one sync serves more of them (PostgreSQL's `commit_delay` with `commit_siblings`; MySQL's
     /// `binlog_group_commit_sync_delay`). A lone appender never waits. 0 turns it off.
     pub commit_delay_us: u64,
 }
@@ -521,16 +521,16 @@ impl Journal {
                     return;
                 }
                 listener.await;
-                if self.last_pass_entries.get() > 1 && !self.closed.get() {
-                    wait_for_company(&self.queue_event, self.commit_delay_us(), || {
-                        self.closed.get()
-                    })
-                    .await;
-                }
                 continue;
             }
             drop(listener);
             self.write_pass(pass).await;
+            if self.last_pass_entries.get() > 1 && !self.closed.get() {
+                wait_for_company(&self.queue_event, self.commit_delay_us(), || {
+                    self.closed.get()
+                })
+                .await;
+            }
             if !self.poisoned.get() && self.current.borrow().pos >= self.opts.file_bytes {
                 self.rotate().await;
             }
@@ -981,11 +981,21 @@ mod tests {
 
     /// Runs `test` on a fresh executor with a fresh simulated disk.
     fn on_sim_disk<F: std::future::Future<Output = ()>>(test: impl FnOnce(Rc<dyn Storage>) -> F) {
+        on_sim(|_, storage| test(storage));
+    }
+
+    /// Like `on_sim_disk`, with the simulated disk itself too (to hold its syncs, say).
+    fn on_sim<F: std::future::Future<Output = ()>>(
+        test: impl FnOnce(Rc<super::super::sim::Sim>, Rc<dyn Storage>) -> F,
+    ) {
         use super::super::sim::{Sim, SimStorage};
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .make()
             .expect("executor")
-            .run(async move { test(Rc::new(SimStorage(Sim::new()))).await });
+            .run(async move {
+                let sim = Sim::new();
+                test(sim.clone(), Rc::new(SimStorage(sim))).await
+            });
     }
 
     /// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
@@ -1006,7 +1016,7 @@ mod tests {
     }
 
     /// The commit delay: a lone appender is synced at once, pass after pass; once a pass carried more than one
-    /// entry, an entry reaching the idle committer waits for company, and an entry queued meanwhile shares its pass.
+    /// entry, the committer waits for company before its next pass, and entries queued meanwhile share it.
     #[test]
     fn the_commit_delay_gathers_concurrent_appenders_and_never_holds_a_lone_one() {
         on_sim_disk(|storage| async move {
@@ -1051,6 +1061,55 @@ mod tests {
             assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
             assert_eq!(stats.records, 7);
             assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+            journal.close().await;
+        });
+    }
+
+    /// After a pass that carried several entries the committer waits for company even when entries are queued
+    /// already (they came while its sync ran): those and the ones that follow share the next pass. (Taking the
+    /// queued ones at once gave 16 partitions 40 % more syncs per record than one partition, whose log waits so.)
+    #[test]
+    fn entries_queued_during_a_sync_still_wait_for_company_after_a_pass_with_several() {
+        on_sim(|sim, storage| async move {
+            let delay_us = 200_000;
+            let journal = journal_with_delay(&storage, delay_us).await;
+            let segment = storage
+                .open(Path::new("/sim/seg"), true)
+                .await
+                .expect("segment");
+            let commit = || {
+                let (journal, segment) = (journal.clone(), segment.clone());
+                glommio::spawn_local(async move {
+                    journal.commit(begin_entry(&head("t"), 0), 1, segment).await
+                })
+            };
+            sim.hold_syncs();
+            let (a, b) = (commit(), commit());
+            for _ in 0..1000 {
+                if sim.held_syncs() > 0 {
+                    break;
+                }
+                futures_lite::future::yield_now().await;
+            }
+            assert_eq!(sim.held_syncs(), 1, "a and b's pass is syncing");
+            // c is queued while that sync runs; d comes once its pass is answered.
+            let c = commit();
+            futures_lite::future::yield_now().await;
+            sim.release_syncs();
+            for _ in 0..1000 {
+                if journal.stats().passes > 0 {
+                    break;
+                }
+                futures_lite::future::yield_now().await;
+            }
+            assert_eq!(journal.stats().passes, 1);
+            let d = commit();
+            for task in [a, b, c, d] {
+                task.await.expect("committed");
+            }
+            let stats = journal.stats();
+            assert_eq!(stats.passes, 2, "c waited for d: {stats:?}");
+            assert_eq!(stats.records, 4);
             journal.close().await;
         });
     }

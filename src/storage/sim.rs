@@ -32,6 +32,10 @@ struct State {
     fail_reads: Option<ReadFault>,
     /// Reads of open files so far (`read_cached` hits and `read_at` calls).
     reads: u64,
+    /// Syncs wait until `release_syncs` (see `hold_syncs`).
+    hold_syncs: bool,
+    /// Syncs waiting for `release_syncs` now.
+    held_syncs: usize,
 }
 
 /// Reads of open files that fail: `left` more, with `errno`, of the files under `under` (every file if None).
@@ -69,6 +73,8 @@ impl State {
 #[derive(Default)]
 pub struct Sim {
     state: RefCell<State>,
+    /// Fired by `release_syncs`.
+    released: event_listener::Event,
 }
 
 fn take_fault(slot: &mut Option<(i32, u32)>) -> Option<io::Error> {
@@ -125,6 +131,23 @@ impl Sim {
         self.state.borrow().reads
     }
 
+    /// From now on a sync waits, before it makes anything durable, until `release_syncs`: a test can queue work while
+    /// a sync is in flight, whatever the scheduling.
+    pub fn hold_syncs(&self) {
+        self.state.borrow_mut().hold_syncs = true;
+    }
+
+    /// Lets the held syncs (and every later one) go on.
+    pub fn release_syncs(&self) {
+        self.state.borrow_mut().hold_syncs = false;
+        self.released.notify(usize::MAX);
+    }
+
+    /// Syncs waiting for `release_syncs` now.
+    pub fn held_syncs(&self) -> usize {
+        self.state.borrow().held_syncs
+    }
+
     /// Failing reads still armed (0 when none).
     pub fn reads_to_fail(&self) -> u32 {
         self.state
@@ -175,6 +198,7 @@ impl Sim {
                 dirs: st.dirs.clone(),
                 ..State::default()
             }),
+            released: event_listener::Event::new(),
         })
     }
 
@@ -221,6 +245,7 @@ impl Sim {
                 dirs: st.dirs.clone(),
                 ..State::default()
             }),
+            released: event_listener::Event::new(),
         })
     }
 }
@@ -252,6 +277,15 @@ impl SegmentFile for SimSegment {
     fn sync(&self) -> IoFuture<'_, ()> {
         Box::pin(async move {
             futures_lite::future::yield_now().await;
+            loop {
+                let listener = self.sim.released.listen();
+                if !self.sim.state.borrow().hold_syncs {
+                    break;
+                }
+                self.sim.state.borrow_mut().held_syncs += 1;
+                listener.await;
+                self.sim.state.borrow_mut().held_syncs -= 1;
+            }
             let mut st = self.sim.state.borrow_mut();
             if let Some(e) = take_fault(&mut st.fail_syncs) {
                 return Err(e);
