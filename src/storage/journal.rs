@@ -1015,6 +1015,27 @@ mod tests {
         .expect("journal opens")
     }
 
+    /// A function that commits an entry of `records` records (of a segment `/sim/seg`) to `journal` in a task of its
+    /// own, so several can be queued before any is written.
+    async fn committer(
+        storage: &Rc<dyn Storage>,
+        journal: &Rc<Journal>,
+    ) -> impl Fn(u32) -> glommio::Task<Result<(), AppendError>> {
+        let segment = storage
+            .open(Path::new("/sim/seg"), true)
+            .await
+            .expect("segment");
+        let journal = journal.clone();
+        move |records| {
+            let (journal, segment) = (journal.clone(), segment.clone());
+            glommio::spawn_local(async move {
+                journal
+                    .commit(begin_entry(&head("t"), 0), records, segment)
+                    .await
+            })
+        }
+    }
+
     /// The commit delay: a lone appender is synced at once, pass after pass; once a pass carried more than one
     /// entry, the committer waits for company before its next pass, and entries queued meanwhile share it.
     #[test]
@@ -1023,18 +1044,7 @@ mod tests {
             // Long enough that the second entry below is queued well inside it, whatever the machine's load.
             let delay_us = 200_000;
             let journal = journal_with_delay(&storage, delay_us).await;
-            let segment = storage
-                .open(Path::new("/sim/seg"), true)
-                .await
-                .expect("segment");
-            let commit = |records: u32| {
-                let (journal, segment) = (journal.clone(), segment.clone());
-                glommio::spawn_local(async move {
-                    journal
-                        .commit(begin_entry(&head("t"), 0), records, segment)
-                        .await
-                })
-            };
+            let commit = committer(&storage, &journal).await;
             // A lone appender, one record at a time: no pass waits.
             let started = std::time::Instant::now();
             for _ in 0..3 {
@@ -1073,16 +1083,8 @@ mod tests {
         on_sim(|sim, storage| async move {
             let delay_us = 200_000;
             let journal = journal_with_delay(&storage, delay_us).await;
-            let segment = storage
-                .open(Path::new("/sim/seg"), true)
-                .await
-                .expect("segment");
-            let commit = || {
-                let (journal, segment) = (journal.clone(), segment.clone());
-                glommio::spawn_local(async move {
-                    journal.commit(begin_entry(&head("t"), 0), 1, segment).await
-                })
-            };
+            let one = committer(&storage, &journal).await;
+            let commit = || one(1);
             sim.hold_syncs();
             let (a, b) = (commit(), commit());
             for _ in 0..1000 {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod etcd;
 
 use berth::client::{Answer, Client};
 use std::path::{Path, PathBuf};
