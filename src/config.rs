@@ -91,6 +91,10 @@ pub struct Config {
     /// Bytes of each partition's newest frames kept in memory, so a consumer keeping up with its producers reads
     /// them without a system call. Memory: at most this much per written partition. 0 to 16 MiB. Default 16 KiB.
     pub tail_cache_bytes: u32,
+    /// With a journal (fsync `always` or `interval`): each partition's newest frames are written to its segment
+    /// file in pieces of about this many bytes instead of batch by batch (the journal holds them meanwhile).
+    /// Memory: at most this much per written partition. 0 writes every batch at once. 0 to 16 MiB. Default 16 KiB.
+    pub write_behind_bytes: u32,
     /// A core's journal file is checkpointed (its segments synced) and replaced once it holds this many bytes.
     /// Bounds the replay at start. 64 MiB.
     pub journal_file_bytes: u64,
@@ -175,6 +179,7 @@ impl Default for Config {
             mesh_channel_depth: 1024,
             segment_bytes: 64 << 20,
             tail_cache_bytes: 16 << 10,
+            write_behind_bytes: 16 << 10,
             journal_file_bytes: 64 << 20,
             journal_commit_delay_us: 100,
             frontier_flush_interval_ms: 100,
@@ -334,6 +339,9 @@ impl Config {
         }
         if self.tail_cache_bytes > 16 << 20 {
             return Err("tail_cache_bytes must be 0 to 16777216".into());
+        }
+        if self.write_behind_bytes > 16 << 20 {
+            return Err("write_behind_bytes must be 0 to 16777216".into());
         }
         if self.journal_commit_delay_us > 10_000 {
             return Err("journal_commit_delay_us must be 0 to 10000".into());

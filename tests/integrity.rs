@@ -572,9 +572,17 @@ fn settled_log_with_a_damaged_last_frame(header: bool) -> Server {
 }
 
 /// Five records produced and settled, kill -9, one byte of the last frame flipped; without `keep_journal` the
-/// journal is gone too (the damage came after a checkpoint), so the segment's own recovery has to cope.
+/// journal is gone too (the damage came after a checkpoint), so the segment's own recovery has to cope. With it,
+/// the server writes each batch to its segment at once (`write_behind_bytes = 0`), so the segment holds the frame
+/// the journal then repairs.
 fn damaged_last_frame(header: bool, keep_journal: bool) -> Server {
-    let mut s = Server::start(1, &[]);
+    let config_dir = tempfile::tempdir().expect("tempdir");
+    let config = config_file(config_dir.path(), "write_behind_bytes = 0\n");
+    let mut s = if keep_journal {
+        Server::start(1, &["--config", &config])
+    } else {
+        Server::start(1, &[])
+    };
     s.create_topic("t", "");
     produce_settle_all(&s, "t", "m", 5);
     s.kill9();

@@ -118,20 +118,46 @@ fn strace() -> Option<PathBuf> {
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// The second produce's segment write fails.
+/// The second produce's segment write fails (each batch is written to its segment at once:
+/// `write_behind_bytes = 0`).
 #[test]
 fn a_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
-    eio_on_pwrite(4);
+    // pwrite64 calls: 1 = the journal's zeros at start, then per batch its frames to the segment and the journal
+    // entry (the zeros are 1 MiB ahead: no more before the second batch). Call 4 = the second batch's segment write.
+    eio_on_pwrite(4, "write_behind_bytes = 0\n");
 }
 
 /// The second produce's journal write fails: the journal zeroes what it may have written and refuses the pass; the
-/// log rolls its segment back; the next produce takes the same offset.
+/// log takes the batch back from its write-behind buffer; the next produce takes the same offset.
 #[test]
 fn a_journal_write_failing_with_eio_answers_500_never_200_and_leaves_no_hole() {
-    eio_on_pwrite(5);
+    // With the default write-behind, a batch's only pwrite64 is its journal entry (its frames wait behind): call 1
+    // = the journal's zeros at start, call 2 = the first batch's entry, call 3 = the second's.
+    eio_on_pwrite(3, "");
 }
 
-fn eio_on_pwrite(when: u32) {
+/// The traced server (strace and its child): both killed on drop, so a failing assertion never leaves them
+/// running (they hold the test harness's output open, and it would wait for them).
+struct Traced(std::process::Child);
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        // Killing strace would leave the traced server running: kill the server first (strace's child), then strace.
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.0.id()))
+            .unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: signalling a process this test started (through strace).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn eio_on_pwrite(when: u32, config: &str) {
     let Some(strace) = strace() else {
         panic!("strace is not installed (.ci/run installs it)");
     };
@@ -142,10 +168,10 @@ fn eio_on_pwrite(when: u32) {
         .local_addr()
         .unwrap()
         .port();
-    // Segment and journal appends are the server's only pwrite64 calls: call 1 = the journal's zeros at start, then
-    // per batch its frames to the segment and the journal entry (the journal's zeros are 1 MiB ahead: no more
-    // before the second batch). Call 4 = the second batch's segment write, call 5 = its journal entry.
-    let mut child = Command::new(strace)
+    let config_path = tmp.path().join("berth.toml");
+    std::fs::write(&config_path, config).unwrap();
+    // Segment and journal appends are the server's only pwrite64 calls (see the callers).
+    let child = Command::new(strace)
         .args([
             "-f",
             "-qq",
@@ -166,9 +192,12 @@ fn eio_on_pwrite(when: u32) {
             "--data-dir",
         ])
         .arg(&data)
+        .arg("--config")
+        .arg(&config_path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let traced = Traced(child);
     let client = berth::client::Client::new(&format!("http://127.0.0.1:{port}"));
     let deadline = Instant::now() + Duration::from_secs(30);
     while client.call("GET", "/health", &[]).map(|a| a.status) != Ok(200) {
@@ -202,18 +231,7 @@ fn eio_on_pwrite(when: u32) {
         .call("GET", "/consume?topic=eio&partition=0&offset=1", &[])
         .unwrap();
     assert_eq!(replay.body, b"three");
-    // Killing strace would leave the traced server running: kill the server first (strace's child), then strace.
-    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
-        .unwrap_or_default();
-    for pid in children
-        .split_whitespace()
-        .filter_map(|p| p.parse::<i32>().ok())
-    {
-        // SAFETY: signalling a process this test started (through strace).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(traced);
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
         assert!(

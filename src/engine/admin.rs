@@ -42,6 +42,7 @@ impl Engine {
             max_payload: self.config.max_message_bytes as u32,
             fsync: self.config.fsync,
             tail_cache_bytes: self.config.tail_cache_bytes,
+            write_behind_bytes: self.config.write_behind_bytes,
         }
     }
 

@@ -51,6 +51,7 @@ async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
             fsync: FsyncPolicy::Always,
             // Reads reach the simulated disk, whose read faults these tests inject (the tail cache has its own tests).
             tail_cache_bytes: 0,
+            write_behind_bytes: 0,
         },
         limits: Limits {
             max_in_flight: 16,
@@ -254,6 +255,7 @@ async fn one_core(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Front> {
         max_message_bytes: 1 << 16,
         // Reads reach the simulated disk, whose read faults these tests inject.
         tail_cache_bytes: 0,
+        write_behind_bytes: 0,
         ..Config::default()
     });
     let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));

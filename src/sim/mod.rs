@@ -378,6 +378,10 @@ fn sim_config(plan: &Plan) -> Config {
         max_message_bytes: 512,
         // Small, so reads go to the tail and to the disk (and its read faults) alike.
         tail_cache_bytes: 1024,
+        // Smaller than a segment and larger than the tail, so frames wait behind (and are read from there), reach
+        // the file at flushes, rolls and checkpoints, and are lost behind by power cuts and crashes (the journal's
+        // replay restores them).
+        write_behind_bytes: 1500,
         frontier_flush_interval_ms: 100,
         purge_interval_ms: 1000,
         ..Config::default()

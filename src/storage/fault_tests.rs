@@ -15,6 +15,7 @@ const OPTS: LogOptions = LogOptions {
     max_payload: 1 << 16,
     fsync: FsyncPolicy::Always,
     tail_cache_bytes: 0,
+    write_behind_bytes: 0,
 };
 
 fn dir() -> &'static Path {

@@ -1,8 +1,8 @@
 //! The per-core journal: one group commit per core, whatever the number of partitions.
 //!
-//! Lives on one core (`Rc`, no locks); every partition log of that core holds an `Rc<Journal>`. A log writes its
-//! batch's frames to its own segment file (page cache, no sync) and hands the same bytes, wrapped in a journal entry,
-//! to [`Journal::commit`]. The core's committer task takes every entry queued since its last pass, writes them to the
+//! Lives on one core (`Rc`, no locks); every partition log of that core holds an `Rc<Journal>`. A log hands its
+//! batch's frames, wrapped in a journal entry, to [`Journal::commit`], and writes the same bytes to its own segment
+//! file (page cache, no sync) behind it: at once, or gathered in its write-behind buffer (`storage::behind`). The core's committer task takes every entry queued since its last pass, writes them to the
 //! journal file with one `pwrite` and makes them durable with one `fdatasync` (fsync `always`), then answers them all:
 //! sixteen or a thousand partitions pay for one sync per pass, as one partition does. Requests that arrive while a
 //! sync runs are served in the next pass (group commit), as ScyllaDB's per-shard commitlog and Cassandra's
@@ -15,7 +15,8 @@
 //! without syncing and a timer syncs the journal.
 //!
 //! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
-//! starts a new one and a checkpoint syncs every segment file written during the old one, then deletes it. At start,
+//! starts a new one and a checkpoint writes the frames its entries' logs still hold behind, syncs every segment file
+//! written during the old one, then deletes it. At start,
 //! before any partition opens, [`replay`] rewrites into the segments whatever a crash kept out of them (an entry whose
 //! bytes the segment does not hold at that position), syncs them, and deletes the journal files; every core then
 //! starts a fresh journal. The format is in `docs/format.md` ("Journal").
@@ -24,6 +25,7 @@
 //! from disk (a failed fdatasync may have dropped pages; retrying it could report a false success).
 
 use super::backend::{SegmentFile, Storage};
+use super::behind::Behind;
 use super::log::AppendError;
 use super::FsyncPolicy;
 use crate::clock::Clock;
@@ -266,6 +268,8 @@ struct Queued {
     records: u32,
     /// The segment file its frames were written to (synced at the checkpoint of the journal file it lands in).
     segment: Rc<dyn SegmentFile>,
+    /// The log's write-behind buffer, when its frames may still be there (flushed before that checkpoint).
+    behind: Option<Rc<Behind>>,
     queued_at: std::time::Instant,
     reply: oneshot::Sender<Result<(), AppendError>>,
 }
@@ -279,6 +283,8 @@ struct Current {
     zeroed_to: u64,
     /// Segment files written while this journal file is current, by address.
     segments: HashMap<usize, Rc<dyn SegmentFile>>,
+    /// Write-behind buffers of the logs whose entries this journal file holds, by address.
+    behinds: HashMap<usize, Rc<Behind>>,
     /// Written since the last sync (interval mode).
     dirty: bool,
 }
@@ -388,18 +394,20 @@ impl Journal {
             pos: 0,
             zeroed_to: zero_ahead,
             segments: HashMap::new(),
+            behinds: HashMap::new(),
             dirty: false,
         })
     }
 
-    /// Makes an entry built with [`begin_entry`] (its frames already written to `segment` at the head's position)
-    /// durable under the fsync policy. An error means the entry may or may not be on disk: the caller must not
+    /// Makes an entry built with [`begin_entry`] (its frames already written to `segment` at the head's position,
+    /// or held in `behind` until a flush writes them there) durable under the fsync policy. An error means the entry may or may not be on disk: the caller must not
     /// acknowledge it (and the journal refuses everything after it until a restart).
     pub async fn commit(
         &self,
         mut entry: Vec<u8>,
         records: u32,
         segment: Rc<dyn SegmentFile>,
+        behind: Option<Rc<Behind>>,
     ) -> Result<(), AppendError> {
         if self.poisoned.get() {
             return Err(AppendError::Poisoned);
@@ -415,6 +423,7 @@ impl Journal {
             entry,
             records,
             segment,
+            behind,
             queued_at: std::time::Instant::now(),
             reply: tx,
         });
@@ -470,10 +479,21 @@ impl Journal {
         if self.poisoned.get() {
             return;
         }
-        let (segments, path) = {
+        let (segments, behinds, path) = {
             let mut c = self.current.borrow_mut();
-            (std::mem::take(&mut c.segments), c.path.clone())
+            (
+                std::mem::take(&mut c.segments),
+                std::mem::take(&mut c.behinds),
+                c.path.clone(),
+            )
         };
+        for behind in behinds.values() {
+            if let Err(e) = behind.flush() {
+                error!(core = self.core, error = %e, "closing: cannot write frames still behind; the journal stays for replay at the next start");
+                self.poisoned.set(true);
+                return;
+            }
+        }
         for (_, segment) in segments {
             if let Err(e) = segment.sync().await {
                 error!(core = self.core, error = %e, "closing: a segment sync failed; the journal stays for replay at the next start");
@@ -595,6 +615,10 @@ impl Journal {
             for q in &pass {
                 let key = Rc::as_ptr(&q.segment) as *const u8 as usize;
                 c.segments.entry(key).or_insert_with(|| q.segment.clone());
+                if let Some(behind) = &q.behind {
+                    let key = Rc::as_ptr(behind) as usize;
+                    c.behinds.entry(key).or_insert_with(|| behind.clone());
+                }
             }
         }
         if self.opts.fsync == FsyncPolicy::Always {
@@ -702,6 +726,14 @@ impl Journal {
 
     async fn checkpoint(&self, old: Current) {
         let segments = old.segments.len();
+        // Frames of this file's entries still behind in their logs go to their segments first.
+        for behind in old.behinds.values() {
+            if let Err(e) = behind.flush() {
+                error!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot write frames still behind; the journal file stays for replay at the next start");
+                self.poisoned.set(true);
+                return;
+            }
+        }
         for (_, segment) in old.segments {
             if let Err(e) = segment.sync().await {
                 error!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: a segment sync failed; the journal file stays for replay at the next start");
@@ -1030,7 +1062,7 @@ mod tests {
             let (journal, segment) = (journal.clone(), segment.clone());
             glommio::spawn_local(async move {
                 journal
-                    .commit(begin_entry(&head("t"), 0), records, segment)
+                    .commit(begin_entry(&head("t"), 0), records, segment, None)
                     .await
             })
         }
@@ -1116,11 +1148,13 @@ mod tests {
         });
     }
 
-    /// Partition `partition` of topic `t`, its appends made durable by `journal`.
+    /// Partition `partition` of topic `t`, its appends made durable by `journal`, its frames written to the segment
+    /// in pieces of `write_behind_bytes` (0: batch by batch).
     async fn log_on(
         storage: &Rc<dyn Storage>,
         journal: &Rc<Journal>,
         partition: u32,
+        write_behind_bytes: u32,
     ) -> Rc<super::super::log::Log> {
         use super::super::log::{JournalLink, Log, LogOptions};
         Log::open_with(
@@ -1132,6 +1166,7 @@ mod tests {
                 max_payload: 1 << 16,
                 fsync: FsyncPolicy::Always,
                 tail_cache_bytes: 0,
+                write_behind_bytes,
             },
             Some(JournalLink {
                 journal: journal.clone(),
@@ -1142,6 +1177,39 @@ mod tests {
         )
         .await
         .expect("log opens")
+    }
+
+    /// A batch the journal refuses is taken back from the log's write-behind buffer: no flush (the journal's close
+    /// here) ever writes it to the segment, so a reopened log ends where the acknowledged records end.
+    #[test]
+    fn a_batch_the_journal_refuses_never_reaches_the_segment_from_behind() {
+        on_sim(|sim, storage| async move {
+            let journal = journal_with_delay(&storage, 0).await;
+            let log = log_on(&storage, &journal, 0, 4096).await;
+            assert_eq!(spawn_append(&log, b"kept").await.expect("appended"), 0);
+            // The next write is the journal's pass (the segment's frames wait behind).
+            sim.fail_writes(libc::EIO, 1);
+            assert!(spawn_append(&log, b"refused").await.is_err());
+            assert!(!journal.is_poisoned());
+            log.close().await;
+            journal.close().await;
+            assert_eq!(journal.stats().records, 1, "{:?}", journal.stats());
+            let journal = journal_with_delay(&storage, 0).await;
+            let reopened = log_on(&storage, &journal, 0, 4096).await;
+            assert_eq!(
+                reopened.end_offset(),
+                1,
+                "the refused record reached the segment"
+            );
+            assert_eq!(
+                reopened.read(0).await.expect("kept").payload,
+                bytes::Bytes::from_static(b"kept")
+            );
+            // And the next append takes its place.
+            assert_eq!(spawn_append(&reopened, b"next").await.expect("appended"), 1);
+            reopened.close().await;
+            journal.close().await;
+        });
     }
 
     /// Appends `body` to `log` in a task of its own (so several appends can be queued before any is written).
@@ -1160,7 +1228,7 @@ mod tests {
         on_sim_disk(|storage| async move {
             let delay_us = 200_000;
             let journal = journal_with_delay(&storage, delay_us).await;
-            let log = log_on(&storage, &journal, 0).await;
+            let log = log_on(&storage, &journal, 0, 0).await;
             let append = |body: &'static [u8]| spawn_append(&log, body);
             let started = std::time::Instant::now();
             for _ in 0..3 {
@@ -1197,8 +1265,8 @@ mod tests {
         on_sim_disk(|storage| async move {
             let journal = journal_with_delay(&storage, 200_000).await;
             let (one, two) = (
-                log_on(&storage, &journal, 0).await,
-                log_on(&storage, &journal, 1).await,
+                log_on(&storage, &journal, 0, 0).await,
+                log_on(&storage, &journal, 1, 0).await,
             );
             // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
             let (a, b, c) = (

@@ -6,6 +6,7 @@
 //! are assigned, and become readable, only once their batch is durable under the fsync policy.
 
 use super::backend::{SegmentFile, Storage};
+use super::behind::Behind;
 use super::frame::{self, NO_POSITION};
 use super::journal::{self, EntryHead, Journal};
 use super::runs::Runs;
@@ -48,6 +49,9 @@ pub struct LogOptions {
     /// The newest frames of the active segment kept in memory, so a consumer keeping up with its producers reads
     /// them without a system call (see `Tail`); 0 keeps none.
     pub tail_cache_bytes: u32,
+    /// With a journal: the active segment's frames are written to its file in pieces of about this many bytes
+    /// (see `storage::behind`); 0 writes each batch at once.
+    pub write_behind_bytes: u32,
 }
 
 /// A record read back from the log.
@@ -223,6 +227,8 @@ pub struct Log {
     sealed_cache: RefCell<Option<(u64, Rc<dyn SegmentFile>)>>,
     /// The newest frames of the active segment (see `Tail`).
     tail: RefCell<Tail>,
+    /// Frames in the journal and not yet in the active segment's file (see `storage::behind`).
+    behind: Rc<Behind>,
     /// Batches written (records per batch = group-commit effectiveness).
     batches: Cell<u64>,
     /// fdatasyncs issued on segments.
@@ -358,6 +364,7 @@ impl Log {
             poisoned: Cell::new(false),
             sealed_cache: RefCell::new(None),
             tail: RefCell::new(Tail::default()),
+            behind: Behind::new(),
             batches: Cell::new(0),
             syncs: Cell::new(0),
             writer_done: Cell::new(false),
@@ -460,6 +467,11 @@ impl Log {
                     break batch;
                 }
                 if self.closed.get() {
+                    if let Err(e) = self.behind.flush() {
+                        // The journal keeps them: its close flushes the buffer again, or leaves itself for replay.
+                        error!(dir = %self.dir.display(), error = %e, "closing: cannot write the frames still behind");
+                        self.poisoned.set(true);
+                    }
                     self.final_sync().await;
                     self.writer_done.set(true);
                     self.writer_done_event.notify(usize::MAX);
@@ -509,6 +521,12 @@ impl Log {
                 }
             }
         }
+    }
+
+    /// The write-behind buffer, when this log uses one (a journal makes its frames durable, and
+    /// `write_behind_bytes` is not 0).
+    fn write_behind(&self) -> Option<&Rc<Behind>> {
+        (self.journal.is_some() && self.opts.write_behind_bytes > 0).then_some(&self.behind)
     }
 
     /// The active segment's zero-filled reserve is above what an idle partition may keep.
@@ -649,7 +667,30 @@ impl Log {
             &buf[frames_at..],
             self.opts.tail_cache_bytes as usize,
         );
-        let result = file.write_at(&buf[frames_at..], start_pos);
+        let result = match self.write_behind() {
+            Some(behind) => {
+                let frames = &buf[frames_at..];
+                let cap = self.opts.write_behind_bytes as usize;
+                let flushed = if !behind.continues(base, start_pos)
+                    || behind.len() + frames.len() > cap
+                    || frames.len() >= cap / 4
+                {
+                    behind.flush()
+                } else {
+                    Ok(())
+                };
+                flushed.and_then(|()| {
+                    // A batch of a quarter of the buffer or more gains nothing from waiting: it is written at once.
+                    if frames.len() >= cap / 4 {
+                        file.write_at(frames, start_pos)
+                    } else {
+                        behind.push(&file, base, start_pos, frames);
+                        Ok(())
+                    }
+                })
+            }
+            None => file.write_at(&buf[frames_at..], start_pos),
+        };
         let mut new_zeroed_to = zeroed_to.max(end);
         // The zero reserve saves the segment's per-batch sync a metadata commit; with a journal there is no such sync.
         if result.is_ok() && end > zeroed_to && self.journal.is_none() {
@@ -685,7 +726,14 @@ impl Log {
             });
         }
         if let Some(link) = &self.journal {
-            if let Err(e) = link.journal.commit(buf, records as u32, file.clone()).await {
+            let behind = self.write_behind().cloned();
+            if let Err(e) = link
+                .journal
+                .commit(buf, records as u32, file.clone(), behind)
+                .await
+            {
+                // Frames still buffered behind are taken back; written ones are cut from the file below.
+                let taken_back = self.behind.take_back(base, start_pos);
                 if link.journal.is_poisoned() {
                     error!(dir = %self.dir.display(), error = ?e, "the journal failed: refusing appends until restart");
                     self.poisoned.set(true);
@@ -693,6 +741,9 @@ impl Log {
                 }
                 // Not in the journal: roll the segment back as for a failed write, so the next batch lands cleanly.
                 warn!(dir = %self.dir.display(), error = ?e, "journal commit refused; rolling back");
+                if taken_back {
+                    return Err(e);
+                }
                 if let Err(te) = file.truncate(start_pos).await {
                     error!(dir = %self.dir.display(), error = %te, "cannot truncate after a refused commit: refusing appends until restart");
                     self.poisoned.set(true);
@@ -731,6 +782,12 @@ impl Log {
             .last()
             .map(|s| (s.open_file(), s.len))
             .expect("a log always has a segment");
+        // The frames still behind go to the segment before it is sealed.
+        if let Err(e) = self.behind.flush() {
+            error!(dir = %self.dir.display(), error = %e, "cannot write a segment's last frames before it rolls; refusing appends until restart");
+            self.poisoned.set(true);
+            return Err(AppendError::Io(io_text(e)));
+        }
         // Drop the zero-filled reserve: a sealed segment ends at its last frame.
         let sealed = match old.truncate(len).await {
             Ok(()) => old
@@ -926,6 +983,21 @@ impl Log {
         };
         if let Some(frame) = self.tail.borrow().get(base, pos, len) {
             return self.decode(frame, offset, Bytes::copy_from_slice);
+        }
+        // Frames not yet written to the file are read from the write-behind buffer, and a read of the file stops
+        // where they start.
+        let mut span_end = span_end;
+        if let Some(unwritten) = self.behind.unwritten_from(base) {
+            if let Some(frame) = self.behind.get(base, pos, len) {
+                let frame = Bytes::from(frame);
+                return self.decode(&frame, offset, |payload| frame.slice_ref(payload));
+            }
+            if pos + len > unwritten {
+                error!(dir = %self.dir.display(), offset, "a frame is neither written nor behind");
+                debug_assert!(false, "a frame is neither written nor behind");
+                return Err(ReadError::Corrupt);
+            }
+            span_end = span_end.min(unwritten);
         }
         let held = ra.segment_base == base
             && ra.start <= pos

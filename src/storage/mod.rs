@@ -3,6 +3,7 @@
 
 pub mod atomic_file;
 pub mod backend;
+pub mod behind;
 pub mod frame;
 pub mod journal;
 pub mod log;

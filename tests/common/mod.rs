@@ -238,9 +238,15 @@ impl Server {
     }
 
     /// The data directory of one partition.
-    /// Removes the per-core journal files of a stopped server, as if a checkpoint had synced the segments and
-    /// removed them: damage a test then makes to a segment is damage the journal cannot repair (bit rot at rest).
-    pub fn drop_journal(&self) {
+    /// Leaves a stopped server's data as a checkpoint would have: its segments hold every frame its journal held,
+    /// and there is no journal. So damage a test then makes to a segment is damage the journal cannot repair (bit
+    /// rot at rest). The server is started once (its start replays the journal into the segments, frames that were
+    /// still behind included, and removes it) and killed again before the journal files are removed.
+    pub fn drop_journal(&mut self) {
+        assert!(self.child.is_none(), "drop_journal needs a stopped server");
+        wait_port_free(self.port);
+        self.spawn();
+        self.kill9();
         let dir = self.data_dir.join("journal");
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries {
