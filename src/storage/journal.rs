@@ -487,19 +487,8 @@ impl Journal {
                 c.path.clone(),
             )
         };
-        for behind in behinds.values() {
-            if let Err(e) = behind.flush() {
-                error!(core = self.core, error = %e, "closing: cannot write frames still behind; the journal stays for replay at the next start");
-                self.poisoned.set(true);
-                return;
-            }
-        }
-        for (_, segment) in segments {
-            if let Err(e) = segment.sync().await {
-                error!(core = self.core, error = %e, "closing: a segment sync failed; the journal stays for replay at the next start");
-                self.poisoned.set(true);
-                return;
-            }
+        if !self.write_back(segments, &behinds, &path, "closing").await {
+            return;
         }
         if self.storage.remove(&path).await.is_ok() {
             let _ = self.storage.sync_dir(&self.dir).await;
@@ -726,22 +715,11 @@ impl Journal {
 
     async fn checkpoint(&self, old: Current) {
         let segments = old.segments.len();
-        // Frames of this file's entries still behind in their logs go to their segments first.
-        for behind in old.behinds.values() {
-            if let Err(e) = behind.flush() {
-                error!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot write frames still behind; the journal file stays for replay at the next start");
-                self.poisoned.set(true);
-                return;
-            }
-        }
-        for (_, segment) in old.segments {
-            if let Err(e) = segment.sync().await {
-                error!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: a segment sync failed; the journal file stays for replay at the next start");
-                self.poisoned.set(true);
-                return;
-            }
-            // Many segments must not hold the core.
-            futures_lite::future::yield_now().await;
+        if !self
+            .write_back(old.segments, &old.behinds, &old.path, "checkpoint")
+            .await
+        {
+            return;
         }
         drop(old.file);
         if let Err(e) = self.storage.remove(&old.path).await {
@@ -751,6 +729,35 @@ impl Journal {
         let _ = self.storage.sync_dir(&self.dir).await;
         self.bump(|s| s.checkpoints += 1);
         info!(core = self.core, segments, journal = %old.path.display(), "checkpointed a journal file");
+    }
+
+    /// Makes a journal file's entries durable in their segments, so the file can go (a checkpoint, a clean close):
+    /// the frames its logs still hold behind are written first, then every segment it covers is synced. False, with
+    /// the journal poisoned and the file left for replay at the next start, when a write or a sync fails.
+    async fn write_back(
+        &self,
+        segments: HashMap<usize, Rc<dyn SegmentFile>>,
+        behinds: &HashMap<usize, Rc<Behind>>,
+        journal: &Path,
+        what: &str,
+    ) -> bool {
+        for behind in behinds.values() {
+            if let Err(e) = behind.flush() {
+                error!(core = self.core, journal = %journal.display(), error = %e, "{what}: cannot write frames still behind; the journal file stays for replay at the next start");
+                self.poisoned.set(true);
+                return false;
+            }
+        }
+        for (_, segment) in segments {
+            if let Err(e) = segment.sync().await {
+                error!(core = self.core, journal = %journal.display(), error = %e, "{what}: a segment sync failed; the journal file stays for replay at the next start");
+                self.poisoned.set(true);
+                return false;
+            }
+            // Many segments must not hold the core.
+            futures_lite::future::yield_now().await;
+        }
+        true
     }
 
     /// Checkpoints in progress (tests wait for them).
