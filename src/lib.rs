@@ -6,7 +6,7 @@
 //! → `front` (what the core that took a request does for it) → `transport` (the router: a direct call, the mesh)
 //! → `ops` (one file per operation: request, owner-side apply, reply) → `engine` (one core's topics, partitions,
 //! parked consumers, timers) → `partition` (log + per-group lease shards + frontier files) → `storage`. `clock`,
-//! `config` and `duration` are leaves every layer may use.
+//! `config`, `duration` and `join` are leaves every layer may use.
 
 pub mod client;
 pub mod clock;
@@ -18,6 +18,7 @@ pub mod engine;
 mod format_doc;
 pub mod front;
 pub mod http;
+pub mod join;
 pub mod ops;
 pub mod partition;
 pub mod server;

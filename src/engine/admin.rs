@@ -796,17 +796,26 @@ pub async fn replay_journal(
     data_dir: &std::path::Path,
 ) -> Result<crate::storage::journal::ReplayReport, String> {
     let topics = data_dir.join("topics");
-    let ids: RefCell<BTreeMap<String, Option<u64>>> = RefCell::new(BTreeMap::new());
-    let locate = |name: &str, id: u64, partition: u32| -> Option<PathBuf> {
-        let known = *ids.borrow_mut().entry(name.to_string()).or_insert_with(|| {
-            TopicConfig::load(storage, &topics.join(name).join("topic.json"))
-                .ok()
-                .filter(|c| c.name == name)
-                .map(|c| c.id)
-        });
-        (known == Some(id)).then(|| topics.join(name).join(partition.to_string()))
+    let configs: RefCell<BTreeMap<String, Option<Rc<TopicConfig>>>> = RefCell::new(BTreeMap::new());
+    let config = |name: &str, id: u64| -> Option<Rc<TopicConfig>> {
+        configs
+            .borrow_mut()
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                TopicConfig::load(storage, &topics.join(name).join("topic.json"))
+                    .ok()
+                    .filter(|c| c.name == name)
+                    .map(Rc::new)
+            })
+            .clone()
+            .filter(|c| c.id == id)
     };
-    crate::storage::journal::replay(storage, &data_dir.join("journal"), &locate)
+    let locate = |name: &str, id: u64, partition: u32| -> Option<PathBuf> {
+        config(name, id).map(|_| topics.join(name).join(partition.to_string()))
+    };
+    let has_group =
+        |name: &str, id: u64, group: &str| config(name, id).is_some_and(|c| c.has_group(group));
+    crate::storage::journal::replay(storage, &data_dir.join("journal"), &locate, &has_group)
         .await
         .map_err(|e| format!("cannot replay the journal: {e}"))
 }

@@ -627,6 +627,17 @@ impl Engine {
                 }
             }
         }));
+        let engine = Rc::downgrade(self);
+        journal.set_frontier_writer(Rc::new(move || {
+            let engine = engine.upgrade();
+            Box::pin(async move {
+                match engine {
+                    Some(engine) => timers::write_frontier_files(engine).await,
+                    // The core is gone: its partitions wrote their files as they closed.
+                    None => true,
+                }
+            })
+        }));
         *self.journal.borrow_mut() = Some(journal);
         Ok(())
     }

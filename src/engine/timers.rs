@@ -1,7 +1,8 @@
 //! A core's background tasks, on its `Clock`: the lease timer (armed at the earliest lease deadline or delayed
 //! redelivery of any owned partition, and at least every `purge_interval_ms`), retention (once per purge interval),
 //! retries of wake-ups a full channel refused, and the frontier flush (every `frontier_flush_interval_ms`, only
-//! where a frontier moved, many files at once).
+//! where a frontier moved): with a journal, one entry of every moved frontier of the core, carried by the journal's
+//! next group commit (the files are written at its checkpoints); without one, many files at once.
 
 use super::{Engine, WAKE_RETRY_MS};
 use futures_lite::future;
@@ -55,8 +56,8 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
     }
 }
 
-/// Writes each moved frontier to its file, up to `FLUSH_PARALLELISM` files at once, one pass every
-/// `frontier_flush_interval_ms` from the start of the last (so a long pass does not add to the lag).
+/// Makes each moved frontier durable, one pass every `frontier_flush_interval_ms` from the start of the last (so a
+/// long pass does not add to the lag): in the journal when the core has one, else in the files.
 pub async fn run_frontier_flush(engine: Rc<Engine>) {
     let clock = engine.clock().clone();
     let interval_ms = engine.config().frontier_flush_interval_ms;
@@ -64,11 +65,66 @@ pub async fn run_frontier_flush(engine: Rc<Engine>) {
     while !engine.is_stopping() {
         clock.sleep_until(next).await;
         next = clock.now_ms() + interval_ms;
-        flush_moved(&engine).await;
+        if !journal_moved(&engine).await {
+            flush_moved(&engine).await;
+        }
     }
 }
 
-/// One flush pass over the partitions whose frontier moved.
+/// Records every moved frontier of the core in one journal entry and waits for it to be durable. False when the
+/// core has no journal or the journal refused the entry (a failed write stops it until a restart): the caller
+/// writes the files instead.
+pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
+    let Some(journal) = engine.journal() else {
+        return false;
+    };
+    if journal.is_poisoned() {
+        return false;
+    }
+    let started = engine.clock().now_ms();
+    let mut records = Vec::new();
+    let mut marks = Vec::new();
+    for (_, p) in engine.owned_partitions() {
+        let moved = p.moved_frontiers(&mut records);
+        if !moved.is_empty() {
+            marks.push((p, moved));
+        }
+    }
+    if records.is_empty() {
+        return true;
+    }
+    let entry = crate::storage::journal::frontier_entry(&records);
+    if let Err(e) = journal.commit_frontiers(entry).await {
+        tracing::warn!(core = engine.id, error = ?e, "the journal refused the frontiers: writing their files instead");
+        return false;
+    }
+    let mut lag = engine.metrics().frontier_lag.borrow_mut();
+    for (p, moved) in &marks {
+        for lag_ms in p.frontiers_journaled(moved, started) {
+            lag.record(lag_ms * 1000);
+        }
+    }
+    true
+}
+
+/// Writes every frontier file that is behind its frontier (the journal's checkpoint, before it removes a journal
+/// file whose records they may be): true when all of them were written.
+pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
+    let behind: Vec<_> = engine
+        .owned_partitions()
+        .into_iter()
+        .filter(|(_, p)| p.frontier_file_behind())
+        .map(|(_, p)| p)
+        .collect();
+    let mut ok = true;
+    for chunk in behind.chunks(FLUSH_PARALLELISM) {
+        let writes = chunk.iter().map(|p| p.write_frontier_files()).collect();
+        ok &= crate::join::join_all(writes).await.into_iter().all(|w| w);
+    }
+    ok
+}
+
+/// One flush pass over the partitions whose frontier moved, writing their files.
 pub async fn flush_moved(engine: &Rc<Engine>) {
     let moved: Vec<_> = engine
         .owned_partitions()

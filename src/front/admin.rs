@@ -1,10 +1,10 @@
 //! Topic administration and observation at the front: creations, changes and deletions go to core 0, which
 //! serialises them and has every core apply them; describe and metrics gather every core's part.
 
-use super::produce::join_all;
 use super::Front;
 use crate::engine::metrics::CoreStats;
 use crate::engine::topic::TopicConfig;
+use crate::join::join_all;
 use crate::ops::topics::Settings;
 use crate::ops::{OpResult, Reply, Request};
 use crate::partition::PartitionInfo;

@@ -1,9 +1,9 @@
 //! Settles at the front: the handles of a request split by partition, each partition's share settled in one pass at
 //! its owner (in parallel), the results merged back in request order.
 
-use super::produce::join_all;
 use super::Front;
 use crate::engine::EngineError;
+use crate::join::join_all;
 use crate::ops::settle::{Settle, SettleParams};
 use crate::ops::{OpError, OpResult, Reply, Request};
 use std::collections::BTreeMap;

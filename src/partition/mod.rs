@@ -3,11 +3,12 @@
 //! engine applies. Time comes from the core's `Clock`.
 
 pub mod error;
-pub mod frontier;
+pub use crate::storage::frontier;
 pub mod inflight;
 
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
+use crate::storage::journal;
 use crate::storage::log::{Log, ReadAhead, ReadError, Record};
 use bytes::Bytes;
 pub use error::PartitionError;
@@ -19,8 +20,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use tracing::{error, warn};
 
-/// The consumer group version 1's consumer state became (its frontier file is `consumer.offset`).
-pub const DEFAULT_GROUP: &str = "default";
+pub use crate::storage::frontier::DEFAULT_GROUP;
 
 /// How many times a record may fail to read (an I/O error, not a failed check) before it is treated as corrupt.
 pub const MAX_READ_FAILURES: u32 = 3;
@@ -215,6 +215,9 @@ pub struct Group {
     shard: RefCell<Option<InFlight>>,
     /// Frontier value known durable in its file (read at the first touch, then each flush).
     flushed: Cell<u64>,
+    /// Frontier value known durable in the core's journal (0: none recorded there yet); the durable frontier is the
+    /// higher of this and `flushed`.
+    journaled: Cell<u64>,
     /// A flush of its file is running.
     flushing: Cell<bool>,
     /// When the frontier first moved past `flushed` (cleared when a flush catches up): the flush lag's start.
@@ -230,11 +233,17 @@ impl Group {
             path: dir.join(frontier::file_name(name)),
             shard: RefCell::new(None),
             flushed: Cell::new(0),
+            journaled: Cell::new(0),
             flushing: Cell::new(false),
             moved_at: Cell::new(None),
             flushed_event: event_listener::Event::new(),
             counters: GroupCounters::default(),
         })
+    }
+
+    /// The frontier known durable, in its file or in the journal.
+    fn durable(&self) -> u64 {
+        self.flushed.get().max(self.journaled.get())
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
@@ -494,7 +503,72 @@ impl Partition {
         let path = self.dir.join(frontier::file_name(group));
         frontier::write(&*self.storage, &path, value)
             .await
-            .map_err(|e| PartitionError::Storage(e.to_string()))
+            .map_err(|e| PartitionError::Storage(e.to_string()))?;
+        // Records of a deleted group of the same name may still be in the journal: this start record, after them,
+        // tells the replay to leave them out.
+        if let Some(link) = self.log.journal_link() {
+            let record = journal::FrontierRecord {
+                topic: link.topic.clone(),
+                topic_id: link.topic_id,
+                partition: link.partition,
+                group: group.to_string(),
+                committed: value,
+                start: true,
+            };
+            link.journal
+                .commit_frontiers(journal::frontier_entry(&[record]))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Adds to `out` a record of each group whose frontier moved past the durable one (for one journal entry of
+    /// the whole core); returns the groups and values recorded, for [`Partition::frontiers_journaled`]. Nothing
+    /// without a journal, or after the partition closed.
+    pub fn moved_frontiers(&self, out: &mut Vec<journal::FrontierRecord>) -> Vec<(Rc<Group>, u64)> {
+        let Some(link) = self.log.journal_link() else {
+            return Vec::new();
+        };
+        if self.closed.get() {
+            return Vec::new();
+        }
+        let mut marks = Vec::new();
+        for g in self.groups.borrow().values() {
+            let Some(committed) = g.with_loaded(|s| s.committed()) else {
+                continue;
+            };
+            if committed <= g.durable() {
+                continue;
+            }
+            out.push(journal::FrontierRecord {
+                topic: link.topic.clone(),
+                topic_id: link.topic_id,
+                partition: link.partition,
+                group: g.name.clone(),
+                committed,
+                start: false,
+            });
+            marks.push((g.clone(), committed));
+        }
+        marks
+    }
+
+    /// The journal made the values `moved_frontiers` recorded at `started` (ms) durable: returns how long each had
+    /// waited since its frontier first moved (ms).
+    pub fn frontiers_journaled(&self, marks: &[(Rc<Group>, u64)], started: u64) -> Vec<u64> {
+        let now = self.clock.now_ms();
+        let mut lags = Vec::with_capacity(marks.len());
+        for (g, value) in marks {
+            if *value <= g.durable() {
+                continue;
+            }
+            let moved_at = g.moved_at.get().unwrap_or(started);
+            g.journaled.set(*value);
+            let behind = g.with_loaded(|s| s.committed()).is_some_and(|c| c > *value);
+            g.moved_at.set(behind.then_some(started));
+            lags.push(now.saturating_sub(moved_at));
+        }
+        lags
     }
 
     async fn load_shards(&self) -> Result<(), PartitionError> {
@@ -913,21 +987,53 @@ impl Partition {
         lags
     }
 
-    /// Whether some group's frontier moved since its last flush.
+    /// Whether some group's frontier moved past its durable value (in its file or the journal).
     pub fn frontier_moved(&self) -> bool {
         self.groups.borrow().values().any(|g| {
             !g.flushing.get()
                 && g.with_loaded(|s| s.committed())
+                    .is_some_and(|c| c > g.durable())
+        })
+    }
+
+    /// Whether some group's frontier file is behind its frontier (a checkpoint must write it).
+    pub fn frontier_file_behind(&self) -> bool {
+        self.groups.borrow().values().any(|g| {
+            g.flushing.get()
+                || g.with_loaded(|s| s.committed())
                     .is_some_and(|c| c != g.flushed.get())
         })
     }
 
+    /// Writes every group's frontier file that is behind its frontier, after the writes already running (a
+    /// journal checkpoint: every value the journal recorded must be in the files before the journal file goes).
+    /// True when every file holds its group's frontier as it stood when this began.
+    pub async fn write_frontier_files(&self) -> bool {
+        self.wait_flushes().await;
+        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        let mut ok = true;
+        for g in groups {
+            let Some(committed) = g.with_loaded(|s| s.committed()) else {
+                continue;
+            };
+            if g.flushed.get() >= committed || self.closed.get() {
+                continue;
+            }
+            self.flush_group(&g).await;
+            ok &= g.flushed.get() >= committed;
+        }
+        ok
+    }
+
+    /// Writes a group's frontier file; returns the lag when that made its frontier durable (it was not yet, in the
+    /// journal either).
     async fn flush_group(&self, g: &Group) -> Option<u64> {
         let committed = g.with_loaded(|s| s.committed())?;
         if g.flushed.get() == committed || g.flushing.get() || self.closed.get() {
             return None;
         }
         let started = self.clock.now_ms();
+        let was_durable = committed <= g.durable();
         let moved_at = g.moved_at.get().unwrap_or(started);
         assert!(
             committed > g.flushed.get(),
@@ -938,10 +1044,14 @@ impl Partition {
         let lag = match frontier::write(&*self.storage, &g.path, committed).await {
             Ok(()) => {
                 g.flushed.set(committed);
-                // Acks that came during the write are counted from the write's start.
-                let behind = g.with_loaded(|s| s.committed()) != Some(committed);
-                g.moved_at.set(behind.then_some(started));
-                Some(self.clock.now_ms().saturating_sub(moved_at))
+                if was_durable {
+                    None
+                } else {
+                    // Acks that came during the write are counted from the write's start.
+                    let behind = g.with_loaded(|s| s.committed()) != Some(committed);
+                    g.moved_at.set(behind.then_some(started));
+                    Some(self.clock.now_ms().saturating_sub(moved_at))
+                }
             }
             Err(e) => {
                 warn!(file = %g.path.display(), error = %e, "cannot write a frontier file; will retry");
@@ -1090,6 +1200,13 @@ impl Partition {
     /// The committed frontier of `group`, if its shard is loaded.
     pub fn committed(&self, group: &str) -> Option<u64> {
         self.group(group).ok()?.with_loaded(|s| s.committed())
+    }
+
+    /// The frontier of `group` known durable (in its file or the journal), if its shard is loaded.
+    #[cfg(test)]
+    pub fn durable_frontier(&self, group: &str) -> Option<u64> {
+        let g = self.group(group).ok()?;
+        g.with_loaded(|_| g.durable())
     }
 
     /// Group names on this partition.

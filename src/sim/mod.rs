@@ -148,6 +148,9 @@ struct Oracle {
     frontier_mem: BTreeMap<(u64, String, u32), u64>,
     /// Highest frontier seen on disk, ever.
     frontier_disk: BTreeMap<(u64, String, u32), u64>,
+    /// Highest frontier a process held durable (in its file or its journal): after a restart's replay, the file
+    /// holds at least that much.
+    frontier_durable: BTreeMap<(u64, String, u32), u64>,
     /// Topic ids deleted (their records need no delivery).
     deleted: BTreeSet<u64>,
     /// Current id per topic name.
@@ -552,6 +555,8 @@ pub async fn run_seed_here(seed: u64) {
         let world = World::boot(&plan, image.clone(), wall_ms, seed).await;
         if first {
             create_topics(&world, &plan, &oracle).await;
+        } else {
+            check_durable_frontiers(&world, &oracle.borrow());
         }
         let outcome = run_world(&world, &plan, &oracle, &mut rng, &mut step).await;
         // The disk as the process leaves it, taken before the shutdown below writes anything.
@@ -1021,6 +1026,24 @@ fn disk_frontiers(world: &World, oracle: &Oracle) -> Vec<((u64, String, u32), u6
     out
 }
 
+/// After a restart (the journal replayed, no partition touched yet): every frontier file holds at least the
+/// frontier the last process held durable, in the file or in its journal.
+fn check_durable_frontiers(world: &World, o: &Oracle) {
+    let on_disk: BTreeMap<_, _> = disk_frontiers(world, o).into_iter().collect();
+    let current: BTreeSet<u64> = o.ids.values().copied().collect();
+    for (key, &durable) in &o.frontier_durable {
+        if !current.contains(&key.0) || o.deleted.contains(&key.0) {
+            continue;
+        }
+        let held = on_disk.get(key).copied().unwrap_or(0);
+        if held < durable {
+            o.fail(format!(
+                "{key:?} frontier file holds {held} after the restart; the last process held {durable} durable"
+            ));
+        }
+    }
+}
+
 /// The checks after every step.
 async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
     {
@@ -1036,6 +1059,15 @@ async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
                     let end = partition.log.end_offset();
                     if c > end {
                         o.fail(format!("{key:?} committed {c} beyond the log end {end}"));
+                    }
+                    if let Some(d) = partition.durable_frontier(g) {
+                        if d > c {
+                            o.fail(format!(
+                                "{key:?} durable frontier {d} above the committed {c}"
+                            ));
+                        }
+                        let held = o.frontier_durable.entry(key.clone()).or_insert(0);
+                        *held = (*held).max(d);
                     }
                     let seen = o.frontier_mem.entry(key.clone()).or_insert(0);
                     if c < *seen {

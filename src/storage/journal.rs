@@ -37,9 +37,14 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use tracing::{error, info, warn};
 
-/// First four bytes of every journal entry (on disk, little-endian: `4A 52 4E 4C`, ASCII `JRNL`).
+/// First four bytes of every entry of frames (on disk, little-endian: `4A 52 4E 4C`, ASCII `JRNL`).
 pub const MAGIC: u32 = 0x4C4E_524A;
 const MAGIC_BYTES: [u8; 4] = MAGIC.to_le_bytes();
+/// First four bytes of every entry of frontiers (on disk `4A 52 4E 46`, ASCII `JRNF`).
+pub const FRONTIER_MAGIC: u32 = 0x464E_524A;
+const FRONTIER_MAGIC_BYTES: [u8; 4] = FRONTIER_MAGIC.to_le_bytes();
+/// Length of the fixed part of a frontier record (before the topic and group names).
+pub const FRONTIER_FIXED_LEN: usize = 25;
 /// Length of an entry header.
 pub const HEADER_LEN: usize = 24;
 /// Bytes of the header covered by its CRC.
@@ -113,10 +118,26 @@ pub struct Entry {
     pub frames: Vec<u8>,
 }
 
+/// Where a consumer group's frontier stands, as a frontier entry records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontierRecord {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub group: String,
+    /// The group's committed frontier (every offset below it is settled).
+    pub committed: u64,
+    /// The group was created here, starting at `committed`: records of the same group before it belong to a group
+    /// of the same name that was deleted, and no longer count.
+    pub start: bool,
+}
+
 /// What [`scan`] found in one journal file.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Scan {
     pub entries: Vec<Entry>,
+    /// The records of its frontier entries, in the order they were written.
+    pub frontiers: Vec<FrontierRecord>,
     /// Entries (or runs of bytes) that failed a check and were passed over.
     pub damaged: usize,
 }
@@ -130,7 +151,8 @@ pub fn begin_entry(head: &EntryHead, frames_len: usize) -> Vec<u8> {
         "topic name too long for the journal"
     );
     let mut out = Vec::with_capacity(HEADER_LEN + BODY_FIXED_LEN + name.len() + frames_len);
-    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    out.extend_from_slice(&MAGIC_BYTES);
+    out.extend_from_slice(&[0u8; HEADER_LEN - 4]);
     out.extend_from_slice(&head.topic_id.to_le_bytes());
     out.extend_from_slice(&head.partition.to_le_bytes());
     out.extend_from_slice(&head.segment_base.to_le_bytes());
@@ -142,17 +164,51 @@ pub fn begin_entry(head: &EntryHead, frames_len: usize) -> Vec<u8> {
     out
 }
 
+/// An entry of frontier records (`Journal::commit_frontiers` seals it).
+pub fn frontier_entry(records: &[FrontierRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        HEADER_LEN
+            + 4
+            + records
+                .iter()
+                .map(|r| FRONTIER_FIXED_LEN + r.topic.len() + r.group.len())
+                .sum::<usize>(),
+    );
+    out.extend_from_slice(&FRONTIER_MAGIC_BYTES);
+    out.extend_from_slice(&[0u8; HEADER_LEN - 4]);
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        let (topic, group) = (r.topic.as_bytes(), r.group.as_bytes());
+        assert!(
+            topic.len() <= MAX_NAME_LEN && group.len() <= MAX_NAME_LEN,
+            "name too long for the journal"
+        );
+        out.extend_from_slice(&r.topic_id.to_le_bytes());
+        out.extend_from_slice(&r.partition.to_le_bytes());
+        out.extend_from_slice(&r.committed.to_le_bytes());
+        out.push(if r.start { 2 } else { 1 });
+        out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(group.len() as u16).to_le_bytes());
+        out.extend_from_slice(topic);
+        out.extend_from_slice(group);
+    }
+    out
+}
+
 /// Where the frames start in an entry made by [`begin_entry`].
 pub fn frames_start(entry: &[u8]) -> usize {
     let name_len = u16::from_le_bytes([entry[HEADER_LEN + 40], entry[HEADER_LEN + 41]]) as usize;
     HEADER_LEN + BODY_FIXED_LEN + name_len
 }
 
-/// Completes an entry made by [`begin_entry`] (frames appended) with its sequence number.
+/// Completes an entry made by [`begin_entry`] (frames appended) or [`frontier_entry`] with its sequence number.
 pub fn seal_entry(entry: &mut [u8], seq: u64) {
+    assert!(
+        entry[0..4] == MAGIC_BYTES || entry[0..4] == FRONTIER_MAGIC_BYTES,
+        "an entry starts with its kind's magic"
+    );
     let body_len = u32::try_from(entry.len() - HEADER_LEN).expect("journal entry under 4 GiB");
     let body_crc = crc32c::crc32c(&entry[HEADER_LEN..]);
-    entry[0..4].copy_from_slice(&MAGIC_BYTES);
     entry[4..8].copy_from_slice(&body_len.to_le_bytes());
     entry[8..16].copy_from_slice(&seq.to_le_bytes());
     entry[16..20].copy_from_slice(&body_crc.to_le_bytes());
@@ -168,13 +224,56 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// A header at `at` that passes its check: (body_len, seq, body_crc).
-fn header_at(bytes: &[u8], at: usize) -> Option<(usize, u64, u32)> {
+/// Whether `b` starts with either kind's magic.
+fn is_magic(b: &[u8]) -> bool {
+    b.get(0..4)
+        .is_some_and(|m| m == MAGIC_BYTES || m == FRONTIER_MAGIC_BYTES)
+}
+
+/// A header at `at` that passes its check: (frontier entry?, body_len, seq, body_crc).
+fn header_at(bytes: &[u8], at: usize) -> Option<(bool, usize, u64, u32)> {
     let h = bytes.get(at..at + HEADER_LEN)?;
-    if h[0..4] != MAGIC_BYTES || crc32c::crc32c(&h[..HEADER_CRC_SPAN]) != u32_at(h, 20) {
+    if !is_magic(h) || crc32c::crc32c(&h[..HEADER_CRC_SPAN]) != u32_at(h, 20) {
         return None;
     }
-    Some((u32_at(h, 4) as usize, u64_at(h, 8), u32_at(h, 16)))
+    Some((
+        h[0..4] == FRONTIER_MAGIC_BYTES,
+        u32_at(h, 4) as usize,
+        u64_at(h, 8),
+        u32_at(h, 16),
+    ))
+}
+
+/// Decodes a frontier entry body that passed its CRC; None if its fields do not hang together (every byte of the
+/// body must belong to a record).
+fn parse_frontiers(body: &[u8]) -> Option<Vec<FrontierRecord>> {
+    let count = u32_at(body.get(0..4)?, 0) as usize;
+    let mut at = 4;
+    let mut out = Vec::with_capacity(count.min(body.len() / FRONTIER_FIXED_LEN));
+    for _ in 0..count {
+        let fixed = body.get(at..at + FRONTIER_FIXED_LEN)?;
+        let start = match fixed[20] {
+            1 => false,
+            2 => true,
+            _ => return None,
+        };
+        let topic_len = u16::from_le_bytes([fixed[21], fixed[22]]) as usize;
+        let group_len = u16::from_le_bytes([fixed[23], fixed[24]]) as usize;
+        let names_at = at + FRONTIER_FIXED_LEN;
+        let topic = std::str::from_utf8(body.get(names_at..names_at + topic_len)?).ok()?;
+        let group_at = names_at + topic_len;
+        let group = std::str::from_utf8(body.get(group_at..group_at + group_len)?).ok()?;
+        out.push(FrontierRecord {
+            topic: topic.to_string(),
+            topic_id: u64_at(fixed, 0),
+            partition: u32_at(fixed, 8),
+            group: group.to_string(),
+            committed: u64_at(fixed, 12),
+            start,
+        });
+        at = group_at + group_len;
+    }
+    (at == body.len()).then_some(out)
 }
 
 /// Decodes an entry body that passed its CRC; None if its fields do not hang together.
@@ -210,20 +309,25 @@ pub fn scan(bytes: &[u8]) -> Scan {
     let mut last_seq: Option<u64> = None;
     while at + HEADER_LEN <= bytes.len() {
         match header_at(bytes, at) {
-            Some((body_len, seq, body_crc)) if last_seq.is_none_or(|l| seq > l) => {
+            Some((frontiers, body_len, seq, body_crc)) if last_seq.is_none_or(|l| seq > l) => {
                 let Some(body) = bytes.get(at + HEADER_LEN..at + HEADER_LEN + body_len) else {
                     // Torn: the file ends inside this entry (it was never acknowledged).
                     break;
                 };
-                match (crc32c::crc32c(body) == body_crc)
-                    .then(|| parse_body(seq, body))
-                    .flatten()
-                {
-                    Some(entry) => {
-                        out.entries.push(entry);
-                        last_seq = Some(seq);
-                    }
-                    None => out.damaged += 1,
+                let intact = crc32c::crc32c(body) == body_crc;
+                let taken = match (intact, frontiers) {
+                    (false, _) => false,
+                    (true, false) => parse_body(seq, body)
+                        .map(|entry| out.entries.push(entry))
+                        .is_some(),
+                    (true, true) => parse_frontiers(body)
+                        .map(|records| out.frontiers.extend(records))
+                        .is_some(),
+                };
+                if taken {
+                    last_seq = Some(seq);
+                } else {
+                    out.damaged += 1;
                 }
                 at += HEADER_LEN + body_len;
             }
@@ -234,9 +338,9 @@ pub fn scan(bytes: &[u8]) -> Scan {
                 out.damaged += 1;
                 // Resynchronise on the next header that passes its check.
                 let next = (at + 1..bytes.len().saturating_sub(HEADER_LEN - 1)).find(|&i| {
-                    bytes[i..i + 4] == MAGIC_BYTES
+                    is_magic(&bytes[i..])
                         && header_at(bytes, i)
-                            .is_some_and(|(_, s, _)| last_seq.is_none_or(|l| s > l))
+                            .is_some_and(|(_, _, s, _)| last_seq.is_none_or(|l| s > l))
                 });
                 match next {
                     Some(i) => at = i,
@@ -266,8 +370,9 @@ pub struct JournalOptions {
 struct Queued {
     entry: Vec<u8>,
     records: u32,
-    /// The segment file its frames were written to (synced at the checkpoint of the journal file it lands in).
-    segment: Rc<dyn SegmentFile>,
+    /// The segment file its frames were written to (synced at the checkpoint of the journal file it lands in);
+    /// None for an entry of frontiers.
+    segment: Option<Rc<dyn SegmentFile>>,
     /// The log's write-behind buffer, when its frames may still be there (flushed before that checkpoint).
     behind: Option<Rc<Behind>>,
     queued_at: std::time::Instant,
@@ -303,6 +408,11 @@ pub struct JournalStats {
 /// Called after each pass with its record count and each entry's wait (queue + write + sync) in µs.
 pub type PassObserver = Box<dyn Fn(u64, &[u64])>;
 
+/// Run by a checkpoint before it removes a journal file: writes every frontier the journal recorded to its frontier
+/// file (the owner knows the newest ones) and tells whether all of them are durable there.
+pub type FrontierWriter =
+    Rc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool>>>>;
+
 /// One core's journal and its committer.
 pub struct Journal {
     storage: Rc<dyn Storage>,
@@ -323,8 +433,10 @@ pub struct Journal {
     observer: RefCell<Option<PassObserver>>,
     /// Checkpoints still running (their journal files are deleted when they finish).
     checkpoints_running: Cell<usize>,
-    /// Entries the last pass carried (the commit delay applies only after a pass of more than one).
+    /// Entries of frames the last pass carried (the commit delay applies only after a pass of more than one).
     last_pass_entries: Cell<usize>,
+    /// Writes the frontier files before a checkpoint removes a journal file that may hold frontier records.
+    frontier_writer: RefCell<Option<FrontierWriter>>,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -366,6 +478,7 @@ impl Journal {
             observer: RefCell::new(None),
             checkpoints_running: Cell::new(0),
             last_pass_entries: Cell::new(0),
+            frontier_writer: RefCell::new(None),
         });
         glommio::spawn_local(journal.clone().run_committer()).detach();
         if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
@@ -404,9 +517,26 @@ impl Journal {
     /// acknowledge it (and the journal refuses everything after it until a restart).
     pub async fn commit(
         &self,
-        mut entry: Vec<u8>,
+        entry: Vec<u8>,
         records: u32,
         segment: Rc<dyn SegmentFile>,
+        behind: Option<Rc<Behind>>,
+    ) -> Result<(), AppendError> {
+        self.enqueue(entry, records, Some(segment), behind).await
+    }
+
+    /// Makes an entry built with [`frontier_entry`] durable under the fsync policy, in the pass that takes it with
+    /// whatever frames are queued. Entries are queued in the order of the calls (the call queues at once, before it
+    /// awaits), so the records of one group are in the journal in the order its frontier moved.
+    pub async fn commit_frontiers(&self, entry: Vec<u8>) -> Result<(), AppendError> {
+        self.enqueue(entry, 0, None, None).await
+    }
+
+    async fn enqueue(
+        &self,
+        mut entry: Vec<u8>,
+        records: u32,
+        segment: Option<Rc<dyn SegmentFile>>,
         behind: Option<Rc<Behind>>,
     ) -> Result<(), AppendError> {
         if self.poisoned.get() {
@@ -429,6 +559,11 @@ impl Journal {
         });
         self.queue_event.notify(1);
         rx.await.unwrap_or(Err(AppendError::Closed))
+    }
+
+    /// Registers what writes the frontier files before a checkpoint removes a journal file (the engine's).
+    pub fn set_frontier_writer(&self, writer: FrontierWriter) {
+        *self.frontier_writer.borrow_mut() = Some(writer);
     }
 
     /// Counters since open.
@@ -602,8 +737,10 @@ impl Journal {
             c.zeroed_to = new_zeroed_to;
             c.dirty = true;
             for q in &pass {
-                let key = Rc::as_ptr(&q.segment) as *const u8 as usize;
-                c.segments.entry(key).or_insert_with(|| q.segment.clone());
+                if let Some(segment) = &q.segment {
+                    let key = Rc::as_ptr(segment) as *const u8 as usize;
+                    c.segments.entry(key).or_insert_with(|| segment.clone());
+                }
                 if let Some(behind) = &q.behind {
                     let key = Rc::as_ptr(behind) as usize;
                     c.behinds.entry(key).or_insert_with(|| behind.clone());
@@ -623,7 +760,8 @@ impl Journal {
         }
         let now = std::time::Instant::now();
         let records: u64 = pass.iter().map(|q| u64::from(q.records)).sum();
-        self.last_pass_entries.set(pass.len());
+        self.last_pass_entries
+            .set(pass.iter().filter(|q| q.segment.is_some()).count());
         self.bump(|s| {
             s.passes += 1;
             s.entries += pass.len() as u64;
@@ -721,6 +859,13 @@ impl Journal {
         {
             return;
         }
+        let writer = self.frontier_writer.borrow().clone();
+        if let Some(write_frontiers) = writer {
+            if !write_frontiers().await {
+                warn!(core = self.core, journal = %old.path.display(), "checkpoint: a frontier file could not be written; the journal file stays for replay at the next start");
+                return;
+            }
+        }
         drop(old.file);
         if let Err(e) = self.storage.remove(&old.path).await {
             warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file");
@@ -776,20 +921,32 @@ pub struct ReplayReport {
     /// Entries of topics or segments that no longer exist.
     pub skipped: usize,
     pub damaged: usize,
-    /// Entries that could not be read back or rewritten (I/O errors).
+    /// Entries that could not be read back or rewritten, and frontier files that could not be read or written
+    /// (I/O errors).
     pub failed: usize,
+    /// Frontier records read, and frontier files they moved forward.
+    pub frontier_records: usize,
+    pub frontiers_written: usize,
 }
 
 /// Finds a partition's directory for a journal entry: Some only if topic `name` still exists with id `topic_id`.
 pub type Locate<'a> = &'a dyn Fn(&str, u64, u32) -> Option<PathBuf>;
 
-/// Replays every journal file in `dir` into the segments (see the module header), syncs what it wrote, and removes
-/// the journal files. Run once at start, before any partition opens. Idempotent: a crash during replay replays
-/// again at the next start.
+/// Whether topic `name` with id `topic_id` has consumer group `group` now.
+pub type HasGroup<'a> = &'a dyn Fn(&str, u64, &str) -> bool;
+
+/// Replays every journal file in `dir` into the segments (see the module header) and the frontier files, syncs
+/// what it wrote, and removes the journal files. Run once at start, before any partition opens. Idempotent: a crash
+/// during replay replays again at the next start.
+///
+/// A frontier file gets the highest value its group's records carry since the group's last start record (records
+/// before a start record belong to a deleted group of the same name), when that is above the file's own value; the
+/// records of topics or groups that no longer exist are passed over.
 pub async fn replay(
     storage: &dyn Storage,
     dir: &Path,
     locate: Locate<'_>,
+    has_group: HasGroup<'_>,
 ) -> std::io::Result<ReplayReport> {
     let mut report = ReplayReport::default();
     let names = match storage.list(dir) {
@@ -802,6 +959,8 @@ pub async fn replay(
     files.sort();
     let mut open: HashMap<PathBuf, Option<Rc<dyn SegmentFile>>> = HashMap::new();
     let mut touched: Vec<Rc<dyn SegmentFile>> = Vec::new();
+    // Per frontier file, the highest value since its group's last start record.
+    let mut frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
     for name in &files {
         let path = dir.join(name);
         let bytes = storage.read(&path)?;
@@ -810,6 +969,28 @@ pub async fn replay(
         report.damaged += found.damaged;
         if found.damaged > 0 {
             error!(journal = %path.display(), damaged = found.damaged, "journal entries failed their check at replay: passed over (their segment frames are checked on their own)");
+        }
+        for record in found.frontiers {
+            report.frontier_records += 1;
+            let Some(partition_dir) = locate(&record.topic, record.topic_id, record.partition)
+            else {
+                continue;
+            };
+            if !has_group(&record.topic, record.topic_id, &record.group) {
+                continue;
+            }
+            let file = partition_dir.join(super::frontier::file_name(&record.group));
+            match frontiers.entry(file) {
+                std::collections::btree_map::Entry::Occupied(mut e) if !record.start => {
+                    *e.get_mut() = (*e.get()).max(record.committed);
+                }
+                std::collections::btree_map::Entry::Occupied(mut e) => {
+                    *e.get_mut() = record.committed;
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(record.committed);
+                }
+            }
         }
         for entry in found.entries {
             report.entries += 1;
@@ -863,6 +1044,27 @@ pub async fn replay(
         file.sync().await?;
     }
     drop(open);
+    let mut writes = Vec::new();
+    for (file, value) in &frontiers {
+        match super::frontier::read(storage, file) {
+            Ok(held) if held >= *value => {}
+            Ok(_) => writes
+                .push(async move { (file, super::frontier::write(storage, file, *value).await) }),
+            Err(e) => {
+                error!(file = %file.display(), error = %e, "journal replay cannot read a frontier file: its records are not replayed");
+                report.failed += 1;
+            }
+        }
+    }
+    for (file, written) in crate::join::join_all(writes).await {
+        match written {
+            Ok(()) => report.frontiers_written += 1,
+            Err(e) => {
+                error!(file = %file.display(), error = %e, "journal replay cannot write a frontier file: its group redelivers from the older value");
+                report.failed += 1;
+            }
+        }
+    }
     for name in &files {
         storage.remove(&dir.join(name)).await?;
     }
@@ -874,6 +1076,8 @@ pub async fn replay(
             rewritten = report.rewritten,
             skipped = report.skipped,
             damaged = report.damaged,
+            frontier_records = report.frontier_records,
+            frontiers_written = report.frontiers_written,
             "journal replayed"
         );
     }
@@ -894,6 +1098,84 @@ mod tests {
             first_offset: 120,
             count: 2,
         }
+    }
+
+    fn record(topic: &str, group: &str, committed: u64, start: bool) -> FrontierRecord {
+        FrontierRecord {
+            topic: topic.into(),
+            topic_id: 7,
+            partition: 0,
+            group: group.into(),
+            committed,
+            start,
+        }
+    }
+
+    fn frontiers(records: &[FrontierRecord], seq: u64) -> Vec<u8> {
+        let mut e = frontier_entry(records);
+        seal_entry(&mut e, seq);
+        e
+    }
+
+    /// Replay moves each frontier file up to the highest value its group's records carry since the group's last
+    /// start record, passes over groups and topics that are gone, and never lowers a file.
+    #[test]
+    fn replay_restores_frontiers_and_forgets_a_deleted_group_of_the_same_name() {
+        on_sim_disk(|storage| async move {
+            let dir = Path::new("/data/journal");
+            let part = Path::new("/data/topics/t/0");
+            storage.create_dir_all(dir).unwrap();
+            storage.create_dir_all(part).unwrap();
+            let file = |g: &str| part.join(super::super::frontier::file_name(g));
+            let held = |g: &str| super::super::frontier::read(&*storage, &file(g)).unwrap();
+            // "g" was acked to 500, deleted, created again at 2 (its file written before its start record), then
+            // acked to 4 (a later record of 3 checks that the highest counts); "default" has a newer value in its
+            // file than in the journal; "gone" was deleted; topic "old" with id 6 no longer exists.
+            super::super::frontier::write(&*storage, &file("g"), 2)
+                .await
+                .unwrap();
+            super::super::frontier::write(&*storage, &file("default"), 10)
+                .await
+                .unwrap();
+            let mut other = record("old", "default", 50, false);
+            other.topic_id = 6;
+            let first = [
+                record("t", "g", 300, false),
+                record("t", "default", 8, false),
+                record("t", "gone", 7, false),
+                other,
+            ];
+            let second = [
+                record("t", "g", 500, false),
+                record("t", "g", 2, true),
+                record("t", "g", 4, false),
+            ];
+            let mut bytes = frontiers(&first, 1);
+            bytes.extend(frontiers(&second, 2));
+            bytes.extend(frontiers(&[record("t", "g", 3, false)], 3));
+            storage
+                .replace(&dir.join("0000-00000000000000000001.jnl"), bytes)
+                .await
+                .unwrap();
+            let locate = |name: &str, id: u64, p: u32| {
+                (name == "t" && id == 7)
+                    .then(|| Path::new("/data/topics").join(name).join(p.to_string()))
+            };
+            let has_group = |_: &str, _: u64, g: &str| g != "gone";
+            let report = replay(&*storage, dir, &locate, &has_group).await.unwrap();
+            assert_eq!(
+                held("g"),
+                4,
+                "the deleted group's 500 must not count for the new one"
+            );
+            assert_eq!(held("default"), 10, "a file is never lowered");
+            assert!(
+                storage.read(&file("gone")).is_err(),
+                "no file for a deleted group"
+            );
+            assert_eq!((report.frontier_records, report.frontiers_written), (8, 1));
+            assert!(storage.list(dir).unwrap().is_empty());
+        });
     }
 
     fn entry(topic: &str, seq: u64, frames: &[u8]) -> Vec<u8> {
@@ -937,9 +1219,10 @@ mod tests {
     /// Any single flipped bit costs at most the entry it lands in: the others are found, none is damaged.
     #[test]
     fn a_bit_flip_anywhere_costs_at_most_its_entry() {
+        let records = [record("b", "g", 9, false), record("b", "default", 4, true)];
         let parts = [
             entry("a", 1, b"one"),
-            entry("b", 2, b"two-two"),
+            frontiers(&records, 2),
             entry("c", 3, b"three"),
         ];
         let file: Vec<u8> = parts.concat();
@@ -956,7 +1239,12 @@ mod tests {
                 damaged[byte] ^= 1 << bit;
                 let s = scan(&damaged);
                 let hit = bounds.iter().position(|&b| byte < b).expect("inside");
-                let seqs: Vec<u64> = s.entries.iter().map(|e| e.seq).collect();
+                let mut seqs: Vec<u64> = s.entries.iter().map(|e| e.seq).collect();
+                if !s.frontiers.is_empty() {
+                    assert_eq!(s.frontiers, records, "flip at byte {byte} bit {bit}");
+                    seqs.push(2);
+                    seqs.sort();
+                }
                 let want: Vec<u64> = (1..=3).filter(|&q| q != hit as u64 + 1).collect();
                 assert_eq!(seqs, want, "flip at byte {byte} bit {bit}");
                 for e in &s.entries {
@@ -999,6 +1287,25 @@ mod tests {
         assert!(section.contains(&format!("| 40..{BODY_FIXED_LEN} | u16 | name_len")));
     }
 
+    /// docs/format.md's frontier entry example is what `frontier_entry` + `seal_entry` write, and `scan` reads it.
+    #[test]
+    fn the_documented_frontier_example_matches_the_code() {
+        let bytes = crate::format_doc::example("Journal", 1);
+        let doc = include_str!("../../docs/format.md");
+        let section = &doc[doc.find("## Journal").expect("a Journal section")..];
+        let mut r = record("t", "g", 6, false);
+        r.topic_id = 1;
+        assert_eq!(
+            bytes,
+            frontiers(std::slice::from_ref(&r), 2),
+            "docs/format.md's example"
+        );
+        let found = scan(&bytes);
+        assert_eq!((found.frontiers, found.entries.len()), (vec![r], 0));
+        assert!(section.contains(&format!("`0x{FRONTIER_MAGIC:08X}`")));
+        assert!(section.contains(&format!("| 23..{FRONTIER_FIXED_LEN} | u16 | group_len")));
+    }
+
     #[test]
     fn garbage_never_panics() {
         let mut rng = 0x9E37_79B9_7F4A_7C15u64;
@@ -1012,9 +1319,11 @@ mod tests {
                 })
                 .collect();
             let _ = scan(&bytes);
-            let mut with_magic = MAGIC_BYTES.to_vec();
-            with_magic.extend(&bytes);
-            let _ = scan(&with_magic);
+            for magic in [MAGIC_BYTES, FRONTIER_MAGIC_BYTES] {
+                let mut with_magic = magic.to_vec();
+                with_magic.extend(&bytes);
+                let _ = scan(&with_magic);
+            }
         }
     }
 

@@ -407,6 +407,11 @@ impl Log {
     }
 
     /// One past the newest readable offset (== the next offset to be written once the queue is empty).
+    /// The core's journal and this log's place in it (None: the log syncs its own segments, or fsync never).
+    pub fn journal_link(&self) -> Option<&JournalLink> {
+        self.journal.as_ref()
+    }
+
     pub fn end_offset(&self) -> u64 {
         self.state.borrow().next_offset
     }

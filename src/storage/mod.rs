@@ -5,6 +5,7 @@ pub mod atomic_file;
 pub mod backend;
 pub mod behind;
 pub mod frame;
+pub mod frontier;
 pub mod journal;
 pub mod log;
 pub mod runs;

@@ -1,17 +1,21 @@
 //! Frontier files: the committed frontier of one consumer group on one partition, 12 bytes (u64 LE + crc32c LE of
 //! those 8 bytes), replaced atomically. The `default` group's is `consumer.offset` (version 1's file), another
-//! group's `consumer.{group}.offset`. Read lazily at the partition's first touch; written by its core's flush task.
+//! group's `consumer.{group}.offset`. Read lazily at the partition's first touch; written by its core's flush task
+//! (without a journal), at journal checkpoints and clean stops (with one), and by the journal's replay.
 
 use crate::storage::backend::Storage;
 use std::path::Path;
 use tracing::error;
+
+/// The consumer group every topic has (version 1's only one).
+pub const DEFAULT_GROUP: &str = "default";
 
 /// The default group's file name inside the partition directory.
 pub const FILE_NAME: &str = "consumer.offset";
 
 /// The frontier file name of `group` (group names follow the topic-name rule, so they are safe in a file name).
 pub fn file_name(group: &str) -> String {
-    if group == crate::partition::DEFAULT_GROUP {
+    if group == DEFAULT_GROUP {
         FILE_NAME.to_string()
     } else {
         format!("consumer.{group}.offset")
