@@ -105,7 +105,8 @@ pub struct Config {
     /// A lone appender never waits.
     /// 0 to 10000 µs. Default 100.
     pub journal_commit_delay_us: u64,
-    /// How often a moved frontier is written to consumer.offset. Default 100 ms.
+    /// How often a moved frontier is made durable: recorded in the core's journal (fsync `always` or `interval`),
+    /// or written to its consumer.offset file (fsync `never`). Default 50 ms.
     pub frontier_flush_interval_ms: u64,
     /// Background expiry sweep and retention cadence. Default 1000 ms.
     pub purge_interval_ms: u64,
@@ -182,7 +183,7 @@ impl Default for Config {
             write_behind_bytes: 16 << 10,
             journal_file_bytes: 64 << 20,
             journal_commit_delay_us: 100,
-            frontier_flush_interval_ms: 100,
+            frontier_flush_interval_ms: 50,
             purge_interval_ms: 1000,
             shutdown_grace_ms: 5000,
             spin_before_park_us: 0,

@@ -1075,18 +1075,8 @@ fn crash_redelivers_exactly_the_unsettled_offsets_above_the_flushed_frontier() {
         assert_eq!(settle(&s.client, "ack", "crash", &h, ""), 200);
     }
     let dir = s.partition_dir("crash", 0);
-    let start = Instant::now();
-    loop {
-        let on_disk = read_frontier(&dir);
-        if on_disk == Some(10) {
-            break;
-        }
-        assert!(
-            start.elapsed() < ms(2000),
-            "consumer.offset still decodes to {on_disk:?}, expected 10"
-        );
-        thread::sleep(ms(10));
-    }
+    // Durable (in the core's journal) within the flush interval.
+    wait_for_field(&s, "crash", 0, "durable", 10, ms(2000));
     for want in 10..15u64 {
         let (_, o, _, _) = consume(&s.client, "crash", "").unwrap();
         assert_eq!(o, want);
@@ -1096,6 +1086,11 @@ fn crash_redelivers_exactly_the_unsettled_offsets_above_the_flushed_frontier() {
     common::wait_port_free(s.port);
     s.restart();
 
+    assert_eq!(
+        read_frontier(&dir),
+        Some(10),
+        "consumer.offset after the restart's journal replay"
+    );
     assert_eq!(
         field(&s, "crash", 0, "committed"),
         10,

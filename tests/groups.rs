@@ -355,14 +355,23 @@ fn read_frontier(path: &Path) -> Option<u64> {
     decode_frontier(&std::fs::read(path).ok()?)
 }
 
-/// Polls (bounded) until the frontier file at `path` decodes to `want`.
-fn wait_frontier_file(path: &Path, want: u64) {
+/// Polls (bounded) until the server reports `group`'s frontier on partition 0 of `topic` durable at `want` (in the
+/// core's journal or its file: a kill -9 from then on keeps it, and the restart's replay writes the file).
+fn wait_durable(s: &Server, topic: &str, group: &str, want: u64) {
     wait_until(
         ms(5000),
-        &format!("{} == {want}", path.display()),
-        || match read_frontier(path) {
-            Some(v) if v == want => Ok(()),
-            other => Err(format!("{other:?}")),
+        &format!("{topic}/0 group {group} durable == {want}"),
+        || {
+            let a = call(s, "GET", &format!("/topics/{topic}/groups"));
+            let list = a.json();
+            let got = list
+                .as_array()
+                .and_then(|l| l.iter().find(|g| g["group"] == group))
+                .and_then(|g| g["partitions"][0]["durable"].as_u64());
+            match got {
+                Some(v) if v == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
         },
     );
 }
@@ -983,8 +992,8 @@ fn a_nack_in_one_group_never_wakes_another_groups_parked_consumer() {
 }
 
 /// Each group's frontier is its own file (`consumer.offset` for `default`, `consumer.{group}.offset` for another),
-/// written within the flush interval, and survives kill -9, while a group that acked only ahead of its frontier
-/// keeps its frontier where it was.
+/// durable within the flush interval (in the journal, which the restart replays into the files), and survives
+/// kill -9, while a group that acked only ahead of its frontier keeps its frontier where it was.
 #[test]
 fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
     let _g = common::serial();
@@ -1021,14 +1030,25 @@ fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
     assert_eq!(states["g2"], vec![(0, 1, 2)]);
     assert_eq!(states["default"], vec![(2, 0, 0)]);
 
-    wait_frontier_file(&dir.join("consumer.g1.offset"), 6);
-    wait_frontier_file(&dir.join("consumer.offset"), 2);
+    wait_durable(&s, "dur", "g1", 6);
+    wait_durable(&s, "dur", "default", 2);
     assert_eq!(
         read_frontier(&dir.join("consumer.g2.offset")),
         Some(0),
         "g2's file holds the frontier it started at"
     );
     s.restart();
+    for (file, want) in [
+        ("consumer.g1.offset", 6),
+        ("consumer.offset", 2),
+        ("consumer.g2.offset", 0),
+    ] {
+        assert_eq!(
+            read_frontier(&dir.join(file)),
+            Some(want),
+            "{file} after the restart's replay"
+        );
+    }
     let states = group_states(&s, "dur");
     assert_eq!(
         states,
@@ -1083,6 +1103,57 @@ fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
     });
     assert!(dir.join("consumer.g2.offset").exists());
     assert!(dir.join("consumer.offset").exists());
+}
+
+/// A group deleted and created again under the same name starts afresh after a kill -9, although the journal still
+/// holds the deleted group's frontier records (the new group's start record comes after them); so does a topic
+/// deleted and created again (its records carry the old topic's id).
+#[test]
+fn a_recreated_group_or_topic_never_gets_the_old_frontier_from_the_journal() {
+    let _g = common::serial();
+    let mut s = start_with(1, FAST_FLUSH);
+    for topic in ["rg", "rt"] {
+        s.create_topic(topic, "");
+        for i in 0..4 {
+            s.produce(topic, "", format!("{topic}-{i}").as_bytes());
+        }
+    }
+    assert_eq!(call(&s, "PUT", "/topics/rg/groups/g").status, 201);
+    for i in 0..4 {
+        let m = must_consume(&s, "rg", "&group=g");
+        assert_eq!(m.offset, i);
+        settle_ok(&s, "ack", "rg", &m.handle, "&group=g");
+        let m = must_consume(&s, "rt", "");
+        settle_ok(&s, "ack", "rt", &m.handle, "");
+    }
+    wait_durable(&s, "rg", "g", 4);
+    wait_durable(&s, "rt", "default", 4);
+    assert_eq!(call(&s, "DELETE", "/topics/rg/groups/g").status, 204);
+    assert_eq!(call(&s, "PUT", "/topics/rg/groups/g").status, 201);
+    assert_eq!(call(&s, "DELETE", "/topics/rt").status, 204);
+    s.create_topic("rt", "");
+    s.produce("rt", "", b"new-0");
+    s.restart();
+    let dir = s.partition_dir("rg", 0);
+    assert_eq!(
+        read_frontier(&dir.join("consumer.g.offset")),
+        Some(0),
+        "the recreated group's file after the replay"
+    );
+    for i in 0..4 {
+        let m = must_consume(&s, "rg", "&group=g");
+        assert_eq!(
+            (m.offset, m.body),
+            (i, format!("rg-{i}").into_bytes()),
+            "the recreated group starts at the oldest offset"
+        );
+    }
+    let m = must_consume(&s, "rt", "");
+    assert_eq!(
+        (m.offset, m.body),
+        (0, b"new-0".to_vec()),
+        "the recreated topic's first message"
+    );
 }
 
 /// Retention does not wait for a group: a group whose frontier falls below the oldest retained offset continues

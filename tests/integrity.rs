@@ -56,18 +56,18 @@ fn read_frontier(partition_dir: &Path) -> Option<u64> {
     common::decode_frontier(&std::fs::read(partition_dir.join("consumer.offset")).ok()?)
 }
 
-/// Polls (bounded) until the partition's `consumer.offset` decodes to `want`.
-fn wait_frontier(partition_dir: &Path, want: u64, limit: Duration) {
+/// Polls (bounded) until the server reports partition 0's default-group frontier durable at `want` (in the
+/// core's journal or `consumer.offset`: a kill -9 from then on keeps it, the journal's replay writes the file).
+fn wait_durable(s: &Server, topic: &str, want: u64, limit: Duration) {
     let start = Instant::now();
     loop {
-        let got = read_frontier(partition_dir);
-        if got == Some(want) {
+        let got = field(s, topic, 0, "durable");
+        if got == want {
             return;
         }
         assert!(
             start.elapsed() < limit,
-            "{}/consumer.offset decodes to {got:?}, expected {want} within {limit:?}",
-            partition_dir.display()
+            "{topic}/0 durable frontier is {got}, expected {want} within {limit:?}"
         );
         thread::sleep(ms(10));
     }
@@ -109,7 +109,7 @@ fn produce_settle_all(s: &Server, topic: &str, prefix: &str, n: u64) {
         assert_eq!((p, o), (0, want));
         assert_eq!(settle(&s.client, "ack", topic, &h, ""), 200);
     }
-    wait_frontier(&s.partition_dir(topic, 0), n, ms(5000));
+    wait_durable(s, topic, n, ms(5000));
 }
 
 /// Consumes (and acks) until 204; returns what was delivered, asserting no (partition, offset) twice.
@@ -733,6 +733,8 @@ fn an_unreadable_frontier_makes_the_partition_unavailable_instead_of_redeliverin
     s.create_topic("t", "");
     produce_settle_all(&s, "t", "m", 5);
     s.kill9();
+    // At rest: consumer.offset holds 5 (the journal's replay writes it), and the journal is gone.
+    s.drop_journal();
     let aside = break_frontier(&s, 0);
     s.restart();
 
@@ -785,6 +787,7 @@ fn an_unreadable_frontier_on_one_partition_leaves_the_other_partitions_deliverab
     produce_settle_all(&s, "t", "m", 5);
     assert_eq!(s.produce("t", "&partition=1", b"p1"), (1, 0));
     s.kill9();
+    s.drop_journal();
     let _aside = break_frontier(&s, 0);
     s.restart();
 
@@ -1276,12 +1279,15 @@ fn a_wrong_token_is_401_and_the_connection_is_closed() {
 
 #[test]
 fn data_files_and_directories_are_owner_only() {
-    let s = Server::start(1, &[]);
+    let mut s = Server::start(1, &[]);
     s.create_topic("priv", "");
     s.produce("priv", "", b"secret");
     let (_, _, h, _) = consume(&s.client, "priv", "").expect("a message");
     assert_eq!(settle(&s.client, "ack", "priv", &h, ""), 200);
-    wait_frontier(&s.partition_dir("priv", 0), 1, ms(5000));
+    wait_durable(&s, "priv", 1, ms(5000));
+    // A clean stop writes the frontier file (with a journal, files are written at checkpoints and stops).
+    assert_eq!(s.terminate(), Some(0));
+    assert_eq!(read_frontier(&s.partition_dir("priv", 0)), Some(1));
     let loose: Vec<String> = walk(&s.data_dir)
         .iter()
         .skip(1)

@@ -424,7 +424,7 @@ pub fn render(stats: &[CoreStats]) -> String {
             &format!("core=\"{}\"", s.core),
         );
     }
-    let _ = writeln!(out, "# HELP berth_frontier_lag_seconds time from a consumer group's frontier moving to its file being durable\n# TYPE berth_frontier_lag_seconds histogram");
+    let _ = writeln!(out, "# HELP berth_frontier_lag_seconds time from a consumer group's frontier moving to its being durable (in the core's journal, or its file)\n# TYPE berth_frontier_lag_seconds histogram");
     for s in stats {
         s.frontier_lag.render(
             &mut out,

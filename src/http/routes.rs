@@ -370,6 +370,7 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
 fn group_state_json(g: &crate::partition::GroupInfo) -> serde_json::Value {
     json!({
         "committed": g.committed,
+        "durable": g.durable,
         "in_flight": g.in_flight,
         "delayed": g.delayed,
         "acked_ahead": g.acked_ahead,

@@ -103,6 +103,8 @@ fn bump(c: &Cell<u64>, n: u64) {
 pub struct GroupInfo {
     pub group: String,
     pub committed: u64,
+    /// The frontier known durable (in its file or the core's journal): a crash keeps every settle below it.
+    pub durable: u64,
     pub in_flight: usize,
     pub delayed: usize,
     pub acked_ahead: usize,
@@ -120,6 +122,7 @@ pub struct PartitionInfo {
     pub start_offset: u64,
     pub end_offset: u64,
     pub committed: u64,
+    pub durable: u64,
     pub in_flight: usize,
     pub acked_ahead: usize,
     pub corrupt_skipped: u64,
@@ -147,6 +150,7 @@ pub mod whole_infos {
         start_offset: u64,
         end_offset: u64,
         committed: u64,
+        durable: u64,
         in_flight: usize,
         acked_ahead: usize,
         corrupt_skipped: u64,
@@ -1117,6 +1121,7 @@ impl Partition {
                 GroupInfo {
                     group: g.name.clone(),
                     committed,
+                    durable: g.durable(),
                     in_flight,
                     delayed,
                     acked_ahead,
@@ -1142,6 +1147,7 @@ impl Partition {
             start_offset: self.log.start_offset(),
             end_offset: self.log.end_offset(),
             committed: default.map_or(0, |g| g.committed),
+            durable: default.map_or(0, |g| g.durable),
             in_flight: default.map_or(0, |g| g.in_flight),
             acked_ahead: default.map_or(0, |g| g.acked_ahead),
             corrupt_skipped: default.map_or(lost, |g| g.corrupt_skipped),

@@ -239,7 +239,7 @@ impl Server {
 
     /// The data directory of one partition.
     /// Leaves a stopped server's data as a checkpoint would have: its segments hold every frame its journal held,
-    /// and there is no journal. So damage a test then makes to a segment is damage the journal cannot repair (bit
+    /// its frontier files every frontier it recorded, and there is no journal. So damage a test then makes to a segment is damage the journal cannot repair (bit
     /// rot at rest). The server is started once (its start replays the journal into the segments, frames that were
     /// still behind included, and removes it) and killed again before the journal files are removed.
     pub fn drop_journal(&mut self) {
