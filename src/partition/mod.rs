@@ -796,11 +796,11 @@ impl Partition {
         self.note_moved(g);
     }
 
-    /// Remembers when a group's frontier first moved past its file (for the flush-lag histogram).
+    /// Remembers when a group's frontier first moved past its durable value (for the flush-lag histogram).
     fn note_moved(&self, g: &Group) {
         if g.moved_at.get().is_none()
             && g.with_loaded(|s| s.committed())
-                .is_some_and(|c| c != g.flushed.get())
+                .is_some_and(|c| c > g.durable())
         {
             g.moved_at.set(Some(self.clock.now_ms()));
         }
