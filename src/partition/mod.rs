@@ -522,6 +522,7 @@ impl Partition {
             link.journal
                 .commit_frontiers(journal::frontier_entry(&[record]))
                 .await?;
+            link.journal.sync_now().await?;
         }
         Ok(())
     }

@@ -561,6 +561,22 @@ impl Journal {
         rx.await.unwrap_or(Err(AppendError::Closed))
     }
 
+    /// Makes every entry written so far durable now, whatever the fsync policy (with `interval:MS` a group's start
+    /// record must be on disk before the group is announced, or a power cut could leave a deleted group's records
+    /// to count for it).
+    pub async fn sync_now(&self) -> Result<(), AppendError> {
+        if self.opts.fsync != FsyncPolicy::Always
+            && !self.poisoned.get()
+            && self.current.borrow().dirty
+        {
+            self.sync_current().await;
+        }
+        if self.poisoned.get() {
+            return Err(AppendError::Poisoned);
+        }
+        Ok(())
+    }
+
     /// Registers what writes the frontier files before a checkpoint removes a journal file (the engine's).
     pub fn set_frontier_writer(&self, writer: FrontierWriter) {
         *self.frontier_writer.borrow_mut() = Some(writer);
@@ -924,9 +940,11 @@ pub struct ReplayReport {
     /// Entries that could not be read back or rewritten, and frontier files that could not be read or written
     /// (I/O errors).
     pub failed: usize,
-    /// Frontier records read, and frontier files they moved forward.
+    /// Frontier records read, frontier files they moved forward, and files left as they were because their core's
+    /// journal held a damaged entry.
     pub frontier_records: usize,
     pub frontiers_written: usize,
+    pub frontiers_dropped: usize,
 }
 
 /// Finds a partition's directory for a journal entry: Some only if topic `name` still exists with id `topic_id`.
@@ -959,9 +977,13 @@ pub async fn replay(
     files.sort();
     let mut open: HashMap<PathBuf, Option<Rc<dyn SegmentFile>>> = HashMap::new();
     let mut touched: Vec<Rc<dyn SegmentFile>> = Vec::new();
-    // Per frontier file, the highest value since its group's last start record.
+    // Per frontier file, the highest value since its group's last start record; gathered per core (a partition's
+    // records are all in its core's files), and dropped for a core whose files hold a damaged entry.
     let mut frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
-    for name in &files {
+    let mut core_frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
+    let mut core_damaged = false;
+    let core_of = |name: &str| name.split('-').next().unwrap_or_default().to_string();
+    for (i, name) in files.iter().enumerate() {
         let path = dir.join(name);
         let bytes = storage.read(&path)?;
         let found = scan(&bytes);
@@ -970,6 +992,7 @@ pub async fn replay(
         if found.damaged > 0 {
             error!(journal = %path.display(), damaged = found.damaged, "journal entries failed their check at replay: passed over (their segment frames are checked on their own)");
         }
+        core_damaged |= found.damaged > 0;
         for record in found.frontiers {
             report.frontier_records += 1;
             let Some(partition_dir) = locate(&record.topic, record.topic_id, record.partition)
@@ -980,7 +1003,7 @@ pub async fn replay(
                 continue;
             }
             let file = partition_dir.join(super::frontier::file_name(&record.group));
-            match frontiers.entry(file) {
+            match core_frontiers.entry(file) {
                 std::collections::btree_map::Entry::Occupied(mut e) if !record.start => {
                     *e.get_mut() = (*e.get()).max(record.committed);
                 }
@@ -991,6 +1014,21 @@ pub async fn replay(
                     e.insert(record.committed);
                 }
             }
+        }
+        if files
+            .get(i + 1)
+            .is_none_or(|next| core_of(next) != core_of(name))
+        {
+            // The core's last file: a damaged entry may have been a group's start record, and without it the
+            // records of a deleted group of the same name would count; so its files' frontiers are left as they
+            // are (what is above them redelivers: duplicates, never a skipped message).
+            if core_damaged {
+                error!(core = %core_of(name), frontiers = core_frontiers.len(), "a journal entry failed its check: this core's frontier records are not replayed (settled messages above the frontier files redeliver)");
+                report.frontiers_dropped += core_frontiers.len();
+                core_frontiers.clear();
+            }
+            frontiers.append(&mut core_frontiers);
+            core_damaged = false;
         }
         for entry in found.entries {
             report.entries += 1;
@@ -1078,6 +1116,7 @@ pub async fn replay(
             damaged = report.damaged,
             frontier_records = report.frontier_records,
             frontiers_written = report.frontiers_written,
+            frontiers_dropped = report.frontiers_dropped,
             "journal replayed"
         );
     }
@@ -1175,6 +1214,70 @@ mod tests {
             );
             assert_eq!((report.frontier_records, report.frontiers_written), (8, 1));
             assert!(storage.list(dir).unwrap().is_empty());
+        });
+    }
+
+    /// A damaged entry in a core's journal may have been a group's start record: that core's frontier records are
+    /// not replayed (the files stay; what is above them redelivers), another core's are.
+    #[test]
+    fn a_damaged_entry_leaves_its_cores_frontier_files_as_they_are() {
+        on_sim_disk(|storage| async move {
+            let dir = Path::new("/data/journal");
+            storage.create_dir_all(dir).unwrap();
+            for p in ["0", "1"] {
+                storage
+                    .create_dir_all(&Path::new("/data/topics/t").join(p))
+                    .unwrap();
+            }
+            let file = |p: &str| {
+                Path::new("/data/topics/t")
+                    .join(p)
+                    .join("consumer.g.offset")
+            };
+            let held = |p: &str| super::super::frontier::read(&*storage, &file(p)).unwrap();
+            // Core 0, partition 0: "g" at 500, deleted and created again at 2, whose start record is damaged,
+            // then acked to 3. Core 1, partition 1: "g" at 9.
+            super::super::frontier::write(&*storage, &file("0"), 2)
+                .await
+                .unwrap();
+            let mut start = frontiers(&[record("t", "g", 2, true)], 2);
+            let last = start.len() - 1;
+            start[last] ^= 0x10;
+            let mut core0 = frontiers(&[record("t", "g", 500, false)], 1);
+            core0.extend(start);
+            core0.extend(frontiers(&[record("t", "g", 3, false)], 3));
+            storage
+                .replace(&dir.join("0000-00000000000000000001.jnl"), core0)
+                .await
+                .unwrap();
+            let mut one = record("t", "g", 9, false);
+            one.partition = 1;
+            storage
+                .replace(
+                    &dir.join("0001-00000000000000000001.jnl"),
+                    frontiers(&[one], 1),
+                )
+                .await
+                .unwrap();
+            let locate =
+                |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+            let report = replay(&*storage, dir, &locate, &|_, _, _| true)
+                .await
+                .unwrap();
+            assert_eq!(
+                held("0"),
+                2,
+                "the deleted group's 500 must not count, nor anything of core 0"
+            );
+            assert_eq!(held("1"), 9);
+            assert_eq!(
+                (
+                    report.damaged,
+                    report.frontiers_dropped,
+                    report.frontiers_written
+                ),
+                (1, 1, 1)
+            );
         });
     }
 
