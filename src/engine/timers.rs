@@ -124,12 +124,13 @@ pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
     ok
 }
 
-/// One flush pass over the partitions whose frontier moved, writing their files.
+/// One flush pass over the partitions whose frontier files are behind their frontiers, writing them (without a
+/// journal; or when the journal refused, so that what it may have lost since its last sync gets to the files too).
 pub async fn flush_moved(engine: &Rc<Engine>) {
     let moved: Vec<_> = engine
         .owned_partitions()
         .into_iter()
-        .filter(|(_, p)| p.frontier_moved())
+        .filter(|(_, p)| p.frontier_file_behind())
         .map(|(_, p)| p)
         .collect();
     for chunk in moved.chunks(FLUSH_PARALLELISM) {

@@ -431,7 +431,12 @@ pub struct Journal {
     stats: Cell<JournalStats>,
     /// Told after each pass: records made durable, and how long each entry waited for it (µs).
     observer: RefCell<Option<PassObserver>>,
-    /// Checkpoints still running (their journal files are deleted when they finish).
+    /// Journal files replaced by a newer one and not checkpointed yet, oldest first. They are checkpointed in this
+    /// order, one at a time, and one that cannot be (a frontier file that cannot be written) stops the others, so a
+    /// journal file never outlives a newer one: the replay sees a group's start record whenever it sees the records
+    /// before it.
+    pending: RefCell<std::collections::VecDeque<Current>>,
+    /// The checkpoint task runs (checkpoints still running: 0 or 1).
     checkpoints_running: Cell<usize>,
     /// Entries of frames the last pass carried (the commit delay applies only after a pass of more than one).
     last_pass_entries: Cell<usize>,
@@ -476,6 +481,7 @@ impl Journal {
             done_event: Event::new(),
             stats: Cell::new(JournalStats::default()),
             observer: RefCell::new(None),
+            pending: RefCell::new(Default::default()),
             checkpoints_running: Cell::new(0),
             last_pass_entries: Cell::new(0),
             frontier_writer: RefCell::new(None),
@@ -565,10 +571,9 @@ impl Journal {
     /// record must be on disk before the group is announced, or a power cut could leave a deleted group's records
     /// to count for it).
     pub async fn sync_now(&self) -> Result<(), AppendError> {
-        if self.opts.fsync != FsyncPolicy::Always
-            && !self.poisoned.get()
-            && self.current.borrow().dirty
-        {
+        // Whether or not the file looks dirty: the interval timer's sync may be under way and not done. (A file
+        // replaced since the entry was written was synced by the rotation.)
+        if self.opts.fsync != FsyncPolicy::Always && !self.poisoned.get() {
             self.sync_current().await;
         }
         if self.poisoned.get() {
@@ -627,7 +632,10 @@ impl Journal {
         while self.checkpoints_running.get() > 0 {
             self.clock.sleep_until(self.clock.now_ms() + 1).await;
         }
-        if self.poisoned.get() {
+        // Files a checkpoint could not finish get one more try; any left keep the current one too (the replay at
+        // the next start takes them in order).
+        self.run_checkpoints().await;
+        if self.poisoned.get() || !self.pending.borrow().is_empty() {
             return;
         }
         let (segments, behinds, path) = {
@@ -831,12 +839,15 @@ impl Journal {
         }
     }
 
-    /// Starts a new journal file and checkpoints the old one in the background: sync every segment written while
-    /// it was current, then delete it. A failed segment sync keeps the old file (replayed at the next start).
+    /// Starts a new journal file and checkpoints the old one in the background (after any older one still
+    /// pending): sync every segment written while it was current, write the frontier files, then delete it. A
+    /// failed segment sync keeps the old file (replayed at the next start); a frontier file that cannot be written
+    /// keeps it and every newer one until a later rotation retries.
     async fn rotate(self: &Rc<Self>) {
         let index = self.current.borrow().index + 1;
-        if self.opts.fsync != FsyncPolicy::Always && self.current.borrow().dirty {
-            // The old file's entries must be durable before its segments' syncs can stand for them.
+        if self.opts.fsync != FsyncPolicy::Always {
+            // The old file's entries must be durable before its segments' syncs can stand for them. Whether or not
+            // it looks dirty: the interval timer's sync may be under way and not done.
             self.sync_current().await;
         }
         let fresh = match Self::create_file(
@@ -856,40 +867,56 @@ impl Journal {
             }
         };
         let old = std::mem::replace(&mut *self.current.borrow_mut(), fresh);
-        self.checkpoints_running
-            .set(self.checkpoints_running.get() + 1);
-        let this = self.clone();
-        glommio::spawn_local(async move {
-            this.checkpoint(old).await;
-            this.checkpoints_running
-                .set(this.checkpoints_running.get() - 1);
-        })
-        .detach();
+        self.pending.borrow_mut().push_back(old);
+        if self.checkpoints_running.get() == 0 {
+            self.checkpoints_running.set(1);
+            let this = self.clone();
+            glommio::spawn_local(async move {
+                this.run_checkpoints().await;
+                this.checkpoints_running.set(0);
+            })
+            .detach();
+        }
     }
 
-    async fn checkpoint(&self, old: Current) {
+    /// Checkpoints the pending journal files, oldest first, until one cannot be (it stays first in line).
+    async fn run_checkpoints(&self) {
+        loop {
+            let Some(old) = self.pending.borrow_mut().pop_front() else {
+                return;
+            };
+            if !self.checkpoint(&old).await {
+                self.pending.borrow_mut().push_front(old);
+                return;
+            }
+        }
+    }
+
+    /// Checkpoints one journal file: true when it is gone.
+    async fn checkpoint(&self, old: &Current) -> bool {
         let segments = old.segments.len();
-        if !self
-            .write_back(old.segments, &old.behinds, &old.path, "checkpoint")
-            .await
+        if self.poisoned.get()
+            || !self
+                .write_back(old.segments.clone(), &old.behinds, &old.path, "checkpoint")
+                .await
         {
-            return;
+            return false;
         }
         let writer = self.frontier_writer.borrow().clone();
         if let Some(write_frontiers) = writer {
             if !write_frontiers().await {
-                warn!(core = self.core, journal = %old.path.display(), "checkpoint: a frontier file could not be written; the journal file stays for replay at the next start");
-                return;
+                warn!(core = self.core, journal = %old.path.display(), "checkpoint: a frontier file could not be written; this journal file and the newer ones stay until a later checkpoint or the replay at the next start");
+                return false;
             }
         }
-        drop(old.file);
         if let Err(e) = self.storage.remove(&old.path).await {
-            warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file");
-            return;
+            warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file; it and the newer ones stay");
+            return false;
         }
         let _ = self.storage.sync_dir(&self.dir).await;
         self.bump(|s| s.checkpoints += 1);
         info!(core = self.core, segments, journal = %old.path.display(), "checkpointed a journal file");
+        true
     }
 
     /// Makes a journal file's entries durable in their segments, so the file can go (a checkpoint, a clean close):
@@ -1214,6 +1241,86 @@ mod tests {
             );
             assert_eq!((report.frontier_records, report.frontiers_written), (8, 1));
             assert!(storage.list(dir).unwrap().is_empty());
+        });
+    }
+
+    /// A checkpoint whose frontier writer fails keeps its journal file, and no newer file may go before it: else
+    /// the file holding a recreated group's start record could go, and the replay would credit the deleted group's
+    /// frontier to the new one (found in review: the replay gave 375 instead of 4).
+    #[test]
+    fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
+        on_sim_disk(|storage| async move {
+            let part = Path::new("/data/topics/t/0");
+            storage.create_dir_all(part).unwrap();
+            let dir = Path::new("/data/journal");
+            let journal = Journal::open(
+                storage.clone(),
+                Rc::new(crate::clock::RealClock),
+                dir,
+                0,
+                JournalOptions {
+                    fsync: FsyncPolicy::Always,
+                    file_bytes: 4096,
+                    commit_delay_us: 0,
+                },
+            )
+            .await
+            .unwrap();
+            let fail = Rc::new(Cell::new(true));
+            let f2 = fail.clone();
+            journal.set_frontier_writer(Rc::new(move || {
+                let ok = !f2.get();
+                Box::pin(async move { ok })
+            }));
+            let wait = |j: Rc<Journal>| async move {
+                while j.checkpoints_running() > 0 {
+                    glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            };
+            // Old incarnation of "g" acked up to 500: file 0 fills and rotates; its checkpoint's frontier write fails.
+            for v in 1..=100u64 {
+                journal
+                    .commit_frontiers(frontier_entry(&[record("t", "g", v * 5, false)]))
+                    .await
+                    .unwrap();
+            }
+            wait(journal.clone()).await;
+            assert!(
+                storage.list(dir).unwrap().len() >= 2,
+                "the unfinished checkpoint's file stays"
+            );
+            fail.set(false);
+            // "g" deleted and created again at 2 (file written, then start record), acked to 4.
+            let file = part.join(super::super::frontier::file_name("g"));
+            super::super::frontier::write(&*storage, &file, 2)
+                .await
+                .unwrap();
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", 2, true)]))
+                .await
+                .unwrap();
+            super::super::frontier::write(&*storage, &file, 4)
+                .await
+                .unwrap();
+            for _ in 0..100u64 {
+                journal
+                    .commit_frontiers(frontier_entry(&[record("t", "g", 4, false)]))
+                    .await
+                    .unwrap();
+            }
+            wait(journal.clone()).await;
+            // kill -9: no close. Restart's replay:
+            let locate = |name: &str, id: u64, p: u32| {
+                (name == "t" && id == 7)
+                    .then(|| Path::new("/data/topics").join(name).join(p.to_string()))
+            };
+            let has_group = |_: &str, _: u64, _: &str| true;
+            replay(&*storage, dir, &locate, &has_group).await.unwrap();
+            let held = super::super::frontier::read(&*storage, &file).unwrap();
+            assert_eq!(
+                held, 4,
+                "the deleted group's frontier was credited to the new one"
+            );
         });
     }
 

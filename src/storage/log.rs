@@ -406,12 +406,12 @@ impl Log {
         self.state.borrow().segments.first().map_or(0, |s| s.base)
     }
 
-    /// One past the newest readable offset (== the next offset to be written once the queue is empty).
     /// The core's journal and this log's place in it (None: the log syncs its own segments, or fsync never).
     pub fn journal_link(&self) -> Option<&JournalLink> {
         self.journal.as_ref()
     }
 
+    /// One past the newest readable offset (== the next offset to be written once the queue is empty).
     pub fn end_offset(&self) -> u64 {
         self.state.borrow().next_offset
     }
