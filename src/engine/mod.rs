@@ -586,11 +586,16 @@ impl Engine {
 
     /// Flushes every frontier and closes every log this core owns (shutdown).
     pub async fn close_all(&self) {
+        let mut frontiers_written = true;
         for (_, p) in self.owned_partitions() {
-            p.close().await;
+            frontiers_written &= p.close().await;
         }
         let journal = self.journal.borrow().clone();
         if let Some(journal) = journal {
+            if !frontiers_written {
+                tracing::warn!(core = self.id, "a frontier file could not be written at the stop: the journal stays for the replay at the next start");
+                journal.keep_on_close();
+            }
             journal.close().await;
         }
     }

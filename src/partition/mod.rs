@@ -1082,11 +1082,18 @@ impl Partition {
     }
 
     /// Graceful close (shutdown): flushes the frontiers (waiting out running flushes), then closes the log.
-    pub async fn close(&self) {
+    /// Returns whether every group's frontier file now holds its frontier (false: a write failed, and the core's
+    /// journal must stay for the replay, which holds the newer values).
+    pub async fn close(&self) -> bool {
         self.wait_flushes().await;
         self.flush_frontiers().await;
+        let written = self.groups.borrow().values().all(|g| {
+            g.with_loaded(|s| s.committed())
+                .is_none_or(|c| c == g.flushed.get())
+        });
         self.closed.set(true);
         self.log.close().await;
+        written
     }
 
     /// Close for a deleted topic: nothing more is written to its files (running flushes are waited out, no new one

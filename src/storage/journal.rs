@@ -442,6 +442,8 @@ pub struct Journal {
     last_pass_entries: Cell<usize>,
     /// Writes the frontier files before a checkpoint removes a journal file that may hold frontier records.
     frontier_writer: RefCell<Option<FrontierWriter>>,
+    /// `close` keeps the current file (`keep_on_close`).
+    keep_on_close: Cell<bool>,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -485,6 +487,7 @@ impl Journal {
             checkpoints_running: Cell::new(0),
             last_pass_entries: Cell::new(0),
             frontier_writer: RefCell::new(None),
+            keep_on_close: Cell::new(false),
         });
         glommio::spawn_local(journal.clone().run_committer()).detach();
         if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
@@ -582,6 +585,12 @@ impl Journal {
         Ok(())
     }
 
+    /// Makes `close` keep the journal file (its segments still written back): the core could not write a frontier
+    /// file, and the replay at the next start brings it up to date from the journal.
+    pub fn keep_on_close(&self) {
+        self.keep_on_close.set(true);
+    }
+
     /// Registers what writes the frontier files before a checkpoint removes a journal file (the engine's).
     pub fn set_frontier_writer(&self, writer: FrontierWriter) {
         *self.frontier_writer.borrow_mut() = Some(writer);
@@ -638,6 +647,7 @@ impl Journal {
         if self.poisoned.get() || !self.pending.borrow().is_empty() {
             return;
         }
+        let keep = self.keep_on_close.get();
         let (segments, behinds, path) = {
             let mut c = self.current.borrow_mut();
             (
@@ -646,7 +656,7 @@ impl Journal {
                 c.path.clone(),
             )
         };
-        if !self.write_back(segments, &behinds, &path, "closing").await {
+        if !self.write_back(segments, &behinds, &path, "closing").await || keep {
             return;
         }
         if self.storage.remove(&path).await.is_ok() {
@@ -1321,6 +1331,32 @@ mod tests {
                 held, 4,
                 "the deleted group's frontier was credited to the new one"
             );
+        });
+    }
+
+    /// A core that could not write a frontier file at its stop keeps its journal, and the next start's replay
+    /// writes the file from it.
+    #[test]
+    fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay() {
+        on_sim_disk(|storage| async move {
+            let part = Path::new("/data/topics/t/0");
+            storage.create_dir_all(part).unwrap();
+            let dir = Path::new("/sim/journal");
+            let journal = journal_with_delay(&storage, 0).await;
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
+                .await
+                .unwrap();
+            journal.keep_on_close();
+            journal.close().await;
+            assert_eq!(storage.list(dir).unwrap().len(), 1, "the journal stays");
+            let locate =
+                |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+            replay(&*storage, dir, &locate, &|_, _, _| true)
+                .await
+                .unwrap();
+            let file = part.join(super::super::frontier::file_name("g"));
+            assert_eq!(super::super::frontier::read(&*storage, &file).unwrap(), 6);
         });
     }
 
