@@ -107,15 +107,20 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
     true
 }
 
-/// Writes every frontier file that is behind its frontier (the journal's checkpoint, before it removes a journal
-/// file whose records they may be): true when all of them were written.
-pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
-    let behind: Vec<_> = engine
+/// The core's partitions with a frontier file behind its frontier.
+fn files_behind(engine: &Engine) -> Vec<Rc<crate::partition::Partition>> {
+    engine
         .owned_partitions()
         .into_iter()
         .filter(|(_, p)| p.frontier_file_behind())
         .map(|(_, p)| p)
-        .collect();
+        .collect()
+}
+
+/// Writes every frontier file that is behind its frontier (the journal's checkpoint, before it removes a journal
+/// file whose records they may be): true when all of them were written.
+pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
+    let behind = files_behind(&engine);
     let mut ok = true;
     for chunk in behind.chunks(FLUSH_PARALLELISM) {
         let writes = chunk.iter().map(|p| p.write_frontier_files()).collect();
@@ -127,13 +132,7 @@ pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
 /// One flush pass over the partitions whose frontier files are behind their frontiers, writing them (without a
 /// journal; or when the journal refused, so that what it may have lost since its last sync gets to the files too).
 pub async fn flush_moved(engine: &Rc<Engine>) {
-    let moved: Vec<_> = engine
-        .owned_partitions()
-        .into_iter()
-        .filter(|(_, p)| p.frontier_file_behind())
-        .map(|(_, p)| p)
-        .collect();
-    for chunk in moved.chunks(FLUSH_PARALLELISM) {
+    for chunk in files_behind(engine).chunks(FLUSH_PARALLELISM) {
         let tasks: Vec<_> = chunk
             .iter()
             .map(|p| {
