@@ -224,7 +224,8 @@ pub struct Group {
     journaled: Cell<u64>,
     /// A flush of its file is running.
     flushing: Cell<bool>,
-    /// When the frontier first moved past `flushed` (cleared when a flush catches up): the flush lag's start.
+    /// When the frontier first moved past its durable value (cleared when a flush catches up): the flush lag's
+    /// start.
     moved_at: Cell<Option<u64>>,
     flushed_event: event_listener::Event,
     pub counters: GroupCounters,
