@@ -8,6 +8,7 @@ pub mod admin;
 pub mod cluster;
 pub mod error;
 pub mod metrics;
+pub mod names;
 pub mod placement;
 pub mod timers;
 pub mod topic;
@@ -20,6 +21,7 @@ use crate::storage::backend::Storage;
 pub use error::{EngineError, EngineResult};
 use event_listener::Event;
 use metrics::CoreMetrics;
+use names::NamePair;
 use placement::{Location, NodeIndex};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
@@ -305,10 +307,10 @@ impl Engine {
 
     /// The queue of consumers parked on this core for (topic, group).
     pub fn wait_queue(self: &Rc<Self>, topic: &str, group: &str) -> Rc<WaitQueue> {
-        let key = (topic.to_string(), group.to_string());
-        if let Some(q) = self.waiters.borrow().get(&key) {
+        if let Some(q) = self.waiters.borrow().get(&(topic, group) as &dyn NamePair) {
             return q.clone();
         }
+        let key = (topic.to_string(), group.to_string());
         let q = WaitQueue::new();
         let engine = Rc::downgrade(self);
         let (t, g) = key.clone();
@@ -324,15 +326,15 @@ impl Engine {
     /// A consume on this core is done with (topic, group): when no consumer is parked any more, the owners that
     /// were told otherwise are told so.
     pub fn release_wait_queue(&self, topic: &str, group: &str) {
-        let key = (topic.to_string(), group.to_string());
         let empty = self
             .waiters
             .borrow()
-            .get(&key)
+            .get(&(topic, group) as &dyn NamePair)
             .is_some_and(|q| q.is_empty());
         if !empty {
             return;
         }
+        let key = (topic.to_string(), group.to_string());
         self.waiters.borrow_mut().remove(&key);
         let cores = self
             .registered
@@ -366,15 +368,15 @@ impl Engine {
         if owner == self.here() {
             return true;
         }
-        let key = (topic.to_string(), group.to_string());
         if self
             .registered
             .borrow()
-            .get(&key)
+            .get(&(topic, group) as &dyn NamePair)
             .is_some_and(|s| s.contains(&owner))
         {
             return true;
         }
+        let key = (topic.to_string(), group.to_string());
         let Some(peers) = self.peers.borrow().clone() else {
             return false;
         };
@@ -429,28 +431,36 @@ impl Engine {
         if n == 0 {
             return;
         }
-        let groups = match group {
-            Some(g) => vec![g.to_string()],
-            None => match self.topics.borrow().get(topic) {
-                Some(t) => t.config().all_groups(),
-                None => return,
-            },
-        };
-        for group in groups {
-            let key = (topic.to_string(), group);
-            let local = self.waiters.borrow().get(&key).map_or(0, |q| q.wake(n));
-            if local >= n {
-                continue;
+        match group {
+            Some(g) => self.deliverable_to(topic, g, n),
+            None => {
+                let Some(t) = self.topics.borrow().get(topic).cloned() else {
+                    return;
+                };
+                let config = t.config();
+                self.deliverable_to(topic, crate::partition::DEFAULT_GROUP, n);
+                for g in &config.groups {
+                    self.deliverable_to(topic, g, n);
+                }
             }
-            let cores: Vec<Location> = self
-                .interest
-                .borrow()
-                .get(&key)
-                .map(|s| s.iter().copied().collect())
-                .unwrap_or_default();
-            for core in cores {
-                self.send_wake(core, &key.0, &key.1, n - local);
-            }
+        }
+    }
+
+    fn deliverable_to(&self, topic: &str, group: &str, n: usize) {
+        let key = (topic, group);
+        let key = &key as &dyn NamePair;
+        let local = self.waiters.borrow().get(key).map_or(0, |q| q.wake(n));
+        if local >= n {
+            return;
+        }
+        let cores: Vec<Location> = self
+            .interest
+            .borrow()
+            .get(key)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for core in cores {
+            self.send_wake(core, topic, group, n - local);
         }
     }
 

@@ -37,24 +37,44 @@ impl Front {
                     .unwrap_or(i % count as usize) as u32
             })
         };
-        let mut by_partition: BTreeMap<u32, Vec<(usize, Bytes)>> = BTreeMap::new();
-        for (i, record) in params.records.into_iter().enumerate() {
-            let p = match &record.target {
+        let mut place = |target: &Target| -> OpResult<u32> {
+            Ok(match target {
                 Target::Partition(p) if *p < count as u64 => *p as u32,
                 Target::Partition(p) => {
                     return Err(EngineError::PartitionNotFound {
-                        topic: params.topic,
+                        topic: params.topic.clone(),
                         partition: *p,
                     }
                     .into())
                 }
                 Target::Key(key) => partition_for_key(key.as_bytes(), count),
                 Target::Any => pick_any(),
-            };
+            })
+        };
+        let topic_id = topic.id();
+        if params.records.len() == 1 {
+            // One record (every version 1 produce): no grouping by partition, no lists of jobs and indexes.
+            let record = params.records.into_iter().next().expect("one record");
+            let partition = place(&record.target)?;
+            let request = Request::Produce(Produce {
+                topic: params.topic,
+                topic_id,
+                partition,
+                records: vec![record.body],
+            });
+            let reply = self.router().call(topic.location(partition), request).await;
+            return Ok(vec![match reply {
+                Ok(Reply::Produced(produced)) => Ok((partition, produced.first_offset)),
+                Ok(other) => unreachable!("a produce answered {other:?}"),
+                Err(e) => Err(e),
+            }]);
+        }
+        let mut by_partition: BTreeMap<u32, Vec<(usize, Bytes)>> = BTreeMap::new();
+        for (i, record) in params.records.into_iter().enumerate() {
+            let p = place(&record.target)?;
             by_partition.entry(p).or_default().push((i, record.body));
         }
         let total: usize = by_partition.values().map(Vec::len).sum();
-        let topic_id = topic.id();
         let mut jobs: Vec<_> = by_partition
             .into_iter()
             .map(|(partition, records)| {

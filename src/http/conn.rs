@@ -157,7 +157,8 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                     let close = req.close;
                     let response = if is_long_poll(&req) {
                         // A long-poll whose client hangs up must not go on to lease a message nobody will read.
-                        match unless_hung_up(&stream, routes::handle(&front, req)).await {
+                        let work = std::pin::pin!(routes::handle(&front, req));
+                        match unless_hung_up(&stream, work).await {
                             Some(response) => response,
                             None => return,
                         }
@@ -305,7 +306,7 @@ fn is_long_poll(req: &request::Request) -> bool {
 /// meanwhile stay in the socket for the next request.
 async fn unless_hung_up(
     stream: &TcpStream,
-    work: impl std::future::Future<Output = Response>,
+    mut work: std::pin::Pin<&mut impl std::future::Future<Output = Response>>,
 ) -> Option<Response> {
     let hangup = async {
         let mut probe = [0u8; 1];
@@ -314,8 +315,8 @@ async fn unless_hung_up(
             Ok(_) => futures_lite::future::pending().await,
         }
     };
-    // Boxed: the routes' future is large, and moving it into the combinator by value cost a memcpy per consume.
-    let mut work = Box::pin(work);
+    // Pinned by the caller and polled in place: the routes' future is large, and moving it (into a box or the
+    // combinator) cost a memcpy per consume.
     // Most consumes find a message at once: they need no hang-up watch (a peek and its cancel on the ring).
     if let Some(response) = futures_lite::future::poll_once(work.as_mut()).await {
         return Some(response);

@@ -122,24 +122,23 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(ParseError::UnsupportedTransferEncoding);
         } else if h.name.eq_ignore_ascii_case("connection") {
-            let value = String::from_utf8_lossy(h.value).to_ascii_lowercase();
-            if value.contains("close") {
+            if contains_ignore_case(h.value, b"close") {
                 close = true;
-            } else if value.contains("keep-alive") {
+            } else if contains_ignore_case(h.value, b"keep-alive") {
                 close = false;
             }
         } else if h.name.eq_ignore_ascii_case("expect") {
             expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
         } else if h.name.eq_ignore_ascii_case("authorization") {
-            authorization = Some(String::from_utf8_lossy(h.value).into_owned());
+            authorization = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("host") {
-            host = Some(String::from_utf8_lossy(h.value).into_owned());
+            host = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("origin") {
-            origin = Some(String::from_utf8_lossy(h.value).into_owned());
+            origin = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("content-type") {
-            content_type = Some(String::from_utf8_lossy(h.value).into_owned());
+            content_type = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("accept") {
-            accept = Some(String::from_utf8_lossy(h.value).into_owned());
+            accept = Some(text_of(h.value));
         }
     }
     let body_len = content_length.unwrap_or(0);
@@ -179,6 +178,21 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
         },
         total,
     ))
+}
+
+/// A header value as text: valid UTF-8 as is (one copy), anything else with replacement characters.
+fn text_of(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(value).into_owned(),
+    }
+}
+
+/// Whether `needle` (lower-case ASCII) occurs in `haystack`, ignoring ASCII case.
+fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// A body of several records (a produce in a batch media type) or of receipt handles (a settle): bounded by

@@ -7,8 +7,9 @@ use bytes::Bytes;
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
-    /// Extra headers (Receipt-Handle, Partition, Offset, Retry-After, Allow, ...).
-    pub headers: Vec<(&'static str, String)>,
+    /// Extra header lines, encoded (`name: value\r\n` each: Receipt-Handle, Partition, Offset, Retry-After,
+    /// Allow, ...), in one buffer so a response's headers cost one allocation, not one per value.
+    headers: Vec<u8>,
     pub body: Bytes,
     /// Close the connection after this response (a refused credential, a refused host).
     pub close: bool,
@@ -58,30 +59,67 @@ impl Response {
         self
     }
 
-    pub fn with_header(mut self, name: &'static str, value: impl ToString) -> Response {
-        self.headers.push((name, value.to_string()));
+    pub fn with_header(mut self, name: &'static str, value: impl std::fmt::Display) -> Response {
+        use std::io::Write;
+        if self.headers.is_empty() {
+            self.headers.reserve(128);
+        }
+        self.headers.extend_from_slice(name.as_bytes());
+        self.headers.extend_from_slice(b": ");
+        let _ = write!(self.headers, "{value}");
+        self.headers.extend_from_slice(b"\r\n");
         self
+    }
+
+    /// The value of extra header `name`, if set (headers set with [`Response::with_header`]).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let text = std::str::from_utf8(&self.headers).ok()?;
+        text.split("\r\n").find_map(|line| {
+            let (n, v) = line.split_once(": ")?;
+            n.eq_ignore_ascii_case(name).then_some(v)
+        })
     }
 
     /// Appends the encoded response to `out`. A 204 carries no Content-Length (RFC 9110 §8.6).
     pub fn encode(&self, close: bool, out: &mut Vec<u8>) {
-        use std::io::Write;
-        let _ = write!(out, "HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
+        out.reserve(self.headers.len() + self.body.len() + 96);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        push_decimal(out, u64::from(self.status));
+        out.push(b' ');
+        out.extend_from_slice(reason(self.status).as_bytes());
+        out.extend_from_slice(b"\r\n");
         if self.status != 204 {
-            let _ = write!(out, "content-length: {}\r\n", self.body.len());
+            out.extend_from_slice(b"content-length: ");
+            push_decimal(out, self.body.len() as u64);
+            out.extend_from_slice(b"\r\n");
         }
         if !self.body.is_empty() {
-            let _ = write!(out, "content-type: {}\r\n", self.content_type);
+            out.extend_from_slice(b"content-type: ");
+            out.extend_from_slice(self.content_type.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
-        for (name, value) in &self.headers {
-            let _ = write!(out, "{name}: {value}\r\n");
-        }
+        out.extend_from_slice(&self.headers);
         if close || self.close {
             out.extend_from_slice(b"connection: close\r\n");
         }
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.body);
     }
+}
+
+/// `n` in decimal ASCII, without the formatting machinery (a response encodes two or three numbers).
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 fn reason(status: u16) -> &'static str {
@@ -105,5 +143,47 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         507 => "Insufficient Storage",
         _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_writes_status_length_type_headers_then_body() {
+        let mut out = Vec::new();
+        Response::bytes(200, "application/octet-stream", Bytes::from_static(b"hi"))
+            .with_header("receipt-handle", "0:7:18446744073709551615")
+            .with_header("offset", 7u64)
+            .encode(false, &mut out);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/octet-stream\r\n\
+              receipt-handle: 0:7:18446744073709551615\r\noffset: 7\r\n\r\nhi"
+                .to_vec()
+        );
+        let mut out = Vec::new();
+        Response::empty(204).encode(true, &mut out);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".to_vec()
+        );
+        let mut digits = Vec::new();
+        for n in [0u64, 9, 10, 1234567890, u64::MAX] {
+            digits.clear();
+            push_decimal(&mut digits, n);
+            assert_eq!(digits, n.to_string().into_bytes());
+        }
+    }
+
+    #[test]
+    fn header_finds_a_value_by_name() {
+        let r = Response::empty(503)
+            .with_header("retry-after", 1)
+            .with_header("allow", "GET, PUT");
+        assert_eq!(r.header("Retry-After"), Some("1"));
+        assert_eq!(r.header("allow"), Some("GET, PUT"));
+        assert_eq!(r.header("offset"), None);
     }
 }

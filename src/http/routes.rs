@@ -64,7 +64,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     }
 }
 
-async fn handle_once(front: &Rc<Front>, req: Request) -> Response {
+async fn handle_once(front: &Rc<Front>, mut req: Request) -> Response {
     let method = req.method.as_str();
     let path = req.path.as_str();
     let topic_route = TopicRoute::of(path);
@@ -88,7 +88,7 @@ async fn handle_once(front: &Rc<Front>, req: Request) -> Response {
     if let Some(refused) = refuse(front, &req) {
         return refused;
     }
-    let query = Query(query_pairs(&req.query));
+    let query = Query::new(std::mem::take(&mut req.query));
     let limits = batch_limits(front);
     // The data path is awaited in place; administration is boxed, so a connection's future stays as small as
     // the data path needs (moving a future copies all of it).
@@ -162,7 +162,10 @@ fn refuse(front: &Front, req: &Request) -> Option<Response> {
             if let Some(host) = req.host.as_deref() {
                 // An address is not a name a rebinding page can use; names must be loopback or configured.
                 let name = host_name(host);
-                if name.parse::<std::net::IpAddr>().is_err()
+                // The common loopback spellings first: parsing an address costs more than the request's routing.
+                let loopback = name == "127.0.0.1" || name.eq_ignore_ascii_case("localhost");
+                if !loopback
+                    && name.parse::<std::net::IpAddr>().is_err()
                     && !host_allowed(name, &config.allowed_hosts)
                 {
                     return Some(
@@ -559,18 +562,16 @@ async fn consume(
     }
 }
 
-fn handle_of(d: &Delivery) -> String {
-    format!("{}:{}:{}", d.partition, d.offset, d.nonce)
-}
-
 fn single_delivery(deliveries: Vec<Delivery>) -> Response {
     let d = deliveries
         .into_iter()
         .next()
         .expect("a non-empty delivery list");
-    let handle = handle_of(&d);
     Response::bytes(200, "application/octet-stream", d.payload)
-        .with_header("receipt-handle", handle)
+        .with_header(
+            "receipt-handle",
+            format_args!("{}:{}:{}", d.partition, d.offset, d.nonce),
+        )
         .with_header("partition", d.partition)
         .with_header("offset", d.offset)
         .with_header("delivery-count", d.delivery_count)
@@ -642,7 +643,12 @@ async fn settle(
 ) -> OpResult<Response> {
     let params = ops::settle::parse(verb, query, body, limits)?;
     let batch = params.batch;
-    let handles: Vec<String> = params.handles.iter().map(|(h, _)| h.clone()).collect();
+    // The handles' text is needed for a batch's answer only.
+    let handles: Vec<String> = if batch {
+        params.handles.iter().map(|(h, _)| h.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let results = front.settle(params).await?;
     if !batch {
         results

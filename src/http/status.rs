@@ -80,9 +80,8 @@ mod tests {
             (413, "message_too_large")
         );
         assert!(error_response(&EngineError::Overloaded.into())
-            .headers
-            .iter()
-            .any(|(h, _)| *h == "retry-after"));
+            .header("retry-after")
+            .is_some());
         assert_eq!(
             status_of(&EngineError::Stale("gone".into()).into()),
             (404, "topic_not_found")

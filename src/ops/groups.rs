@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 /// Where a new group starts.
 pub fn parse_start(query: &Query) -> OpResult<bool> {
-    match query.get("start") {
+    match query.get("start").as_deref() {
         None | Some("earliest") => Ok(false),
         Some("latest") => Ok(true),
         Some(other) => Err(OpError::InvalidParameter(format!(
@@ -34,7 +34,7 @@ mod tests {
 
     #[test]
     fn start_is_earliest_by_default_or_latest() {
-        let q = |s: &str| Query(form_urlencoded::parse(s.as_bytes()).into_owned().collect());
+        let q = |s: &str| Query::new(s);
         assert_eq!(parse_start(&q("")), Ok(false));
         assert_eq!(parse_start(&q("start=earliest")), Ok(false));
         assert_eq!(parse_start(&q("start=latest")), Ok(true));

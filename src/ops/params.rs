@@ -5,10 +5,12 @@ use super::error::{OpError, OpResult};
 use crate::duration::parse_duration_in;
 use crate::engine::topic::validate_name;
 use crate::partition::DEFAULT_GROUP;
+use std::borrow::Cow;
 
-/// Decoded query parameters in order.
+/// A request's query string, still percent-encoded: each lookup decodes the pairs it passes (borrowing whatever
+/// needs no decoding), so a request pays no allocation per parameter.
 #[derive(Debug, Clone, Default)]
-pub struct Query(pub Vec<(String, String)>);
+pub struct Query(String);
 
 /// How a request body is framed (its `Content-Type`, or for a consume reply its `Accept`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,11 +64,16 @@ pub struct BatchLimits {
 }
 
 impl Query {
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
+    /// `raw` is the text after `?`, as sent.
+    pub fn new(raw: impl Into<String>) -> Query {
+        Query(raw.into())
+    }
+
+    /// The first value of `name`, decoded.
+    pub fn get(&self, name: &str) -> Option<Cow<'_, str>> {
+        form_urlencoded::parse(self.0.as_bytes())
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v)
     }
 
     /// The `topic` parameter, validated.
@@ -74,8 +81,8 @@ impl Query {
         let name = self
             .get("topic")
             .ok_or_else(|| OpError::InvalidTopic(String::new()))?;
-        validate_name(name)?;
-        Ok(name.to_string())
+        validate_name(&name)?;
+        Ok(name.into_owned())
     }
 
     /// The `group` parameter (default `default`), validated like a topic name.
@@ -83,8 +90,8 @@ impl Query {
         match self.get("group") {
             None => Ok(DEFAULT_GROUP.to_string()),
             Some(name) => {
-                validate_name(name)?;
-                Ok(name.to_string())
+                validate_name(&name)?;
+                Ok(name.into_owned())
             }
         }
     }
@@ -92,7 +99,7 @@ impl Query {
     pub fn duration(&self, name: &str, min_ms: u64, max_ms: u64) -> OpResult<Option<u64>> {
         self.get(name)
             .map(|text| {
-                parse_duration_in(text, min_ms, max_ms)
+                parse_duration_in(&text, min_ms, max_ms)
                     .map_err(|e| OpError::InvalidDuration(format!("{name}: {}", e.0)))
             })
             .transpose()

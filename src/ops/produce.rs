@@ -44,7 +44,7 @@ pub fn parse(
     limits: &BatchLimits,
 ) -> OpResult<ProduceParams> {
     let topic = query.topic()?;
-    let default = match (query.partition()?, query.get("key")) {
+    let default = match (query.partition()?, query.get("key").as_deref()) {
         (Some(p), _) => Target::Partition(p),
         (None, Some(key)) => Target::Key(key.to_string()),
         (None, None) => Target::Any,
@@ -213,7 +213,7 @@ mod tests {
     };
 
     fn query(q: &str) -> Query {
-        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        Query::new(q)
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub fn parse(from: &str, query: &Query) -> OpResult<RedriveParams> {
     let to = query
         .get("to")
         .ok_or_else(|| OpError::InvalidParameter("redrive needs to=TOPIC".into()))?;
-    validate_name(to)?;
+    validate_name(&to)?;
     if to == from {
         return Err(OpError::InvalidParameter(
             "redrive needs another topic than the one it reads".into(),
@@ -42,7 +42,7 @@ mod tests {
 
     #[test]
     fn redrive_needs_another_valid_topic() {
-        let q = |s: &str| Query(form_urlencoded::parse(s.as_bytes()).into_owned().collect());
+        let q = |s: &str| Query::new(s);
         let p = parse("t.dlq", &q("to=t&max=5")).unwrap();
         assert_eq!(
             (p.to.as_str(), p.max, p.group.as_str()),

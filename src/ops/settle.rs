@@ -44,6 +44,7 @@ pub fn parse(
     let topic = query.topic()?;
     let group = query.group()?;
     let single = query.get("receipt_handle");
+    let single = single.as_deref();
     let handles: Vec<ParsedHandle> = match single {
         Some(text) => vec![(text.to_string(), handle(text))],
         None => {
@@ -150,7 +151,7 @@ mod tests {
     };
 
     fn query(q: &str) -> Query {
-        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        Query::new(q)
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub struct Settings {
 
 /// Parses the settings in a `PUT` or `PATCH` query.
 pub fn parse_settings(query: &Query) -> OpResult<Settings> {
-    let backoff = match query.get("redelivery_backoff") {
+    let backoff = match query.get("redelivery_backoff").as_deref() {
         None => None,
         Some("fixed") => Some(BackoffKind::Fixed),
         Some("exponential") => Some(BackoffKind::Exponential),
@@ -42,7 +42,7 @@ pub fn parse_settings(query: &Query) -> OpResult<Settings> {
             )))
         }
     };
-    let dead_letter = match query.get("dead_letter") {
+    let dead_letter = match query.get("dead_letter").as_deref() {
         None => None,
         Some("") => Some(None),
         Some(name) => {
@@ -168,7 +168,7 @@ mod tests {
     use super::*;
 
     fn query(q: &str) -> Query {
-        Query(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        Query::new(q)
     }
 
     #[test]
