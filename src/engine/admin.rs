@@ -143,6 +143,10 @@ impl Engine {
         for q in queues {
             q.wake(usize::MAX);
         }
+        // Queues kept empty for the next consume go with the topic (parked consumers release theirs as they leave).
+        self.waiters
+            .borrow_mut()
+            .retain(|(t, _), q| t != name || !q.is_empty());
         self.interest.borrow_mut().retain(|(t, _), _| t != name);
         self.pending_wakes
             .borrow_mut()
@@ -183,8 +187,18 @@ impl Engine {
             }
         }
         for g in &removed {
-            if let Some(q) = self.waiters.borrow().get(&(topic.name(), g.clone())) {
+            let key = (topic.name(), g.clone());
+            if let Some(q) = self.waiters.borrow().get(&key) {
                 q.wake(usize::MAX);
+            }
+            // A queue kept empty for the next consume goes with its group.
+            let empty = self
+                .waiters
+                .borrow()
+                .get(&key)
+                .is_some_and(|q| q.is_empty());
+            if empty {
+                self.waiters.borrow_mut().remove(&key);
             }
         }
         Ok(())

@@ -326,12 +326,26 @@ impl Engine {
     /// A consume on this core is done with (topic, group): when no consumer is parked any more, the owners that
     /// were told otherwise are told so.
     pub fn release_wait_queue(&self, topic: &str, group: &str) {
+        let names = (topic, group);
+        let names = &names as &dyn NamePair;
         let empty = self
             .waiters
             .borrow()
-            .get(&(topic, group) as &dyn NamePair)
+            .get(names)
             .is_some_and(|q| q.is_empty());
         if !empty {
+            return;
+        }
+        // The empty queue of a live (topic, group) that no other core was told about stays for the next consume
+        // (building one costs half a dozen allocations, per consume before): at most one per pair that exists,
+        // and it goes with its topic or group (`drop_topic`, `update_topic`).
+        let told = self.registered.borrow().contains_key(names);
+        let live = self
+            .topics
+            .borrow()
+            .get(topic)
+            .is_some_and(|t| !t.is_deleted() && t.config().has_group(group));
+        if live && !told {
             return;
         }
         let key = (topic.to_string(), group.to_string());
@@ -490,6 +504,12 @@ impl Engine {
             self.send_wake(core, &topic, &group, n);
         }
         !self.pending_wakes.borrow().is_empty()
+    }
+
+    /// Wait queues this core holds, empty ones kept for the next consume included.
+    #[cfg(test)]
+    pub fn wait_queues(&self) -> usize {
+        self.waiters.borrow().len()
     }
 
     /// Consumers parked on this core for (topic, group) that hold no wake unit (for the simulation's checks).

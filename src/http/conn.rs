@@ -296,9 +296,8 @@ async fn close_after_error(
 fn is_long_poll(req: &request::Request) -> bool {
     req.method == "GET"
         && req.path == "/consume"
-        && form_urlencoded::parse(req.query.as_bytes()).any(|(k, v)| {
-            k == "wait" && crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0)
-        })
+        && crate::ops::params::query_value(&req.query, "wait")
+            .is_some_and(|v| crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0))
 }
 
 /// Runs `work` unless the client closes its side first (EOF seen by a peek), in which case `work` is dropped —

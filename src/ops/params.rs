@@ -69,11 +69,11 @@ impl Query {
         Query(raw.into())
     }
 
-    /// The first value of `name`, decoded.
+    /// The first value of `name`, decoded exactly as `form_urlencoded` decodes it. A pair is decoded only when it
+    /// holds an escape (`%` or `+`) and only if its key may match: decoding every pair on every lookup (a receipt
+    /// handle's `%3A`s included) cost 13 % of the user time of the unbatched cycle.
     pub fn get(&self, name: &str) -> Option<Cow<'_, str>> {
-        form_urlencoded::parse(self.0.as_bytes())
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v)
+        query_value(&self.0, name)
     }
 
     /// The `topic` parameter, validated.
@@ -124,6 +124,27 @@ impl Query {
     }
 }
 
+/// The first value of `name` in the raw query string `query` (see [`Query::get`]).
+pub fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
+    let escaped = |text: &str| text.bytes().any(|b| b == b'%' || b == b'+');
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !escaped(key) {
+                if key != name {
+                    return None;
+                }
+                if !escaped(value) {
+                    return Some(Cow::Borrowed(value));
+                }
+            }
+            let (key, value) = form_urlencoded::parse(pair.as_bytes()).next()?;
+            (key == name).then_some(value)
+        })
+}
+
 /// `partition:offset:nonce`, three unsigned decimal integers.
 pub fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
     let mut parts = text.split(':');
@@ -141,6 +162,51 @@ pub fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookups_decode_like_form_urlencoded() {
+        let queries = [
+            "",
+            "topic=a",
+            "topic=a&topic=b",
+            "&&topic=a&",
+            "receipt_handle=0%3A41%3A881&topic=t",
+            "top%69c=x&topic=y",
+            "topic",
+            "topic=&group=g",
+            "key=a+b%20c&topic=t",
+            "a=1=2&b",
+            "k%=v%zz&k=w",
+            "%FF=1&topic=%FF",
+            "+topic=1&topic+=2& topic=3&topic=4",
+        ];
+        let names = [
+            "topic",
+            "group",
+            "key",
+            "receipt_handle",
+            "a",
+            "b",
+            "k%",
+            "k",
+            "\u{fffd}",
+            " topic",
+            "topic ",
+        ];
+        for q in queries {
+            let query = Query::new(q);
+            for name in names {
+                let expected = form_urlencoded::parse(q.as_bytes())
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned());
+                assert_eq!(
+                    query.get(name).map(Cow::into_owned),
+                    expected,
+                    "{q:?} {name:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn receipt_handles_are_three_unsigned_integers() {

@@ -363,3 +363,46 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
             drop(pumps);
         });
 }
+
+// ---- wait queues ----
+
+#[test]
+fn an_empty_wait_queue_stays_for_the_next_consume_and_goes_with_its_topic() {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async {
+            let net = Rc::new(Net {
+                queues: RefCell::new(vec![VecDeque::new()]),
+                arrived: vec![Event::new()],
+            });
+            let sim = Sim::new();
+            let clock = ManualClock::new(WALL_MS);
+            let front = Front::new(boot_core(0, 1, &sim, &clock, Rc::new(NetLink(net))));
+            let engine = front.engine().clone();
+            front
+                .create_topic(TopicConfig::with_defaults("t"))
+                .await
+                .unwrap();
+            // A consumer parks and leaves, as `Parked` does.
+            let first = engine.wait_queue("t", "default");
+            drop(first.register());
+            engine.release_wait_queue("t", "default");
+            assert_eq!(engine.wait_queues(), 1, "kept for the next consume");
+            assert!(
+                Rc::ptr_eq(&first, &engine.wait_queue("t", "default")),
+                "the next consume finds the same queue"
+            );
+            // Of a topic that does not exist: released as before.
+            drop(engine.wait_queue("gone", "default").register());
+            engine.release_wait_queue("gone", "default");
+            assert_eq!(engine.wait_queues(), 1);
+            // A queue still holding a consumer is never released.
+            let waiter = engine.wait_queue("t", "default").register();
+            engine.release_wait_queue("t", "default");
+            assert_eq!(engine.wait_queues(), 1);
+            drop(waiter);
+            front.delete_topic("t".to_string()).await.unwrap();
+            assert_eq!(engine.wait_queues(), 0, "gone with its topic");
+        });
+}
