@@ -17,6 +17,32 @@ impl Front {
         let engine = self.engine();
         let topic = engine.topic(&params.topic)?;
         let count = topic.partition_count() as u64;
+        if let [(_, Ok((p, o, n)))] = params.handles[..] {
+            if p < count {
+                // One handle (every version 1 settle): no grouping by partition, no lists of jobs and indexes.
+                let partition = p as u32;
+                let request = Request::Settle(Settle {
+                    topic: params.topic,
+                    topic_id: topic.id(),
+                    group: params.group,
+                    partition,
+                    items: vec![(o, n)],
+                    op: params.op,
+                    dead_lettered: false,
+                });
+                let reply = self.router().call(topic.location(partition), request).await;
+                return Ok(vec![match reply {
+                    Ok(Reply::Settled(settled)) => settled
+                        .results
+                        .into_iter()
+                        .next()
+                        .expect("a settle of one handle has one result")
+                        .map_err(OpError::from),
+                    Ok(other) => unreachable!("a settle answered {other:?}"),
+                    Err(e) => Err(e),
+                }]);
+            }
+        }
         let mut results: Vec<OpResult<()>> = Vec::with_capacity(params.handles.len());
         // partition -> (index in the request, (offset, nonce))
         let mut by_partition: BTreeMap<u32, Vec<Item>> = BTreeMap::new();
