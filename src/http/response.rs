@@ -71,7 +71,8 @@ impl Response {
         self
     }
 
-    /// The value of extra header `name`, if set (headers set with [`Response::with_header`]).
+    /// The value of extra header `name`, if set (headers set with [`Response::with_header`]; for tests).
+    #[cfg(test)]
     pub fn header(&self, name: &str) -> Option<&str> {
         let text = std::str::from_utf8(&self.headers).ok()?;
         text.split("\r\n").find_map(|line| {
