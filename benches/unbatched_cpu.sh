@@ -2,7 +2,8 @@
 # The unbatched cycle's server CPU, before and after, in one run: produce -> consume -> ack of 100-byte messages,
 # 16 connections, fsync never (in memory), every server pinned to CPU 0 and driven by the same load generator (this
 # tree's `berth bench`) on the last CPU: beanstalkd (the peer), an earlier berth build (BEFORE) and this build.
-# Rounds are interleaved so that the machine's drift hits every server alike; the table gives medians.
+# Rounds are interleaved so that the machine's drift hits every server alike; the table gives medians, with the
+# server's CPU split into user and kernel time as /proc/PID/stat counts them.
 #   benches/unbatched_cpu.sh --before PATH/TO/OLD/berth [--rounds 3] [--duration 5s] [--out DIR]
 # Build an earlier release to compare with, e.g.:
 #   git worktree add /tmp/berth-before fc5e9c6 && (cd /tmp/berth-before && cargo build --release)
@@ -72,13 +73,16 @@ for name in sorted(os.listdir(out)):
         continue
     text = open(os.path.join(out, name)).read()
     rate = re.search(r"^all\s+cycle\s+\d+\s+(\d+)", text, re.M)
-    cpu = re.search(r"server CPU: ([\d.]+) µs per cycle", text)
+    cpu = re.search(r"server CPU: ([\d.]+) µs per cycle \(user ([\d.]+), kernel ([\d.]+)\)", text)
     if rate and cpu:
-        runs.setdefault(m.group(1), []).append((int(rate.group(1)), float(cpu.group(1))))
-rows = ["| server | rounds | cycles/s (median) | server CPU µs per cycle (median) |", "|---|---|---|---|"]
+        runs.setdefault(m.group(1), []).append(
+            (int(rate.group(1)), float(cpu.group(1)), float(cpu.group(2)), float(cpu.group(3))))
+rows = ["| server | rounds | cycles/s (median) | server CPU µs per cycle (median) | of which user | of which kernel |",
+        "|---|---|---|---|---|---|"]
 for name, values in runs.items():
     rows.append(f"| {name} | {len(values)} | {statistics.median(v[0] for v in values):,.0f} | "
-                f"{statistics.median(v[1] for v in values):.1f} |")
+                f"{statistics.median(v[1] for v in values):.1f} | {statistics.median(v[2] for v in values):.1f} | "
+                f"{statistics.median(v[3] for v in values):.1f} |")
 table = "\n".join(rows)
 open(os.path.join(out, "table.md"), "w").write(table + "\n")
 print(table)

@@ -82,7 +82,19 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
     }
     assert!(clients["all"]["cycle"]["count"].as_u64().unwrap() > 0);
     assert_eq!(clients["all"]["cycle"]["errors"].as_u64().unwrap(), 0);
-    assert!(doc["server_cpu_us_per_unit"].as_f64().unwrap() > 0.0);
+    let per_unit = doc["server_cpu_us_per_unit"].as_f64().unwrap();
+    assert!(per_unit > 0.0);
+    // The user/kernel split adds up to the total (each rounded down to a clock tick before the division).
+    let user = doc["server_cpu_user_us_per_unit"].as_f64().unwrap();
+    let kernel = doc["server_cpu_kernel_us_per_unit"].as_f64().unwrap();
+    assert!(
+        (user + kernel - per_unit).abs() < 1e-6 * per_unit.max(1.0),
+        "{doc}"
+    );
+    assert!(
+        stdout.contains(" µs per cycle (user "),
+        "no user/kernel split in:\n{stdout}"
+    );
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.contains("polyline"));
     assert!(

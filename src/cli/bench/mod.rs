@@ -16,7 +16,7 @@ mod wire;
 use berth::duration::parse_duration_ms;
 use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
-use report::{CoreResult, Op, RunReport, ServerHistograms};
+use report::{CoreResult, CpuTime, Op, RunReport, ServerHistograms};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -319,8 +319,8 @@ impl Drop for Embedded {
     }
 }
 
-/// CPU time (user + system) of a process, in µs, from /proc.
-fn process_cpu_us(pid: u32) -> Option<u64> {
+/// CPU time of a process, in µs, from /proc: (user, system).
+fn process_cpu_us(pid: u32) -> Option<CpuTime> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after_name.split(' ').collect();
@@ -328,7 +328,10 @@ fn process_cpu_us(pid: u32) -> Option<u64> {
     let stime: u64 = fields.get(12)?.parse().ok()?;
     // SAFETY: sysconf has no memory effects.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some((utime + stime) * 1_000_000 / ticks)
+    Some(CpuTime {
+        user_us: utime * 1_000_000 / ticks,
+        system_us: stime * 1_000_000 / ticks,
+    })
 }
 
 /// The bench topic's `max_in_flight` / `max_acked_ahead`: berth's default, or enough for every connection to hold
@@ -368,12 +371,20 @@ fn parse_servers(list: &str) -> Result<Vec<(String, SocketAddr)>, String> {
     Ok(out)
 }
 
-/// CPU time of all these processes together, µs; None when there are none or one cannot be read.
-fn processes_cpu_us(pids: &[u32]) -> Option<u64> {
+/// CPU time of all these processes together; None when there are none or one cannot be read.
+fn processes_cpu_us(pids: &[u32]) -> Option<CpuTime> {
     if pids.is_empty() {
         return None;
     }
-    pids.iter().map(|&pid| process_cpu_us(pid)).sum()
+    pids.iter()
+        .map(|&pid| process_cpu_us(pid))
+        .try_fold(CpuTime::default(), |sum, t| {
+            let t = t?;
+            Some(CpuTime {
+                user_us: sum.user_us + t.user_us,
+                system_us: sum.system_us + t.system_us,
+            })
+        })
 }
 
 /// Runs the benchmark; `server` is the global --server when given explicitly: one URL, or several comma separated
@@ -526,7 +537,10 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         &plan.args,
         elapsed,
         cores,
-        cpu_before.zip(cpu_after).map(|(b, a)| a.saturating_sub(b)),
+        cpu_before.zip(cpu_after).map(|(b, a)| CpuTime {
+            user_us: a.user_us.saturating_sub(b.user_us),
+            system_us: a.system_us.saturating_sub(b.system_us),
+        }),
         server_histograms,
         plan.client_cpus.clone(),
         if embedded.is_some() {

@@ -104,7 +104,7 @@ pub struct RunReport {
     pub cores: Vec<CoreResult>,
     pub merged: CoreResult,
     /// Server CPU time spent during the run, µs (embedded server or --server-pid).
-    pub server_cpu_us: Option<u64>,
+    pub server_cpu_us: Option<CpuTime>,
     /// The server's own histograms from `/metrics` (berth only), per core.
     pub server: ServerHistograms,
     pub client_cpus: Vec<usize>,
@@ -288,12 +288,27 @@ fn bound_text(us: u64) -> String {
     }
 }
 
+/// A server's CPU time over a run, split as `/proc/PID/stat` splits it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTime {
+    /// In user space (utime).
+    pub user_us: u64,
+    /// In the kernel on its behalf (stime: system calls, and the softirq work they run, such as loopback TCP).
+    pub system_us: u64,
+}
+
+impl CpuTime {
+    pub fn total_us(&self) -> u64 {
+        self.user_us + self.system_us
+    }
+}
+
 impl RunReport {
     pub fn new(
         args: &BenchArgs,
         elapsed: Duration,
         cores: Vec<CoreResult>,
-        server_cpu_us: Option<u64>,
+        server_cpu_us: Option<CpuTime>,
         server: ServerHistograms,
         client_cpus: Vec<usize>,
         server_cpus: Vec<usize>,
@@ -413,15 +428,18 @@ impl RunReport {
             out,
             "(latencies in µs per request, or per cycle, measured at the client)"
         );
-        if let Some(cpu) = self.server_cpu_us {
-            let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
+        if let Some(time) = self.server_cpu_us {
+            let units = self.merged.latency_us[self.unit_op() as usize].len().max(1) as f64;
+            let cpu = time.total_us() as f64;
             let _ = writeln!(
                 out,
-                "server CPU: {:.1} µs per {}, {:.2} µs per message ({:.2} cores busy)",
-                cpu as f64 / units as f64,
+                "server CPU: {:.1} µs per {} (user {:.1}, kernel {:.1}), {:.2} µs per message ({:.2} cores busy)",
+                cpu / units,
                 self.unit_op().name(),
-                cpu as f64 / self.unit_messages().max(1) as f64,
-                cpu as f64 / 1e6 / secs
+                time.user_us as f64 / units,
+                time.system_us as f64 / units,
+                cpu / self.unit_messages().max(1) as f64,
+                cpu / 1e6 / secs
             );
         } else if let Some(note) = &self.server_cpu_note {
             let _ = writeln!(out, "server CPU: {note}");
@@ -487,15 +505,18 @@ impl RunReport {
         }
         let units = self.merged.latency_us[self.unit_op() as usize].len().max(1);
         let messages = self.unit_messages().max(1);
+        let total = self.server_cpu_us.map(|c| c.total_us());
         let mut doc = json!({
             "settings": self.args,
             "client_cpus": self.client_cpus,
             "server_cpus": self.server_cpus,
             "elapsed_s": secs,
             "clients": clients,
-            "server_cpu_us_total": self.server_cpu_us,
-            "server_cpu_us_per_unit": self.server_cpu_us.map(|c| c as f64 / units as f64),
-            "server_cpu_us_per_message": self.server_cpu_us.map(|c| c as f64 / messages as f64),
+            "server_cpu_us_total": total,
+            "server_cpu_us_per_unit": total.map(|c| c as f64 / units as f64),
+            "server_cpu_us_per_message": total.map(|c| c as f64 / messages as f64),
+            "server_cpu_user_us_per_unit": self.server_cpu_us.map(|c| c.user_us as f64 / units as f64),
+            "server_cpu_kernel_us_per_unit": self.server_cpu_us.map(|c| c.system_us as f64 / units as f64),
             "server_histograms_scope": if self.server.run_only { "run" } else { "server lifetime" },
         });
         if !self.nodes.is_empty() {
