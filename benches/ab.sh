@@ -9,8 +9,8 @@
 #                 [--batch 1] [--connections 16] [--out DIR]
 #
 # Prints, per side, each round's ops/s (an op: a cycle, a produce or a consume request) and the medians of ops/s,
-# server CPU µs per op (from /proc/PID/stat over the measured run), client p50 and p99; writes the same table and
-# the raw outputs to --out.
+# server CPU µs per op (from /proc/PID/stat over the measured run) with its user and kernel parts, client p50 and
+# p99; writes the same table and the raw outputs to --out. The user part is the steadier one on a noisy machine.
 # Before every measured run a 1 s warm-up run fills the page cache and the connection pools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,12 +62,13 @@ side() {  # side NAME BIN CONFIG ROUND
   local bench=("$b" --server "http://127.0.0.1:$port" bench --topic ab --workload "$workload" --batch "$batch"
     --connections "$connections" --client-cpus "$last")
   "${bench[@]}" --duration 1s > /dev/null 2>&1
-  t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  t0=$(awk '{print $14, $15}' "/proc/$pid/stat")
   "${bench[@]}" --duration "$duration" > "$out/$name-r$round.txt" 2>&1
-  t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  t1=$(awk '{print $14, $15}' "/proc/$pid/stat")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   rm -rf "$data"
-  echo "$((t1 - t0))" > "$out/$name-r$round.cpu_ticks"
+  # user and kernel clock ticks over the measured run
+  echo "$t0 $t1" | awk '{print $3 - $1, $4 - $2}' > "$out/$name-r$round.cpu_ticks"
 }
 
 for round in $(seq "$rounds"); do
@@ -79,11 +80,12 @@ done
 python3 - "$out" "$rounds" "$workload" "$(getconf CLK_TCK)" <<'PY' | tee "$out/summary.md"
 import statistics, sys
 out, rounds, workload, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-print("| side | ops/s per round | ops/s (median) | server CPU µs per op (median) | p50 µs (median) | p99 µs (median) |")
-print("|---|---|---|---|---|---|")
+print("| side | ops/s per round | ops/s (median) | server CPU µs per op (median) | of which user | of which kernel "
+      "| p50 µs (median) | p99 µs (median) |")
+print("|---|---|---|---|---|---|---|---|")
 medians = {}
 for side in ("a", "b"):
-    rates, cpus, p50s, p99s = [], [], [], []
+    rates, cpus, users, kernels, p50s, p99s = [], [], [], [], [], []
     for r in range(1, rounds + 1):
         row = None
         for line in open(f"{out}/{side}-r{r}.txt"):
@@ -93,14 +95,18 @@ for side in ("a", "b"):
         if row is None:
             sys.exit(f"no '{workload}' row in {out}/{side}-r{r}.txt")
         count, rate = int(row[2]), float(row[3])
-        ticks = int(open(f"{out}/{side}-r{r}.cpu_ticks").read())
+        user, kernel = (int(t) for t in open(f"{out}/{side}-r{r}.cpu_ticks").read().split())
+        per_op = lambda ticks: ticks / hz / count * 1e6 if count else float("nan")
         rates.append(rate)
-        cpus.append(ticks / hz / count * 1e6 if count else float("nan"))
+        cpus.append(per_op(user + kernel))
+        users.append(per_op(user))
+        kernels.append(per_op(kernel))
         p50s.append(float(row[4]))
         p99s.append(float(row[6]))
     medians[side] = statistics.median(rates)
     print(f"| {side} | {' / '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | "
-          f"{statistics.median(cpus):.1f} | {statistics.median(p50s):,.0f} | {statistics.median(p99s):,.0f} |")
+          f"{statistics.median(cpus):.1f} | {statistics.median(users):.1f} | {statistics.median(kernels):.1f} | "
+          f"{statistics.median(p50s):,.0f} | {statistics.median(p99s):,.0f} |")
 print()
 print(f"b / a (medians of ops/s): {medians['b'] / medians['a']:.3f}")
 PY
