@@ -409,9 +409,17 @@ impl Topic {
                 .collect();
             return (order, true);
         }
-        let list: Vec<u32> = ready[group].partitions.iter().copied().collect();
-        let n = list.len();
-        ((0..n).map(|i| list[(start + i) % n]).collect(), false)
+        // The ready set in rotated order, in one list: from the start position to the end, then the beginning.
+        let set = &ready[group].partitions;
+        let n = set.len();
+        let skip = if n == 0 { 0 } else { start % n };
+        let order = set
+            .iter()
+            .skip(skip)
+            .chain(set.iter().take(skip))
+            .copied()
+            .collect();
+        (order, false)
     }
 
     /// A probe found nothing deliverable in partition `p` for `group`: it leaves the ready set until a wake-up.

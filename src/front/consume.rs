@@ -32,17 +32,17 @@ pub const DEAD_LETTER_SETTLE_RETRIES: u32 = 100;
 pub const DEAD_LETTER_RETRY_MS: u64 = 1000;
 
 /// Deregisters a consumer's waiter, then lets the engine tell owners when no consumer is parked any more.
-struct Parked {
+struct Parked<'a> {
     engine: Rc<Engine>,
-    topic: String,
-    group: String,
+    topic: &'a str,
+    group: &'a str,
     waiter: Option<Waiter>,
 }
 
-impl Drop for Parked {
+impl Drop for Parked<'_> {
     fn drop(&mut self) {
         drop(self.waiter.take());
-        self.engine.release_wait_queue(&self.topic, &self.group);
+        self.engine.release_wait_queue(self.topic, self.group);
     }
 }
 
@@ -94,8 +94,8 @@ impl Front {
         // Registered before the first look: a message that becomes deliverable while we look reaches us.
         let parked = parking.then(|| Parked {
             engine: engine.clone(),
-            topic: params.topic.clone(),
-            group: params.group.clone(),
+            topic: &params.topic,
+            group: &params.group,
             waiter: Some(engine.wait_queue(&params.topic, &params.group).register()),
         });
         let waiter = parked.as_ref().and_then(|p| p.waiter.as_ref());
@@ -137,7 +137,7 @@ impl Front {
             let woken = w.wait(clock.sleep_until(wake_by)).await;
             drop(polling);
             if topic.is_deleted() {
-                return Err(EngineError::TopicNotFound(params.topic).into());
+                return Err(EngineError::TopicNotFound(params.topic.clone()).into());
             }
             if !woken && (clock.now_ms() >= deadline || engine.is_stopping()) {
                 return Ok(Vec::new());

@@ -6,7 +6,8 @@ use bytes::Bytes;
 /// A parsed request head plus its body.
 #[derive(Debug, Clone)]
 pub struct Request {
-    pub method: String,
+    /// One of the standard methods, or "" for any other (which no route allows: 405).
+    pub method: &'static str,
     /// The path without the query.
     pub path: String,
     /// The raw query string (after '?'), still percent-encoded.
@@ -165,7 +166,7 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     };
     Ok(Parsed::Complete(
         Request {
-            method: req.method.unwrap_or("").to_string(),
+            method: standard_method(req.method.unwrap_or("")),
             path: path.to_string(),
             query: query.to_string(),
             body: Bytes::copy_from_slice(&buf[head_len..total]),
@@ -178,6 +179,14 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
         },
         total,
     ))
+}
+
+/// The method as a static string (no allocation per request); "" for a method berth has no route for.
+fn standard_method(method: &str) -> &'static str {
+    const METHODS: [&str; 9] = [
+        "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE",
+    ];
+    METHODS.into_iter().find(|m| *m == method).unwrap_or("")
 }
 
 /// A header value as text: valid UTF-8 as is (one copy), anything else with replacement characters.
@@ -234,11 +243,7 @@ mod tests {
         let buf = b"POST /produce?topic=a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /health HTTP/1.1\r\n\r\n";
         let (first, used) = complete(buf);
         assert_eq!(
-            (
-                first.method.as_str(),
-                first.path.as_str(),
-                first.query.as_str()
-            ),
+            (first.method, first.path.as_str(), first.query.as_str()),
             ("POST", "/produce", "topic=a")
         );
         assert_eq!(&first.body[..], b"abc");

@@ -65,7 +65,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
 }
 
 async fn handle_once(front: &Rc<Front>, mut req: Request) -> Response {
-    let method = req.method.as_str();
+    let method = req.method;
     let path = req.path.as_str();
     let topic_route = TopicRoute::of(path);
     let allowed: &str = match (path, &topic_route) {
