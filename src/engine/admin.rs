@@ -188,17 +188,13 @@ impl Engine {
         }
         for g in &removed {
             let key = (topic.name(), g.clone());
-            if let Some(q) = self.waiters.borrow().get(&key) {
+            let queue = self.waiters.borrow().get(&key).cloned();
+            if let Some(q) = queue {
                 q.wake(usize::MAX);
-            }
-            // A queue kept empty for the next consume goes with its group.
-            let empty = self
-                .waiters
-                .borrow()
-                .get(&key)
-                .is_some_and(|q| q.is_empty());
-            if empty {
-                self.waiters.borrow_mut().remove(&key);
+                // A queue kept empty for the next consume goes with its group.
+                if q.is_empty() {
+                    self.waiters.borrow_mut().remove(&key);
+                }
             }
         }
         Ok(())
