@@ -4,7 +4,11 @@
 #   - cycle (produce -> consume -> ack), 16 connections: Redis Streams with `appendfsync always` (XADD, XREADGROUP,
 #     XACK, driven by the same `berth bench --protocol redis`), then berth at 1, 16 and 256 partitions;
 #   - the same cycle batched, 100 messages per request, and batched produce alone;
-#   - fsynced produce at 64 connections with wrk (epoll client, keyless POST /produce) on 1 and 16 partitions.
+#   - fsynced produce at 64 connections with wrk (epoll client, keyless POST /produce) on 1 and 16 partitions, and
+#     two references beside it: berth with --fsync never, and the floor server of benches/floor/floor.c (canned
+#     replies, nothing but epoll_wait, recv and send), whose rate is the most this client drives from one core;
+#   - the sync floor (benches/floor/syncfloor.c): a pwrite and an fdatasync in a C loop on the data directory's
+#     disk, the CPU and wall time any server pays per group commit here.
 #   benches/group_commit.sh [--duration 10s] [--rounds 3] [--out DIR]
 # The Redis and berth cycles run --rounds times, interleaved (Redis, then berth at each partition count, per round),
 # and the summary quotes each one's median: on a shared, noisy machine one run of each says little.
@@ -72,8 +76,30 @@ LUA
   done
   curl -fs "http://127.0.0.1:$port/metrics" > "$out/wrk-server-metrics.txt"
   kill "$spid"; wait "$spid" 2>/dev/null || true
+  # References: the same produce kept in memory, and the floor server (the client's ceiling on this machine).
+  taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk-never" --fsync never \
+    > "$tmp/wrk-never-server.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+  curl -fs -X PUT "http://127.0.0.1:$port/topics/w1?partitions=1" >/dev/null
+  taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
+    > "$out/wrk-never-produce-c64-p1.txt"
+  echo "  wrk-never-produce-c64-p1 done"
+  kill "$spid"; wait "$spid" 2>/dev/null || true
+  if command -v cc >/dev/null && cc -O2 -o "$tmp/floor" benches/floor/floor.c; then
+    taskset -c 0 "$tmp/floor" "$port" & spid=$!
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
+      > "$out/wrk-floor-produce-c64.txt"
+    echo "  wrk-floor-produce-c64 done"
+    kill "$spid"; wait "$spid" 2>/dev/null || true
+  fi
 else
   echo "wrk not installed: no epoll-client produce figures" >&2
+fi
+
+if command -v cc >/dev/null && cc -O2 -o "$tmp/syncfloor" benches/floor/syncfloor.c; then
+  taskset -c 0 "$tmp/syncfloor" "$tmp" > "$out/sync-floor.txt" && cat "$out/sync-floor.txt"
 fi
 
 python3 - "$out" <<'PY'
@@ -121,6 +147,9 @@ for p in (1, 16, 256, 1000):
     if redis:
         parts.append("%.2f× Redis appendfsync always (%.0f/s, median)" % (b / redis, redis))
     lines.append("- " + ", ".join(parts))
+floor = os.path.join(out, "sync-floor.txt")
+if os.path.exists(floor):
+    lines.append("- " + open(floor).read().strip())
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

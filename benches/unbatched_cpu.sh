@@ -4,6 +4,9 @@
 # tree's `berth bench`) on the last CPU: beanstalkd (the peer), an earlier berth build (BEFORE) and this build.
 # Rounds are interleaved so that the machine's drift hits every server alike; the table gives medians, with the
 # server's CPU split into user and kernel time as /proc/PID/stat counts them.
+# A fourth server, `floor` (benches/floor/floor.c, built here with cc when one is installed), answers the same requests
+# with canned replies and does nothing but epoll_wait, recv and send: its CPU per cycle is the kernel's share that
+# any server pays for the cycle's six loopback segments, so berth's distance to it is what berth itself costs.
 #   benches/unbatched_cpu.sh --before PATH/TO/OLD/berth [--rounds 3] [--duration 5s] [--out DIR]
 # Build an earlier release to compare with, e.g.:
 #   git worktree add /tmp/berth-before fc5e9c6 && (cd /tmp/berth-before && cargo build --release)
@@ -28,6 +31,12 @@ last=$(( $(nproc) - 1 ))
 mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+floor=""
+if command -v cc >/dev/null && cc -O2 -o "$tmp/floor" benches/floor/floor.c; then
+  floor="$tmp/floor"
+else
+  echo "no C compiler: the floor row is skipped" >&2
+fi
 
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
@@ -46,6 +55,12 @@ berth_server() {  # berth_server BINARY PORT -> pid on stdout
 }
 
 for round in $(seq "$rounds"); do
+  if [ -n "$floor" ]; then
+    taskset -c 0 "$floor" 17398 & fpid=$!
+    wait_port 17398
+    run floor "$round" berth 17398 "$fpid"
+    kill "$fpid"; wait "$fpid" 2>/dev/null || true
+  fi
   if command -v beanstalkd >/dev/null; then
     taskset -c 0 beanstalkd -l 127.0.0.1 -p 11399 & bpid=$!
     wait_port 11399
