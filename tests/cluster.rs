@@ -158,13 +158,18 @@ fn wait_ok(node: &Node, method: &str, path: &str, body: &[u8], what: &str) -> An
 /// Consumes through `node` (acking each through it) until a consume finds nothing (`wait=500ms`) after every body
 /// of `want` was seen, or for at most 30 s. Returns every delivery, duplicates included.
 fn drain(node: &Node, topic: &str, want: &HashSet<String>) -> Vec<Msg> {
+    drain_group(node, topic, "", want)
+}
+
+/// [`drain`] for a consumer group: `extra` is `&group=NAME` (or empty for `default`).
+fn drain_group(node: &Node, topic: &str, extra: &str, want: &HashSet<String>) -> Vec<Msg> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut got = Vec::new();
     let mut seen = HashSet::new();
     loop {
-        match consume(&node.client, topic, "&wait=500ms") {
+        match consume(&node.client, topic, &format!("&wait=500ms{extra}")) {
             Some(m) => {
-                let a = settle(node, "ack", topic, &m.handle, "");
+                let a = settle(node, "ack", topic, &m.handle, extra);
                 assert_eq!(
                     a.status,
                     200,
@@ -1538,4 +1543,126 @@ fn a_group_created_at_latest_starts_at_the_end_on_every_node() {
         },
     );
     assert!(seen.iter().all(|b| b.starts_with("new")), "{seen:?}");
+}
+
+/// A group deleted and created again while a node is down starts afresh on that node too. The node still holds the
+/// old group's frontier files (at the end of its partitions, everything acked) and a `topic.json` naming a group of
+/// the same name: without the group's creation id it would take the new group for the old one and skip what its
+/// partitions hold.
+#[test]
+fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
+    let _g = serial();
+    let test = "a_group_recreated_while_a_node_is_down_starts_afresh_there";
+    let Some(mut c) = Cluster::start(test, 2) else {
+        return;
+    };
+    create_topic(c.node(0), "rg", 4);
+    let a = c.node(0).put("/topics/rg/groups/g");
+    assert_eq!(a.status, 201, "create g: {}", a.text());
+    let down = 1;
+    let down_parts = c.partitions_of(0, "rg", down);
+    assert!(!down_parts.is_empty(), "node 2 owns none of rg");
+    let mut bodies = HashSet::new();
+    for p in 0..4 {
+        let body = format!("m{p}");
+        produce(c.node(0), "rg", &format!("&partition={p}"), &body);
+        bodies.insert(body);
+    }
+    assert_eq!(
+        once(&drain_group(c.node(0), "rg", "&group=g", &bodies)),
+        bodies
+    );
+    // The acks are on disk (`durable`) on every partition before the kill: the old frontier files are at the end.
+    wait_for("g's frontiers durable", Duration::from_secs(10), || {
+        let parts = partitions(c.node(0), "rg");
+        let settled = parts.iter().all(|p| {
+            p["groups"].as_array().is_some_and(|gs| {
+                gs.iter()
+                    .any(|g| g["group"] == "g" && g["durable"] == 1 && g["committed"] == 1)
+            })
+        });
+        if settled {
+            Ok(())
+        } else {
+            Err(format!("{parts:?}"))
+        }
+    });
+    c.kill9(down);
+    let a = c
+        .node(0)
+        .client
+        .call("DELETE", "/topics/rg/groups/g", &[])
+        .expect("delete g");
+    assert_eq!(a.status, 204, "delete g: {}", a.text());
+    let a = c.node(0).put("/topics/rg/groups/g");
+    assert_eq!(a.status, 201, "create g again: {}", a.text());
+    c.restart(down);
+    c.wait_all_live();
+    // The new g gets all four, those on the returned node's partitions included.
+    let got = drain_group(c.node(0), "rg", "&group=g", &bodies);
+    let delivered = once(&got);
+    let lost: Vec<&String> = bodies.difference(&delivered).collect();
+    assert!(
+        lost.is_empty(),
+        "the recreated group never got {lost:?} (node 2 owns partitions {down_parts:?})"
+    );
+    assert!(
+        c.node(down).log_text().contains("starting them afresh"),
+        "the returned node did not say it restarted the group"
+    );
+}
+
+/// A topic deleted and created again (a new id) while a node is down: the returned node puts its old data in the
+/// trash instead of serving it as the new topic's.
+#[test]
+fn a_topic_recreated_while_a_node_is_down_does_not_serve_the_old_data() {
+    let _g = serial();
+    let test = "a_topic_recreated_while_a_node_is_down_does_not_serve_the_old_data";
+    let Some(mut c) = Cluster::start(test, 2) else {
+        return;
+    };
+    create_topic(c.node(0), "rt", 4);
+    let down = 1;
+    let down_parts = c.partitions_of(0, "rt", down);
+    assert!(!down_parts.is_empty(), "node 2 owns none of rt");
+    for p in 0..4 {
+        produce(
+            c.node(0),
+            "rt",
+            &format!("&partition={p}"),
+            &format!("old{p}"),
+        );
+    }
+    c.kill9(down);
+    let a = c
+        .node(0)
+        .client
+        .call("DELETE", "/topics/rt", &[])
+        .expect("delete rt");
+    assert_eq!(a.status, 204, "delete rt: {}", a.text());
+    create_topic(c.node(0), "rt", 4);
+    c.restart(down);
+    c.wait_all_live();
+    let now_down = c.partitions_of(0, "rt", down);
+    assert!(!now_down.is_empty(), "the new rt has nothing on node 2");
+    for p in 0..4 {
+        produce(
+            c.node(0),
+            "rt",
+            &format!("&partition={p}"),
+            &format!("new{p}"),
+        );
+    }
+    let want: HashSet<String> = (0..4).map(|p| format!("new{p}")).collect();
+    let got = once(&drain(c.node(0), "rt", &want));
+    assert_eq!(
+        got, want,
+        "node 2 owns partitions {now_down:?} of the new rt"
+    );
+    assert!(
+        c.node(down)
+            .log_text()
+            .contains("its old data goes to the trash"),
+        "the returned node did not say it trashed the old rt"
+    );
 }

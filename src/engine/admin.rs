@@ -517,16 +517,18 @@ impl Engine {
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
-                        let (id, groups, latest, partitions) = (
+                        let (id, groups, latest, group_ids, partitions) = (
                             stored.id,
                             stored.groups.clone(),
                             stored.latest_groups.clone(),
+                            stored.group_ids.clone(),
                             stored.partitions,
                         );
                         *stored = edited.clone();
                         stored.id = id;
                         stored.groups = groups;
                         stored.latest_groups = latest;
+                        stored.group_ids = group_ids;
                         stored.partitions = partitions;
                         Ok(())
                     }),
@@ -580,10 +582,7 @@ impl Engine {
                             if stored.groups.len() + 1 >= max {
                                 return Err(EngineError::GroupLimit { limit: max });
                             }
-                            stored.groups.push(add.clone());
-                            if latest {
-                                stored.latest_groups.insert(add.clone());
-                            }
+                            stored.add_group(&add, latest);
                         }
                         Ok(())
                     }),
@@ -600,7 +599,7 @@ impl Engine {
             latest,
         })
         .await?;
-        config.groups.push(group.to_string());
+        config.add_group(group, false);
         config.format = TOPIC_FORMAT;
         self.write_meta(&config).await?;
         self.everywhere(AdminStep::Update(config)).await?;
@@ -632,8 +631,7 @@ impl Engine {
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
-                        stored.groups.retain(|g| *g != remove);
-                        stored.latest_groups.remove(&remove);
+                        stored.remove_group(&remove);
                         Ok(())
                     }),
                 )
@@ -642,7 +640,7 @@ impl Engine {
             info!(topic = %name, group = %group, "consumer group deleted in the cluster");
             return Ok(());
         }
-        config.groups.retain(|g| g != group);
+        config.remove_group(group);
         config.format = TOPIC_FORMAT;
         self.write_meta(&config).await?;
         self.everywhere(AdminStep::Update(config)).await?;
@@ -732,32 +730,78 @@ impl Engine {
             None => {
                 let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
                 let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+                // What this node's disk holds of the topic from before: at every start in cluster mode, each
+                // topic is learnt afresh from the metastore, and the metastore may have moved on meanwhile.
+                let local = TopicConfig::load(&*self.storage, &dir.join("topic.json")).ok();
+                if local.as_ref().is_some_and(|l| l.id != config.id) {
+                    info!(topic = %config.name, "topic deleted and created again in the cluster while this node was away: its old data goes to the trash");
+                    self.trash(&dir).map_err(storage)?;
+                }
+                let recreated = local
+                    .filter(|l| l.id == config.id)
+                    .map(|l| l.recreated_groups(&config))
+                    .unwrap_or_default();
+                // A recreated group is opened only once it is prepared as new: its old frontier files must not
+                // be read.
+                let mut opening = config.clone();
+                for group in &recreated {
+                    opening.remove_group(group);
+                }
                 self.storage.create_dir_all(&dir).map_err(storage)?;
-                self.write_meta(&config).await?;
+                self.write_meta(&opening).await?;
                 self.storage
                     .sync_dir(&self.topics_dir())
                     .await
                     .map_err(storage)?;
-                self.everywhere(AdminStep::Apply(config, locations)).await
+                self.everywhere(AdminStep::Apply(opening.clone(), locations))
+                    .await?;
+                if recreated.is_empty() {
+                    return Ok(());
+                }
+                info!(topic = %config.name, groups = ?recreated, "groups deleted and created again in the cluster while this node was away: starting them afresh");
+                self.join_groups(config, &opening).await
             }
             Some(topic) => {
                 let old = topic.config();
                 if *old == config {
                     return Ok(());
                 }
-                for group in config.groups.iter().filter(|g| !old.has_group(g)) {
-                    self.everywhere(AdminStep::PrepareGroup {
-                        topic: config.name.clone(),
-                        topic_id: config.id,
-                        group: group.clone(),
-                        latest: config.latest_groups.contains(group),
-                    })
-                    .await?;
+                // A group deleted and created again while this node did not see it (one change of the settings
+                // seen for both): the old one goes first (its shards and frontier files, as a deletion takes
+                // them), then the new one is prepared as new.
+                let recreated = old.recreated_groups(&config);
+                if !recreated.is_empty() {
+                    let mut without = (*old).clone();
+                    for group in &recreated {
+                        without.remove_group(group);
+                    }
+                    info!(topic = %config.name, groups = ?recreated, "groups deleted and created again in the cluster: starting them afresh");
+                    self.everywhere(AdminStep::Update(without)).await?;
                 }
-                self.write_meta(&config).await?;
-                self.everywhere(AdminStep::Update(config)).await
+                let old = topic.config();
+                self.join_groups(config, &old).await
             }
         }
+    }
+
+    /// Cluster mode: takes `config`, a newer version of an open topic's settings `old`: every core prepares the
+    /// frontier files of the groups `old` lacks, then the settings are stored and every core takes them.
+    async fn join_groups(
+        self: &Rc<Self>,
+        config: TopicConfig,
+        old: &TopicConfig,
+    ) -> EngineResult<()> {
+        for group in config.groups.iter().filter(|g| !old.has_group(g)) {
+            self.everywhere(AdminStep::PrepareGroup {
+                topic: config.name.clone(),
+                topic_id: config.id,
+                group: group.clone(),
+                latest: config.latest_groups.contains(group),
+            })
+            .await?;
+        }
+        self.write_meta(&config).await?;
+        self.everywhere(AdminStep::Update(config)).await
     }
 
     /// Closes a topic on every core and moves its directory to the trash. The caller holds the admin permit.

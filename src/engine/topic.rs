@@ -101,6 +101,11 @@ pub struct TopicConfig {
     /// Always written (node RPC's encoding is not self-describing: no field may be skipped).
     #[serde(default)]
     pub latest_groups: std::collections::BTreeSet<String>,
+    /// A fresh random id per group creation, so that a node that was down while a group was deleted and created
+    /// again under the same name tells the new group from the old one (whose frontier files it still holds).
+    /// Groups created before this field have none. Always written, as `latest_groups`.
+    #[serde(default)]
+    pub group_ids: std::collections::BTreeMap<String, u64>,
 }
 
 impl TopicConfig {
@@ -123,6 +128,7 @@ impl TopicConfig {
             max_groups: default_max_groups(),
             groups: Vec::new(),
             latest_groups: Default::default(),
+            group_ids: Default::default(),
         }
     }
 
@@ -175,6 +181,36 @@ impl TopicConfig {
     pub fn has_group(&self, group: &str) -> bool {
         group == crate::partition::DEFAULT_GROUP || self.groups.iter().any(|g| g == group)
     }
+
+    /// Adds a group with a fresh id (`latest`: it starts at the end of each partition, in cluster mode).
+    pub fn add_group(&mut self, group: &str, latest: bool) {
+        if self.has_group(group) {
+            return;
+        }
+        self.groups.push(group.to_string());
+        self.group_ids.insert(group.to_string(), new_topic_id());
+        if latest {
+            self.latest_groups.insert(group.to_string());
+        }
+    }
+
+    /// Removes a group and what is recorded about it.
+    pub fn remove_group(&mut self, group: &str) {
+        self.groups.retain(|g| g != group);
+        self.latest_groups.remove(group);
+        self.group_ids.remove(group);
+    }
+
+    /// The groups of `newer` (a later version of this topic's settings) that are not the groups of the same name
+    /// here: deleted and created again since (their ids differ). Groups without an id on both sides are the same.
+    pub fn recreated_groups(&self, newer: &TopicConfig) -> Vec<String> {
+        newer
+            .groups
+            .iter()
+            .filter(|g| self.has_group(g) && self.group_ids.get(*g) != newer.group_ids.get(*g))
+            .cloned()
+            .collect()
+    }
 }
 
 /// The id of a version 1 topic (its file has none): stable for the name, with the top bit set so it never equals
@@ -185,7 +221,7 @@ fn legacy_id(name: &str) -> u64 {
     (1 << 63) | (hi << 32) | lo
 }
 
-/// A fresh topic id (top bit clear, never 0).
+/// A fresh topic (or group) id: random, top bit clear, never 0.
 pub fn new_topic_id() -> u64 {
     let mut bytes = [0u8; 8];
     // SAFETY: getrandom(2) fills the buffer we own; on failure we fall back to the clock below.
@@ -486,5 +522,47 @@ mod tests {
         assert_ne!(c.id, 0, "a version 1 topic gets a stable id");
         assert_eq!(c.id, TopicConfig::load(&disk, &path).unwrap().id);
         assert_ne!(c.id, new_topic_id());
+    }
+
+    #[test]
+    fn a_group_created_again_under_its_name_is_told_from_the_old_one() {
+        let mut old = TopicConfig::with_defaults("t");
+        old.add_group("g", false);
+        old.add_group("h", true);
+        old.groups.push("legacy".into()); // created before group ids: none recorded
+        assert_eq!(old.group_ids.len(), 2);
+        assert!(old.latest_groups.contains("h") && !old.latest_groups.contains("g"));
+        let same = old.clone();
+        assert!(old.recreated_groups(&same).is_empty());
+
+        let mut newer = old.clone();
+        newer.remove_group("g");
+        assert!(!newer.has_group("g") && !newer.group_ids.contains_key("g"));
+        assert!(
+            old.recreated_groups(&newer).is_empty(),
+            "a deletion alone is not a recreation"
+        );
+        newer.add_group("g", false);
+        newer.add_group("fresh", false);
+        newer.remove_group("h");
+        newer.add_group("h", false);
+        assert!(
+            !newer.latest_groups.contains("h"),
+            "the new h starts where new groups start"
+        );
+        assert_eq!(
+            old.recreated_groups(&newer),
+            vec!["g".to_string(), "h".to_string()]
+        );
+        // Adding a group that exists changes nothing (its id stays).
+        let id = newer.group_ids["g"];
+        newer.add_group("g", true);
+        assert_eq!((newer.group_ids["g"], newer.groups.len()), (id, 4));
+        // Files without the field read as no ids.
+        let text = serde_json::to_string(&old)
+            .unwrap()
+            .replace("\"group_ids\"", "\"ignored\"");
+        let read: TopicConfig = serde_json::from_str(&text).unwrap();
+        assert!(read.group_ids.is_empty());
     }
 }
