@@ -1557,8 +1557,15 @@ fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
         return;
     };
     create_topic(c.node(0), "rg", 4);
-    let a = c.node(0).put("/topics/rg/groups/g");
-    assert_eq!(a.status, 201, "create g: {}", a.text());
+    let group = |c: &Cluster, method: &str, status: u16| {
+        let a = c
+            .node(0)
+            .client
+            .call(method, "/topics/rg/groups/g", &[])
+            .unwrap_or_else(|e| panic!("{method} g: {e}"));
+        assert_eq!(a.status, status, "{method} g: {}", a.text());
+    };
+    group(&c, "PUT", 201);
     let down = 1;
     let down_parts = c.partitions_of(0, "rg", down);
     assert!(!down_parts.is_empty(), "node 2 owns none of rg");
@@ -1568,47 +1575,57 @@ fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
         produce(c.node(0), "rg", &format!("&partition={p}"), &body);
         bodies.insert(body);
     }
-    assert_eq!(
-        once(&drain_group(c.node(0), "rg", "&group=g", &bodies)),
-        bodies
-    );
-    // The acks are on disk (`durable`) on every partition before the kill: the old frontier files are at the end.
-    wait_for("g's frontiers durable", Duration::from_secs(10), || {
-        let parts = partitions(c.node(0), "rg");
-        let settled = parts.iter().all(|p| {
-            p["groups"].as_array().is_some_and(|gs| {
-                gs.iter()
-                    .any(|g| g["group"] == "g" && g["durable"] == 1 && g["committed"] == 1)
-            })
+    // Group g takes and acks all four, through every partition; then the acks are on disk (`durable`) on every
+    // partition, so that node 2's frontier files for g are at the end when it is killed.
+    let take_all = |c: &Cluster, when: &str| {
+        let delivered = once(&drain_group(c.node(0), "rg", "&group=g", &bodies));
+        let lost: Vec<&String> = bodies.difference(&delivered).collect();
+        assert!(
+            lost.is_empty(),
+            "{when}: g never got {lost:?} (node 2 owns partitions {down_parts:?})"
+        );
+        wait_for("g's frontiers durable", Duration::from_secs(10), || {
+            let parts = partitions(c.node(0), "rg");
+            let settled = parts.iter().all(|p| {
+                p["groups"].as_array().is_some_and(|gs| {
+                    gs.iter()
+                        .any(|g| g["group"] == "g" && g["durable"] == 1 && g["committed"] == 1)
+                })
+            });
+            if settled {
+                Ok(())
+            } else {
+                Err(format!("{parts:?}"))
+            }
         });
-        if settled {
-            Ok(())
-        } else {
-            Err(format!("{parts:?}"))
-        }
-    });
+    };
+    take_all(&c, "the first g");
+
+    // Deleted and created again while node 2 is down: the new g gets all four again.
     c.kill9(down);
-    let a = c
-        .node(0)
-        .client
-        .call("DELETE", "/topics/rg/groups/g", &[])
-        .expect("delete g");
-    assert_eq!(a.status, 204, "delete g: {}", a.text());
-    let a = c.node(0).put("/topics/rg/groups/g");
-    assert_eq!(a.status, 201, "create g again: {}", a.text());
+    group(&c, "DELETE", 204);
+    group(&c, "PUT", 201);
     c.restart(down);
     c.wait_all_live();
-    // The new g gets all four, those on the returned node's partitions included.
-    let got = drain_group(c.node(0), "rg", "&group=g", &bodies);
-    let delivered = once(&got);
-    let lost: Vec<&String> = bodies.difference(&delivered).collect();
-    assert!(
-        lost.is_empty(),
-        "the recreated group never got {lost:?} (node 2 owns partitions {down_parts:?})"
-    );
+    take_all(&c, "g created again while node 2 was down");
     assert!(
         c.node(down).log_text().contains("starting them afresh"),
         "the returned node did not say it restarted the group"
+    );
+
+    // Deleted while node 2 is down (it returns and forgets g, whose files stay), then created again while it is
+    // down again: the group is new to node 2, and its stale files must not be read either.
+    c.kill9(down);
+    group(&c, "DELETE", 204);
+    c.restart(down);
+    c.wait_all_live();
+    c.kill9(down);
+    group(&c, "PUT", 201);
+    c.restart(down);
+    c.wait_all_live();
+    take_all(
+        &c,
+        "g deleted, then created again, each while node 2 was down",
     );
 }
 

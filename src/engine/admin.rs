@@ -737,16 +737,18 @@ impl Engine {
                     info!(topic = %config.name, "topic deleted and created again in the cluster while this node was away: its old data goes to the trash");
                     self.trash(&dir).map_err(storage)?;
                 }
-                let recreated = local
-                    .filter(|l| l.id == config.id)
-                    .map(|l| l.recreated_groups(&config))
-                    .unwrap_or_default();
-                // A recreated group is opened only once it is prepared as new: its old frontier files must not
-                // be read.
-                let mut opening = config.clone();
-                for group in &recreated {
-                    opening.remove_group(group);
-                }
+                // Only the groups this node knew under the same id are opened from their frontier files. The others
+                // were created (or deleted and created again) while it was away: whatever file they have is a
+                // deleted group's, so they are prepared as new first.
+                let opening = match local.filter(|l| l.id == config.id) {
+                    Some(known) => config.keeping_groups_of(&known),
+                    None => config.clone(),
+                };
+                let fresh: Vec<&String> = config
+                    .groups
+                    .iter()
+                    .filter(|g| !opening.has_group(g))
+                    .collect();
                 self.storage.create_dir_all(&dir).map_err(storage)?;
                 self.write_meta(&opening).await?;
                 self.storage
@@ -755,10 +757,10 @@ impl Engine {
                     .map_err(storage)?;
                 self.everywhere(AdminStep::Apply(opening.clone(), locations))
                     .await?;
-                if recreated.is_empty() {
+                if fresh.is_empty() {
                     return Ok(());
                 }
-                info!(topic = %config.name, groups = ?recreated, "groups deleted and created again in the cluster while this node was away: starting them afresh");
+                info!(topic = %config.name, groups = ?fresh, "groups created in the cluster while this node was away (some perhaps after a deletion of the same name): starting them afresh");
                 self.join_groups(config, &opening).await
             }
             Some(topic) => {

@@ -207,9 +207,26 @@ impl TopicConfig {
         newer
             .groups
             .iter()
-            .filter(|g| self.has_group(g) && self.group_ids.get(*g) != newer.group_ids.get(*g))
+            .filter(|g| self.has_group(g) && !self.same_group(newer, g))
             .cloned()
             .collect()
+    }
+
+    /// These settings with only the groups `known` (an earlier version) has under the same id: the groups a node
+    /// that held `known` can open from its frontier files. The others are new to it, or recreated, and must be
+    /// prepared as new (any file of theirs is a deleted group's).
+    pub fn keeping_groups_of(&self, known: &TopicConfig) -> TopicConfig {
+        let mut kept = self.clone();
+        for group in &self.groups {
+            if !(known.has_group(group) && known.same_group(self, group)) {
+                kept.remove_group(group);
+            }
+        }
+        kept
+    }
+
+    fn same_group(&self, other: &TopicConfig, group: &str) -> bool {
+        self.group_ids.get(group) == other.group_ids.get(group)
     }
 }
 
@@ -558,6 +575,11 @@ mod tests {
         let id = newer.group_ids["g"];
         newer.add_group("g", true);
         assert_eq!((newer.group_ids["g"], newer.groups.len()), (id, 4));
+        // What a node that held `old` may open of `newer`: the groups it knew under the same id.
+        let kept = newer.keeping_groups_of(&old);
+        assert_eq!(kept.groups, vec!["legacy".to_string()]);
+        assert!(kept.group_ids.is_empty() && kept.latest_groups.is_empty());
+        assert_eq!(old.keeping_groups_of(&old), old);
         // Files without the field read as no ids.
         let text = serde_json::to_string(&old)
             .unwrap()
