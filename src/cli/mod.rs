@@ -317,9 +317,12 @@ pub fn main() -> i32 {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a log redirected to a file (or read by a test) stays plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .try_init();
 }
 
