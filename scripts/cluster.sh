@@ -4,6 +4,7 @@
 #   scripts/cluster.sh [start]   etcd on 127.0.0.1:2379 (data in a temp dir) and nodes n1..n3 from
 #                                target/release/berth: client ports 7071-7073, peer ports 7171-7173, one core each
 #   scripts/cluster.sh status    which processes run, and `berth cluster status`
+#   scripts/cluster.sh restart N starts node nN again on its data (after a kill -9, say) if it is not running
 #   scripts/cluster.sh stop      stops them (SIGTERM, then SIGKILL after 10 s) and removes the temp dir
 #
 # Environment: BERTH_BIN (default target/release/berth), ETCD_BIN (default: etcd on PATH), BERTH_CORES (cores
@@ -39,6 +40,36 @@ wait_up() {
   return 1
 }
 
+# Starts node n$2 on its data directory under $1 (its log appended to), in the background.
+launch() {
+  local dir=$1 i=$2
+  "$BERTH" serve --listen 127.0.0.1:$((BASE + i)) --data-dir "$dir/n$i" --cores "$CORES" \
+    --cluster "$ETCD_URL" --cluster-name "$NAME" --node-id n$i \
+    --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) >>"$dir/n$i.log" 2>&1 &
+  echo $! >"$STATE/n$i.pid"
+}
+
+healthy() {
+  local dir=$1 i=$2
+  wait_up http://127.0.0.1:$((BASE + i))/health 30 "$STATE/n$i.pid" ||
+    { tail -20 "$dir/n$i.log" >&2; die "node n$i did not become healthy; log: $dir/n$i.log"; }
+}
+
+restart() {
+  local i=${1:-}
+  [[ $i =~ ^[0-9]+$ && -n ${NODES[i - 1]:-} && $i -ge 1 ]] || die "usage: $0 restart N (N in ${NODES[*]})"
+  [[ -f $STATE/dir ]] || die "not running: $0 start first"
+  local t
+  # A node just killed may take a moment to be gone (its io_uring rings are torn down on exit).
+  for ((t = 0; t < 50; t++)); do running "$STATE/n$i.pid" || break; sleep 0.1; done
+  running "$STATE/n$i.pid" && die "n$i is running (pid $(cat "$STATE/n$i.pid"))"
+  local dir
+  dir=$(cat "$STATE/dir")
+  launch "$dir" "$i"
+  healthy "$dir" "$i"
+  echo "n$i is up again on its data (log: $dir/n$i.log)"
+}
+
 start() {
   [[ -x $BERTH ]] || die "no $BERTH: run cargo build --release first (or set BERTH_BIN)"
   [[ -n $ETCD && -x $ETCD ]] || die "etcd not found: apt-get install -y etcd-server (or set ETCD_BIN)"
@@ -68,14 +99,10 @@ start() {
 
   local i
   for i in "${NODES[@]}"; do
-    "$BERTH" serve --listen 127.0.0.1:$((BASE + i)) --data-dir "$dir/n$i" --cores "$CORES" \
-      --cluster "$ETCD_URL" --cluster-name "$NAME" --node-id n$i \
-      --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) >"$dir/n$i.log" 2>&1 &
-    echo $! >"$STATE/n$i.pid"
+    launch "$dir" "$i"
   done
   for i in "${NODES[@]}"; do
-    wait_up http://127.0.0.1:$((BASE + i))/health 30 "$STATE/n$i.pid" ||
-      { tail -20 "$dir/n$i.log" >&2; die "node n$i did not become healthy; log: $dir/n$i.log"; }
+    healthy "$dir" "$i"
   done
 
   local n1=$((BASE + 1)) n2=$((BASE + 2)) n3=$((BASE + 3))
@@ -94,6 +121,7 @@ Try:
   curl -si -X POST 'localhost:$n1/produce?topic=demo&partition=P' -d x   # 503 partition_unavailable
   curl -s -X POST 'localhost:$n1/produce?topic=demo' -d y                # keyless: a live partition
   curl -s localhost:$n1/cluster                     # n3 "alive": false once its lease (5 s) expires
+  $0 restart 3                      # n3 back on its own data: its partitions are served again
   ETCDCTL_API=3 etcdctl --endpoints=$ETCD_URL get --prefix /berth/$NAME/   # if etcdctl is installed
 
 Stop: $0 stop
@@ -153,5 +181,6 @@ case ${1:-start} in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) die "usage: $0 [start|stop|status]" ;;
+  restart) restart "${2:-}" ;;
+  *) die "usage: $0 [start|stop|status|restart N]" ;;
 esac

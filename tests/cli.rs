@@ -658,3 +658,35 @@ fn dead_lettered_messages_are_redriven_back() {
         "invalid_parameter"
     );
 }
+
+/// `berth ... | head` closes the pipe before the answer is printed: the command still did its work, and it must
+/// neither panic nor report a failure (it used to panic in `println!`).
+#[test]
+fn a_reader_that_closes_stdout_early_is_no_failure() {
+    let server = Server::start(1, &[]);
+    server.create_topic("events", "");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_AUTH_TOKEN")
+        .args([
+            "--server",
+            &server.url(),
+            "group",
+            "create",
+            "events",
+            "audit",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run berth");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    // The group was created all the same.
+    let listed = berth(&server, &["group", "create", "events", "audit"]).json();
+    assert_eq!(listed["created"], false);
+}

@@ -393,7 +393,8 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
 fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
     if ok.contains(&answer.status) {
         if !answer.body.is_empty() {
-            println!("{}", answer.text());
+            // A reader that closed the pipe early (`berth ... | head`) is not the command's failure: no panic.
+            let _ = writeln!(std::io::stdout().lock(), "{}", answer.text());
         }
         Ok(0)
     } else {

@@ -557,7 +557,8 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
             .collect();
     }
     report.server_cpu_note = server_cpu_note;
-    print!("{}", report.table());
+    // A reader that closed the pipe early is not a failure of the run: no panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), report.table().as_bytes());
     if let Some(path) = &args.json {
         std::fs::write(
             path,
