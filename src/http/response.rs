@@ -109,7 +109,7 @@ impl Response {
 }
 
 /// `n` in decimal ASCII, without the formatting machinery (a response encodes two or three numbers).
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -121,6 +121,11 @@ fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
         }
     }
     out.extend_from_slice(&digits[at..]);
+}
+
+/// How many bytes [`push_decimal`] writes for `n`.
+pub(crate) fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
 fn reason(status: u16) -> &'static str {
@@ -150,6 +155,27 @@ fn reason(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_len_is_what_push_decimal_writes() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            999_999,
+            1_000_000,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+            assert_eq!(decimal_len(n), out.len(), "{n}");
+        }
+    }
 
     #[test]
     fn encoding_writes_status_length_type_headers_then_body() {
