@@ -1545,6 +1545,16 @@ fn a_group_created_at_latest_starts_at_the_end_on_every_node() {
     assert!(seen.iter().all(|b| b.starts_with("new")), "{seen:?}");
 }
 
+/// Two nodes and `topic` with 4 partitions, created through the first; returns the partitions the second owns
+/// (some: the tests that use this kill it). None where the cluster cannot be started (etcd missing).
+fn two_nodes_and_a_topic(test: &str, topic: &str) -> Option<(Cluster, Vec<u64>)> {
+    let c = Cluster::start(test, 2)?;
+    create_topic(c.node(0), topic, 4);
+    let second = c.partitions_of(0, topic, 1);
+    assert!(!second.is_empty(), "node 2 owns none of {topic}");
+    Some((c, second))
+}
+
 /// A group deleted and created again while a node is down starts afresh on that node too. The node still holds the
 /// old group's frontier files (at the end of its partitions, everything acked) and a `topic.json` naming a group of
 /// the same name: without the group's creation id it would take the new group for the old one and skip what its
@@ -1553,10 +1563,10 @@ fn a_group_created_at_latest_starts_at_the_end_on_every_node() {
 fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
     let _g = serial();
     let test = "a_group_recreated_while_a_node_is_down_starts_afresh_there";
-    let Some(mut c) = Cluster::start(test, 2) else {
+    let Some((mut c, down_parts)) = two_nodes_and_a_topic(test, "rg") else {
         return;
     };
-    create_topic(c.node(0), "rg", 4);
+    let down = 1;
     let group = |c: &Cluster, method: &str, status: u16| {
         let a = c
             .node(0)
@@ -1566,9 +1576,6 @@ fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
         assert_eq!(a.status, status, "{method} g: {}", a.text());
     };
     group(&c, "PUT", 201);
-    let down = 1;
-    let down_parts = c.partitions_of(0, "rg", down);
-    assert!(!down_parts.is_empty(), "node 2 owns none of rg");
     let mut bodies = HashSet::new();
     for p in 0..4 {
         let body = format!("m{p}");
@@ -1635,13 +1642,10 @@ fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
 fn a_topic_recreated_while_a_node_is_down_does_not_serve_the_old_data() {
     let _g = serial();
     let test = "a_topic_recreated_while_a_node_is_down_does_not_serve_the_old_data";
-    let Some(mut c) = Cluster::start(test, 2) else {
+    let Some((mut c, _)) = two_nodes_and_a_topic(test, "rt") else {
         return;
     };
-    create_topic(c.node(0), "rt", 4);
     let down = 1;
-    let down_parts = c.partitions_of(0, "rt", down);
-    assert!(!down_parts.is_empty(), "node 2 owns none of rt");
     for p in 0..4 {
         produce(
             c.node(0),
