@@ -11,8 +11,9 @@ use std::io;
 
 /// `BRPC` on the wire (little-endian u32).
 pub const MAGIC: u32 = 0x4350_5242;
-/// The protocol version this code speaks: in every header, and in the hello.
-pub const VERSION: u8 = 1;
+/// The protocol version this code speaks: in every header, and in the hello. 2: `TopicConfig` gained `group_ids`
+/// (version 1 peers could not decode its settings, so they are refused at the handshake instead).
+pub const VERSION: u8 = 2;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read (more while a large body is arriving).
@@ -350,7 +351,7 @@ mod tests {
     fn the_documented_examples_match_the_code() {
         let mut hello = Vec::new();
         let body = Hello {
-            version: 1,
+            version: u32::from(VERSION),
             node: 2,
             token: "s3cret".into(),
         };
