@@ -690,3 +690,33 @@ fn a_reader_that_closes_stdout_early_is_no_failure() {
     let listed = berth(&server, &["group", "create", "events", "audit"]).json();
     assert_eq!(listed["created"], false);
 }
+
+/// No server at the address: exit 1 and one line naming the request and why it failed, the address once (ureq's
+/// own message repeated the URL).
+#[test]
+fn an_unreachable_server_is_one_clear_line() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_AUTH_TOKEN")
+        .args([
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+            "topic",
+            "list",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run berth");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let line = stderr.trim();
+    let want = format!("berth: GET http://127.0.0.1:{port}/topics: Connection Failed: ");
+    assert!(line.starts_with(&want), "{line}");
+    assert!(line.contains("Connection refused"), "{line}");
+    assert_eq!(line.matches("127.0.0.1").count(), 1, "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+}

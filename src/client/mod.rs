@@ -86,7 +86,9 @@ impl Client {
         let response = match result {
             Ok(r) => r,
             Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => return Err(format!("{method} {url}: {e}")),
+            Err(ureq::Error::Transport(t)) => {
+                return Err(format!("{method} {url}: {}", transport_error(&t)))
+            }
         };
         let status = response.status();
         let headers = response
@@ -112,4 +114,19 @@ impl Client {
 /// Percent-encodes a query value.
 pub fn enc(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+/// A transport error without the URL ureq's `Display` puts first (the caller's message names it already): its
+/// kind, message and cause, e.g. "Connection Failed: Connect error: Connection refused (os error 111)".
+fn transport_error(t: &ureq::Transport) -> String {
+    let mut why = t.kind().to_string();
+    if let Some(message) = t.message() {
+        why.push_str(": ");
+        why.push_str(message);
+    }
+    if let Some(source) = std::error::Error::source(t) {
+        why.push_str(": ");
+        why.push_str(&source.to_string());
+    }
+    why
 }
