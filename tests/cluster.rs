@@ -1620,12 +1620,38 @@ fn a_group_recreated_while_a_node_is_down_starts_afresh_there() {
         "the returned node did not say it restarted the group"
     );
 
-    // Deleted while node 2 is down (it returns and forgets g, whose files stay), then created again while it is
-    // down again: the group is new to node 2, and its stale files must not be read either.
+    // Deleted while node 2 is down: it returns, forgets g and removes g's frontier files (nothing would ever open
+    // them again). Then created again while it is down again: the group is new to node 2.
+    let g_files = |c: &Cluster| -> Vec<std::path::PathBuf> {
+        down_parts
+            .iter()
+            .map(|p| {
+                c.node(down)
+                    .data_dir
+                    .join("topics/rg")
+                    .join(p.to_string())
+                    .join("consumer.g.offset")
+            })
+            .filter(|f| f.exists())
+            .collect()
+    };
+    assert!(
+        !g_files(&c).is_empty(),
+        "node 2 holds no frontier file of g: the check below would prove nothing"
+    );
     c.kill9(down);
     group(&c, "DELETE", 204);
     c.restart(down);
     c.wait_all_live();
+    assert_eq!(
+        g_files(&c),
+        Vec::<std::path::PathBuf>::new(),
+        "a group deleted while node 2 was down left its frontier files there"
+    );
+    assert!(
+        c.node(down).log_text().contains("their frontier files go"),
+        "the returned node did not say it removed the deleted group's files"
+    );
     c.kill9(down);
     group(&c, "PUT", 201);
     c.restart(down);

@@ -737,11 +737,27 @@ impl Engine {
                     info!(topic = %config.name, "topic deleted and created again in the cluster while this node was away: its old data goes to the trash");
                     self.trash(&dir).map_err(storage)?;
                 }
+                let same = local.filter(|l| l.id == config.id);
+                // Groups deleted while this node was away: nothing will open their frontier files again, so they
+                // go now, before the settings that no longer name them are stored (a crash in between tries again).
+                if let Some(known) = &same {
+                    let gone: Vec<&String> = known
+                        .groups
+                        .iter()
+                        .filter(|g| !config.has_group(g))
+                        .collect();
+                    if !gone.is_empty() {
+                        info!(topic = %config.name, groups = ?gone, "groups deleted in the cluster while this node was away: their frontier files go");
+                        self.remove_group_files(&dir, &gone)
+                            .await
+                            .map_err(storage)?;
+                    }
+                }
                 // Only the groups this node knew under the same id are opened from their frontier files. The others
                 // were created (or deleted and created again) while it was away: whatever file they have is a
                 // deleted group's, so they are prepared as new first.
-                let opening = match local.filter(|l| l.id == config.id) {
-                    Some(known) => config.keeping_groups_of(&known),
+                let opening = match &same {
+                    Some(known) => config.keeping_groups_of(known),
                     None => config.clone(),
                 };
                 let fresh: Vec<&String> = config
@@ -804,6 +820,24 @@ impl Engine {
         }
         self.write_meta(&config).await?;
         self.everywhere(AdminStep::Update(config)).await
+    }
+
+    /// Removes the frontier files of `groups` from every partition directory of the topic at `dir`, which no core
+    /// has open (cluster mode, at a topic's first touch).
+    async fn remove_group_files(&self, dir: &Path, groups: &[&String]) -> std::io::Result<()> {
+        for partition in self.storage.list_dirs(dir)? {
+            let pdir = dir.join(&partition);
+            for group in groups {
+                let path = pdir.join(crate::storage::frontier::file_name(group));
+                match self.storage.remove(&path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.storage.sync_dir(&pdir).await?;
+        }
+        Ok(())
     }
 
     /// Closes a topic on every core and moves its directory to the trash. The caller holds the admin permit.
