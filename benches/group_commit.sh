@@ -138,6 +138,16 @@ for base, rs in groups.items():
 get = lambda n: med.get(n, 0)
 redis = get("redis-always-cycle")
 one = get("berth-always-cycle-p1")
+# The same ratios taken within each round (its runs are minutes apart at most), whose median drifts less with the
+# machine's load than the ratio of two medians taken over the whole run.
+by_name = {r[0]: r for r in rows}
+def per_round(num, den):
+    out = []
+    for r in range(1, 100):
+        a, b = by_name.get("%s-r%d" % (num, r)), by_name.get("%s-r%d" % (den, r))
+        if a and b and a[2] and b[2]:
+            out.append(a[2] / b[2])
+    return out
 lines.append("")
 for p in (1, 16, 256, 1000):
     b = get("berth-always-cycle-p%d" % p)
@@ -146,6 +156,12 @@ for p in (1, 16, 256, 1000):
         parts.append("%.2f× the 1-partition figure" % (b / one))
     if redis:
         parts.append("%.2f× Redis appendfsync always (%.0f/s, median)" % (b / redis, redis))
+    name = "berth-always-cycle-p%d" % p
+    rounds = [("the 1-partition run", per_round(name, "berth-always-cycle-p1"))] if p != 1 else []
+    rounds.append(("Redis", per_round(name, "redis-always-cycle")))
+    for what, ratios in rounds:
+        if len(ratios) > 1:
+            parts.append("per round against %s: %s (median %.2f×)" % (what, ", ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
     lines.append("- " + ", ".join(parts))
 floor = os.path.join(out, "sync-floor.txt")
 if os.path.exists(floor):
