@@ -11,7 +11,9 @@
 //! its sync included, so one sync serves more entries (PostgreSQL's `commit_delay`). A single partition's log gathers its own appenders into
 //! one entry while the previous one syncs; when that entry carried several, and the journal's last pass carried one
 //! partition's entry only, the log waits the same delay before writing its next one (one wait per commit path,
-//! never two stacked). A lone appender never waits. With `interval:MS` the committer writes
+//! never two stacked). When the last pass carried several partitions' entries, a log whose entry rode it builds its
+//! next one as the committer's delay ends ([`Journal::next_pass`]), so the appends made during the delay ride the
+//! next pass instead of the one after. A lone appender never waits. With `interval:MS` the committer writes
 //! without syncing and a timer syncs the journal.
 //!
 //! Segment files are made durable behind the journal: when a journal file has grown past `file_bytes`, the committer
@@ -440,6 +442,10 @@ pub struct Journal {
     checkpoints_running: Cell<usize>,
     /// Entries of frames the last pass carried (the commit delay applies only after a pass of more than one).
     last_pass_entries: Cell<usize>,
+    /// The committer is in its commit delay; `gather_event` fires when the delay ends, just before the next pass is
+    /// taken (see [`Journal::next_pass`]).
+    delaying: Cell<bool>,
+    gather_event: Event,
     /// Writes the frontier files before a checkpoint removes a journal file that may hold frontier records.
     frontier_writer: RefCell<Option<FrontierWriter>>,
     /// `close` keeps the current file (`keep_on_close`).
@@ -486,6 +492,8 @@ impl Journal {
             pending: RefCell::new(Default::default()),
             checkpoints_running: Cell::new(0),
             last_pass_entries: Cell::new(0),
+            delaying: Cell::new(false),
+            gather_event: Event::new(),
             frontier_writer: RefCell::new(None),
             keep_on_close: Cell::new(false),
         });
@@ -606,6 +614,19 @@ impl Journal {
         }
     }
 
+    /// Waits, if the committer is in its commit delay, until that delay ends and the next pass is about to be
+    /// taken. A log whose entry rode a pass of several partitions' entries builds its next one then, rather than
+    /// queue it at once and leave the appends that arrive during the delay to the pass after.
+    pub async fn next_pass(&self) {
+        while self.delaying.get() && !self.closed.get() {
+            let listener = self.gather_event.listen();
+            if !self.delaying.get() || self.closed.get() {
+                return;
+            }
+            listener.await;
+        }
+    }
+
     /// Entries the last pass carried (several: appends of several partitions share the journal's commit delay).
     pub fn last_pass_entries(&self) -> usize {
         self.last_pass_entries.get()
@@ -704,10 +725,17 @@ impl Journal {
             drop(listener);
             self.write_pass(pass).await;
             if self.last_pass_entries.get() > 1 && !self.closed.get() {
+                self.delaying.set(true);
                 wait_for_company(&self.queue_event, self.commit_delay_us(), || {
                     self.closed.get()
                 })
                 .await;
+                self.delaying.set(false);
+                // Logs that held their next entry back for this moment (`next_pass`) build it now: one turn of the
+                // executor lets them queue it, so it rides this pass with every append that arrived meanwhile.
+                if self.gather_event.notify(usize::MAX) > 0 {
+                    futures_lite::future::yield_now().await;
+                }
             }
             if !self.poisoned.get() && self.current.borrow().pos >= self.opts.file_bytes {
                 self.rotate().await;
@@ -1820,10 +1848,13 @@ mod tests {
         });
     }
 
-    /// One wait per commit path: when the journal's last pass carried several partitions' entries (the journal's own
-    /// delay gathers them), a log whose batch gathered several appends does not wait as well.
+    /// One wait per commit path: when the journal's last pass carried several partitions' entries, the journal's own
+    /// delay gathers them, and a log whose batch gathered several appends does not add a delay of its own. It
+    /// builds its next batch when the journal's delay ends, so the appends made during that delay ride the very
+    /// next pass together. (Queuing the next batch at once left the appends that came during the delay to the pass
+    /// after: with wrk at 64 connections on 16 partitions, 31 records per sync against 45 on one partition.)
     #[test]
-    fn a_log_does_not_wait_when_the_journal_gathers_several_partitions() {
+    fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_ends() {
         on_sim_disk(|storage| async move {
             let journal = journal_with_delay(&storage, 200_000).await;
             let (one, two) = (
@@ -1842,13 +1873,22 @@ mod tests {
             assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
             assert_eq!(journal.last_pass_entries(), 2);
             assert_eq!(one.io_counts().0, 1);
-            // Partition 0's writer does not wait: an append is written at once, and the next is a batch of its own.
+            // The journal is in its delay: appends made one after the other meanwhile form one batch, built when the
+            // delay ends, and that batch is the next pass.
+            let started = std::time::Instant::now();
             let d = spawn_append(&one, b"d");
             futures_lite::future::yield_now().await;
             let e = spawn_append(&one, b"e");
             assert_eq!(d.await.expect("appended"), 2);
             assert_eq!(e.await.expect("appended"), 3);
-            assert_eq!(one.io_counts().0, 3, "d and e were written one by one");
+            assert_eq!(one.io_counts().0, 2, "d and e share one batch");
+            let stats = journal.stats();
+            assert_eq!(
+                stats.passes, 2,
+                "d and e ride the pass after the delay: {stats:?}"
+            );
+            assert_eq!(stats.records, 5);
+            assert!(started.elapsed() >= std::time::Duration::from_millis(200));
             one.close().await;
             two.close().await;
             journal.close().await;
