@@ -748,9 +748,10 @@ impl Engine {
                         .collect();
                     if !gone.is_empty() {
                         info!(topic = %config.name, groups = ?gone, "groups deleted in the cluster while this node was away: their frontier files go");
-                        self.remove_group_files(&dir, &gone)
-                            .await
-                            .map_err(storage)?;
+                        // A file that cannot go only takes a few bytes: the topic opens all the same.
+                        if let Err(e) = self.remove_group_files(&dir, &gone).await {
+                            warn!(topic = %config.name, error = %e, "cannot remove a deleted group's frontier files");
+                        }
                     }
                 }
                 // Only the groups this node knew under the same id are opened from their frontier files. The others
