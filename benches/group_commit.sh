@@ -9,23 +9,27 @@
 #     replies, nothing but epoll_wait, recv and send), whose rate is the most this client drives from one core;
 #   - the sync floor (benches/floor/syncfloor.c): a pwrite and an fdatasync in a C loop on the data directory's
 #     disk, the CPU and wall time any server pays per group commit here.
-#   benches/group_commit.sh [--duration 10s] [--rounds 3] [--out DIR]
+#   benches/group_commit.sh [--duration 10s] [--rounds 3] [--wrk-rounds N] [--out DIR]
 # The Redis and berth cycles run --rounds times, interleaved (Redis, then berth at each partition count, per round),
-# and the summary quotes each one's median: on a shared, noisy machine one run of each says little.
+# and so do the wrk runs, --wrk-rounds times (default: --rounds; fsynced on 1 and 16 partitions, in memory, floor);
+# the summary quotes each one's median: on a shared, noisy machine one run of each says little.
 # Needs redis-server and wrk (apt-get install redis-server wrk); a missing one is skipped with a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=10s
 rounds=3
+wrk_rounds=
 out="benches/results/group-commit-$(date -u +%Y-%m-%dT%H%M%SZ)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
+    --wrk-rounds) wrk_rounds="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+wrk_rounds=${wrk_rounds:-$rounds}
 mkdir -p "$out"
 cargo build --release -q
 berth=target/release/berth
@@ -61,39 +65,45 @@ run "berth-always-produce-batch100" --workload produce --connections 16 --batch 
 
 if command -v wrk >/dev/null; then
   port=17171
-  taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk" > "$tmp/wrk-server.log" 2>&1 &
-  spid=$!
-  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
   cat > "$tmp/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.body = string.rep("x", 100)
 LUA
-  for p in 1 16; do
-    curl -fs -X PUT "http://127.0.0.1:$port/topics/w$p?partitions=$p" >/dev/null
-    taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w$p" \
-      > "$out/wrk-always-produce-c64-p$p.txt"
-    echo "  wrk-always-produce-c64-p$p done"
-  done
-  curl -fs "http://127.0.0.1:$port/metrics" > "$out/wrk-server-metrics.txt"
-  kill "$spid"; wait "$spid" 2>/dev/null || true
-  # References: the same produce kept in memory, and the floor server (the client's ceiling on this machine).
-  taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk-never" --fsync never \
-    > "$tmp/wrk-never-server.log" 2>&1 &
-  spid=$!
-  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
-  curl -fs -X PUT "http://127.0.0.1:$port/topics/w1?partitions=1" >/dev/null
-  taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
-    > "$out/wrk-never-produce-c64-p1.txt"
-  echo "  wrk-never-produce-c64-p1 done"
-  kill "$spid"; wait "$spid" 2>/dev/null || true
-  if command -v cc >/dev/null && cc -O2 -o "$tmp/floor" benches/floor/floor.c; then
-    taskset -c 0 "$tmp/floor" "$port" & spid=$!
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-    taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
-      > "$out/wrk-floor-produce-c64.txt"
-    echo "  wrk-floor-produce-c64 done"
+  floor_built=
+  if command -v cc >/dev/null && cc -O2 -o "$tmp/floor" benches/floor/floor.c; then floor_built=1; fi
+  # Interleaved rounds too (a fresh server and data directory each): fsynced on 1 and 16 partitions, then the same
+  # produce kept in memory, then the floor server (the client's ceiling on this machine).
+  for r in $(seq "$wrk_rounds"); do
+    rm -rf "$tmp/wrk" "$tmp/wrk-never"
+    taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk" > "$tmp/wrk-server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+    for p in 1 16; do
+      curl -fs -X PUT "http://127.0.0.1:$port/topics/w$p?partitions=$p" >/dev/null
+      taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w$p" \
+        > "$out/wrk-always-produce-c64-p$p-r$r.txt"
+      echo "  wrk-always-produce-c64-p$p-r$r done"
+    done
+    curl -fs "http://127.0.0.1:$port/metrics" > "$out/wrk-server-metrics-r$r.txt"
     kill "$spid"; wait "$spid" 2>/dev/null || true
-  fi
+    taskset -c 0 "$berth" serve --cores 1 --listen "127.0.0.1:$port" --data-dir "$tmp/wrk-never" --fsync never \
+      > "$tmp/wrk-never-server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+    curl -fs -X PUT "http://127.0.0.1:$port/topics/w1?partitions=1" >/dev/null
+    taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
+      > "$out/wrk-never-produce-c64-p1-r$r.txt"
+    echo "  wrk-never-produce-c64-p1-r$r done"
+    kill "$spid"; wait "$spid" 2>/dev/null || true
+    if [ -n "$floor_built" ]; then
+      taskset -c 0 "$tmp/floor" "$port" & spid=$!
+      for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+      taskset -c "$last" wrk -t1 -c64 -d"$duration" -s "$tmp/post.lua" "http://127.0.0.1:$port/produce?topic=w1" \
+        > "$out/wrk-floor-produce-c64-r$r.txt"
+      echo "  wrk-floor-produce-c64-r$r done"
+      kill "$spid"; wait "$spid" 2>/dev/null || true
+    fi
+  done
 else
   echo "wrk not installed: no epoll-client produce figures" >&2
 fi
@@ -162,6 +172,15 @@ for p in (1, 16, 256, 1000):
     for what, ratios in rounds:
         if len(ratios) > 1:
             parts.append("per round against %s: %s (median %.2f×)" % (what, ", ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
+    lines.append("- " + ", ".join(parts))
+for name in ("wrk-always-produce-c64-p1", "wrk-always-produce-c64-p16", "wrk-never-produce-c64-p1"):
+    if name not in med:
+        continue
+    parts = ["%s: %.0f/s (median)" % (name, med[name])]
+    for ref in ("wrk-never-produce-c64-p1", "wrk-floor-produce-c64"):
+        ratios = per_round(name, ref) if ref != name else []
+        if len(ratios) > 1:
+            parts.append("per round against %s: %s (median %.2f×)" % (ref, ", ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
     lines.append("- " + ", ".join(parts))
 floor = os.path.join(out, "sync-floor.txt")
 if os.path.exists(floor):
