@@ -1,6 +1,8 @@
-//! Storage faults on the real binary: a full disk (a small tmpfs) and a write failing with EIO (strace's syscall
-//! fault injection). Fsync failures cannot be injected this way (berth syncs through io_uring, which strace does
-//! not see); they are covered on the simulated disk in `src/storage/fault_tests.rs`.
+//! Storage faults on the real binary: a full disk (a small tmpfs), a write failing with EIO and an fdatasync failing
+//! with EIO (strace's syscall fault injection). An fdatasync is injectable when the server syncs with the system call
+//! (`sync_via` `inline` or `thread`); with `io_uring` the sync is an io_uring operation, which strace does not see.
+//! Every kind of failure, and power cuts, are covered on the simulated disk too (`src/storage/fault_tests.rs` for a
+//! log without a journal, `src/storage/journal_fault_tests.rs` for the journal path).
 
 mod common;
 
@@ -243,6 +245,211 @@ fn eio_on_pwrite(when: u32, config: &str) {
     // After a restart without faults the log holds exactly the two acknowledged records.
     let server = Server::start_in(&data, 1, &[]);
     assert_eq!(server.partitions("eio")[0]["end_offset"], 2);
+}
+
+/// The journal's fdatasync fails under `sync_via = "inline"`: the core itself calls fdatasync, so strace counts its
+/// calls in order: 1 = the journal file's at start (a fresh data dir: no replay; topic creation uses syncfs), then one
+/// per produce (its journal pass). Call 3 = the second produce's.
+#[test]
+fn a_failed_fdatasync_with_inline_syncs_answers_500_never_200_and_refuses_until_restart() {
+    eio_on_fdatasync("inline", "3", Some(1));
+}
+
+/// The same with `sync_via = "thread"`: fdatasync runs on a thread of the core's blocking pool (two threads), and
+/// strace counts calls per thread, so which produce meets the failure depends on the thread that runs it: the
+/// injection fails each thread's second fdatasync (a thread's first may be the journal's at start), and the test takes
+/// the first produce not answered 200 as the one that met it. With `sync_via = "io_uring"` the sync is an
+/// IORING_OP_FSYNC submitted through io_uring_enter, which strace cannot fail: that path is covered on the simulated
+/// disk only (`journal_fault_tests`).
+#[test]
+fn a_failed_fdatasync_with_thread_syncs_answers_500_never_200_and_refuses_until_restart() {
+    eio_on_fdatasync("thread", "2", None);
+}
+
+/// Starts the server under strace with `sync_via` and `inject=fdatasync:error=EIO:when=WHEN`, produces to the two
+/// partitions of one topic (one core: one journal) until a produce is not answered 200 (`failing`: the index of the
+/// produce that must meet the failure, when it is known). That produce must be a 500; every produce after it, on
+/// either partition, is refused (503: the journal does not retry a failed fdatasync into a false success) while reads
+/// go on; after kill -9 and a restart without strace, every produce answered 200 is there, and produces work again.
+fn eio_on_fdatasync(sync_via: &str, when: &str, failing: Option<usize>) {
+    let Some(strace) = strace() else {
+        panic!("strace is not installed (.ci/run installs it)");
+    };
+    let started = Instant::now();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = common::free_port();
+    let config_path = tmp.path().join("berth.toml");
+    std::fs::write(
+        &config_path,
+        format!("sync_via = \"{sync_via}\"\nfsync = \"always\"\n"),
+    )
+    .unwrap();
+    // The trace shows whether the injected failure was met ("(INJECTED)"), to tell a swallowed failure apart.
+    let trace = tmp.path().join("strace.out");
+    let child = Command::new(strace)
+        .args(["-f", "-qq", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=fdatasync",
+            "-e",
+            &format!("inject=fdatasync:error=EIO:when={when}"),
+        ])
+        .arg(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--cores",
+            "1",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .arg("--config")
+        .arg(&config_path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let traced = Traced(child);
+    let client = berth::client::Client::new(&format!("http://127.0.0.1:{port}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.call("GET", "/health", &[]).map(|a| a.status) != Ok(200) {
+        assert!(
+            Instant::now() < deadline,
+            "server under strace did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        client
+            .call("PUT", "/topics/fsync?partitions=2", &[])
+            .unwrap()
+            .status,
+        201
+    );
+    let produce = |i: usize| {
+        let partition = i % 2;
+        let body = format!("m{i}");
+        let a = client
+            .call(
+                "POST",
+                &format!("/produce?topic=fsync&partition={partition}"),
+                body.as_bytes(),
+            )
+            .unwrap();
+        (partition, body, a)
+    };
+    // Acknowledged produces: (partition, offset, body).
+    let mut acked: Vec<(usize, u64, String)> = Vec::new();
+    let mut failed_at = None;
+    for i in 0..10 {
+        let (partition, body, a) = produce(i);
+        if a.status == 200 {
+            assert_eq!(a.json()["partition"].as_u64(), Some(partition as u64));
+            let offset = a.json()["offset"].as_u64().unwrap();
+            let expected = acked.iter().filter(|(p, _, _)| *p == partition).count() as u64;
+            assert_eq!(offset, expected, "offsets stay contiguous");
+            acked.push((partition, offset, body));
+            continue;
+        }
+        assert_ne!(
+            a.status,
+            503,
+            "the journal was poisoned, yet no produce was refused before: the one whose fdatasync failed was answered \
+             200 (acknowledged: {acked:?}): {}",
+            a.text()
+        );
+        assert_eq!(
+            a.status,
+            500,
+            "the produce whose journal fdatasync failed must be a 500: {}",
+            a.text()
+        );
+        assert_eq!(a.json()["error"], "storage_error", "{}", a.text());
+        failed_at = Some(i);
+        break;
+    }
+    let injected_now = || {
+        std::fs::read_to_string(&trace)
+            .unwrap_or_default()
+            .matches("(INJECTED)")
+            .count()
+    };
+    // strace writes its lines as the calls return; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while injected_now() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let injected = injected_now();
+    let failed_at = failed_at.unwrap_or_else(|| {
+        panic!(
+            "{injected} fdatasync calls failed, yet every produce was answered 200: a failed sync was acknowledged"
+        )
+    });
+    assert_eq!(injected, 1, "fdatasync failures injected");
+    if let Some(failing) = failing {
+        assert_eq!(failed_at, failing, "the failure met another produce");
+    }
+    // Nothing more is acknowledged on this core until a restart, on either partition, though the next fdatasync
+    // would succeed: the pages the failed one should have written may be gone.
+    for i in failed_at + 1..failed_at + 5 {
+        let (partition, _, a) = produce(i);
+        assert_eq!(
+            a.status,
+            503,
+            "a produce to partition {partition} after the failed fdatasync: {}",
+            a.text()
+        );
+        assert_eq!(a.json()["error"], "log_unavailable", "{}", a.text());
+    }
+    // Reads go on.
+    for (partition, offset, body) in &acked {
+        let got = client
+            .call(
+                "GET",
+                &format!("/consume?topic=fsync&partition={partition}&offset={offset}"),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(got.status, 200, "{}", got.text());
+        assert_eq!(got.body, body.as_bytes());
+    }
+    drop(traced);
+    common::wait_port_free(port);
+    // After kill -9 and a restart without faults (its replay runs the journal), every acknowledged produce is there.
+    // The refused one may be there too (it was written, and only its sync failed): it was never acknowledged.
+    let server = common::Server::start_in(&data, 1, &[]);
+    for (partition, offset, body) in &acked {
+        let got = server.get(&format!(
+            "/consume?topic=fsync&partition={partition}&offset={offset}"
+        ));
+        assert_eq!(
+            (got.status, got.body.as_slice()),
+            (200, body.as_bytes()),
+            "acknowledged partition {partition} offset {offset} after the restart: {}",
+            got.text()
+        );
+    }
+    let parts = server.partitions("fsync");
+    for (partition, part) in parts.iter().enumerate() {
+        let acknowledged = acked.iter().filter(|(p, _, _)| *p == partition).count() as u64;
+        let end = part["end_offset"].as_u64().unwrap();
+        assert!(
+            end == acknowledged || (end == acknowledged + 1 && partition == failed_at % 2),
+            "partition {partition} ends at {end} after {acknowledged} acknowledged produces"
+        );
+    }
+    // Produces work again after the restart.
+    let (p, o) = server.produce("fsync", "&partition=0", b"after");
+    assert_eq!(p, 0);
+    let got = server.get(&format!("/consume?topic=fsync&partition=0&offset={o}"));
+    assert_eq!(got.body, b"after");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

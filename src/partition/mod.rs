@@ -781,7 +781,16 @@ impl Partition {
                     return Err(Stop::Empty);
                 }
                 warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
-                g.with(|s| s.give_back_batch(&[(lease.offset, lease.nonce)], now));
+                let given = g
+                    .with(|s| s.give_back_batch(&[(lease.offset, lease.nonce)], now))
+                    .iter()
+                    .filter(|r| r.is_ok())
+                    .count();
+                // Deliverable again: a consumer parked meanwhile takes it (and retries the read) rather than sleeping
+                // out its wait.
+                if given > 0 {
+                    (self.wake)(Some(&g.name), given);
+                }
                 Err(Stop::Unavailable)
             }
         }
@@ -1046,7 +1055,7 @@ impl Partition {
             "frontier {committed} would replace the durable {} with a lower one",
             g.flushed.get()
         );
-        g.flushing.set(true);
+        let _flushing = Flushing::start(g);
         let lag = match frontier::write(&*self.storage, &g.path, committed).await {
             Ok(()) => {
                 g.flushed.set(committed);
@@ -1064,12 +1073,10 @@ impl Partition {
                 None
             }
         };
-        g.flushing.set(false);
-        g.flushed_event.notify(usize::MAX);
         lag
     }
 
-    /// Waits out running flushes.
+    /// Waits out running flushes (a flush whose task is dropped mid-write ends too: see `Flushing`).
     async fn wait_flushes(&self) {
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
         for g in groups {
@@ -1227,6 +1234,25 @@ impl Partition {
     /// Group names on this partition.
     pub fn group_names(&self) -> Vec<String> {
         self.groups.borrow().keys().cloned().collect()
+    }
+}
+
+/// A group's frontier write in progress: `flushing` is set while it lives, and cleared (with the waiters told) when
+/// it ends, however it ends: a flush whose task is dropped mid-write (a stopping core) must not leave every later
+/// checkpoint and close waiting for it.
+struct Flushing<'a>(&'a Group);
+
+impl<'a> Flushing<'a> {
+    fn start(g: &'a Group) -> Flushing<'a> {
+        g.flushing.set(true);
+        Flushing(g)
+    }
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        self.0.flushing.set(false);
+        self.0.flushed_event.notify(usize::MAX);
     }
 }
 

@@ -2,10 +2,13 @@
 //! wired by a simulated mesh (`net`), on the simulated disk (`storage::sim`) and a manual clock, all on one executor.
 //! A seeded random workload produces, consumes (parking with long-polls), acks, nacks with and without delays,
 //! extends, lets leases expire, dead-letters, changes delivery policies, deletes and recreates a topic, flips bits
-//! in segments, and kills the process or cuts the power; after every step it checks, against an oracle of what
-//! clients were told:
+//! in segments, redrives dead letters, presents stale receipt handles, fails writes and syncs (a failed sync drops
+//! its pages, as Linux does), and kills the process or cuts the power — after a step has settled, while syncs are
+//! in flight, or right after a failed sync; after every step it checks, against an oracle of what clients were
+//! told:
 //!
-//! * nothing acknowledged is lost (at the end, after draining, every acknowledged produce was delivered and every
+//! * nothing acknowledged is lost (at the end, after draining, every acknowledged produce was acknowledged by a
+//!   client in every group of its topic, or its dead-letter copy was, or that copy's redriven copy was; every
 //!   frontier reached its log's end);
 //! * nothing unproduced is delivered, and a record is always the same bytes at the same place;
 //! * no live lease is held twice, a live lease is never refused, and a settled offset is not handed out again by
@@ -14,7 +17,9 @@
 //! * no parked consumer sleeps while a message is deliverable to it.
 //!
 //! A failing seed prints itself; `BERTH_SIM_SEED=N cargo test --release --lib sim::` replays it exactly, and
-//! `BERTH_SIM_SEEDS=20000` runs that many seeds (the default run covers a thousand, in a few seconds).
+//! `BERTH_SIM_SEEDS=20000` runs that many seeds (the default run covers a thousand, in a few seconds);
+//! `BERTH_SIM_TRACE=1` (with `-- --nocapture`) prints every event, each start's files and journal replay, and the
+//! small-file calls on the simulated disk as they happen.
 
 mod net;
 
@@ -72,11 +77,12 @@ impl Rng {
     }
 }
 
-/// The source topic (dead-letters to `DLQ` after `MAX_DELIVERIES`), the dead-letter topic, and a plain topic that
-/// gets deleted and recreated.
+/// The source topic (dead-letters to `DLQ` after `MAX_DELIVERIES`), the dead-letter topic, a plain topic that
+/// gets deleted and recreated, and the topic the dead letters are redriven to.
 const SOURCE: &str = "a";
 const DLQ: &str = "a.dlq";
 const PLAIN: &str = "b";
+const REDRIVEN: &str = "a.redriven";
 const MAX_DELIVERIES: u32 = 3;
 /// Groups every topic has besides `default` (created with the topic, before any produce).
 const GROUPS: [&str; 2] = [DEFAULT_GROUP, "g2"];
@@ -89,7 +95,7 @@ struct Plan {
     steps: usize,
     /// Depth of each simulated core-to-core queue (small depths exercise refusals and retries).
     net_depth: usize,
-    partitions: [u32; 3],
+    partitions: [u32; 4],
     /// Power cuts (not just process crashes); only when every acknowledged produce was synced.
     power_cuts: bool,
 }
@@ -111,6 +117,7 @@ impl Plan {
                 1 + rng.below(4) as u32,
                 1 + rng.below(2) as u32,
                 1 + rng.below(3) as u32,
+                1 + rng.below(2) as u32,
             ],
             power_cuts: fsync == FsyncPolicy::Always,
         }
@@ -134,6 +141,16 @@ struct Oracle {
     produced: BTreeMap<String, Produced>,
     /// (body, group) → deliveries.
     delivered: BTreeMap<(String, String), u32>,
+    /// (topic, body, group) a client's ack of was answered `200`, in any process.
+    client_acked: BTreeSet<(String, String, String)>,
+    /// (topic, body) delivered to a client of that topic (a dead-letter or redriven copy is seen in its topic).
+    seen_in: BTreeSet<(String, String)>,
+    /// Where copies were seen in the copy topics: (topic id, partition, offset) → body (a bit flip there excuses it).
+    copy_places: BTreeMap<(u64, u32, u64), String>,
+    /// Handles clients were given, newest last (at most 64): presented again later as stale handles.
+    old_handles: std::collections::VecDeque<OldHandle>,
+    /// Until when leases the server took for itself (a redrive's) may hold messages back.
+    internal_leases_until: u64,
     /// Bodies whose record was damaged on purpose: their loss is excused (not that of a record written at the same
     /// offset later).
     excused: BTreeSet<String>,
@@ -159,6 +176,15 @@ struct Oracle {
     log: Vec<String>,
 }
 
+/// A handle a client was once given.
+#[derive(Debug, Clone)]
+struct OldHandle {
+    topic: &'static str,
+    topic_id: u64,
+    group: &'static str,
+    delivery: Delivery,
+}
+
 impl Oracle {
     fn fail(&self, what: String) -> ! {
         let tail: Vec<&String> = self
@@ -181,6 +207,9 @@ impl Oracle {
     }
 
     fn note(&mut self, event: String) {
+        if std::env::var_os("BERTH_SIM_TRACE").is_some() {
+            eprintln!("  {event}");
+        }
         if self.log.len() > 4000 {
             self.log.drain(..2000);
         }
@@ -232,13 +261,12 @@ impl Oracle {
                 d.partition, d.offset
             ));
         };
-        if topic == DLQ {
+        if topic == DLQ || topic == REDRIVEN {
             if p.topic != SOURCE {
-                self.fail(format!(
-                    "the dead-letter topic delivered {body}, produced to {}",
-                    p.topic
-                ));
+                self.fail(format!("{topic} delivered {body}, produced to {}", p.topic));
             }
+            self.copy_places
+                .insert((topic_id, d.partition, d.offset), body.clone());
         } else {
             if p.topic != topic || p.topic_id != topic_id {
                 self.fail(format!(
@@ -280,12 +308,41 @@ impl Oracle {
             ));
         }
         self.leases.insert(key, (d.nonce, d.expires_at_ms));
+        self.seen_in.insert((topic.to_string(), body.clone()));
         *self.delivered.entry((body, group.to_string())).or_insert(0) += 1;
     }
 
+    /// A nack is on its way: if its lease lives now, the server may release the lease (and lease the offset again)
+    /// before the client hears back.
+    fn sending_nack(&mut self, key: (u64, String, u32, u64), nonce: u64, now: u64) {
+        if self
+            .leases
+            .get(&key)
+            .is_some_and(|&(n, expiry)| n == nonce && expiry > now)
+        {
+            self.nacking.insert((key, nonce));
+        }
+    }
+
+    /// Remembers a handle a client was given, to present it again later (stale, or still live).
+    fn remember(&mut self, topic: &'static str, topic_id: u64, group: &'static str, d: &Delivery) {
+        if self.old_handles.len() >= 64 {
+            self.old_handles.pop_front();
+        }
+        self.old_handles.push_back(OldHandle {
+            topic,
+            topic_id,
+            group,
+            delivery: d.clone(),
+        });
+    }
+
     /// The answer to a settle of a lease the client held.
+    #[allow(clippy::too_many_arguments)]
     fn settled_answer(
         &mut self,
+        topic: &str,
+        body: &str,
         key: (u64, String, u32, u64),
         nonce: u64,
         op: SettleOp,
@@ -293,14 +350,15 @@ impl Oracle {
         now: u64,
         extend_ms: u64,
     ) {
-        self.nacking.remove(&(key.clone(), nonce));
+        let was_nacking = self.nacking.remove(&(key.clone(), nonce));
         let current = self.leases.get(&key).is_some_and(|&(n, _)| n == nonce);
         let live = self
             .leases
             .get(&key)
             .is_some_and(|&(n, expiry)| n == nonce && expiry > now)
-            // A nack answered after the offset was leased again was applied while its lease lived.
-            || (matches!(op, SettleOp::Nack(_)) && !current && result.is_ok());
+            // A nack sent while its lease lived and answered after the offset was leased again was applied while its
+            // lease lived.
+            || (matches!(op, SettleOp::Nack(_)) && !current && result.is_ok() && was_nacking);
         self.note(format!(
             "t={now} {op:?} {key:?} nonce {nonce} live {live} → {result:?}"
         ));
@@ -315,6 +373,11 @@ impl Oracle {
                 }
                 match op {
                     SettleOp::Ack => {
+                        self.client_acked.insert((
+                            topic.to_string(),
+                            body.to_string(),
+                            key.1.clone(),
+                        ));
                         self.leases.remove(&key);
                         self.settled.insert(key);
                     }
@@ -354,6 +417,10 @@ struct World {
     /// Every task the simulation spawned (pumps, timers, clients): cancelled when the process ends, so nothing of
     /// it lingers (glommio leaks tasks still pending when an executor is dropped).
     tasks: Tasks,
+    /// A write, sync or read fault was injected in this process (an administrative step may then fail).
+    faults_injected: Cell<bool>,
+    /// Failed reads this process may still be given.
+    read_faults_left: Cell<u32>,
 }
 
 /// Handles of spawned tasks; dropping one cancels its task.
@@ -415,9 +482,21 @@ impl World {
         storage
             .create_dir_all(&config.data_dir.join("trash"))
             .expect("sim dir");
-        crate::engine::admin::replay_journal(&*storage, &config.data_dir)
+        if std::env::var_os("BERTH_SIM_TRACE").is_some() {
+            for path in sim.paths() {
+                eprintln!(
+                    "  boot: {} {:?}",
+                    path.display(),
+                    sim.contents(&path).map(|c| c.len())
+                );
+            }
+        }
+        let report = crate::engine::admin::replay_journal(&*storage, &config.data_dir)
             .await
             .expect("journal replay");
+        if std::env::var_os("BERTH_SIM_TRACE").is_some() {
+            eprintln!("  boot: replay {report:?}");
+        }
         let net = SimNet::new(plan.cores, plan.net_depth, seed);
         let shared = std::sync::Arc::new(Shared::default());
         let mut engines = Vec::new();
@@ -457,6 +536,8 @@ impl World {
             sim,
             in_flight: Rc::new(Cell::new(0)),
             tasks,
+            faults_injected: Cell::new(false),
+            read_faults_left: Cell::new(crate::partition::MAX_READ_FAILURES - 1),
         }
     }
 
@@ -541,6 +622,9 @@ pub fn run_seed(seed: u64) {
 /// Runs one seed on the current executor. Each simulated process ("world") ends with all its tasks cancelled, so
 /// many seeds can share one executor (glommio keeps a descriptor per executor until the thread ends).
 pub async fn run_seed_here(seed: u64) {
+    if std::env::var_os("BERTH_SIM_TRACE").is_some() {
+        eprintln!("seed {seed} starts");
+    }
     let plan = Plan::for_seed(seed);
     let oracle = Rc::new(RefCell::new(Oracle {
         seed,
@@ -559,7 +643,8 @@ pub async fn run_seed_here(seed: u64) {
             check_durable_frontiers(&world, &oracle.borrow());
         }
         let outcome = run_world(&world, &plan, &oracle, &mut rng, &mut step).await;
-        // The disk as the process leaves it, taken before the shutdown below writes anything.
+        // The disk as the process leaves it, taken before the shutdown below writes anything; then the process's
+        // held syncs go on, so its tasks can end.
         let next = match outcome {
             Outcome::Crash => Some(world.sim.process_crash()),
             Outcome::PowerCut(torn) => {
@@ -572,6 +657,7 @@ pub async fn run_seed_here(seed: u64) {
             }
             Outcome::Done => None,
         };
+        world.sim.release_syncs();
         wall_ms = world.clock.wall_ms() + 1000;
         world.shut_down().await;
         first = false;
@@ -602,6 +688,7 @@ async fn create_topics(world: &World, plan: &Plan, oracle: &Rc<RefCell<Oracle>>)
         (DLQ, plan.partitions[2]),
         (SOURCE, plan.partitions[0]),
         (PLAIN, plan.partitions[1]),
+        (REDRIVEN, plan.partitions[3]),
     ] {
         let f = front.clone();
         let (_, config) = world
@@ -631,7 +718,7 @@ async fn run_world(
                 let dt = rng.below(300);
                 world.clock.advance(dt);
             }
-            640..=649 => recreate_plain(world, oracle).await,
+            640..=649 => recreate_plain(world, plan, oracle).await,
             650..=659 => change_policy(world, oracle, rng).await,
             660..=669 => {
                 corrupt(world, oracle, rng);
@@ -650,8 +737,69 @@ async fn run_world(
                 return Outcome::Crash;
             }
             682..=689 if plan.power_cuts => {
-                oracle.borrow_mut().note(format!("step {step}: power cut"));
+                let how = match rng.below(3) {
+                    0 => "after the step settled",
+                    1 => {
+                        // Replies sent before their sync are acknowledged losses now.
+                        world.sim.hold_syncs();
+                        for _ in 0..1 + rng.below(3) {
+                            if rng.chance(60) {
+                                spawn_produce(world, oracle, rng);
+                            } else {
+                                spawn_consume(world, oracle, rng);
+                            }
+                        }
+                        world.clock.advance(rng.below(60));
+                        world.settle().await;
+                        "with syncs in flight"
+                    }
+                    _ => {
+                        // A failed sync dropped its pages: whatever it answered as durable is lost now.
+                        world.sim.fail_syncs(libc::EIO, 1);
+                        world.faults_injected.set(true);
+                        for _ in 0..1 + rng.below(2) {
+                            spawn_produce(world, oracle, rng);
+                        }
+                        world.clock.advance(rng.below(60));
+                        world.settle().await;
+                        "right after a failed sync"
+                    }
+                };
+                oracle
+                    .borrow_mut()
+                    .note(format!("step {step}: power cut {how}"));
                 return Outcome::PowerCut(rng.next());
+            }
+            690..=699 => redrive_dead_letters(world, oracle, rng).await,
+            700..=714 => spawn_stale_settle(world, oracle, rng),
+            715..=719 => {
+                let what = match rng.below(3) {
+                    0 => {
+                        let errno = if rng.chance(50) {
+                            libc::EIO
+                        } else {
+                            libc::ENOSPC
+                        };
+                        let count = 1 + rng.below(3) as u32;
+                        world.sim.fail_writes(errno, count);
+                        format!("the next {count} writes fail with errno {errno}")
+                    }
+                    1 => {
+                        world.sim.fail_syncs(libc::EIO, 1);
+                        "the next sync fails".to_string()
+                    }
+                    _ => {
+                        // Fewer failed reads in a process than make a record count as corrupt (it would be skipped:
+                        // a loss by design, `partition::MAX_READ_FAILURES`).
+                        let left = world.read_faults_left.get();
+                        let count = (1 + rng.below(2) as u32).min(left);
+                        world.read_faults_left.set(left - count);
+                        world.sim.fail_reads(libc::EIO, count);
+                        format!("the next {count} reads fail")
+                    }
+                };
+                world.faults_injected.set(true);
+                oracle.borrow_mut().note(format!("step {step}: {what}"));
             }
             _ => {}
         }
@@ -686,8 +834,8 @@ fn any_poisoned(world: &World) -> bool {
     })
 }
 
-fn topics_now() -> [&'static str; 3] {
-    [SOURCE, PLAIN, DLQ]
+fn topics_now() -> [&'static str; 4] {
+    [SOURCE, PLAIN, DLQ, REDRIVEN]
 }
 
 fn spawn_produce(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
@@ -745,10 +893,11 @@ fn spawn_produce(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
 }
 
 fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
-    let topic = match rng.below(10) {
-        0..=5 => SOURCE,
-        6..=8 => PLAIN,
-        _ => DLQ,
+    let topic = match rng.below(20) {
+        0..=11 => SOURCE,
+        12..=16 => PLAIN,
+        17..=18 => DLQ,
+        _ => REDRIVEN,
     };
     let group = GROUPS[rng.below(GROUPS.len() as u64) as usize];
     let front = world.front(rng);
@@ -807,7 +956,9 @@ fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
             deliveries.len()
         ));
         for d in &deliveries {
-            oracle.borrow_mut().delivery(topic, topic_id, group, d, now);
+            let mut o = oracle.borrow_mut();
+            o.delivery(topic, topic_id, group, d, now);
+            o.remember(topic, topic_id, group, d);
         }
         for (d, (what, after_ms, delay)) in deliveries.into_iter().zip(plans) {
             let front = front.clone();
@@ -824,7 +975,9 @@ fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
                 let handle = format!("{}:{}:{}", d.partition, d.offset, d.nonce);
                 if matches!(op, SettleOp::Nack(_)) {
                     let key = (topic_id, group.to_string(), d.partition, d.offset);
-                    oracle.borrow_mut().nacking.insert((key, d.nonce));
+                    oracle
+                        .borrow_mut()
+                        .sending_nack(key, d.nonce, clock.now_ms());
                 }
                 let result = front
                     .settle(SettleParams {
@@ -838,37 +991,43 @@ fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
                     .map(|mut r| r.remove(0))
                     .and_then(|r| r);
                 let key = (topic_id, group.to_string(), d.partition, d.offset);
-                oracle
-                    .borrow_mut()
-                    .settled_answer(key, d.nonce, op, &result, clock.now_ms(), 1000);
+                let body = String::from_utf8_lossy(&d.payload).to_string();
+                oracle.borrow_mut().settled_answer(
+                    topic,
+                    &body,
+                    key,
+                    d.nonce,
+                    op,
+                    &result,
+                    clock.now_ms(),
+                    1000,
+                );
             });
         }
     });
 }
 
 /// Deletes and recreates the plain topic: its records need no delivery any more, and the new one starts empty.
-async fn recreate_plain(world: &World, oracle: &Rc<RefCell<Oracle>>) {
+async fn recreate_plain(world: &World, plan: &Plan, oracle: &Rc<RefCell<Oracle>>) {
     let front = &world.fronts[0];
-    let Ok(old) = front.engine().topic(PLAIN) else {
-        return;
-    };
-    let partitions = old.partition_count();
-    let old_id = old.id();
-    let f = front.clone();
-    if world
-        .complete(async move { f.delete_topic(PLAIN.to_string()).await })
-        .await
-        .is_err()
-    {
-        return;
-    }
-    {
+    // (Missing when its creation failed under an injected storage fault: created again now.)
+    if let Ok(old) = front.engine().topic(PLAIN) {
+        let old_id = old.id();
+        let f = front.clone();
+        if world
+            .complete(async move { f.delete_topic(PLAIN.to_string()).await })
+            .await
+            .is_err()
+        {
+            return;
+        }
         let mut o = oracle.borrow_mut();
         o.deleted.insert(old_id);
         // Its leases went with it: a late settle of one is 410, as for any lease that is gone.
         o.leases.retain(|(id, ..), _| *id != old_id);
         o.note(format!("deleted {PLAIN} (id {old_id})"));
     }
+    let partitions = plan.partitions[1];
     let f = front.clone();
     match world
         .complete(async move { f.create_topic(topic_config(PLAIN, partitions)).await })
@@ -879,6 +1038,9 @@ async fn recreate_plain(world: &World, oracle: &Rc<RefCell<Oracle>>) {
             o.ids.insert(PLAIN.to_string(), config.id);
             o.note(format!("recreated {PLAIN} (id {})", config.id));
         }
+        Err(e) if world.faults_injected.get() => oracle.borrow_mut().note(format!(
+            "recreating {PLAIN} failed under injected faults: {e}"
+        )),
         Err(e) => oracle
             .borrow_mut()
             .fail(format!("recreating {PLAIN} failed: {e}")),
@@ -908,9 +1070,114 @@ async fn change_policy(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rn
     ));
 }
 
+/// Redrives a few dead letters to the redriven topic (each appended there, then acked in the dead-letter topic).
+async fn redrive_dead_letters(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let front = world.front(rng);
+    let max = 1 + rng.below(4);
+    let result = world
+        .complete(async move {
+            front
+                .redrive(crate::ops::redrive::RedriveParams {
+                    from: DLQ.to_string(),
+                    to: REDRIVEN.to_string(),
+                    group: DEFAULT_GROUP.to_string(),
+                    max: Some(max),
+                })
+                .await
+        })
+        .await;
+    let now = world.clock.now_ms();
+    let mut o = oracle.borrow_mut();
+    // A round whose append failed leaves its messages leased (by the redrive) for its visibility.
+    o.internal_leases_until = o
+        .internal_leases_until
+        .max(now + crate::front::redrive::REDRIVE_VISIBILITY_MS);
+    o.note(format!(
+        "t={now} redrive {DLQ} → {REDRIVEN} max {max}: {result:?}"
+    ));
+}
+
+/// Presents a handle a client was given earlier (usually stale by now: settled, expired, leased again) or a live
+/// one with a wrong nonce: the oracle checks that only a live lease's exact handle is honoured.
+fn spawn_stale_settle(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
+    let handle = {
+        let o = oracle.borrow();
+        if o.old_handles.is_empty() {
+            return;
+        }
+        o.old_handles[rng.below(o.old_handles.len() as u64) as usize].clone()
+    };
+    let front = world.front(rng);
+    match front.engine().topic(handle.topic) {
+        Ok(t) if t.id() == handle.topic_id => {}
+        _ => return,
+    }
+    let d = handle.delivery;
+    let nonce = if rng.chance(30) {
+        d.nonce.wrapping_add(1 + rng.below(1000))
+    } else {
+        d.nonce
+    };
+    let op = match rng.below(4) {
+        0 | 1 => SettleOp::Ack,
+        2 => SettleOp::Nack(None),
+        _ => SettleOp::Extend(Some(1000)),
+    };
+    let clock = world.clock.clone();
+    let key = (
+        handle.topic_id,
+        handle.group.to_string(),
+        d.partition,
+        d.offset,
+    );
+    {
+        let mut o = oracle.borrow_mut();
+        let now = clock.now_ms();
+        // The exact handle of a lease that still lives is its client's to settle (two settles of one lease may be
+        // answered in either order): only dead handles and wrong nonces are presented.
+        if o.leases
+            .get(&key)
+            .is_some_and(|&(n, expiry)| n == nonce && expiry > now)
+        {
+            return;
+        }
+        o.note(format!(
+            "t={now} presenting an old handle {key:?} nonce {nonce} ({op:?})"
+        ));
+    }
+    let oracle = oracle.clone();
+    world.tasks.spawn(async move {
+        let result = front
+            .settle(SettleParams {
+                topic: handle.topic.to_string(),
+                group: handle.group.to_string(),
+                op,
+                handles: vec![(
+                    format!("{}:{}:{nonce}", d.partition, d.offset),
+                    Ok((d.partition as u64, d.offset, nonce)),
+                )],
+                batch: false,
+            })
+            .await
+            .map(|mut r| r.remove(0))
+            .and_then(|r| r);
+        let body = String::from_utf8_lossy(&d.payload).to_string();
+        oracle.borrow_mut().settled_answer(
+            handle.topic,
+            &body,
+            key,
+            nonce,
+            op,
+            &result,
+            clock.now_ms(),
+            1000,
+        );
+    });
+}
+
 /// Flips a byte in a frame of some segment (often the last frame of the newest one), excusing that record.
 fn corrupt(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
-    let topic = topics_now()[rng.below(3) as usize];
+    let topic = topics_now()[rng.below(4) as usize];
     let Some(&topic_id) = oracle.borrow().ids.get(topic) else {
         return;
     };
@@ -984,8 +1251,17 @@ fn corrupt(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
         .find(|(q, _)| *q > pos)
         .map_or(scan.valid_len as usize, |(q, _)| *q);
     let at = pos + rng.below((end - pos).max(1) as u64) as usize;
+    // The body the flip damages (a copy in the dead-letter or redriven topic may not have been seen yet).
+    let damaged = crate::storage::frame::decode_frame(&bytes[pos..], offset, 512)
+        .ok()
+        .map(|(_, payload)| String::from_utf8_lossy(payload).to_string());
     world.sim.corrupt(&path, at, 1 << rng.below(8));
     let mut o = oracle.borrow_mut();
+    if let Some(body) = damaged {
+        if o.produced.contains_key(&body) {
+            o.excused.insert(body);
+        }
+    }
     let hit: Vec<String> = o
         .produced
         .iter()
@@ -993,14 +1269,18 @@ fn corrupt(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) {
         .map(|(body, _)| body.clone())
         .collect();
     o.excused.extend(hit);
+    if let Some(body) = o.copy_places.get(&(topic_id, p, offset)).cloned() {
+        o.excused.insert(body);
+    }
     o.note(format!(
         "flipped a bit of {topic} {p}:{offset} at byte {at} of {}",
         path.display()
     ));
 }
 
-/// The frontier files on disk, per (topic id, group, partition).
-fn disk_frontiers(world: &World, oracle: &Oracle) -> Vec<((u64, String, u32), u64)> {
+/// The frontier files, per (topic id, group, partition): on the medium (what a power cut would leave), or as a
+/// process reads them (the page cache, which may still hold pages a failed sync dropped).
+fn disk_frontiers(world: &World, oracle: &Oracle, medium: bool) -> Vec<((u64, String, u32), u64)> {
     let mut out = Vec::new();
     for (name, &id) in &oracle.ids {
         let Ok(t) = world.fronts[0].engine().topic(name) else {
@@ -1015,7 +1295,12 @@ fn disk_frontiers(world: &World, oracle: &Oracle) -> Vec<((u64, String, u32), u6
                     .join(name)
                     .join(p.to_string())
                     .join(crate::partition::frontier::file_name(g));
-                if let Some(bytes) = world.sim.contents(&path) {
+                let bytes = if medium {
+                    world.sim.durable_contents(&path)
+                } else {
+                    world.sim.contents(&path)
+                };
+                if let Some(bytes) = bytes {
                     if let Some(v) = crate::partition::frontier::decode(&bytes) {
                         out.push(((id, g.to_string(), p), v));
                     }
@@ -1029,7 +1314,7 @@ fn disk_frontiers(world: &World, oracle: &Oracle) -> Vec<((u64, String, u32), u6
 /// After a restart (the journal replayed, no partition touched yet): every frontier file holds at least the
 /// frontier the last process held durable, in the file or in its journal.
 fn check_durable_frontiers(world: &World, o: &Oracle) {
-    let on_disk: BTreeMap<_, _> = disk_frontiers(world, o).into_iter().collect();
+    let on_disk: BTreeMap<_, _> = disk_frontiers(world, o, false).into_iter().collect();
     let current: BTreeSet<u64> = o.ids.values().copied().collect();
     for (key, &durable) in &o.frontier_durable {
         if !current.contains(&key.0) || o.deleted.contains(&key.0) {
@@ -1078,7 +1363,7 @@ async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
                 }
             }
         }
-        for (key, value) in disk_frontiers(world, &o) {
+        for (key, value) in disk_frontiers(world, &o, true) {
             let seen = o.frontier_disk.entry(key.clone()).or_insert(0);
             if value < *seen {
                 let was = *seen;
@@ -1218,9 +1503,17 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) -> bo
                 .and_then(|r| r);
             let now = world.clock.now_ms();
             let key = (topic_id, g.to_string(), d.partition, d.offset);
-            oracle
-                .borrow_mut()
-                .settled_answer(key, d.nonce, SettleOp::Ack, &result, now, 0);
+            let body = String::from_utf8_lossy(&d.payload).to_string();
+            oracle.borrow_mut().settled_answer(
+                topic,
+                &body,
+                key,
+                d.nonce,
+                SettleOp::Ack,
+                &result,
+                now,
+                0,
+            );
             if matches!(
                 result,
                 Err(OpError::Engine(crate::engine::EngineError::Partition(
@@ -1233,13 +1526,15 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) -> bo
         pending = still;
         if got == 0 && pending.is_empty() {
             // Leases other clients still hold (their acks, nacks or extends are on the way) run out first.
-            let last_expiry = oracle
-                .borrow()
-                .leases
-                .values()
-                .map(|&(_, e)| e)
-                .max()
-                .unwrap_or(0);
+            let last_expiry = {
+                let o = oracle.borrow();
+                o.leases
+                    .values()
+                    .map(|&(_, e)| e)
+                    .max()
+                    .unwrap_or(0)
+                    .max(o.internal_leases_until)
+            };
             let now = world.clock.now_ms();
             if last_expiry <= now {
                 // Messages the broker holds back on its own (a dead-letter copy that failed is retried after
@@ -1281,7 +1576,14 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) -> bo
             }
         }
     }
-    // Every acknowledged produce to a topic that still exists was delivered in every group.
+    // Every acknowledged produce to a topic that still exists was acknowledged by a client in every group of its
+    // topic; in the source topic, a message never acked there may instead have been dead-lettered, and then its copy
+    // is seen in the dead-letter topic (or, redriven from there, in the redriven topic).
+    let acked_in = |topic: &str, body: &str, g: &str| {
+        o.client_acked
+            .contains(&(topic.to_string(), body.to_string(), g.to_string()))
+    };
+    let seen = |topic: &str, body: &str| o.seen_in.contains(&(topic.to_string(), body.to_string()));
     for (body, p) in &o.produced {
         if !p.acked || o.deleted.contains(&p.topic_id) {
             continue;
@@ -1295,6 +1597,33 @@ async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut Rng) -> bo
                 o.fail(format!(
                     "acknowledged {body} at {}:{partition}:{offset} was never delivered to group {g}",
                     p.topic
+                ));
+            }
+            let accounted = acked_in(&p.topic, body, g)
+                || (p.topic == SOURCE && (seen(DLQ, body) || seen(REDRIVEN, body)));
+            if !accounted {
+                o.fail(format!(
+                    "acknowledged {body} at {}:{partition}:{offset} was settled in group {g} without a client's ack and without a dead-letter copy",
+                    p.topic
+                ));
+            }
+        }
+    }
+    // A copy seen in the dead-letter topic was acked there by a client in every group, or redriven; a redriven copy
+    // was acked by a client in every group.
+    for (topic, body) in &o.seen_in {
+        if o.excused.contains(body) {
+            continue;
+        }
+        for g in GROUPS {
+            let accounted = match topic.as_str() {
+                DLQ => acked_in(DLQ, body, g) || seen(REDRIVEN, body),
+                REDRIVEN => acked_in(REDRIVEN, body, g),
+                _ => true,
+            };
+            if !accounted {
+                o.fail(format!(
+                    "the copy of {body} in {topic} was settled in group {g} without a client's ack and without a redriven copy"
                 ));
             }
         }
@@ -1342,6 +1671,173 @@ mod tests {
                 std::panic::resume_unwind(panic);
             }
         }
+    }
+
+    /// One core, the simulation's topics, nothing else going on: for the two-step operations' own tests.
+    async fn quiet_world(sim: Rc<Sim>) -> World {
+        let plan = Plan {
+            cores: 1,
+            fsync: FsyncPolicy::Always,
+            steps: 0,
+            net_depth: 64,
+            partitions: [1, 1, 1, 1],
+            power_cuts: false,
+        };
+        let world = World::boot(&plan, sim, 1_700_000_000_000, 1).await;
+        create_topics(&world, &plan, &Rc::new(RefCell::new(Oracle::default()))).await;
+        world
+    }
+
+    async fn produce_one(world: &World, topic: &'static str, body: &'static str) {
+        let front = world.fronts[0].clone();
+        let produced = world
+            .complete(async move {
+                front
+                    .produce(ProduceParams {
+                        topic: topic.to_string(),
+                        records: vec![ClientRecord {
+                            body: Bytes::from_static(body.as_bytes()),
+                            target: Target::Partition(0),
+                        }],
+                        batch: false,
+                    })
+                    .await
+            })
+            .await;
+        assert!(produced.is_ok_and(|r| r.iter().all(|r| r.is_ok())));
+    }
+
+    async fn consume_some(world: &World, topic: &'static str) -> Vec<Delivery> {
+        let front = world.fronts[0].clone();
+        world
+            .complete(async move {
+                front
+                    .consume(ConsumeParams {
+                        topic: topic.to_string(),
+                        group: DEFAULT_GROUP.to_string(),
+                        wait_ms: 0,
+                        visibility_ms: Some(1000),
+                        max: 10,
+                        media: None,
+                    })
+                    .await
+            })
+            .await
+            .expect("consume")
+    }
+
+    async fn nack(world: &World, topic: &'static str, d: &Delivery) {
+        let front = world.fronts[0].clone();
+        let handle = (d.partition as u64, d.offset, d.nonce);
+        let result = world
+            .complete(async move {
+                front
+                    .settle(SettleParams {
+                        topic: topic.to_string(),
+                        group: DEFAULT_GROUP.to_string(),
+                        op: SettleOp::Nack(None),
+                        handles: vec![(String::new(), Ok(handle))],
+                        batch: false,
+                    })
+                    .await
+            })
+            .await;
+        assert!(result.is_ok_and(|r| r.iter().all(|r| r.is_ok())));
+    }
+
+    fn committed(world: &World, topic: &str) -> Option<u64> {
+        let t = world.engines[0].topic(topic).expect("topic");
+        let p = t.owned_partitions().next().expect("partition 0");
+        p.committed(DEFAULT_GROUP)
+    }
+
+    /// A dead letter is two steps: the copy appended to the dead-letter topic (durably), then the original settled.
+    /// A copy that cannot be appended settles nothing: the message stays in its topic, and goes to the dead-letter
+    /// topic once appends work again.
+    #[test]
+    fn a_dead_letter_copy_that_cannot_be_appended_settles_nothing() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let world = quiet_world(sim.clone()).await;
+                produce_one(&world, SOURCE, "m").await;
+                for _ in 0..MAX_DELIVERIES {
+                    let got = consume_some(&world, SOURCE).await;
+                    assert_eq!(got.len(), 1);
+                    nack(&world, SOURCE, &got[0]).await;
+                }
+                sim.fail_writes(libc::EIO, 1);
+                assert!(consume_some(&world, SOURCE).await.is_empty());
+                assert_eq!(
+                    committed(&world, SOURCE),
+                    Some(0),
+                    "settled in its topic although its dead-letter copy failed"
+                );
+                sim.fail_writes(libc::EIO, 0);
+                world
+                    .clock
+                    .advance(crate::front::consume::DEAD_LETTER_RETRY_MS + 1);
+                world.settle().await;
+                assert!(consume_some(&world, SOURCE).await.is_empty());
+                assert_eq!(committed(&world, SOURCE), Some(1));
+                let copies = consume_some(&world, DLQ).await;
+                assert_eq!(copies.len(), 1);
+                assert_eq!(&copies[0].payload[..], b"m");
+                world.shut_down().await;
+            });
+    }
+
+    /// A redrive is two steps too: the batch appended to the target, then acked in the source. An append that fails
+    /// acks nothing in the source; the messages move once appends work again (after the redrive's lease).
+    #[test]
+    fn a_redrive_whose_append_fails_acks_nothing_in_the_source() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let world = quiet_world(sim.clone()).await;
+                produce_one(&world, DLQ, "d1").await;
+                produce_one(&world, DLQ, "d2").await;
+                async fn redrive(world: &World) -> crate::ops::OpResult<u64> {
+                    let front = world.fronts[0].clone();
+                    world
+                        .complete(async move {
+                            front
+                                .redrive(crate::ops::redrive::RedriveParams {
+                                    from: DLQ.to_string(),
+                                    to: REDRIVEN.to_string(),
+                                    group: DEFAULT_GROUP.to_string(),
+                                    max: None,
+                                })
+                                .await
+                        })
+                        .await
+                }
+                sim.fail_writes(libc::EIO, 1);
+                assert!(redrive(&world).await.is_err());
+                assert_eq!(
+                    committed(&world, DLQ),
+                    Some(0),
+                    "acked in the source without a copy"
+                );
+                sim.fail_writes(libc::EIO, 0);
+                world
+                    .clock
+                    .advance(crate::front::redrive::REDRIVE_VISIBILITY_MS + 1);
+                world.settle().await;
+                assert_eq!(redrive(&world).await.ok(), Some(2));
+                assert_eq!(committed(&world, DLQ), Some(2));
+                let moved: Vec<Vec<u8>> = consume_some(&world, REDRIVEN)
+                    .await
+                    .iter()
+                    .map(|d| d.payload.to_vec())
+                    .collect();
+                assert_eq!(moved, vec![b"d1".to_vec(), b"d2".to_vec()]);
+                world.shut_down().await;
+            });
     }
 
     /// A simulated process that ends leaves nothing behind: no task, no descriptor (so seeds can run by the

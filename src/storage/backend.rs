@@ -142,7 +142,7 @@ impl Replacements {
             let results = glommio::executor()
                 .spawn_blocking(move || {
                     pool_priority(PoolJob::Other);
-                    replace_batch(items)
+                    futures_lite::future::block_on(replace_batch(&mut RealFs::default(), &items))
                 })
                 .await;
             for (reply, result) in replies.into_iter().zip(results) {
@@ -152,84 +152,134 @@ impl Replacements {
     }
 }
 
-/// Replaces many small files with two file-system syncs in all, on a blocking thread: every new content goes to
-/// `NAME.tmp` (no sync), one syncfs(2) makes them durable, each is renamed over its file, and a second syncfs makes
-/// the renames durable. A crash leaves each file with its old or its new content, never a mix (the same promise
-/// as `atomic_file::replace`, at a cost that does not grow with the number of files).
+/// The file-system calls a batch of small-file replacements makes ([`replace_batch`]): the real disk's (`RealFs`, on
+/// a blocking thread) and the simulator's (`storage::sim`), so tests cut power between the very steps the real disk
+/// takes.
+pub(crate) trait ReplaceFs {
+    /// Overwrites `path` from offset 0 when it exists with exactly `bytes.len()` bytes; false (nothing written) when
+    /// it does not exist or has another length.
+    async fn overwrite_same_len(&mut self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
+    /// Creates or truncates `path` and writes `bytes` to it (the page cache only).
+    async fn write_new(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Makes every write and rename made so far durable (syncfs(2) on each file system touched).
+    async fn sync_all(&mut self) -> io::Result<()>;
+    /// Renames `from` over `to` (durable at the next `sync_all`).
+    async fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()>;
+}
+
+/// `NAME.tmp` beside `path`.
+fn tmp_of(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Replaces many small files with two file-system syncs in all: every new content goes to `NAME.tmp` (no sync), one
+/// sync makes them durable, each is renamed over its file, and a second sync makes the renames durable. A crash
+/// leaves each file with its old or its new content, never a mix (the same promise as `atomic_file::replace`, at a
+/// cost that does not grow with the number of files). The first sync must come before any rename: a rename that
+/// reaches the disk before its file's data leaves an empty or torn file behind a power cut
+/// (`fault_tests::a_small_file_replacement_is_old_or_new_at_every_step_of_a_cut`).
 ///
 /// A small file marked for it (`overwrite_small`) that exists with the same length is overwritten in place instead:
 /// no new inode per write (creating and deleting thousands of temp files a second costs ext4 more than the syncs).
-fn replace_batch(items: Vec<(std::path::PathBuf, Vec<u8>, bool)>) -> Vec<io::Result<()>> {
-    use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
-    let tmp_of = |path: &Path| {
-        let mut name = path.file_name().unwrap_or_default().to_os_string();
-        name.push(".tmp");
-        path.with_file_name(name)
-    };
-    use std::os::unix::fs::FileExt;
+pub(crate) async fn replace_batch(
+    fs: &mut impl ReplaceFs,
+    items: &[(std::path::PathBuf, Vec<u8>, bool)],
+) -> Vec<io::Result<()>> {
     let mut results: Vec<io::Result<()>> = Vec::with_capacity(items.len());
     // Which items went through a temp file (and need their rename).
     let mut renames: Vec<bool> = Vec::with_capacity(items.len());
-    // One open file per file system, for syncfs.
-    let mut devices: Vec<(u64, std::fs::File)> = Vec::new();
-    for (path, bytes, in_place) in &items {
-        let mut renamed = false;
-        let written = (|| {
-            let f = match std::fs::OpenOptions::new().write(true).open(path) {
-                Ok(f)
-                    if *in_place
-                        && bytes.len() <= 512
-                        && f.metadata()?.len() == bytes.len() as u64 =>
-                {
-                    f.write_all_at(bytes, 0)?;
-                    f
-                }
-                _ => {
-                    renamed = true;
-                    let mut f = std::fs::File::create(tmp_of(path))?;
-                    f.write_all(bytes)?;
-                    f
-                }
-            };
-            let dev = f.metadata()?.dev();
-            if !devices.iter().any(|(d, _)| *d == dev) {
-                devices.push((dev, f));
-            }
-            Ok(())
-        })();
+    for (path, bytes, in_place) in items {
+        let written = if *in_place && bytes.len() <= 512 {
+            fs.overwrite_same_len(path, bytes).await
+        } else {
+            Ok(false)
+        };
+        let (written, renamed) = match written {
+            Ok(true) => (Ok(()), false),
+            Ok(false) => (fs.write_new(&tmp_of(path), bytes).await, true),
+            Err(e) => (Err(e), false),
+        };
         results.push(written);
         renames.push(renamed);
     }
-    let syncfs = |devices: &[(u64, std::fs::File)]| -> io::Result<()> {
-        for (_, f) in devices {
-            // SAFETY: syncfs on a descriptor this function owns.
+    let all_failed = |e: io::Error| {
+        items
+            .iter()
+            .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
+            .collect()
+    };
+    if let Err(e) = fs.sync_all().await {
+        return all_failed(e);
+    }
+    let mut renamed_any = false;
+    for (((path, _, _), result), renamed) in items.iter().zip(results.iter_mut()).zip(&renames) {
+        if result.is_ok() && *renamed {
+            *result = fs.rename(&tmp_of(path), path).await;
+            renamed_any = true;
+        }
+    }
+    if renamed_any {
+        if let Err(e) = fs.sync_all().await {
+            return all_failed(e);
+        }
+    }
+    results
+}
+
+/// The real file system under [`replace_batch`], on a blocking thread (the calls do not wait on anything async).
+#[derive(Default)]
+struct RealFs {
+    /// One open file per file system touched, for syncfs.
+    devices: Vec<(u64, std::fs::File)>,
+}
+
+impl RealFs {
+    fn touched(&mut self, f: std::fs::File) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = f.metadata()?.dev();
+        if !self.devices.iter().any(|(d, _)| *d == dev) {
+            self.devices.push((dev, f));
+        }
+        Ok(())
+    }
+}
+
+impl ReplaceFs for RealFs {
+    async fn overwrite_same_len(&mut self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) else {
+            return Ok(false);
+        };
+        if f.metadata()?.len() != bytes.len() as u64 {
+            return Ok(false);
+        }
+        f.write_all_at(bytes, 0)?;
+        self.touched(f)?;
+        Ok(true)
+    }
+
+    async fn write_new(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(path)?;
+        f.write_all(bytes)?;
+        self.touched(f)
+    }
+
+    async fn sync_all(&mut self) -> io::Result<()> {
+        for (_, f) in &self.devices {
+            // SAFETY: syncfs on a descriptor this value owns.
             if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
                 return Err(io::Error::last_os_error());
             }
         }
         Ok(())
-    };
-    if let Err(e) = syncfs(&devices) {
-        return items
-            .iter()
-            .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
-            .collect();
     }
-    for (((path, _, _), result), renamed) in items.iter().zip(results.iter_mut()).zip(&renames) {
-        if result.is_ok() && *renamed {
-            *result = std::fs::rename(tmp_of(path), path);
-        }
+
+    async fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
     }
-    if renames.iter().any(|&r| r) {
-        if let Err(e) = syncfs(&devices) {
-            return items
-                .iter()
-                .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
-                .collect();
-        }
-    }
-    results
 }
 
 /// What a thread of the core's blocking pool is about to run.

@@ -1047,6 +1047,8 @@ pub async fn replay(
     let mut frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
     let mut core_frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
     let mut core_damaged = false;
+    // Entries that could not be written to their (open) segment: the journal must then stay.
+    let mut unrestored = 0usize;
     let core_of = |name: &str| name.split('-').next().unwrap_or_default().to_string();
     for (i, name) in files.iter().enumerate() {
         let path = dir.join(name);
@@ -1121,24 +1123,26 @@ pub async fn replay(
                 report.skipped += 1;
                 continue;
             };
-            let restored = match file.read_at(entry.head.position, entry.frames.len()).await {
-                Ok(held) if held == entry.frames => Ok(false),
-                Ok(_) => file
-                    .write_at(&entry.frames, entry.head.position)
-                    .map(|()| true),
-                Err(e) => Err(e),
-            };
-            match restored {
-                Ok(false) => {}
-                Ok(true) => {
-                    report.rewritten += 1;
+            // Written back even when the segment seems to hold it already: what a read returns may be pages a failed
+            // sync dropped (Linux keeps them in the cache, clean, and never writes them), so only a write and a sync
+            // make the frames durable before the journal file goes.
+            let held = file
+                .read_at(entry.head.position, entry.frames.len())
+                .await
+                .ok();
+            match file.write_at(&entry.frames, entry.head.position) {
+                Ok(()) => {
+                    if held.as_deref() != Some(&entry.frames[..]) {
+                        report.rewritten += 1;
+                    }
                     if !touched.iter().any(|t| Rc::ptr_eq(t, &file)) {
                         touched.push(file.clone());
                     }
                 }
                 Err(e) => {
-                    error!(segment = %seg_path.display(), error = %e, "journal replay cannot restore an entry: passed over");
+                    error!(segment = %seg_path.display(), error = %e, "journal replay cannot restore an entry");
                     report.failed += 1;
+                    unrestored += 1;
                 }
             }
         }
@@ -1146,13 +1150,23 @@ pub async fn replay(
     for file in &touched {
         file.sync().await?;
     }
+    if unrestored > 0 {
+        // Removing the journal now would lose acknowledged records: it stays, and the start fails until they can be
+        // written back.
+        return Err(std::io::Error::other(format!(
+            "{unrestored} journal entries could not be written back to their segments (see the log); the journal is kept"
+        )));
+    }
     drop(open);
     let mut writes = Vec::new();
     for (file, value) in &frontiers {
         match super::frontier::read(storage, file) {
-            Ok(held) if held >= *value => {}
-            Ok(_) => writes
-                .push(async move { (file, super::frontier::write(storage, file, *value).await) }),
+            // Written even when the file seems to hold as much: it may be a page a failed sync dropped (see above).
+            Ok(held) => {
+                let value = held.max(*value);
+                writes
+                    .push(async move { (file, super::frontier::write(storage, file, value).await) })
+            }
             Err(e) => {
                 error!(file = %file.display(), error = %e, "journal replay cannot read a frontier file: its records are not replayed");
                 report.failed += 1;
@@ -1277,7 +1291,8 @@ mod tests {
                 storage.read(&file("gone")).is_err(),
                 "no file for a deleted group"
             );
-            assert_eq!((report.frontier_records, report.frontiers_written), (8, 1));
+            // Every frontier file with records is written again (a read may show pages a failed sync dropped).
+            assert_eq!((report.frontier_records, report.frontiers_written), (8, 2));
             assert!(storage.list(dir).unwrap().is_empty());
         });
     }

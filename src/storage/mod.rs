@@ -13,6 +13,8 @@ pub mod sim;
 
 #[cfg(test)]
 mod fault_tests;
+#[cfg(test)]
+mod journal_fault_tests;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,15 @@
 //! A simulated disk for tests: files live in memory with a page-cache view and a durable view; writes, syncs and
-//! segment reads can be made to fail with a chosen errno; `power_cut` returns the disk a power loss would leave (durable data,
-//! plus any prefix of what was written but not synced). Plugged into a partition through `storage::backend`.
+//! segment reads can be made to fail with a chosen errno (everywhere or under one directory), syncs can lie (report
+//! success and make nothing durable) or be held in flight; `power_cut` returns the disk a power loss would leave
+//! (durable data, plus any prefix of what was written but not synced). Plugged into a partition through
+//! `storage::backend`.
+//!
+//! What a failed sync does is modelled on Linux: the pages it should have written are dropped (marked clean), so
+//! they never reach the medium, though reads still see them until they are written again; a later sync that succeeds
+//! does not bring them back. A rename is durable only once its directory (or the whole file system) is synced: a
+//! power cut before that leaves the old file or the renamed one, with whatever of the renamed one's data was
+//! synced. Small-file replacements run the real disk's algorithm (`backend::replace_batch`) over these calls, so a
+//! cut can land between its steps.
 
 use super::backend::{IoFuture, SegmentFile, Storage};
 use std::cell::RefCell;
@@ -16,20 +25,115 @@ struct SimFile {
     data: Vec<u8>,
     /// What survives a power cut.
     durable: Vec<u8>,
-    /// The directory entry survives a power cut (its directory was synced after creation).
+    /// The directory entry survives a power cut (its directory was synced after creation or rename).
     entry_durable: bool,
+    /// Bytes a failed sync dropped: they never reach the medium (the durable view keeps the old byte, or 0 past the
+    /// old end) unless written again.
+    dropped: BTreeMap<usize, Option<u8>>,
+    /// A failed sync of the whole file system dropped some of this file's pages: its next own sync reports the error
+    /// (once), as Linux reports a write-back error to every descriptor open before it.
+    unreported_error: bool,
+    /// For a file renamed over another whose rename is not durable yet: what a power cut leaves at this path if the
+    /// rename is lost (the old file's durable content; None: no file).
+    prior: Option<Option<Vec<u8>>>,
+}
+
+impl SimFile {
+    /// A file just created (entry not durable yet).
+    fn created(data: Vec<u8>) -> SimFile {
+        SimFile {
+            data,
+            ..SimFile::default()
+        }
+    }
+
+    /// A file as a restart finds it: what it holds is all there is.
+    fn settled(content: Vec<u8>) -> SimFile {
+        SimFile {
+            data: content.clone(),
+            durable: content,
+            entry_durable: true,
+            ..SimFile::default()
+        }
+    }
+
+    /// Writes `buf` at `pos` into the page cache; rewritten bytes are no longer dropped.
+    fn write(&mut self, pos: usize, buf: &[u8]) {
+        let end = pos + buf.len();
+        if self.data.len() < end {
+            self.data.resize(end, 0);
+        }
+        self.data[pos..end].copy_from_slice(buf);
+        if !self.dropped.is_empty() {
+            let rewritten: Vec<usize> = self.dropped.range(pos..end).map(|(&p, _)| p).collect();
+            for p in rewritten {
+                self.dropped.remove(&p);
+            }
+        }
+    }
+
+    /// What a sync that works puts on the medium: the page cache, less the dropped bytes.
+    fn medium(&self) -> Vec<u8> {
+        let mut out = self.data.clone();
+        for (&pos, &old) in &self.dropped {
+            if let Some(b) = out.get_mut(pos) {
+                *b = old.unwrap_or(0);
+            }
+        }
+        out
+    }
+
+    /// A sync that works.
+    fn sync(&mut self) {
+        self.durable = self.medium();
+    }
+
+    /// A sync that fails: every byte it should have written is dropped. True if there was any.
+    fn drop_unsynced(&mut self) -> bool {
+        let mut any = false;
+        for (pos, &b) in self.data.iter().enumerate() {
+            let old = self.durable.get(pos).copied();
+            if old != Some(b) && !self.dropped.contains_key(&pos) {
+                self.dropped.insert(pos, old);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// The content a power cut leaves, with `kept` of the unsynced bytes on the medium (a prefix, for an append).
+    fn after_cut(&self, kept: usize) -> (Vec<u8>, usize) {
+        let target = self.medium();
+        let appended = target.starts_with(&self.durable);
+        let unsynced = if appended {
+            target.len() - self.durable.len()
+        } else {
+            target.len()
+        };
+        let kept = kept.min(unsynced);
+        let content = if appended {
+            target[..self.durable.len() + kept].to_vec()
+        } else if kept > 0 {
+            target
+        } else {
+            self.durable.clone()
+        };
+        (content, unsynced)
+    }
 }
 
 #[derive(Default)]
 struct State {
     files: BTreeMap<PathBuf, SimFile>,
     dirs: BTreeSet<PathBuf>,
-    /// errno and count of writes still to fail.
-    fail_writes: Option<(i32, u32)>,
-    /// errno and count of syncs still to fail.
-    fail_syncs: Option<(i32, u32)>,
+    /// Writes still to fail.
+    fail_writes: Option<Fault>,
+    /// Syncs still to fail (a file's, a directory's, or the whole file system's).
+    fail_syncs: Option<Fault>,
+    /// Syncs still to report success without making anything durable.
+    lie_syncs: u32,
     /// Segment reads still to fail.
-    fail_reads: Option<ReadFault>,
+    fail_reads: Option<Fault>,
     /// Reads of open files so far (`read_cached` hits and `read_at` calls).
     reads: u64,
     /// Syncs wait until `release_syncs` (see `hold_syncs`).
@@ -38,34 +142,85 @@ struct State {
     held_syncs: usize,
 }
 
-/// Reads of open files that fail: `left` more, with `errno`, of the files under `under` (every file if None).
+/// Calls that fail: `left` more, with `errno`, of the files under `under` (every file if None).
 #[derive(Clone, Debug)]
-struct ReadFault {
+struct Fault {
     errno: i32,
     left: u32,
     under: Option<PathBuf>,
 }
 
+impl Fault {
+    fn armed(errno: i32, count: u32, under: Option<PathBuf>) -> Option<Fault> {
+        (count > 0).then_some(Fault {
+            errno,
+            left: count,
+            under,
+        })
+    }
+
+    /// Whether a call on `path` fails now (without using up the fault).
+    fn applies(slot: &Option<Fault>, path: &Path) -> bool {
+        slot.as_ref()
+            .is_some_and(|f| f.under.as_ref().is_none_or(|dir| path.starts_with(dir)))
+    }
+
+    /// Uses up one failing call on `path`, if one is armed for it.
+    fn take(slot: &mut Option<Fault>, path: &Path) -> Option<io::Error> {
+        if !Fault::applies(slot, path) {
+            return None;
+        }
+        let f = slot.as_mut()?;
+        let errno = f.errno;
+        f.left -= 1;
+        if f.left == 0 {
+            *slot = None;
+        }
+        Some(io::Error::from_raw_os_error(errno))
+    }
+}
+
+/// What a sync does: work, fail (dropping what it should have written), or lie.
+enum SyncOutcome {
+    Works,
+    Fails(io::Error),
+    Lies,
+}
+
 impl State {
     /// Whether a read of `path` fails now (without using up the fault).
     fn read_fails(&self, path: &Path) -> bool {
-        self.fail_reads
-            .as_ref()
-            .is_some_and(|f| f.under.as_ref().is_none_or(|dir| path.starts_with(dir)))
+        Fault::applies(&self.fail_reads, path)
     }
 
     /// Uses up one failing read of `path`, if one is armed for it.
     fn take_read_fault(&mut self, path: &Path) -> Option<io::Error> {
-        if !self.read_fails(path) {
-            return None;
+        Fault::take(&mut self.fail_reads, path)
+    }
+
+    /// Uses up one failing write of `path`, if one is armed for it.
+    fn take_write_fault(&mut self, path: &Path) -> Option<io::Error> {
+        Fault::take(&mut self.fail_writes, path)
+    }
+
+    /// What the next sync of `path` does (a sync of the whole file system passes `None` and meets only faults armed
+    /// everywhere).
+    fn sync_outcome(&mut self, path: Option<&Path>) -> SyncOutcome {
+        let fault = match path {
+            Some(path) => Fault::take(&mut self.fail_syncs, path),
+            None if self.fail_syncs.as_ref().is_some_and(|f| f.under.is_none()) => {
+                Fault::take(&mut self.fail_syncs, Path::new("/"))
+            }
+            None => None,
+        };
+        if let Some(e) = fault {
+            return SyncOutcome::Fails(e);
         }
-        let f = self.fail_reads.as_mut()?;
-        let errno = f.errno;
-        f.left -= 1;
-        if f.left == 0 {
-            self.fail_reads = None;
+        if self.lie_syncs > 0 {
+            self.lie_syncs -= 1;
+            return SyncOutcome::Lies;
         }
-        Some(io::Error::from_raw_os_error(errno))
+        SyncOutcome::Works
     }
 }
 
@@ -75,12 +230,6 @@ pub struct Sim {
     state: RefCell<State>,
     /// Fired by `release_syncs`.
     released: event_listener::Event,
-}
-
-fn take_fault(slot: &mut Option<(i32, u32)>) -> Option<io::Error> {
-    let (errno, left) = (*slot)?;
-    *slot = (left > 1).then_some((errno, left - 1));
-    Some(io::Error::from_raw_os_error(errno))
 }
 
 fn not_found(path: &Path) -> io::Error {
@@ -97,12 +246,34 @@ impl Sim {
 
     /// The next `count` writes fail with `errno` (e.g. libc::EIO, libc::ENOSPC) and change nothing.
     pub fn fail_writes(&self, errno: i32, count: u32) {
-        self.state.borrow_mut().fail_writes = (count > 0).then_some((errno, count));
+        self.state.borrow_mut().fail_writes = Fault::armed(errno, count, None);
     }
 
-    /// The next `count` syncs fail with `errno`; what they should have made durable is not.
+    /// Like `fail_writes`, for the files under `dir` only.
+    pub fn fail_writes_under(&self, dir: &Path, errno: i32, count: u32) {
+        self.state.borrow_mut().fail_writes = Fault::armed(errno, count, Some(dir.to_path_buf()));
+    }
+
+    /// The next `count` syncs fail with `errno`; what they should have made durable never will be (Linux drops the
+    /// pages of a failed fsync: a later sync that succeeds does not write them).
     pub fn fail_syncs(&self, errno: i32, count: u32) {
-        self.state.borrow_mut().fail_syncs = (count > 0).then_some((errno, count));
+        self.state.borrow_mut().fail_syncs = Fault::armed(errno, count, None);
+    }
+
+    /// Like `fail_syncs`, for the files under `dir` only (a sync of the whole file system is not affected).
+    pub fn fail_syncs_under(&self, dir: &Path, errno: i32, count: u32) {
+        self.state.borrow_mut().fail_syncs = Fault::armed(errno, count, Some(dir.to_path_buf()));
+    }
+
+    /// The next `count` syncs report success and make nothing durable (a device that lies about its cache).
+    pub fn lie_syncs(&self, count: u32) {
+        self.state.borrow_mut().lie_syncs = count;
+    }
+
+    /// Whether a write or sync fault is still armed.
+    pub fn faults_armed(&self) -> bool {
+        let st = self.state.borrow();
+        st.fail_writes.is_some() || st.fail_syncs.is_some() || st.lie_syncs > 0
     }
 
     /// The next `count` reads of open files (a segment's `read_at`) fail with `errno` (e.g. libc::EIO); while such a
@@ -118,11 +289,20 @@ impl Sim {
     }
 
     fn arm_read_fault(&self, errno: i32, count: u32, under: Option<PathBuf>) {
-        self.state.borrow_mut().fail_reads = (count > 0).then_some(ReadFault {
-            errno,
-            left: count,
-            under,
-        });
+        self.state.borrow_mut().fail_reads = Fault::armed(errno, count, under);
+    }
+
+    /// Waits while syncs are held (`hold_syncs`).
+    async fn wait_for_release(&self) {
+        loop {
+            let listener = self.released.listen();
+            if !self.state.borrow().hold_syncs {
+                return;
+            }
+            self.state.borrow_mut().held_syncs += 1;
+            listener.await;
+            self.state.borrow_mut().held_syncs -= 1;
+        }
     }
 
     /// Reads of open files so far: `read_cached` hits and `read_at` calls (a miss followed by its `read_at` counts
@@ -182,14 +362,16 @@ impl Sim {
             .files
             .iter()
             .map(|(path, f)| {
-                (
-                    path.clone(),
-                    SimFile {
-                        data: f.data.clone(),
-                        durable: f.data.clone(),
-                        entry_durable: true,
-                    },
-                )
+                // The page cache is written back in time, except what a failed sync dropped (the new process still
+                // reads it from the cache; a power cut later loses it unless it is written again).
+                let mut file = SimFile {
+                    data: f.data.clone(),
+                    dropped: f.dropped.clone(),
+                    entry_durable: true,
+                    ..SimFile::default()
+                };
+                file.durable = file.medium();
+                (path.clone(), file)
             })
             .collect();
         Rc::new(Sim {
@@ -202,41 +384,49 @@ impl Sim {
         })
     }
 
+    /// What a power cut now would leave of a file if nothing unsynced reached the medium (None: no file).
+    pub fn durable_contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = self.state.borrow();
+        let f = st.files.get(path)?;
+        if f.entry_durable {
+            Some(f.durable.clone())
+        } else {
+            f.prior.clone().flatten()
+        }
+    }
+
     /// Every file's path.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.state.borrow().files.keys().cloned().collect()
     }
 
     /// The disk a power cut would leave now. For each file, `keep(path, unsynced_bytes)` chooses how many of the
-    /// appended-but-unsynced bytes happened to reach the medium (0 = none, a torn prefix, or all). A file whose
-    /// entry was never made durable survives only if `keep` keeps some of it.
+    /// written-but-unsynced bytes happened to reach the medium (0 = none, a torn prefix, or all; for an overwrite
+    /// anything but 0 keeps it whole, as a sector is written whole). A file whose entry was never made durable
+    /// survives only if `keep` keeps some of it; a rename that was not made durable is kept or lost on
+    /// `keep(path, 1)`.
     pub fn power_cut(&self, mut keep: impl FnMut(&Path, usize) -> usize) -> Rc<Sim> {
         let st = self.state.borrow();
         let mut files = BTreeMap::new();
         for (path, f) in &st.files {
-            let appended = f.data.starts_with(&f.durable);
-            let unsynced = if appended {
-                f.data.len() - f.durable.len()
-            } else {
-                f.data.len()
+            let unsynced = f.after_cut(usize::MAX).1;
+            let (content, kept) = {
+                let kept = keep(path, unsynced).min(unsynced);
+                (f.after_cut(kept).0, kept)
             };
-            let kept = keep(path, unsynced).min(unsynced);
-            let content = if appended {
-                f.data[..f.durable.len() + kept].to_vec()
-            } else if kept > 0 {
-                f.data.clone()
+            let survivor = if f.entry_durable {
+                Some(content)
+            } else if let Some(prior) = &f.prior {
+                if keep(path, 1) > 0 {
+                    Some(content)
+                } else {
+                    prior.clone()
+                }
             } else {
-                f.durable.clone()
+                (kept > 0).then_some(content)
             };
-            if f.entry_durable || kept > 0 {
-                files.insert(
-                    path.clone(),
-                    SimFile {
-                        data: content.clone(),
-                        durable: content,
-                        entry_durable: true,
-                    },
-                );
+            if let Some(content) = survivor {
+                files.insert(path.clone(), SimFile::settled(content));
             }
         }
         Rc::new(Sim {
@@ -247,6 +437,148 @@ impl Sim {
             }),
             released: event_listener::Event::new(),
         })
+    }
+
+    /// Syncs `path`: works, fails (dropping its unsynced bytes) or lies, as armed.
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        let mut st = self.state.borrow_mut();
+        let outcome = st.sync_outcome(Some(path));
+        let f = st.files.get_mut(path).ok_or_else(|| not_found(path))?;
+        let outcome = match outcome {
+            SyncOutcome::Works if f.unreported_error => {
+                SyncOutcome::Fails(io::Error::from_raw_os_error(libc::EIO))
+            }
+            outcome => outcome,
+        };
+        f.unreported_error = false;
+        match outcome {
+            SyncOutcome::Works => f.sync(),
+            SyncOutcome::Lies => {}
+            SyncOutcome::Fails(e) => {
+                f.drop_unsynced();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn trace(what: impl FnOnce() -> String) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("BERTH_SIM_TRACE").is_some()) {
+        eprintln!("  disk: {}", what());
+    }
+}
+
+/// The simulator under `backend::replace_batch`: each call first lets other tasks run (so a simulated power cut can
+/// land between the steps of a batch), and `sync_all` waits while syncs are held. A file this batch wrote whose
+/// pages an earlier failed sync dropped makes its `sync_all` fail (as Linux reports a write-back error through
+/// every descriptor open when it happened).
+struct SimFs<'a> {
+    sim: &'a Sim,
+    touched: Vec<PathBuf>,
+}
+
+impl super::backend::ReplaceFs for SimFs<'_> {
+    async fn overwrite_same_len(&mut self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        futures_lite::future::yield_now().await;
+        let mut st = self.sim.state.borrow_mut();
+        if st
+            .files
+            .get(path)
+            .is_none_or(|f| f.data.len() != bytes.len())
+        {
+            return Ok(false);
+        }
+        if let Some(e) = st.take_write_fault(path) {
+            return Err(e);
+        }
+        st.files.get_mut(path).expect("checked").write(0, bytes);
+        self.touched.push(path.to_path_buf());
+        trace(|| {
+            format!(
+                "overwrite {} {:?}",
+                path.display(),
+                &bytes[..bytes.len().min(8)]
+            )
+        });
+        Ok(true)
+    }
+
+    async fn write_new(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        futures_lite::future::yield_now().await;
+        let mut st = self.sim.state.borrow_mut();
+        if let Some(e) = st.take_write_fault(path) {
+            return Err(e);
+        }
+        self.touched.push(path.to_path_buf());
+        match st.files.get_mut(path) {
+            Some(f) => {
+                f.data.clear();
+                f.write(0, bytes);
+            }
+            None => {
+                st.files
+                    .insert(path.to_path_buf(), SimFile::created(bytes.to_vec()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn sync_all(&mut self) -> io::Result<()> {
+        futures_lite::future::yield_now().await;
+        self.sim.wait_for_release().await;
+        let mut st = self.sim.state.borrow_mut();
+        trace(|| format!("sync_all after {:?}", self.touched));
+        let mut unreported = false;
+        for path in &self.touched {
+            if let Some(f) = st.files.get_mut(path) {
+                unreported |= std::mem::take(&mut f.unreported_error);
+            }
+        }
+        let outcome = match st.sync_outcome(None) {
+            SyncOutcome::Works if unreported => {
+                SyncOutcome::Fails(io::Error::from_raw_os_error(libc::EIO))
+            }
+            outcome => outcome,
+        };
+        match outcome {
+            SyncOutcome::Works => {
+                for f in st.files.values_mut() {
+                    f.sync();
+                    f.entry_durable = true;
+                    f.prior = None;
+                }
+                Ok(())
+            }
+            SyncOutcome::Lies => Ok(()),
+            SyncOutcome::Fails(e) => {
+                // Reported now to this batch's files; every other file with dropped pages reports it at its next
+                // own sync.
+                for (path, f) in st.files.iter_mut() {
+                    if f.drop_unsynced() && !self.touched.contains(path) {
+                        f.unreported_error = true;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()> {
+        futures_lite::future::yield_now().await;
+        let mut st = self.sim.state.borrow_mut();
+        let mut moved = st.files.remove(from).ok_or_else(|| not_found(from))?;
+        let prior = match st.files.get(to) {
+            Some(old) if old.entry_durable => Some(old.durable.clone()),
+            Some(old) => old.prior.clone().flatten(),
+            None => None,
+        };
+        moved.entry_durable = false;
+        moved.prior = Some(prior);
+        st.files.insert(to.to_path_buf(), moved);
+        self.touched.push(to.to_path_buf());
+        Ok(())
     }
 }
 
@@ -259,43 +591,22 @@ struct SimSegment {
 impl SegmentFile for SimSegment {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         let mut st = self.sim.state.borrow_mut();
-        if let Some(e) = take_fault(&mut st.fail_writes) {
+        if let Some(e) = st.take_write_fault(&self.path) {
             return Err(e);
         }
         let f = st
             .files
             .get_mut(&self.path)
             .ok_or_else(|| not_found(&self.path))?;
-        let end = pos as usize + buf.len();
-        if f.data.len() < end {
-            f.data.resize(end, 0);
-        }
-        f.data[pos as usize..end].copy_from_slice(buf);
+        f.write(pos as usize, buf);
         Ok(())
     }
 
     fn sync(&self) -> IoFuture<'_, ()> {
         Box::pin(async move {
             futures_lite::future::yield_now().await;
-            loop {
-                let listener = self.sim.released.listen();
-                if !self.sim.state.borrow().hold_syncs {
-                    break;
-                }
-                self.sim.state.borrow_mut().held_syncs += 1;
-                listener.await;
-                self.sim.state.borrow_mut().held_syncs -= 1;
-            }
-            let mut st = self.sim.state.borrow_mut();
-            if let Some(e) = take_fault(&mut st.fail_syncs) {
-                return Err(e);
-            }
-            let f = st
-                .files
-                .get_mut(&self.path)
-                .ok_or_else(|| not_found(&self.path))?;
-            f.durable = f.data.clone();
-            Ok(())
+            self.sim.wait_for_release().await;
+            self.sim.sync_file(&self.path)
         })
     }
 
@@ -337,6 +648,7 @@ impl SegmentFile for SimSegment {
                 .get_mut(&self.path)
                 .ok_or_else(|| not_found(&self.path))?;
             f.data.truncate(len as usize);
+            f.dropped.retain(|&pos, _| pos < len as usize);
             Ok(())
         })
     }
@@ -376,6 +688,7 @@ impl Storage for SimStorage {
         let f = st.files.get_mut(path).ok_or_else(|| not_found(path))?;
         f.data.truncate(len as usize);
         f.durable.truncate(len as usize);
+        f.dropped.retain(|&pos, _| pos < len as usize);
         Ok(())
     }
 
@@ -386,7 +699,8 @@ impl Storage for SimStorage {
                 if !create {
                     return Err(not_found(path));
                 }
-                st.files.insert(path.to_path_buf(), SimFile::default());
+                st.files
+                    .insert(path.to_path_buf(), SimFile::created(Vec::new()));
             }
             Ok(Rc::new(SimSegment {
                 sim: self.0.clone(),
@@ -398,12 +712,15 @@ impl Storage for SimStorage {
     fn sync_dir<'a>(&'a self, dir: &'a Path) -> IoFuture<'a, ()> {
         Box::pin(async move {
             let mut st = self.0.state.borrow_mut();
-            if let Some(e) = take_fault(&mut st.fail_syncs) {
-                return Err(e);
+            match st.sync_outcome(Some(dir)) {
+                SyncOutcome::Fails(e) => return Err(e),
+                SyncOutcome::Lies => return Ok(()),
+                SyncOutcome::Works => {}
             }
             for (path, f) in st.files.iter_mut() {
                 if path.parent() == Some(dir) {
                     f.entry_durable = true;
+                    f.prior = None;
                 }
             }
             Ok(())
@@ -461,23 +778,32 @@ impl Storage for SimStorage {
         st.dirs.retain(|d| !d.starts_with(dir));
     }
 
-    /// Atomic and durable in one step, unless a sync fault is armed (then nothing changes).
+    /// The real disk's batch (`backend::replace_batch`: temp file, sync, rename, sync) over the simulated calls, one
+    /// file per batch.
     fn replace<'a>(&'a self, path: &'a Path, bytes: Vec<u8>) -> IoFuture<'a, ()> {
+        self.replace_one(path, bytes, false)
+    }
+
+    fn overwrite_small<'a>(&'a self, path: &'a Path, bytes: Vec<u8>) -> IoFuture<'a, ()> {
+        self.replace_one(path, bytes, true)
+    }
+}
+
+impl SimStorage {
+    fn replace_one<'a>(
+        &'a self,
+        path: &'a Path,
+        bytes: Vec<u8>,
+        in_place: bool,
+    ) -> IoFuture<'a, ()> {
         Box::pin(async move {
-            futures_lite::future::yield_now().await;
-            let mut st = self.0.state.borrow_mut();
-            if let Some(e) = take_fault(&mut st.fail_syncs) {
-                return Err(e);
-            }
-            st.files.insert(
-                path.to_path_buf(),
-                SimFile {
-                    data: bytes.clone(),
-                    durable: bytes,
-                    entry_durable: true,
-                },
-            );
-            Ok(())
+            let items = [(path.to_path_buf(), bytes, in_place)];
+            let mut fs = SimFs {
+                sim: &self.0,
+                touched: Vec::new(),
+            };
+            let mut results = super::backend::replace_batch(&mut fs, &items).await;
+            results.pop().expect("one result per item")
         })
     }
 }
