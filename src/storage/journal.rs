@@ -381,6 +381,47 @@ struct Queued {
     reply: oneshot::Sender<Result<(), AppendError>>,
 }
 
+/// Files (or buffers) a journal file's entries touched, each once, in the order first touched: written back in that
+/// order, which does not depend on where they sit in memory (a simulated seed replays exactly).
+struct Touched<T: ?Sized> {
+    seen: std::collections::HashSet<usize>,
+    items: Vec<Rc<T>>,
+}
+
+impl<T: ?Sized> Default for Touched<T> {
+    fn default() -> Self {
+        Touched {
+            seen: Default::default(),
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<T: ?Sized> Clone for Touched<T> {
+    fn clone(&self) -> Self {
+        Touched {
+            seen: self.seen.clone(),
+            items: self.items.clone(),
+        }
+    }
+}
+
+impl<T: ?Sized> Touched<T> {
+    fn add(&mut self, item: &Rc<T>) {
+        if self.seen.insert(Rc::as_ptr(item) as *const u8 as usize) {
+            self.items.push(item.clone());
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Rc<T>> {
+        self.items.iter()
+    }
+}
+
 /// The journal file being written.
 struct Current {
     file: Rc<dyn SegmentFile>,
@@ -388,10 +429,10 @@ struct Current {
     index: u64,
     pos: u64,
     zeroed_to: u64,
-    /// Segment files written while this journal file is current, by address.
-    segments: HashMap<usize, Rc<dyn SegmentFile>>,
-    /// Write-behind buffers of the logs whose entries this journal file holds, by address.
-    behinds: HashMap<usize, Rc<Behind>>,
+    /// Segment files written while this journal file is current.
+    segments: Touched<dyn SegmentFile>,
+    /// Write-behind buffers of the logs whose entries this journal file holds.
+    behinds: Touched<Behind>,
     /// Written since the last sync (interval mode).
     dirty: bool,
 }
@@ -523,8 +564,8 @@ impl Journal {
             index,
             pos: 0,
             zeroed_to: zero_ahead,
-            segments: HashMap::new(),
-            behinds: HashMap::new(),
+            segments: Touched::default(),
+            behinds: Touched::default(),
             dirty: false,
         })
     }
@@ -800,12 +841,10 @@ impl Journal {
             c.dirty = true;
             for q in &pass {
                 if let Some(segment) = &q.segment {
-                    let key = Rc::as_ptr(segment) as *const u8 as usize;
-                    c.segments.entry(key).or_insert_with(|| segment.clone());
+                    c.segments.add(segment);
                 }
                 if let Some(behind) = &q.behind {
-                    let key = Rc::as_ptr(behind) as usize;
-                    c.behinds.entry(key).or_insert_with(|| behind.clone());
+                    c.behinds.add(behind);
                 }
             }
         }
@@ -962,19 +1001,19 @@ impl Journal {
     /// the journal poisoned and the file left for replay at the next start, when a write or a sync fails.
     async fn write_back(
         &self,
-        segments: HashMap<usize, Rc<dyn SegmentFile>>,
-        behinds: &HashMap<usize, Rc<Behind>>,
+        segments: Touched<dyn SegmentFile>,
+        behinds: &Touched<Behind>,
         journal: &Path,
         what: &str,
     ) -> bool {
-        for behind in behinds.values() {
+        for behind in behinds.iter() {
             if let Err(e) = behind.flush() {
                 error!(core = self.core, journal = %journal.display(), error = %e, "{what}: cannot write frames still behind; the journal file stays for replay at the next start");
                 self.poisoned.set(true);
                 return false;
             }
         }
-        for (_, segment) in segments {
+        for segment in segments.iter() {
             if let Err(e) = segment.sync().await {
                 error!(core = self.core, journal = %journal.display(), error = %e, "{what}: a segment sync failed; the journal file stays for replay at the next start");
                 self.poisoned.set(true);
