@@ -731,9 +731,26 @@ async fn run_world(
                 }
             }
             670..=681 => {
+                // Often in the middle of two-step operations (a dead letter's copy and settle, a redrive's append and
+                // ack, a frontier file's temp write and rename), held at their syncs.
+                let how = if rng.chance(40) {
+                    world.sim.hold_syncs();
+                    for _ in 0..1 + rng.below(3) {
+                        if rng.chance(50) {
+                            spawn_produce(world, oracle, rng);
+                        } else {
+                            spawn_consume(world, oracle, rng);
+                        }
+                    }
+                    world.clock.advance(rng.below(60));
+                    world.settle().await;
+                    " with syncs in flight"
+                } else {
+                    ""
+                };
                 oracle
                     .borrow_mut()
-                    .note(format!("step {step}: process crash (kill -9)"));
+                    .note(format!("step {step}: process crash (kill -9){how}"));
                 return Outcome::Crash;
             }
             682..=689 if plan.power_cuts => {
