@@ -542,3 +542,52 @@ fn a_failed_sync_drops_its_pages_for_good_and_a_rewrite_brings_them_back() {
         );
     });
 }
+
+/// Only a file that carries its own checksum (`overwrite_small`, at most 512 bytes) may be overwritten in place: a
+/// `replace` (topic.json, a group's first frontier file) always goes through a temp file and a rename, whatever its
+/// size, so a device that tears a sector can never leave it half old, half new.
+#[test]
+fn a_replace_goes_through_a_temp_file_even_when_an_overwrite_in_place_would_fit() {
+    run(async {
+        let sim = Sim::new();
+        let disk = storage(&sim);
+        let path = dir().join("topic.json");
+        let tmp = dir().join("topic.json.tmp");
+        disk.replace(&path, b"{\"old\":1}".to_vec()).await.unwrap();
+        sim.hold_syncs();
+        let task = glommio::spawn_local({
+            let (disk, path) = (disk.clone(), path.clone());
+            async move { disk.replace(&path, b"{\"new\":2}".to_vec()).await }
+        });
+        while sim.held_syncs() == 0 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            sim.contents(&path).unwrap(),
+            b"{\"old\":1}",
+            "overwritten in place"
+        );
+        assert_eq!(sim.contents(&tmp).unwrap(), b"{\"new\":2}");
+        sim.release_syncs();
+        task.await.unwrap();
+        assert_eq!(sim.contents(&path).unwrap(), b"{\"new\":2}");
+        // And an overwrite in place is for small files only.
+        let big = vec![7u8; 600];
+        disk.replace(&path, big.clone()).await.unwrap();
+        sim.hold_syncs();
+        let task = glommio::spawn_local({
+            let (disk, path) = (disk.clone(), path.clone());
+            async move { disk.overwrite_small(&path, vec![8u8; 600]).await }
+        });
+        while sim.held_syncs() == 0 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            sim.contents(&path).unwrap(),
+            big,
+            "600 bytes overwritten in place"
+        );
+        sim.release_syncs();
+        task.await.unwrap();
+    });
+}
