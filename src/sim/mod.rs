@@ -734,16 +734,7 @@ async fn run_world(
                 // Often in the middle of two-step operations (a dead letter's copy and settle, a redrive's append and
                 // ack, a frontier file's temp write and rename), held at their syncs.
                 let how = if rng.chance(40) {
-                    world.sim.hold_syncs();
-                    for _ in 0..1 + rng.below(3) {
-                        if rng.chance(50) {
-                            spawn_produce(world, oracle, rng);
-                        } else {
-                            spawn_consume(world, oracle, rng);
-                        }
-                    }
-                    world.clock.advance(rng.below(60));
-                    world.settle().await;
+                    in_flight_at_held_syncs(world, oracle, rng, 50).await;
                     " with syncs in flight"
                 } else {
                     ""
@@ -758,16 +749,7 @@ async fn run_world(
                     0 => "after the step settled",
                     1 => {
                         // Replies sent before their sync are acknowledged losses now.
-                        world.sim.hold_syncs();
-                        for _ in 0..1 + rng.below(3) {
-                            if rng.chance(60) {
-                                spawn_produce(world, oracle, rng);
-                            } else {
-                                spawn_consume(world, oracle, rng);
-                            }
-                        }
-                        world.clock.advance(rng.below(60));
-                        world.settle().await;
+                        in_flight_at_held_syncs(world, oracle, rng, 60).await;
                         "with syncs in flight"
                     }
                     _ => {
@@ -840,6 +822,26 @@ async fn run_world(
         return Outcome::Crash;
     }
     Outcome::Done
+}
+
+/// Holds every sync, then starts one to three produces (`produce_percent` of them) and consumes and lets them run
+/// until they wait for a sync: the process is then cut or killed in the middle of their steps.
+async fn in_flight_at_held_syncs(
+    world: &World,
+    oracle: &Rc<RefCell<Oracle>>,
+    rng: &mut Rng,
+    produce_percent: u64,
+) {
+    world.sim.hold_syncs();
+    for _ in 0..1 + rng.below(3) {
+        if rng.chance(produce_percent) {
+            spawn_produce(world, oracle, rng);
+        } else {
+            spawn_consume(world, oracle, rng);
+        }
+    }
+    world.clock.advance(rng.below(60));
+    world.settle().await;
 }
 
 /// Some log refuses appends after a failed sync (until a restart).
