@@ -28,37 +28,7 @@ fn partition_dir(partition: u32) -> PathBuf {
     Path::new("/sim/topics/t").join(partition.to_string())
 }
 
-fn run<T>(f: impl std::future::Future<Output = T>) -> T {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .make()
-        .expect("executor")
-        .run(f)
-}
-
-fn clock() -> Rc<dyn crate::clock::Clock> {
-    Rc::new(crate::clock::RealClock)
-}
-
-fn storage(sim: &Rc<Sim>) -> Rc<dyn Storage> {
-    Rc::new(SimStorage(sim.clone()))
-}
-
-/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
-        of[self.below(of.len() as u64) as usize]
-    }
-}
+use super::fault_tests::{clock, run, storage, Rng};
 
 /// How one core's journal and its partitions are set up.
 #[derive(Clone, Copy, Debug)]
