@@ -1704,6 +1704,98 @@ fn a_bearer_token_is_required_everywhere_but_health() {
     assert_alive(&server);
 }
 
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib >> 10
+}
+
+/// Issue 23, finding 3: with `--auth-token-file`, the token was checked only once the whole body was buffered, and
+/// `100 Continue` was sent to unauthenticated requests: 6 connections sending 16 MiB bodies without a token took
+/// +270 MB and held it for the header timeout. Now the head is checked as soon as it is complete: no `100
+/// Continue`, a `401` before any more of the body is read, and memory stays flat under the same attack.
+#[test]
+fn an_unauthenticated_body_is_refused_after_its_head_before_it_is_buffered() {
+    const TOKEN: &str = "pre-auth-t0ken-0123456789abcdef";
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let server = Server::start(1, &["--auth-token-file", token_file.to_str().unwrap()]);
+    let authed = Client::new(&server.url()).with_token(Some(TOKEN.into()));
+    assert_eq!(authed.call("PUT", "/topics/T", &[]).unwrap().status, 201);
+    let big = 16usize << 20;
+
+    // The head alone is answered: 401, never `100 Continue`, without a byte of the announced body sent.
+    for (what, extra) in [
+        ("expect 100-continue", "Expect: 100-continue\r\n"),
+        ("plain", ""),
+    ] {
+        let mut c = Conn::open(server.port);
+        c.send(
+            format!(
+                "POST /ack?topic=T HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}Content-Length: {big}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        let r = c.response();
+        assert_eq!(r.status, 401, "{what}: {r:?}");
+        c.assert_closed(what);
+    }
+    // A wrong token is the same; a right one gets `100 Continue`, then its answer.
+    let mut c = Conn::open(server.port);
+    c.send(b"POST /produce?topic=T HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer nope\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+    assert_eq!(c.response().status, 401);
+    let mut c = Conn::open(server.port);
+    c.send(format!("POST /produce?topic=T HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n").as_bytes());
+    assert_eq!(c.response().status, 100);
+    c.send(b"hello");
+    assert_eq!(c.response().status, 200);
+
+    // The attack as reproduced: 6 connections streaming 16 MiB bodies without a token. Each is answered and cut
+    // after its head; the server's memory does not grow by the bodies.
+    let pid = server.pid().expect("running");
+    let before = rss_mib(pid);
+    let attackers: Vec<_> = (0..6)
+        .map(|_| {
+            let port = server.port;
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+                let head = format!("POST /ack?topic=T HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {big}\r\n\r\n");
+                let _ = s.write_all(head.as_bytes());
+                let chunk = vec![b'7'; 1 << 20];
+                let mut sent = 0usize;
+                while sent < big {
+                    if s.write_all(&chunk).is_err() {
+                        break;
+                    }
+                    sent += chunk.len();
+                }
+                sent
+            })
+        })
+        .collect();
+    let mut peak = before;
+    while attackers.iter().any(|t| !t.is_finished()) {
+        peak = peak.max(rss_mib(pid));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for t in attackers {
+        t.join().unwrap();
+    }
+    peak = peak.max(rss_mib(pid));
+    assert!(
+        peak < before + 64,
+        "RSS went from {before} MiB to {peak} MiB under unauthenticated 16 MiB bodies"
+    );
+    assert_eq!(authed.call("GET", "/topics/T", &[]).unwrap().status, 200);
+    assert_alive(&server);
+}
+
 /// Runs `berth serve` directly and waits (bounded) for its exit; returns (code, stderr).
 fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
     let tmp = tempfile::tempdir().unwrap();

@@ -16,7 +16,8 @@ use crate::engine::placement::{Location, NodeIndex};
 use crate::engine::topic::TopicConfig;
 use crate::engine::{Engine, EngineError, EngineResult};
 use crate::ops::consume::GiveBack;
-use crate::ops::{OpError, OpResult, Reply, Request};
+use crate::ops::params::BatchLimits;
+use crate::ops::{validate, OpError, OpResult, Reply, Request};
 use crate::transport::{NodeLink, Router};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -280,14 +281,16 @@ pub async fn join(
     }));
     let handler: Handler = {
         let router = router.clone();
+        let limits = BatchLimits {
+            max_batch_records: config.max_batch_records,
+            max_batch_bytes: config.max_batch_bytes,
+            max_message_bytes: config.max_message_bytes,
+        };
         Rc::new(move |core: u32, request: Request| {
             let router = router.clone();
             Box::pin(async move {
-                if core as usize >= router.engine().cores() {
-                    return Err(OpError::InvalidParameter(format!(
-                        "this node has no core {core}"
-                    )));
-                }
+                // A peer's request is checked like any untrusted input before a core sees it.
+                validate::admit(&request, core, router.engine().cores(), &limits)?;
                 // A request from a node that knows more than this one (a topic, a new incarnation or a group
                 // created through it a moment ago, not yet in this node's replica): read the metastore first.
                 if let Some(name) = behind(router.engine(), &request) {
@@ -546,7 +549,19 @@ impl NodeLink for RpcNodes {
         request: Request,
     ) -> Pin<Box<dyn Future<Output = OpResult<Reply>>>> {
         let client = self.client(to.node);
-        Box::pin(async move { client?.call(to.core, request).await })
+        let expected = validate::expect(&request);
+        Box::pin(async move {
+            let reply = client?.call(to.core, request).await?;
+            // The peer's reply is untrusted input: the wrong variant or length is an error, never a panic or a
+            // partial answer passed off as whole.
+            validate::check_reply(expected, &reply).map_err(|why| {
+                OpError::PartitionUnavailable(format!(
+                    "node {} answered out of protocol: {why}",
+                    to.node
+                ))
+            })?;
+            Ok(reply)
+        })
     }
 
     fn signal(&self, to: Location, signal: crate::engine::Signal) -> bool {

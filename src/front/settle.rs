@@ -96,6 +96,9 @@ impl Front {
         for (indexes, reply) in replies {
             match reply {
                 Ok(Reply::Settled(settled)) => {
+                    // A peer's reply was checked for its length (`validate::check_reply`); this core's own owners
+                    // answer one result per handle.
+                    assert_eq!(indexes.len(), settled.results.len(), "a settle's results");
                     for (i, r) in indexes.into_iter().zip(settled.results) {
                         results[i] = r.map_err(OpError::from);
                     }

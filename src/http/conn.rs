@@ -135,6 +135,8 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
     let mut request_started_ms: Option<u64> = None;
     // `100 Continue` was already sent for the request being read.
     let mut continued = false;
+    // The head of the request being read passed `routes::refuse` (token, host) while its body was still due.
+    let mut vetted = false;
     loop {
         // Answer the complete requests already buffered, in order, until the queued answers reach the per-connection
         // bound: a client that pipelines without reading then waits for its answers to drain before more of its
@@ -149,6 +151,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                 Ok(Parsed::Complete(req, used)) => {
                     buf.consume(used);
                     continued = false;
+                    vetted = false;
                     // Read and idle deadlines do not run while a request is being served (a long-poll may
                     // outlast them); the next read sets a fresh one.
                     watch.deadline_ms.set(u64::MAX);
@@ -174,8 +177,25 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                     }
                 }
                 Ok(Parsed::Partial {
-                    expect_continue, ..
+                    head_done,
+                    expect_continue,
                 }) => {
+                    if head_done && !vetted {
+                        // Checked before any more of the body is read or invited: a client without the token (or
+                        // from a refused host) is answered at once, with at most one read of its body buffered.
+                        vetted = true;
+                        let refusal = request::parse_head(buf.data(), &limits)
+                            .ok()
+                            .flatten()
+                            .and_then(|head| routes::refuse(&front, &head));
+                        if let Some(response) = refusal {
+                            response.encode(true, &mut out);
+                            watch.deadline_ms.set(now_ms() + config.write_timeout_ms);
+                            close_after_error(&mut stream, watch, &out, config.max_message_bytes)
+                                .await;
+                            return;
+                        }
+                    }
                     if expect_continue && !continued {
                         out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                         continued = true;

@@ -68,6 +68,20 @@ pub enum Parsed {
 
 /// Parses one request from the front of `buf`.
 pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
+    parse_inner(buf, limits, false)
+}
+
+/// The head of the request at the front of `buf` (its body empty), once the head is complete and within the
+/// limits: what is checked before any of a body is waited for (the bearer token, the host), so an unauthenticated
+/// client never has more than one read of its body buffered, nor gets `100 Continue`.
+pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Option<Request>, ParseError> {
+    match parse_inner(buf, limits, true)? {
+        Parsed::Complete(head, _) => Ok(Some(head)),
+        Parsed::Partial { .. } => Ok(None),
+    }
+}
+
+fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, ParseError> {
     // Headers on the stack up to 64 (the default limit), else on the heap.
     let mut on_stack = [httparse::EMPTY_HEADER; 64];
     let mut on_heap = Vec::new();
@@ -153,7 +167,11 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, ParseError> {
     if body_len > limit {
         return Err(ParseError::BodyTooLarge { limit, batch });
     }
-    let total = head_len + body_len;
+    let total = if head_only {
+        head_len
+    } else {
+        head_len + body_len
+    };
     if buf.len() < total {
         return Ok(Parsed::Partial {
             head_done: true,

@@ -146,7 +146,7 @@ async fn admin(
 /// The checks before any operation: the bearer token when one is configured; without one, only loopback (or
 /// configured) host names and no cross-origin browser requests, so a web page cannot reach the broker through DNS
 /// rebinding. A refusal closes the connection.
-fn refuse(front: &Front, req: &Request) -> Option<Response> {
+pub(crate) fn refuse(front: &Front, req: &Request) -> Option<Response> {
     let config = front.engine().config();
     match &config.auth_token {
         Some(token) => {

@@ -13,6 +13,7 @@ pub mod redrive;
 pub mod replay;
 pub mod settle;
 pub mod topics;
+pub mod validate;
 
 use crate::engine::metrics::CoreStats;
 use crate::engine::topic::TopicConfig;
@@ -103,6 +104,14 @@ pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
 
 /// Everything but the data path: replays and administration.
 async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
+    if validate::on_core_zero(&request) && engine.id() != 0 {
+        // Whatever carried it here (a peer's node RPC addressed to the wrong core, a bug): refused, never applied.
+        return Err(OpError::InvalidParameter(format!(
+            "{} runs on core 0 only, not on core {}",
+            validate::kind(&request),
+            engine.id()
+        )));
+    }
     Ok(match request {
         Request::Replay(r) => Reply::Replayed(replay::apply(engine, r).await?),
         Request::CreateTopic(config) => {

@@ -539,6 +539,8 @@ pub struct Opts {
     pub netns: bool,
     /// More `serve` flags for every node.
     pub extra: Vec<String>,
+    /// `--cores N` for every node; None: one core.
+    pub cores: Option<usize>,
     /// Start every node with `--auth-token-file` holding this token; the nodes' clients send it. Without a token,
     /// nodes in namespaces (listening on non-loopback addresses) get `--insecure`.
     pub token: Option<String>,
@@ -664,6 +666,7 @@ impl Cluster {
         let (port, peer_port) = (free_port(), free_port());
         let dir = self.dir();
         let data_dir = dir.join(&id).join("data");
+        let cores = self.opts.cores.unwrap_or(1).to_string();
         let mut args: Vec<String> = [
             "serve",
             "--listen",
@@ -671,7 +674,7 @@ impl Cluster {
             "--data-dir",
             &data_dir.display().to_string(),
             "--cores",
-            "1",
+            &cores,
         ]
         .iter()
         .map(|s| s.to_string())

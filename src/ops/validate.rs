@@ -1,0 +1,454 @@
+//! The checks a request passes before it is applied, whatever carried it. HTTP builds its `Request`s from parsed,
+//! validated parameters (`params`, one parser per operation); node RPC decodes them from a peer's bytes, and a peer
+//! is not trusted to have done the same: `admit` is where such a value becomes a request this node will apply.
+//!
+//! - Only the requests another node has a reason to send cross node RPC: the data path (produce, probe, settle,
+//!   replay), describe, and the one-way wake-up signals and give-backs. Administration is never forwarded between
+//!   nodes (each node applies its own through the metastore), and admin steps, stats and metastore lookups are a
+//!   node's own business: a peer that sends one gets `400`, and no core ever sees it.
+//! - Every name is valid (`validate_name`: what the HTTP layer checks), every count and byte size within the
+//!   server's batch limits, every duration within the range its HTTP parameter accepts.
+//! - The core exists (`cores`).
+//!
+//! `on_core_zero` is the other half: the requests that only core 0 may run, refused on any other core by
+//! `ops::apply` itself (whatever transport delivered them), so no peer or bug can reach the engine's core-0
+//! assertions.
+
+use super::params::BatchLimits;
+use super::settle::Settle;
+use super::{OpError, OpResult, Reply, Request};
+use crate::engine::topic::{validate_name, MAX_DELAY_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
+use crate::engine::Signal;
+use crate::partition::SettleOp;
+
+/// The requests only core 0 runs: topic and group administration and metastore lookups.
+pub fn on_core_zero(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::CreateTopic(_)
+            | Request::ChangeTopic(..)
+            | Request::DeleteTopic(_)
+            | Request::CreateGroup(..)
+            | Request::DeleteGroup(..)
+            | Request::LookupTopic(..)
+    )
+}
+
+/// Checks a request that arrived from another node for `core` of this node (of `cores`): `Ok` if it may be applied,
+/// else the `400`/`413` it is answered with. Allocates nothing; touches no engine state.
+pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -> OpResult<()> {
+    if core as usize >= cores {
+        return Err(OpError::InvalidParameter(format!(
+            "this node has no core {core}"
+        )));
+    }
+    match request {
+        Request::Produce(r) => {
+            validate_name(&r.topic)?;
+            count(r.records.len(), limits, "records")?;
+            let mut total = 0usize;
+            for record in &r.records {
+                if record.len() > limits.max_message_bytes {
+                    return Err(OpError::MessageTooLarge {
+                        limit: limits.max_message_bytes,
+                    });
+                }
+                total += record.len();
+            }
+            if total > limits.max_batch_bytes {
+                return Err(OpError::BatchTooLarge(format!(
+                    "the batch holds more than {} bytes (max_batch_bytes)",
+                    limits.max_batch_bytes
+                )));
+            }
+            Ok(())
+        }
+        Request::Probe(r) => {
+            names(&r.topic, &r.group)?;
+            if r.max == 0 {
+                return Err(OpError::InvalidParameter("max must be at least 1".into()));
+            }
+            count(r.max, limits, "messages asked for")?;
+            if let Some(v) = r.visibility_ms {
+                within("visibility", v, MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?;
+            }
+            Ok(())
+        }
+        Request::Settle(r) => settle(r, limits),
+        Request::Replay(r) => {
+            validate_name(&r.topic)?;
+            within("wait", r.wait_ms, 0, super::consume::MAX_WAIT_MS)
+        }
+        Request::Describe(name) => Ok(validate_name(name)?),
+        // A wake-up's count only says how many parked consumers to wake: any number is harmless.
+        Request::Signal(Signal::Interest { topic, group, .. })
+        | Request::Signal(Signal::NoInterest { topic, group, .. })
+        | Request::Signal(Signal::Wake { topic, group, .. }) => names(topic, group),
+        Request::GiveBack(r) => {
+            names(&r.topic, &r.group)?;
+            count(r.leases.len(), limits, "leases")
+        }
+        Request::CreateTopic(_)
+        | Request::ChangeTopic(..)
+        | Request::DeleteTopic(_)
+        | Request::CreateGroup(..)
+        | Request::DeleteGroup(..)
+        | Request::Stats
+        | Request::Admin(_)
+        | Request::LookupTopic(..) => Err(OpError::InvalidParameter(format!(
+            "{} is not accepted over node RPC",
+            kind(request)
+        ))),
+    }
+}
+
+fn settle(r: &Settle, limits: &BatchLimits) -> OpResult<()> {
+    names(&r.topic, &r.group)?;
+    if r.items.is_empty() {
+        return Err(OpError::InvalidReceiptHandle(String::new()));
+    }
+    count(r.items.len(), limits, "receipt handles")?;
+    match r.op {
+        SettleOp::Ack => Ok(()),
+        SettleOp::Nack(delay) => delay.map_or(Ok(()), |d| within("delay", d, 0, MAX_DELAY_MS)),
+        SettleOp::Extend(v) => v.map_or(Ok(()), |v| {
+            within("visibility", v, MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)
+        }),
+    }
+}
+
+fn names(topic: &str, group: &str) -> OpResult<()> {
+    validate_name(topic)?;
+    validate_name(group)?;
+    Ok(())
+}
+
+fn count(n: usize, limits: &BatchLimits, what: &str) -> OpResult<()> {
+    if n > limits.max_batch_records {
+        return Err(OpError::BatchTooLarge(format!(
+            "{n} {what}: more than {} (max_batch_records)",
+            limits.max_batch_records
+        )));
+    }
+    Ok(())
+}
+
+fn within(what: &str, v: u64, min: u64, max: u64) -> OpResult<()> {
+    if v < min || v > max {
+        return Err(OpError::InvalidParameter(format!(
+            "{what} must be between {min} and {max} ms, not {v}"
+        )));
+    }
+    Ok(())
+}
+
+/// What the reply to a request must be: its variant and, for a batch, its length. Taken before the request is
+/// sent to another node, checked on its reply (`check_reply`): a peer's reply is untrusted input too, and a wrong
+/// variant or length must become an error answer, never a panic or a silent `200` for handles nobody settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    Produced,
+    /// At most this many deliveries.
+    Probed(usize),
+    /// Exactly this many results.
+    Settled(usize),
+    Replayed,
+    Created,
+    Changed,
+    GroupCreated,
+    Described,
+    Stats,
+    Done,
+}
+
+/// The reply `request` must get.
+pub fn expect(request: &Request) -> Expected {
+    match request {
+        Request::Produce(_) => Expected::Produced,
+        Request::Probe(p) => Expected::Probed(p.max),
+        Request::Settle(s) => Expected::Settled(s.items.len()),
+        Request::Replay(_) => Expected::Replayed,
+        Request::CreateTopic(_) => Expected::Created,
+        Request::ChangeTopic(..) => Expected::Changed,
+        Request::CreateGroup(..) => Expected::GroupCreated,
+        Request::Describe(_) => Expected::Described,
+        Request::Stats => Expected::Stats,
+        Request::DeleteTopic(_)
+        | Request::DeleteGroup(..)
+        | Request::Admin(_)
+        | Request::Signal(_)
+        | Request::LookupTopic(..)
+        | Request::GiveBack(_) => Expected::Done,
+    }
+}
+
+/// `Err(why)` when `reply` is not what `expected` says.
+pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
+    let fits = match (expected, reply) {
+        (Expected::Produced, Reply::Produced(_)) => true,
+        (Expected::Probed(max), Reply::Probed(p)) => {
+            if p.deliveries.len() > max {
+                return Err(format!(
+                    "{} deliveries for a probe of at most {max}",
+                    p.deliveries.len()
+                ));
+            }
+            true
+        }
+        (Expected::Settled(n), Reply::Settled(s)) => {
+            if s.results.len() != n {
+                return Err(format!(
+                    "{} results for {n} receipt handles",
+                    s.results.len()
+                ));
+            }
+            true
+        }
+        (Expected::Replayed, Reply::Replayed(_))
+        | (Expected::Created, Reply::Created(..))
+        | (Expected::Changed, Reply::Changed(_))
+        | (Expected::GroupCreated, Reply::GroupCreated(_))
+        | (Expected::Described, Reply::Described(_))
+        | (Expected::Stats, Reply::Stats(_))
+        | (Expected::Done, Reply::Done) => true,
+        _ => false,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(format!("expected {expected:?}, got {}", reply_kind(reply)))
+    }
+}
+
+fn reply_kind(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Produced(_) => "Produced",
+        Reply::Probed(_) => "Probed",
+        Reply::Settled(_) => "Settled",
+        Reply::Replayed(_) => "Replayed",
+        Reply::Created(..) => "Created",
+        Reply::Changed(_) => "Changed",
+        Reply::GroupCreated(_) => "GroupCreated",
+        Reply::Described(_) => "Described",
+        Reply::Stats(_) => "Stats",
+        Reply::Done => "Done",
+    }
+}
+
+/// A request's name, for error texts.
+pub fn kind(request: &Request) -> &'static str {
+    match request {
+        Request::Produce(_) => "Produce",
+        Request::Probe(_) => "Probe",
+        Request::Settle(_) => "Settle",
+        Request::Replay(_) => "Replay",
+        Request::CreateTopic(_) => "CreateTopic",
+        Request::ChangeTopic(..) => "ChangeTopic",
+        Request::DeleteTopic(_) => "DeleteTopic",
+        Request::CreateGroup(..) => "CreateGroup",
+        Request::DeleteGroup(..) => "DeleteGroup",
+        Request::Describe(_) => "Describe",
+        Request::Stats => "Stats",
+        Request::Admin(_) => "Admin",
+        Request::Signal(_) => "Signal",
+        Request::LookupTopic(..) => "LookupTopic",
+        Request::GiveBack(_) => "GiveBack",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::topic::TopicConfig;
+    use crate::ops::consume::{GiveBack, Probe};
+    use crate::ops::produce::Produce;
+    use crate::ops::replay::Replay;
+    use bytes::Bytes;
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_batch_records: 10,
+        max_batch_bytes: 100,
+        max_message_bytes: 40,
+    };
+
+    fn produce(topic: &str, records: Vec<Bytes>) -> Request {
+        Request::Produce(Produce {
+            topic: topic.into(),
+            topic_id: 1,
+            partition: 0,
+            records,
+        })
+    }
+
+    fn probe(group: &str, max: usize, visibility_ms: Option<u64>) -> Request {
+        Request::Probe(Probe {
+            topic: "t".into(),
+            topic_id: 1,
+            group: group.into(),
+            max,
+            visibility_ms,
+            waker: None,
+        })
+    }
+
+    fn settle(items: usize, op: SettleOp) -> Request {
+        Request::Settle(Settle {
+            topic: "t".into(),
+            topic_id: 1,
+            group: "g".into(),
+            partition: 0,
+            items: vec![(0, 0); items],
+            op,
+            dead_lettered: false,
+        })
+    }
+
+    #[test]
+    fn administration_and_a_nodes_own_business_never_cross_node_rpc() {
+        let refused = [
+            Request::CreateTopic(TopicConfig::with_defaults("t")),
+            Request::DeleteTopic("t".into()),
+            Request::CreateGroup("t".into(), "g".into(), false),
+            Request::DeleteGroup("t".into(), "g".into()),
+            Request::ChangeTopic("t".into(), Default::default()),
+            Request::Stats,
+            Request::Admin(crate::engine::AdminStep::Drop("t".into())),
+            Request::LookupTopic("t".into(), true),
+        ];
+        for r in refused {
+            let e = admit(&r, 0, 2, &LIMITS).unwrap_err();
+            assert!(
+                matches!(e, OpError::InvalidParameter(ref m) if m.contains("not accepted over node RPC")),
+                "{r:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_data_path_is_admitted_within_limits_and_refused_beyond() {
+        let ok = |r: Request| admit(&r, 1, 2, &LIMITS).unwrap();
+        let refused = |r: Request| admit(&r, 1, 2, &LIMITS).unwrap_err();
+        ok(produce("t", vec![Bytes::from_static(b"x"); 10]));
+        ok(probe("g", 10, Some(MIN_VISIBILITY_MS)));
+        ok(settle(10, SettleOp::Ack));
+        ok(settle(1, SettleOp::Nack(Some(MAX_DELAY_MS))));
+        ok(Request::Describe("t".into()));
+
+        assert!(matches!(
+            refused(produce("../x", vec![])),
+            OpError::InvalidTopic(_)
+        ));
+        assert!(matches!(
+            refused(produce("t", vec![Bytes::from_static(b"x"); 11])),
+            OpError::BatchTooLarge(_)
+        ));
+        assert!(matches!(
+            refused(produce("t", vec![Bytes::from(vec![0u8; 41])])),
+            OpError::MessageTooLarge { limit: 40 }
+        ));
+        assert!(matches!(
+            refused(produce("t", vec![Bytes::from(vec![0u8; 40]); 3])),
+            OpError::BatchTooLarge(_)
+        ));
+        assert!(matches!(
+            refused(probe("../x/y", 1, None)),
+            OpError::InvalidTopic(_)
+        ));
+        assert!(matches!(
+            refused(probe("g", 0, None)),
+            OpError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            refused(probe("g", 11, None)),
+            OpError::BatchTooLarge(_)
+        ));
+        assert!(matches!(
+            refused(probe("g", 1, Some(1))),
+            OpError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            refused(settle(11, SettleOp::Ack)),
+            OpError::BatchTooLarge(_)
+        ));
+        assert!(matches!(
+            refused(settle(0, SettleOp::Ack)),
+            OpError::InvalidReceiptHandle(_)
+        ));
+        assert!(matches!(
+            refused(settle(1, SettleOp::Extend(Some(MAX_VISIBILITY_MS + 1)))),
+            OpError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            refused(Request::Replay(Replay {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                offset: 0,
+                wait_ms: u64::MAX,
+            })),
+            OpError::InvalidParameter(_)
+        ));
+        assert!(matches!(
+            refused(Request::GiveBack(GiveBack {
+                topic: "t".into(),
+                group: "a/b".into(),
+                leases: vec![],
+            })),
+            OpError::InvalidTopic(_)
+        ));
+        assert!(matches!(
+            refused(Request::Signal(Signal::Wake {
+                topic: "t".into(),
+                group: "..".into(),
+                n: 1,
+            })),
+            OpError::InvalidTopic(_)
+        ));
+        // A core this node does not have.
+        assert!(matches!(
+            admit(&probe("g", 1, None), 2, 2, &LIMITS).unwrap_err(),
+            OpError::InvalidParameter(_)
+        ));
+    }
+
+    fn delivery() -> crate::partition::Delivery {
+        crate::partition::Delivery {
+            partition: 0,
+            offset: 0,
+            nonce: 0,
+            delivery_count: 1,
+            expires_at_ms: 0,
+            payload: Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn a_peers_reply_of_the_wrong_variant_or_length_is_refused() {
+        use crate::ops::consume::Probed;
+        use crate::ops::settle::Settled;
+
+        let settled = |n: usize| {
+            Reply::Settled(Settled {
+                results: vec![Ok(()); n],
+            })
+        };
+        let e = expect(&settle(3, SettleOp::Ack));
+        assert_eq!(e, Expected::Settled(3));
+        assert!(check_reply(e, &settled(3)).is_ok());
+        assert!(check_reply(e, &settled(2))
+            .unwrap_err()
+            .contains("2 results for 3"));
+        assert!(check_reply(e, &settled(4)).is_err());
+        assert!(check_reply(e, &Reply::Done)
+            .unwrap_err()
+            .contains("got Done"));
+        let e = expect(&probe("g", 1, None));
+        assert!(check_reply(e, &Reply::Probed(Probed::default())).is_ok());
+        let two = Probed {
+            deliveries: vec![delivery(), delivery()],
+            ..Default::default()
+        };
+        assert!(check_reply(e, &Reply::Probed(two)).is_err());
+        assert!(check_reply(expect(&produce("t", vec![])), &settled(0)).is_err());
+    }
+}

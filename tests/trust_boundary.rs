@@ -1,0 +1,170 @@
+//! The cluster as a trust boundary, tried from outside as an attacker or an unlucky peer would (issue 23): real etcd
+//! and real `berth serve --cluster` nodes (tests/common/cluster.rs), with raw node RPC clients and raw sockets that
+//! send what no well-behaved node or client would.
+//!
+//! * node RPC carries only what a peer has a reason to send, checked like any untrusted input: an admin request for
+//!   the wrong core, an admin step, or a group named `../x/y` gets an error answer, and every core keeps serving;
+//!
+//! Every test prints `SKIP <test>: ...` and passes when etcd is not installed. Tests hold `common::serial()`.
+
+mod common;
+
+use berth::cluster::rpc::frame::{self, Hello, Kind, ReplyBody, Welcome, HEADER_LEN, VERSION};
+use berth::engine::AdminStep;
+use berth::ops::consume::Probe;
+use berth::ops::{OpError, Reply, Request};
+use common::cluster::{Cluster, Node, Opts};
+use common::serial;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A node RPC client written from docs/format.md ("Node RPC"), not berth's `RpcClient`: it sends whatever it is
+/// told to, to whichever core.
+struct RawPeer {
+    stream: TcpStream,
+    next_id: u64,
+}
+
+impl RawPeer {
+    /// Connects to `node`'s peer port and says hello as node `me` with `token`; the welcome, as sent.
+    fn connect(node: &Node, me: u32, token: &str) -> (RawPeer, Welcome) {
+        let stream = TcpStream::connect((node.ip.as_str(), node.peer_port)).expect("peer port");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut peer = RawPeer { stream, next_id: 1 };
+        let hello = Hello {
+            version: VERSION as u32,
+            node: me,
+            token: token.into(),
+        };
+        peer.send(Kind::Handshake, &hello);
+        let (kind, body) = peer.read_frame().expect("a welcome");
+        assert_eq!(kind, Kind::Handshake as u8);
+        let welcome: Welcome = frame::decode(&body).expect("a welcome that decodes");
+        (peer, welcome)
+    }
+
+    fn send<T: serde::Serialize>(&mut self, kind: Kind, body: &T) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        frame::encode(kind, id, body, usize::MAX, &mut out).expect("encodes");
+        self.stream
+            .write_all(&out)
+            .expect("the peer takes the frame");
+        id
+    }
+
+    /// The next frame's kind and body; None when the connection ended.
+    fn read_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        let mut header = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut header).ok()?;
+        let len = u32::from_le_bytes(header[16..20].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body).ok()?;
+        Some((header[5], body))
+    }
+
+    /// Sends `request` for `core` and waits for its answer.
+    fn call(&mut self, core: u32, request: Request) -> ReplyBody {
+        self.send(Kind::Request, &(core, request));
+        let (kind, body) = self.read_frame().expect("a reply");
+        assert_eq!(kind, Kind::Reply as u8);
+        frame::decode(&body).expect("a reply that decodes")
+    }
+}
+
+fn refused(answer: ReplyBody, what: &str) -> OpError {
+    match answer {
+        Err(e) => e,
+        Ok(reply) => panic!("{what}: applied ({reply:?}), should have been refused"),
+    }
+}
+
+/// Issue 23, findings 1 and 8: node RPC handed any request to any core (an admin request addressed to core 1 hit
+/// core 0's assertion and took that core's executor down for good), and skipped the HTTP layer's checks (a group
+/// named `../x/y` was stored in etcd and jammed the topic on every node). Now a peer's request is admitted only if a
+/// peer has a reason to send it, with valid names and counts, and core-0 requests run on core 0 only.
+#[test]
+fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
+    let _g = serial();
+    let opts = Opts {
+        cores: Some(2),
+        ..Opts::default()
+    };
+    let Some(c) = Cluster::start_with(
+        "a_peer_cannot_crash_a_core_or_store_what_http_refuses",
+        1,
+        opts,
+    ) else {
+        return;
+    };
+    let node = c.node(0);
+    assert_eq!(node.put("/topics/t?partitions=4").status, 201);
+    let (mut peer, welcome) = RawPeer::connect(node, 7, "");
+    assert!(matches!(welcome, Welcome::Accepted { .. }), "{welcome:?}");
+
+    for core in [0, 1] {
+        for request in [
+            Request::DeleteTopic("t".into()),
+            Request::CreateGroup("t".into(), "g2".into(), false),
+            Request::DeleteGroup("t".into(), "default".into()),
+            Request::Admin(AdminStep::Drop("t".into())),
+            Request::LookupTopic("t".into(), true),
+            Request::Stats,
+        ] {
+            let what = format!("{request:?} for core {core}");
+            let e = refused(peer.call(core, request), &what);
+            assert!(
+                matches!(e, OpError::InvalidParameter(ref m) if m.contains("not accepted over node RPC")),
+                "{what}: {e:?}"
+            );
+        }
+    }
+    let bad_group = Request::Probe(Probe {
+        topic: "t".into(),
+        topic_id: 0,
+        group: "../x/y".into(),
+        max: 1,
+        visibility_ms: None,
+        waker: None,
+    });
+    assert!(matches!(
+        refused(peer.call(0, bad_group), "a probe of group ../x/y"),
+        OpError::InvalidTopic(_)
+    ));
+    assert!(matches!(
+        refused(
+            peer.call(9, Request::Describe("t".into())),
+            "a request for core 9"
+        ),
+        OpError::InvalidParameter(_)
+    ));
+    // A well-formed request from the same peer is still served: the connection was not dropped.
+    assert!(matches!(
+        peer.call(1, Request::Describe("t".into())),
+        Ok(Reply::Described(_))
+    ));
+
+    // Every core still serves: a produce to each of the four partitions (two per core), and the topic and its one
+    // group are as they were.
+    for p in 0..4 {
+        let a = node.post(&format!("/produce?topic=t&partition={p}"), b"x");
+        assert_eq!(a.status, 200, "partition {p}: {}", a.text());
+    }
+    let groups = node.get("/topics/t/groups");
+    assert_eq!(groups.status, 200);
+    let text = groups.text();
+    assert!(
+        text.contains("default") && !text.contains("x/y") && !text.contains("g2"),
+        "{text}"
+    );
+    let keys = c.etcd.list("/berth/").expect("etcd lists its keys");
+    assert!(
+        keys.iter()
+            .all(|(k, v)| !k.contains("x/y") && !v.contains("x/y")),
+        "{keys:?}"
+    );
+}
