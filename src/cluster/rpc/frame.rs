@@ -1,7 +1,7 @@
 //! Node RPC's wire format (`docs/format.md`, "Node RPC"): length-prefixed frames, each a fixed 24-byte header and a
 //! postcard body; the bodies each kind carries; and `FrameReader`, which cuts frames out of a byte stream and turns
-//! anything malformed into a `FrameError` (never a panic, never an allocation larger than what actually arrived).
-//! Used by both ends of a connection, on whichever core runs that end.
+//! anything malformed into a `FrameError` (never a panic, never a buffer more than one bounded read beyond what
+//! actually arrived). Used by both ends of a connection, on whichever core runs that end.
 
 use crate::ops::{OpResult, Reply, Request};
 use futures_lite::{AsyncRead, AsyncReadExt};
@@ -16,8 +16,11 @@ pub const MAGIC: u32 = 0x4350_5242;
 pub const VERSION: u8 = 2;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
-/// Bytes asked of the socket per read (more while a large body is arriving).
+/// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has
+/// arrived, up to `MAX_READ_CHUNK`.
 const READ_CHUNK: usize = 16 << 10;
+/// The most a reader's buffer runs ahead of the bytes it has received: 1 MiB.
+const MAX_READ_CHUNK: usize = 1 << 20;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +255,8 @@ pub struct FrameReader {
     start: usize,
     end: usize,
     max_body: usize,
+    /// Bytes taken from the stream so far.
+    received: u64,
 }
 
 impl FrameReader {
@@ -261,7 +266,19 @@ impl FrameReader {
             start: 0,
             end: 0,
             max_body: max_body.min(u32::MAX as usize),
+            received: 0,
         }
+    }
+
+    /// Changes the largest body accepted from the next frame on; bytes already buffered are kept. The server reads
+    /// the hello under a small limit and raises it once the hello is accepted.
+    pub fn set_max_body(&mut self, max_body: usize) {
+        self.max_body = max_body.min(u32::MAX as usize);
+    }
+
+    /// Bytes taken from the stream so far (cut into frames or still buffered).
+    pub fn received(&self) -> u64 {
+        self.received
     }
 
     /// The next whole frame; `Ok(None)` when the stream ends cleanly between frames.
@@ -285,6 +302,7 @@ impl FrameReader {
                 };
             }
             self.end += n;
+            self.received += n as u64;
         }
     }
 
@@ -316,8 +334,11 @@ impl FrameReader {
         Ok(Some(frame))
     }
 
-    /// Moves the unread bytes to the front and makes sure there is space to read into. The buffer grows by at
-    /// most doubling what has arrived, so a header announcing a large body costs nothing until the body comes.
+    /// Moves the unread bytes to the front and makes sure there is space to read into. Growth follows the bytes
+    /// that arrived, never a header's announced length: the buffer's initialised (zero-filled) part is at most what
+    /// is buffered plus one read of `READ_CHUNK`..=`MAX_READ_CHUNK`, and never more than one frame under the limit.
+    /// (The `Vec`'s capacity may double ahead of that, but memory past its length is never written, so it costs
+    /// address space, not RAM.)
     fn make_room(&mut self) {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
@@ -328,9 +349,9 @@ impl FrameReader {
             self.buf = Vec::new();
         }
         if self.end == self.buf.len() {
-            let grown = (2 * self.buf.len()).max(READ_CHUNK);
-            self.buf
-                .resize(grown.min(HEADER_LEN + self.max_body).max(self.end + 1), 0);
+            let chunk = self.end.clamp(READ_CHUNK, MAX_READ_CHUNK);
+            let len = (self.end + chunk).min(HEADER_LEN + self.max_body);
+            self.buf.resize(len.max(self.end + 1), 0);
         }
     }
 }
@@ -392,6 +413,16 @@ mod tests {
         let doc = include_str!("../../../docs/format.md");
         assert!(doc.contains(&format!("`0x{MAGIC:08X}`")));
         assert!(doc.contains(&format!("| 20..{HEADER_LEN} | u32 | body_crc32c")));
+        let defaults = crate::cluster::rpc::RpcConfig::default();
+        let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (name, default) in [
+            ("max_hello_bytes", defaults.max_hello_bytes),
+            ("max_handshaking", defaults.max_handshaking),
+            ("max_connections", defaults.max_connections),
+        ] {
+            let stated = format!("`{name}` (default {default})");
+            assert!(doc.contains(&stated), "docs/format.md says {stated}");
+        }
     }
 
     fn read_all(bytes: &[u8], max_body: usize) -> (Vec<Frame>, Result<(), FrameError>) {
@@ -488,25 +519,80 @@ mod tests {
         assert_eq!(out, vec![1, 2, 3]);
     }
 
-    #[test]
-    fn a_reader_grows_only_with_what_arrives() {
-        // A header announcing a 60 MB body, followed by 10 bytes: the reader never holds more than it received
-        // (doubled), however large the announced body.
+    /// A header of `kind` announcing a `body_len`-byte body (its CRC 0).
+    fn header_announcing(kind: Kind, body_len: u32) -> Vec<u8> {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&MAGIC.to_le_bytes());
-        bytes.extend_from_slice(&[VERSION, Kind::Request as u8, 0, 0]);
+        bytes.extend_from_slice(&[VERSION, kind as u8, 0, 0]);
         bytes.extend_from_slice(&1u64.to_le_bytes());
-        bytes.extend_from_slice(&60_000_000u32.to_le_bytes());
+        bytes.extend_from_slice(&body_len.to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes());
-        bytes.extend_from_slice(&[0; 10]);
+        bytes
+    }
+
+    #[test]
+    fn a_reader_grows_only_with_what_arrives() {
+        // A header announcing a 60 MB body, then 10 bytes of it, then 5 MiB: the reader's buffer never holds more
+        // than what it received and one bounded read, however large the announced body.
+        for arrived in [10, 5 << 20] {
+            let mut bytes = header_announcing(Kind::Request, 60_000_000);
+            bytes.resize(HEADER_LEN + arrived, 0);
+            futures_lite::future::block_on(async {
+                let mut stream = futures_lite::io::Cursor::new(bytes);
+                let mut reader = FrameReader::new(64 << 20);
+                assert!(matches!(
+                    reader.next(&mut stream).await,
+                    Err(FrameError::Truncated)
+                ));
+                assert_eq!(reader.received(), (HEADER_LEN + arrived) as u64);
+                let bound = HEADER_LEN + arrived + arrived.clamp(READ_CHUNK, MAX_READ_CHUNK);
+                assert!(
+                    reader.buf.len() <= bound,
+                    "{} bytes initialised for {arrived} received",
+                    reader.buf.len()
+                );
+            });
+        }
+    }
+
+    #[test]
+    fn a_small_limit_refuses_a_large_header_unread_and_a_raised_one_keeps_what_was_buffered() {
         futures_lite::future::block_on(async {
+            // Under a 4 KiB limit, a header announcing 60 MiB is refused with its body still unread.
+            let mut bytes = header_announcing(Kind::Handshake, 60 << 20);
+            bytes.resize(HEADER_LEN + (1 << 20), 0);
             let mut stream = futures_lite::io::Cursor::new(bytes);
-            let mut reader = FrameReader::new(64 << 20);
-            assert!(matches!(
-                reader.next(&mut stream).await,
-                Err(FrameError::Truncated)
-            ));
-            assert!(reader.buf.len() <= 2 * READ_CHUNK, "{}", reader.buf.len());
+            let mut reader = FrameReader::new(4096);
+            let refused = reader.next(&mut stream).await;
+            assert!(
+                matches!(refused, Err(FrameError::TooLarge { limit: 4096, .. })),
+                "{refused:?}"
+            );
+            assert!(reader.received() <= (HEADER_LEN + 4096) as u64);
+            assert!(reader.buf.len() <= HEADER_LEN + 4096);
+
+            // A hello, and a 10 KiB request in the same bytes: the hello is cut under the small limit (having read
+            // no more than a hello's worth), then the request under the raised one, nothing lost in between.
+            let mut bytes = Vec::new();
+            let hello = Hello {
+                version: u32::from(VERSION),
+                node: 2,
+                token: "s3cret".into(),
+            };
+            encode(Kind::Handshake, 0, &hello, 4096, &mut bytes).unwrap();
+            let big: RequestBody = (0, Request::DeleteTopic("x".repeat(10 << 10)));
+            encode(Kind::Request, 9, &big, 1 << 20, &mut bytes).unwrap();
+            let mut stream = futures_lite::io::Cursor::new(bytes);
+            let mut reader = FrameReader::new(4096);
+            let f = reader.next(&mut stream).await.unwrap().unwrap();
+            assert_eq!(decode::<Hello>(&f.body).unwrap(), hello);
+            assert!(reader.received() <= (HEADER_LEN + 4096) as u64);
+            reader.set_max_body(1 << 20);
+            let f = reader.next(&mut stream).await.unwrap().unwrap();
+            assert_eq!((f.kind, f.id), (Kind::Request, 9));
+            let (core, r): RequestBody = decode(&f.body).unwrap();
+            assert_eq!((core, format!("{r:?}")), (0, format!("{:?}", big.1)));
+            assert!(reader.next(&mut stream).await.unwrap().is_none());
         });
     }
 }

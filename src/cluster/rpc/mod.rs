@@ -4,8 +4,9 @@
 //! `docs/format.md` ("Node RPC"); `frame` implements it.
 //!
 //! - `RpcServer` (one per core that listens on `--peer-listen`; glommio's `SO_REUSEPORT` spreads the connections):
-//!   accepts connections up to a cap, checks each one's handshake (cluster token, version), runs its requests
-//!   concurrently and writes replies as they complete, out of order.
+//!   accepts connections (a cap on those still handshaking, another on peers), checks each one's small, bounded
+//!   hello (cluster token, version), runs its requests concurrently and writes replies as they complete, out of
+//!   order.
 //! - `RpcClient` (one per local core and peer node): one persistent connection with many requests outstanding,
 //!   refusing rather than queueing without bound, a per-call timeout, and reconnection with backoff.
 //!
@@ -57,7 +58,16 @@ pub struct RpcConfig {
     pub write_timeout: Duration,
     /// Server: time a new connection has to complete its handshake. Default 5 s.
     pub handshake_timeout: Duration,
-    /// Server: open connections beyond which new ones are closed at once. Default 256.
+    /// Server: largest hello body accepted, the frame limit until the handshake completes; a hello header
+    /// announcing more closes the connection before any of its body is read (so a cluster token must be shorter).
+    /// Default 4096.
+    pub max_hello_bytes: usize,
+    /// Server: connections still in their handshake beyond which the oldest of them is closed to make room for a
+    /// new one (a real peer sends its hello at once, so a flood of silent connections cannot keep it out; at least
+    /// 1). Default 64.
+    pub max_handshaking: usize,
+    /// Server: connections past their handshake (peers) beyond which new ones are closed at once, or refused at
+    /// the handshake if the cap filled while theirs ran. Default 256.
     pub max_connections: usize,
     /// Server: requests per connection running or answered but not yet written, beyond which requests are answered
     /// `Overloaded` at once. Default 1024.
@@ -80,6 +90,8 @@ impl Default for RpcConfig {
             max_queued_bytes: 64 << 20,
             write_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(5),
+            max_hello_bytes: 4096,
+            max_handshaking: 64,
             max_connections: 256,
             max_in_flight_per_connection: 1024,
             max_one_way_queued: 1024,

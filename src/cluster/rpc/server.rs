@@ -1,7 +1,7 @@
-//! The server end of node RPC: an accept loop (capped connections) and, per connection, a reader that checks the
-//! handshake then starts one task per request, a writer that sends replies in completion order, and a task applying
-//! one-way requests in arrival order. Lives on the core that created it; the node runs one per core on
-//! `--peer-listen`.
+//! The server end of node RPC: an accept loop (one cap on connections still handshaking, which evicts the oldest,
+//! another on peers) and, per connection, a reader that checks the hello under a small frame limit then starts one
+//! task per request, a writer that sends replies in completion order, and a task applying one-way requests in
+//! arrival order. Lives on the core that created it; the node runs one per core on `--peer-listen`.
 
 use super::frame::{self, Frame, FrameReader, Hello, Kind, ReplyBody, RequestBody, Welcome};
 use super::{
@@ -15,7 +15,7 @@ use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::{TcpListener, TcpStream};
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
@@ -35,13 +35,20 @@ pub struct RpcServer {
 /// Counters of a server, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerStats {
-    /// Connections open now.
+    /// Connections open now, handshaking or past it.
     pub connections_open: u64,
     pub connections_accepted: u64,
-    /// Connections closed at once for the `max_connections` cap.
+    /// Connections closed for the `max_connections` cap on peers: at once, or with a refusal when the cap filled
+    /// while their handshake ran (those count in `handshakes_failed` too).
     pub connections_refused: u64,
-    /// Connections whose handshake was refused (token, version) or never completed.
+    /// Connections whose handshake was refused (token, version, the peer cap), whose hello was malformed or over
+    /// `max_hello_bytes`, or that never completed it (evicted ones included).
     pub handshakes_failed: u64,
+    /// Connections closed in their handshake to make room for a newer one (the `max_handshaking` cap).
+    pub handshakes_evicted: u64,
+    /// Bytes read from connections before their handshake ended: the hellos, what came in the same reads, and
+    /// whatever arrived instead (at most a 24-byte header and `max_hello_bytes` per connection).
+    pub handshake_read_bytes: u64,
     /// Requests handed to the handler, one-way ones included.
     pub requests: u64,
     /// Requests answered `Overloaded` (in-flight bound), and one-way requests dropped (their queue was full).
@@ -65,6 +72,12 @@ struct Shared {
     /// Notified when a connection closes or the accept loop ends.
     changed: Event,
     stats: Cell<ServerStats>,
+    /// Connections in their handshake by arrival (oldest first), each with what evicts it.
+    handshaking: RefCell<BTreeMap<u64, Rc<Eviction>>>,
+    /// The arrival number of the next connection accepted.
+    next_arrival: Cell<u64>,
+    /// Connections past their handshake, held against `max_connections`.
+    peers: Cell<usize>,
 }
 
 impl Shared {
@@ -72,6 +85,10 @@ impl Shared {
         let mut s = self.stats.get();
         f(&mut s);
         self.stats.set(s);
+    }
+
+    fn peers_full(&self) -> bool {
+        self.peers.get() >= self.config.max_connections
     }
 
     /// Hands a reply that cannot be delivered to the hook (which gives a probe's leases back).
@@ -109,6 +126,9 @@ impl RpcServer {
                 accepting: Cell::new(false),
                 changed: Event::new(),
                 stats: Cell::new(ServerStats::default()),
+                handshaking: RefCell::new(BTreeMap::new()),
+                next_arrival: Cell::new(0),
+                peers: Cell::new(0),
             }),
         })
     }
@@ -175,15 +195,17 @@ async fn accept_loop(shared: Rc<Shared>, listener: TcpListener) {
         match accepted {
             None => break,
             Some(Ok(stream)) => {
-                if shared.stats.get().connections_open >= shared.config.max_connections as u64 {
+                if shared.peers_full() {
                     shared.bump(|s| s.connections_refused += 1);
                     continue;
                 }
+                let handshaking = Handshaking::admit(&shared);
                 shared.bump(|s| {
                     s.connections_accepted += 1;
                     s.connections_open += 1;
                 });
-                glommio::spawn_local(serve_connection(shared.clone(), stream)).detach();
+                glommio::spawn_local(serve_connection(shared.clone(), stream, handshaking))
+                    .detach();
             }
             Some(Err(e)) => {
                 warn!("node RPC: accept failed: {e}");
@@ -203,6 +225,76 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.bump(|s| s.connections_open -= 1);
         self.0.changed.notify(usize::MAX);
+    }
+}
+
+/// Set to close a connection still in its handshake.
+#[derive(Default)]
+struct Eviction {
+    evicted: Cell<bool>,
+    event: Event,
+}
+
+/// A connection in its handshake: listed in `Shared::handshaking` while this is held.
+struct Handshaking {
+    shared: Rc<Shared>,
+    arrival: u64,
+    eviction: Rc<Eviction>,
+}
+
+impl Handshaking {
+    /// Lists a connection just accepted, first evicting the oldest one still handshaking if `max_handshaking` are.
+    /// The oldest, because a real peer sends its hello as soon as it connects: only a connection that has said
+    /// nothing useful for a while is left to lose.
+    fn admit(shared: &Rc<Shared>) -> Handshaking {
+        let arrival = shared.next_arrival.get();
+        shared.next_arrival.set(arrival + 1);
+        let mut listed = shared.handshaking.borrow_mut();
+        while listed.len() >= shared.config.max_handshaking.max(1) {
+            let Some((_, oldest)) = listed.pop_first() else {
+                break;
+            };
+            oldest.evicted.set(true);
+            oldest.event.notify(usize::MAX);
+            shared.bump(|s| s.handshakes_evicted += 1);
+        }
+        let eviction = Rc::new(Eviction::default());
+        listed.insert(arrival, eviction.clone());
+        Handshaking {
+            shared: shared.clone(),
+            arrival,
+            eviction,
+        }
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.shared.handshaking.borrow_mut().remove(&self.arrival);
+    }
+}
+
+/// A connection past its handshake, held against `max_connections`.
+struct PeerSlot(Rc<Shared>);
+
+impl PeerSlot {
+    /// A place for an accepted hello's connection, or why there is none (counted as refused).
+    fn admit(shared: &Rc<Shared>) -> Result<PeerSlot, String> {
+        if shared.peers_full() {
+            shared.bump(|s| s.connections_refused += 1);
+            return Err(format!(
+                "this node has max_connections ({}) peers already",
+                shared.config.max_connections
+            ));
+        }
+        shared.peers.set(shared.peers.get() + 1);
+        Ok(PeerSlot(shared.clone()))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        self.0.peers.set(self.0.peers.get() - 1);
     }
 }
 
@@ -268,25 +360,34 @@ impl Conn {
     }
 }
 
-async fn serve_connection(shared: Rc<Shared>, stream: TcpStream) {
+async fn serve_connection(shared: Rc<Shared>, stream: TcpStream, handshaking: Handshaking) {
     let _open = OpenConnection(shared.clone());
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
     let (mut rd, mut wr) = futures_lite::io::split(stream);
-    let mut frames = FrameReader::new(shared.config.max_body_bytes);
+    // Until the hello is accepted, nothing larger than a hello is read: a stranger costs a few KiB at most.
+    let mut frames = FrameReader::new(shared.config.max_hello_bytes);
     let stopped = || async {
         until_set(&shared.stopping, &shared.stop).await;
         "the server is stopping".to_string()
     };
 
+    let eviction = handshaking.eviction.clone();
     let greeted = async {
         let timeout = shared.config.handshake_timeout;
-        within(timeout, handshake(&shared, &mut frames, &mut rd, &mut wr))
+        let greeting = handshake(&shared, handshaking, &mut frames, &mut rd, &mut wr);
+        within(timeout, greeting)
             .await
             .unwrap_or_else(|| Err(format!("no hello within {timeout:?}")))
     };
-    let peer = match or(greeted, async { Err(stopped().await) }).await {
-        Ok(peer) => peer,
+    let evicted = async {
+        until_set(&eviction.evicted, &eviction.event).await;
+        Err("closed to make room for a newer connection (max_handshaking)".to_string())
+    };
+    let greeting = or(greeted, or(evicted, async { Err(stopped().await) })).await;
+    shared.bump(|s| s.handshake_read_bytes += frames.received());
+    let (peer, _slot) = match greeting {
+        Ok(accepted) => accepted,
         Err(why) => {
             shared.bump(|s| s.handshakes_failed += 1);
             debug!("node RPC: handshake failed: {why}");
@@ -294,6 +395,7 @@ async fn serve_connection(shared: Rc<Shared>, stream: TcpStream) {
             return;
         }
     };
+    frames.set_max_body(shared.config.max_body_bytes);
 
     let conn = Rc::new(Conn::default());
     let (one_way, queue) = local_channel::new_bounded(shared.config.max_one_way_queued.max(1));
@@ -322,19 +424,24 @@ async fn serve_connection(shared: Rc<Shared>, stream: TcpStream) {
     }
 }
 
-/// Reads the hello and answers it: the peer's node id, or why it was refused (after telling it).
+/// Reads the hello and answers it: the peer's node id and its place among the peers, or why it was refused (after
+/// telling it, unless the hello was malformed or over the limit).
 async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    shared: &Shared,
+    shared: &Rc<Shared>,
+    handshaking: Handshaking,
     frames: &mut FrameReader,
     rd: &mut R,
     wr: &mut W,
-) -> Result<u32, String> {
+) -> Result<(u32, PeerSlot), String> {
     let frame = match frames.next(rd).await {
         Ok(Some(frame)) => frame,
         Ok(None) => return Err("closed before its hello".into()),
         Err(e) => return Err(format!("malformed hello: {e}")),
     };
-    let verdict = check_hello(&shared.config, &frame);
+    let verdict = check_hello(&shared.config, &frame)
+        .and_then(|node| PeerSlot::admit(shared).map(|slot| (node, slot)));
+    // Judged: no longer one of the connections a newcomer may evict, whatever the verdict.
+    drop(handshaking);
     let welcome = match &verdict {
         Ok(_) => Welcome::Accepted {
             node: shared.config.node,

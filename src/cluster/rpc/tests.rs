@@ -939,6 +939,189 @@ fn connections_beyond_the_cap_are_closed_at_once() {
     });
 }
 
+/// A server whose handshakes never time out during a test, so only the caps can close a silent connection.
+fn patient_config() -> RpcConfig {
+    RpcConfig {
+        handshake_timeout: Duration::from_secs(600),
+        ..config(1)
+    }
+}
+
+#[test]
+fn a_hello_announcing_60_mib_is_refused_from_its_header_without_reading_the_body() {
+    on_executor(async {
+        let (server, _, _) = server_with(patient_config(), "127.0.0.1:0", false);
+        let announced = 60usize << 20;
+        let mut header = hello_frame(TOKEN, frame::VERSION)[..frame::HEADER_LEN].to_vec();
+        header[16..20].copy_from_slice(&(announced as u32).to_le_bytes());
+        let mut stream = TcpStream::connect(server.local_addr())
+            .await
+            .expect("connect");
+        let chunk = vec![0u8; 64 << 10];
+        let mut sent = 0;
+        let streamed = within(Duration::from_secs(10), async {
+            stream.write_all(&header).await?;
+            while sent < announced {
+                stream.write_all(&chunk).await?;
+                sent += chunk.len();
+            }
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+        assert!(
+            matches!(streamed, Some(Err(_))),
+            "the server took {sent} bytes of the announced {announced} without closing: {streamed:?}"
+        );
+        let mut byte = [0u8; 1];
+        let read = within(Duration::from_secs(10), stream.read(&mut byte)).await;
+        assert!(
+            matches!(read, Some(Ok(0)) | Some(Err(_))),
+            "the connection is closed, nothing answered: {read:?}"
+        );
+        eventually("the refused hello is counted", || {
+            server.stats().handshakes_failed == 1
+        })
+        .await;
+        let most = (frame::HEADER_LEN + RpcConfig::default().max_hello_bytes) as u64;
+        let read_bytes = server.stats().handshake_read_bytes;
+        assert!(
+            read_bytes <= most,
+            "the server read {read_bytes} bytes of the hello ({sent} were sent)"
+        );
+        let client = RpcClient::new(server.local_addr().to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(1)).await).0, 1);
+    });
+}
+
+#[test]
+fn three_hundred_silent_connections_do_not_keep_a_peer_out() {
+    on_executor(async {
+        let (server, _, _) = server_with(patient_config(), "127.0.0.1:0", false);
+        let addr = server.local_addr();
+        let mut silent = Vec::new();
+        for _ in 0..300 {
+            silent.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        eventually("the server has taken all 300", || {
+            let s = server.stats();
+            s.connections_accepted + s.connections_refused == 300
+        })
+        .await;
+
+        let client = RpcClient::new(addr.to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(1)).await).0, 1);
+        let s = server.stats();
+        let cap = RpcConfig::default().max_handshaking as u64;
+        assert_eq!(s.connections_refused, 0);
+        // The peer was the 301st: every arrival beyond the cap evicted the oldest silent one.
+        assert_eq!(s.handshakes_evicted, 301 - cap);
+        // The oldest are closed by the server; the newest still wait (open, not evicted).
+        let mut byte = [0u8; 1];
+        let oldest = within(Duration::from_secs(10), silent[0].read(&mut byte)).await;
+        assert!(matches!(oldest, Some(Ok(0)) | Some(Err(_))), "{oldest:?}");
+        let newest = poll_once(silent[299].read(&mut byte)).await;
+        assert!(newest.is_none(), "{newest:?}");
+        eventually(
+            "the evicted are closed: the peer and the newest silent ones are left",
+            || server.stats().connections_open == cap,
+        )
+        .await;
+    });
+}
+
+#[test]
+fn a_request_sent_with_the_hello_is_served_and_a_wrong_token_is_still_refused() {
+    on_executor(async {
+        let (server, _, _) = server_with(patient_config(), "127.0.0.1:0", false);
+        let addr = server.local_addr();
+
+        let got = frames_in(send_raw(addr, &hello_frame("guess", frame::VERSION), false).await);
+        assert_eq!(got.len(), 1);
+        assert!(
+            matches!(welcome(&got[0]), Welcome::Refused { reason } if reason.contains("bad cluster token")),
+            "{:?}",
+            welcome(&got[0])
+        );
+        eventually("the refusal is counted", || {
+            server.stats().handshakes_failed == 1
+        })
+        .await;
+
+        // A good hello and, in the same write, a request larger than any hello (10 KiB): the hello is read under
+        // its own limit, the request after it under the full one, none of its bytes lost in between.
+        let before = server.stats().handshake_read_bytes;
+        let topic = "t".repeat(10 << 10);
+        let request = Request::Replay(Replay {
+            topic: topic.clone(),
+            topic_id: 1,
+            partition: 0,
+            offset: 42,
+            wait_ms: 0,
+        });
+        let mut bytes = hello_frame(TOKEN, frame::VERSION);
+        frame::encode(Kind::Request, 5, &(3u32, &request), 1 << 20, &mut bytes).unwrap();
+        let got = exchange(addr, &bytes, 2).await;
+        assert_eq!(welcome(&got[0]), Welcome::Accepted { node: 1 });
+        assert_eq!((got[1].kind, got[1].id), (Kind::Reply, 5));
+        match frame::decode::<ReplyBody>(&got[1].body).unwrap() {
+            Ok(Reply::Replayed(Replayed {
+                record: Some(record),
+            })) => {
+                assert_eq!((record.offset, record.timestamp_ms), (42, 3));
+                assert_eq!(record.payload, Bytes::from(topic));
+            }
+            other => panic!("not the replayed record: {other:?}"),
+        }
+        let read_bytes = server.stats().handshake_read_bytes - before;
+        let most = (frame::HEADER_LEN + RpcConfig::default().max_hello_bytes) as u64;
+        assert!(
+            read_bytes <= most,
+            "{read_bytes} bytes read before the hello was accepted"
+        );
+
+        let client = RpcClient::new(addr.to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(7)).await).0, 7);
+        let s = server.stats();
+        assert_eq!((s.handshakes_failed, s.requests), (1, 2));
+    });
+}
+
+#[test]
+fn a_peer_cap_that_fills_during_a_handshake_refuses_it_with_the_reason() {
+    on_executor(async {
+        let server_config = RpcConfig {
+            max_connections: 1,
+            ..patient_config()
+        };
+        let (server, _, _) = server_with(server_config, "127.0.0.1:0", false);
+        let addr = server.local_addr();
+        // Connected while there is room for a peer, then silent while a real peer takes the only place.
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        eventually("the slow connection is accepted", || {
+            server.stats().connections_accepted == 1
+        })
+        .await;
+        let client = RpcClient::new(addr.to_string(), 1, config(2));
+        assert_eq!(replayed_offset(client.call(0, replay(1)).await).0, 1);
+
+        slow.write_all(&hello_frame(TOKEN, frame::VERSION))
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        let read = within(Duration::from_secs(10), slow.read_to_end(&mut answer)).await;
+        assert!(read.is_some(), "the server did not close the connection");
+        let got = frames_in(answer);
+        assert!(
+            matches!(welcome(&got[0]), Welcome::Refused { reason } if reason.contains("max_connections (1)")),
+            "{:?}",
+            welcome(&got[0])
+        );
+        let s = server.stats();
+        assert_eq!((s.connections_refused, s.handshakes_failed), (1, 1));
+        assert_eq!(replayed_offset(client.call(0, replay(2)).await).0, 2);
+    });
+}
+
 #[test]
 fn a_reply_whose_connection_closed_goes_to_the_servers_undeliverable_hook() {
     on_executor(async {
