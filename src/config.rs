@@ -28,6 +28,11 @@ pub struct ClusterSettings {
     /// A node RPC call that gets no answer in this long fails with 503 partition_unavailable. Default 2000 ms.
     #[serde(default = "default_rpc_timeout")]
     pub rpc_timeout_ms: u64,
+    /// A file holding the cluster secret every node presents in its node RPC hello (at least 16 characters, at most
+    /// 1024, and not the client token: a client's bearer token never opens node RPC). Required when node RPC
+    /// listens on a non-loopback address, unless `insecure`. Default: none (node RPC on loopback accepts any hello).
+    #[serde(default)]
+    pub peer_token_file: Option<PathBuf>,
 }
 
 fn default_cluster_name() -> String {
@@ -148,11 +153,17 @@ pub struct Config {
     /// The token read from `auth_token_file` at start (not a config key).
     #[serde(skip)]
     pub auth_token: Option<String>,
+    /// The cluster secret read from `cluster.peer_token_file` at start (not a config key).
+    #[serde(skip)]
+    pub peer_token: Option<String>,
     /// Partitions this node may hold: `max_partitions`, lowered to what the file-descriptor limit allows (set at
     /// start by `fit_fd_limit`; not a config key).
     #[serde(skip)]
     pub partition_budget: usize,
 }
+
+/// The longest cluster secret: it travels in the node RPC hello, which is read with a small fixed limit (4 KiB).
+pub const MAX_PEER_TOKEN_BYTES: usize = 1024;
 
 /// Descriptors kept aside for everything that is neither a client connection nor a partition: listeners, io_uring
 /// rings, files being replaced, directories being synced, the signal thread. 256.
@@ -194,6 +205,7 @@ impl Default for Config {
             cluster: None,
             insecure: false,
             auth_token: None,
+            peer_token: None,
             max_batch_records: 1000,
             max_batch_bytes: 16 << 20,
             max_topics: 10_000,
@@ -236,9 +248,27 @@ impl Config {
         }
         if let Some(cluster) = &self.cluster {
             let peer = cluster.peer_addr(self.listen);
-            if self.auth_token.is_none() && !peer.ip().is_loopback() && !self.insecure {
+            if let Some(path) = &cluster.peer_token_file {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read peer token file {}: {e}", path.display()))?;
+                let token = text.trim().to_string();
+                if !(16..=MAX_PEER_TOKEN_BYTES).contains(&token.len()) {
+                    return Err(format!(
+                        "peer token in {} must be 16 to {MAX_PEER_TOKEN_BYTES} characters",
+                        path.display()
+                    ));
+                }
+                if self.auth_token.as_deref() == Some(token.as_str()) {
+                    return Err(format!(
+                        "peer token in {} is the client token: the cluster secret must be a separate one",
+                        path.display()
+                    ));
+                }
+                self.peer_token = Some(token);
+            }
+            if self.peer_token.is_none() && !peer.ip().is_loopback() && !self.insecure {
                 return Err(format!(
-                    "refusing node RPC on {peer} without --auth-token-file, which guards it too (pass --insecure to allow it)"
+                    "refusing node RPC on {peer} without --peer-token-file (pass --insecure to allow it)"
                 ));
             }
             if cluster.etcd.is_empty() {
@@ -351,5 +381,71 @@ impl Config {
             return Err("cores must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clustered(
+        peer: &str,
+        peer_token: Option<&str>,
+        auth_token: Option<&str>,
+    ) -> (Config, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        if let Some(t) = auth_token {
+            let f = dir.path().join("token");
+            std::fs::write(&f, format!("{t}\n")).unwrap();
+            config.auth_token_file = Some(f);
+        }
+        let peer_token_file = peer_token.map(|t| {
+            let f = dir.path().join("peer-token");
+            std::fs::write(&f, format!("{t}\n")).unwrap();
+            f
+        });
+        config.cluster = Some(ClusterSettings {
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            node_id: "n1".into(),
+            advertise: "127.0.0.1:7070".into(),
+            peer_listen: Some(peer.parse().unwrap()),
+            name: "default".into(),
+            node_ttl_s: 5,
+            rpc_timeout_ms: 2000,
+            peer_token_file,
+        });
+        (config, dir)
+    }
+
+    #[test]
+    fn the_cluster_secret_is_its_own_and_guards_a_non_loopback_node_rpc() {
+        const SECRET: &str = "peer-secret-0123456789";
+        // Loopback node RPC may run without a secret (accepting any hello); any other address needs one.
+        let (mut c, _d) = clustered("127.0.0.1:7170", None, None);
+        c.resolve_auth().unwrap();
+        assert_eq!(c.peer_token, None);
+        let (mut c, _d) = clustered("10.1.2.3:7170", None, Some("client-token-0123456789"));
+        let e = c.resolve_auth().unwrap_err();
+        assert!(e.contains("--peer-token-file"), "{e}");
+        let (mut c, _d) = clustered("10.1.2.3:7170", None, None);
+        c.insecure = true;
+        c.resolve_auth().unwrap();
+        // The client token never doubles as the secret, and the secret is neither short nor too long for a hello.
+        let (mut c, _d) = clustered("10.1.2.3:7170", Some(SECRET), Some(SECRET));
+        assert!(c.resolve_auth().unwrap_err().contains("separate"));
+        let (mut c, _d) = clustered("10.1.2.3:7170", Some("short"), None);
+        assert!(c.resolve_auth().is_err());
+        let long = "x".repeat(MAX_PEER_TOKEN_BYTES + 1);
+        let (mut c, _d) = clustered("10.1.2.3:7170", Some(&long), None);
+        assert!(c.resolve_auth().is_err());
+        let (mut c, _d) = clustered(
+            "10.1.2.3:7170",
+            Some(SECRET),
+            Some("client-token-0123456789"),
+        );
+        c.resolve_auth().unwrap();
+        assert_eq!(c.peer_token.as_deref(), Some(SECRET));
+        assert_eq!(c.auth_token.as_deref(), Some("client-token-0123456789"));
     }
 }

@@ -821,6 +821,7 @@ fn auth_token_guards_clients_and_node_rpc() {
     const TOKEN: &str = "cluster-t0ken-0123456789abcdefXYZ";
     let opts = Opts {
         token: Some(TOKEN.into()),
+        peer_token: Some("peer-secret-0123456789abcdef".into()),
         ..Opts::default()
     };
     let Some(c) = Cluster::start_with("auth_token_guards_clients_and_node_rpc", 2, opts) else {
@@ -839,7 +840,7 @@ fn auth_token_guards_clients_and_node_rpc() {
         }
     }
     create_topic(c.node(0), "guarded", 2);
-    // Through node 0 to node 1's partition and back: node RPC works with the token.
+    // Through node 0 to node 1's partition and back: node RPC works with the cluster secret.
     let p = c.partitions_of(0, "guarded", 1)[0];
     assert_eq!(
         produce(c.node(0), "guarded", &format!("&partition={p}"), "g"),

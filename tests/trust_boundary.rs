@@ -4,6 +4,7 @@
 //!
 //! * node RPC carries only what a peer has a reason to send, checked like any untrusted input: an admin request for
 //!   the wrong core, an admin step, or a group named `../x/y` gets an error answer, and every core keeps serving;
+//! * node RPC opens to the cluster secret (`--peer-token-file`) only, never to a client's bearer token;
 //!
 //! Every test prints `SKIP <test>: ...` and passes when etcd is not installed. Tests hold `common::serial()`.
 
@@ -167,4 +168,47 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             .all(|(k, v)| !k.contains("x/y") && !v.contains("x/y")),
         "{keys:?}"
     );
+}
+
+/// Issue 23, finding 1 (its second half) and deliverable 3: node RPC's token was the API token, so every API client
+/// could speak node RPC. Now the cluster secret (`--peer-token-file`) is a separate one; the client token, no token
+/// or a wrong one get a refusal, and the nodes still reach each other with the secret.
+#[test]
+fn the_client_token_does_not_open_node_rpc() {
+    let _g = serial();
+    const TOKEN: &str = "client-t0ken-0123456789abcdef";
+    const SECRET: &str = "peer-secret-0123456789abcdef";
+    let opts = Opts {
+        token: Some(TOKEN.into()),
+        peer_token: Some(SECRET.into()),
+        ..Opts::default()
+    };
+    let Some(c) = Cluster::start_with("the_client_token_does_not_open_node_rpc", 2, opts) else {
+        return;
+    };
+    for presented in [TOKEN, "", "peer-secret-0123456789abcdeX"] {
+        let (mut peer, welcome) = RawPeer::connect(c.node(0), 7, presented);
+        assert!(
+            matches!(welcome, Welcome::Refused { ref reason } if reason.contains("token")),
+            "hello with {presented:?}: {welcome:?}"
+        );
+        assert!(
+            peer.read_frame().is_none(),
+            "the connection stays open after a refusal"
+        );
+    }
+    let (mut peer, welcome) = RawPeer::connect(c.node(0), 7, SECRET);
+    assert!(matches!(welcome, Welcome::Accepted { .. }), "{welcome:?}");
+    assert!(matches!(
+        peer.call(0, Request::Describe("nothing-here".into())),
+        Err(OpError::Engine(_)) | Ok(Reply::Described(_))
+    ));
+    // The nodes themselves speak node RPC with the secret: a partition of node 1 is served through node 0.
+    assert_eq!(c.node(0).put("/topics/t?partitions=2").status, 201);
+    for p in 0..2 {
+        let a = c
+            .node(0)
+            .post(&format!("/produce?topic=t&partition={p}"), b"x");
+        assert_eq!(a.status, 200, "partition {p}: {}", a.text());
+    }
 }

@@ -188,6 +188,9 @@ struct ServeArgs {
     /// Cluster mode: seconds a node that stops renewing its etcd lease stays alive [default 5].
     #[arg(long)]
     node_ttl: Option<u64>,
+    /// Cluster mode: the cluster secret nodes present to each other's node RPC (a file; not the client token).
+    #[arg(long)]
+    peer_token_file: Option<PathBuf>,
 }
 
 /// A topic's settings (everything but `partitions`), as `PUT` and `PATCH /topics/T` take them. Unset ones are not
@@ -368,6 +371,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 name: "default".into(),
                 node_ttl_s: 5,
                 rpc_timeout_ms: 2000,
+                peer_token_file: None,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;
@@ -381,9 +385,18 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if let Some(v) = args.node_ttl {
             cluster.node_ttl_s = v;
         }
+        if let Some(v) = args.peer_token_file {
+            cluster.peer_token_file = Some(v);
+        }
         config.cluster = Some(cluster);
-    } else if args.node_id.is_some() || args.advertise.is_some() || args.peer_listen.is_some() {
-        return Err("--node-id, --advertise and --peer-listen need --cluster".into());
+    } else if args.node_id.is_some()
+        || args.advertise.is_some()
+        || args.peer_listen.is_some()
+        || args.peer_token_file.is_some()
+    {
+        return Err(
+            "--node-id, --advertise, --peer-listen and --peer-token-file need --cluster".into(),
+        );
     }
     berth::server::run(config)?;
     Ok(0)

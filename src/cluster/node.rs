@@ -201,6 +201,20 @@ pub fn server_series(server: &RpcServer) -> Vec<ExtraSeries> {
             s.handshakes_failed,
         ),
         series(
+            "rpc_server_handshakes_evicted_total",
+            "node RPC connections closed in their handshake to make room for a newer one (max_handshaking)",
+            "counter",
+            String::new(),
+            s.handshakes_evicted,
+        ),
+        series(
+            "rpc_server_handshake_read_bytes_total",
+            "bytes read from node RPC connections before their handshake ended",
+            "counter",
+            String::new(),
+            s.handshake_read_bytes,
+        ),
+        series(
             "rpc_server_bad_frames_total",
             "node RPC connections closed for a malformed frame",
             "counter",
@@ -371,7 +385,8 @@ fn undelivered_leases(u: &Undelivered) -> Option<GiveBack> {
 fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> RpcConfig {
     RpcConfig {
         node: me,
-        token: config.auth_token.clone(),
+        // The cluster secret, never the clients' token (`--peer-token-file`).
+        token: config.peer_token.clone(),
         call_timeout: Duration::from_millis(settings.rpc_timeout_ms),
         ..RpcConfig::default()
     }

@@ -544,6 +544,8 @@ pub struct Opts {
     /// Start every node with `--auth-token-file` holding this token; the nodes' clients send it. Without a token,
     /// nodes in namespaces (listening on non-loopback addresses) get `--insecure`.
     pub token: Option<String>,
+    /// Start every node with `--peer-token-file` holding this cluster secret (node RPC's hello).
+    pub peer_token: Option<String>,
     /// Harness self-check only: nodes are plain single-node servers (no cluster flags), so the harness's process,
     /// namespace and restart handling can be checked with any server build.
     pub plain: bool,
@@ -702,6 +704,11 @@ impl Cluster {
         }
         if !self.opts.plain {
             args.extend(cluster_args.iter().map(|s| s.to_string()));
+            if let Some(secret) = &self.opts.peer_token {
+                let file = dir.join("peer-token");
+                std::fs::write(&file, format!("{secret}\n")).expect("peer token file");
+                args.extend(["--peer-token-file".to_string(), file.display().to_string()]);
+            }
             if let Some(ttl) = self.opts.ttl_s {
                 args.extend(["--node-ttl".to_string(), ttl.to_string()]);
             }
