@@ -5,6 +5,7 @@
 //! * node RPC carries only what a peer has a reason to send, checked like any untrusted input: an admin request for
 //!   the wrong core, an admin step, or a group named `../x/y` gets an error answer, and every core keeps serving;
 //! * node RPC opens to the cluster secret (`--peer-token-file`) only, never to a client's bearer token;
+//! * a batch consume's reply is bounded in bytes, so large messages drain through a node that does not own them;
 //!
 //! Every test prints `SKIP <test>: ...` and passes when etcd is not installed. Tests hold `common::serial()`.
 
@@ -131,6 +132,8 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
         max: 1,
         visibility_ms: None,
         waker: None,
+        max_bytes: 1 << 20,
+        taken_any: false,
     });
     assert!(matches!(
         refused(peer.call(0, bad_group), "a probe of group ../x/y"),
@@ -211,4 +214,70 @@ fn the_client_token_does_not_open_node_rpc() {
             .post(&format!("/produce?topic=t&partition={p}"), b"x");
         assert_eq!(a.status, 200, "partition {p}: {}", a.text());
     }
+}
+
+/// Issue 23, finding 7: a batch consume had no byte bound, and through a non-owner it failed forever once its reply
+/// passed node RPC's 64 MiB frame (70 × 1 MB → `413` every time). Now a consume's reply carries at most
+/// `max_batch_bytes` of payload (one message over at most), spent across owners: 70 × 1 MB drain through the
+/// non-owner in a few answers, never a 413, every message once.
+#[test]
+fn a_batch_of_large_messages_drains_through_a_non_owner_within_the_byte_bound() {
+    let _g = serial();
+    let Some(c) = Cluster::start_with(
+        "a_batch_of_large_messages_drains_through_a_non_owner_within_the_byte_bound",
+        2,
+        Opts::default(),
+    ) else {
+        return;
+    };
+    assert_eq!(c.node(0).put("/topics/big?partitions=2").status, 201);
+    let p = c.partitions_of(0, "big", 1)[0];
+    const N: usize = 70;
+    const SIZE: usize = 1_000_000;
+    for i in 0..N {
+        let mut body = vec![b'a' + (i % 26) as u8; SIZE];
+        body[..8].copy_from_slice(format!("{i:08}").as_bytes());
+        let a = c
+            .node(1)
+            .post(&format!("/produce?topic=big&partition={p}"), &body);
+        assert_eq!(a.status, 200, "produce {i}: {}", a.text());
+    }
+    let bound = 16usize << 20; // max_batch_bytes' default
+    let mut seen = std::collections::BTreeSet::new();
+    let mut answers = 0;
+    while seen.len() < N {
+        answers += 1;
+        assert!(
+            answers <= N,
+            "no progress: {} of {N} after {answers} answers",
+            seen.len()
+        );
+        let a = c
+            .node(0)
+            .client
+            .call("GET", "/consume?topic=big&max=1000&wait=1s", &[])
+            .expect("consume");
+        assert_eq!(a.status, 200, "answer {answers}: {}", a.text());
+        let mut payload = 0;
+        let mut handles = String::new();
+        for line in a.text().lines() {
+            let m: serde_json::Value = serde_json::from_str(line).expect("a message line");
+            let body = m["body"].as_str().expect("body");
+            payload += body.len();
+            assert!(
+                seen.insert(body[..8].to_string()),
+                "{} delivered twice",
+                &body[..8]
+            );
+            handles += m["receipt_handle"].as_str().expect("handle");
+            handles.push('\n');
+        }
+        assert!(
+            payload <= bound,
+            "answer {answers} carried {payload} payload bytes"
+        );
+        let a = c.node(0).post("/ack?topic=big", handles.as_bytes());
+        assert_eq!(a.status, 200, "ack: {}", a.text());
+    }
+    assert!(answers >= N * SIZE / bound, "{answers} answers");
 }

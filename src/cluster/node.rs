@@ -388,6 +388,15 @@ fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> Rpc
         // The cluster secret, never the clients' token (`--peer-token-file`).
         token: config.peer_token.clone(),
         call_timeout: Duration::from_millis(settings.rpc_timeout_ms),
+        // A frame carries at most one batch (a produce's body, a consume's reply: `max_batch_bytes` of payload,
+        // one message over at most) plus its framing: room for both, and never less than the default.
+        max_body_bytes: RpcConfig::default().max_body_bytes.max(
+            config
+                .max_batch_bytes
+                .saturating_add(config.max_message_bytes)
+                .saturating_add(config.max_batch_records.saturating_mul(64))
+                .saturating_add(64 << 10),
+        ),
         ..RpcConfig::default()
     }
 }

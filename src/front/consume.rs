@@ -192,8 +192,13 @@ impl Front {
             topic.next_cursor() % remote.len()
         };
         let order = local.chain((0..remote.len()).map(|i| remote[(rstart + i) % remote.len()]));
+        // The reply's payload bytes are bounded like a batch produce's body (`max_batch_bytes`), spent across the
+        // owners in turn: a batch of large messages stops early rather than building a reply no one can carry.
+        let mut bytes_left = engine.config().max_batch_bytes;
         for to in order {
-            if round.deliveries.len() >= params.max {
+            if round.deliveries.len() >= params.max
+                || (!round.deliveries.is_empty() && bytes_left == 0)
+            {
                 break;
             }
             let remote = to.node != engine.node();
@@ -212,6 +217,8 @@ impl Front {
                 max: params.max - round.deliveries.len(),
                 visibility_ms: params.visibility_ms,
                 waker: (remote && parking).then(|| engine.here()),
+                max_bytes: bytes_left,
+                taken_any: !round.deliveries.is_empty(),
             });
             let reply = self.router().call(to, probe).await;
             match reply {
@@ -230,6 +237,8 @@ impl Front {
                         .divert_dead_letters(topic, &config, &params.group, deliveries)
                         .await;
                     round.diverted += leased - kept.len();
+                    let bytes: usize = kept.iter().map(|d| d.payload.len()).sum();
+                    bytes_left = bytes_left.saturating_sub(bytes);
                     round.deliveries.extend(kept);
                 }
                 Ok(other) => unreachable!("a probe answered {other:?}"),

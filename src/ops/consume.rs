@@ -6,7 +6,7 @@ use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};
 use crate::engine::topic::{MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::{Engine, EngineError};
-use crate::partition::{Delivery, Stop};
+use crate::partition::{ByteBudget, Delivery, Stop};
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
@@ -92,6 +92,10 @@ pub struct Probe {
     /// it for wake-ups before it looks, so nothing that becomes deliverable after the look is missed.
     #[serde(default)]
     pub waker: Option<crate::engine::placement::Location>,
+    /// Payload bytes the reply may carry (what is left of the consume's `max_batch_bytes`), and whether the
+    /// consume already has a message (if not, one message goes whatever its size): `partition::ByteBudget`.
+    pub max_bytes: usize,
+    pub taken_any: bool,
 }
 
 /// What a probe found.
@@ -138,8 +142,12 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         // Those left out have nothing to deliver: not at their cap.
         probed.at_cap = false;
     }
+    let mut budget = ByteBudget {
+        left: req.max_bytes,
+        taken_any: req.taken_any,
+    };
     for p in order {
-        if probed.deliveries.len() >= req.max {
+        if probed.deliveries.len() >= req.max || (budget.taken_any && budget.left == 0) {
             break;
         }
         let Some(partition) = topic.owned_partition(p) else {
@@ -156,13 +164,19 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
             None => {}
         }
         let want = req.max - probed.deliveries.len();
-        let taken = partition.take(&req.group, want, visibility_ms).await?;
+        let taken = partition
+            .take_within(&req.group, want, &mut budget, visibility_ms)
+            .await?;
+        let spent = taken.stop == Some(Stop::Budget);
         match taken.stop {
             Some(Stop::AtCap) => {}
             Some(Stop::Unavailable) => probed.unavailable = true,
             _ => probed.at_cap = false,
         }
         probed.deliveries.extend(taken.deliveries);
+        if spent {
+            break;
+        }
     }
     if !probed.deliveries.is_empty() {
         engine.note_deadline(engine.now_ms() + visibility_ms);

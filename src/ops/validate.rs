@@ -69,6 +69,12 @@ pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -
                 return Err(OpError::InvalidParameter("max must be at least 1".into()));
             }
             count(r.max, limits, "messages asked for")?;
+            if r.max_bytes > limits.max_batch_bytes {
+                return Err(OpError::BatchTooLarge(format!(
+                    "a probe for {} payload bytes: more than {} (max_batch_bytes)",
+                    r.max_bytes, limits.max_batch_bytes
+                )));
+            }
             if let Some(v) = r.visibility_ms {
                 within("visibility", v, MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?;
             }
@@ -288,6 +294,8 @@ mod tests {
             max,
             visibility_ms,
             waker: None,
+            max_bytes: 100,
+            taken_any: false,
         })
     }
 
@@ -365,6 +373,14 @@ mod tests {
         assert!(matches!(
             refused(probe("g", 1, Some(1))),
             OpError::InvalidParameter(_)
+        ));
+        let Request::Probe(mut greedy) = probe("g", 1, None) else {
+            unreachable!()
+        };
+        greedy.max_bytes = 101;
+        assert!(matches!(
+            refused(Request::Probe(greedy)),
+            OpError::BatchTooLarge(_)
         ));
         assert!(matches!(
             refused(settle(11, SettleOp::Ack)),

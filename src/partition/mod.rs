@@ -57,6 +57,8 @@ pub enum SettleOp {
 pub enum Stop {
     /// It leased as many as asked.
     Max,
+    /// It handed out as many payload bytes as its `ByteBudget` allowed.
+    Budget,
     /// Nothing more is deliverable.
     Empty,
     /// Something is deliverable, but the in-flight cap is reached.
@@ -328,6 +330,33 @@ const NONCE_RANGE_PER_SHARD: u64 = 1 << 32;
 
 /// Leases reserved by a take that are not yet in the consumer's hands: if the take is dropped (its client went
 /// away), they are released at once instead of staying invisible for their whole visibility.
+/// Payload bytes a consume may still hand out (`max_batch_bytes` for one request, spent across its partitions,
+/// cores and nodes): a record that would pass `left` is left for the next request, unless nothing was taken yet
+/// (one record always goes, whatever its size: it is within `max_message_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteBudget {
+    pub left: usize,
+    pub taken_any: bool,
+}
+
+impl ByteBudget {
+    pub fn unlimited() -> ByteBudget {
+        ByteBudget {
+            left: usize::MAX,
+            taken_any: false,
+        }
+    }
+
+    pub fn admits(&self, len: usize) -> bool {
+        !self.taken_any || len <= self.left
+    }
+
+    pub fn spend(&mut self, len: usize) {
+        self.left = self.left.saturating_sub(len);
+        self.taken_any = true;
+    }
+}
+
 struct Reserved<'a> {
     group: &'a Group,
     wake: &'a Wake,
@@ -652,6 +681,20 @@ impl Partition {
         max: usize,
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
+        self.take_within(group, max, &mut ByteBudget::unlimited(), visibility_ms)
+            .await
+    }
+
+    /// `take`, handing out no more payload bytes than `budget` has left (spent as records are taken): a record that
+    /// would pass it is given back at once (deliverable again, not counted as a delivery) with the rest of its
+    /// batch, and the take stops (`Stop::Budget`).
+    pub async fn take_within(
+        &self,
+        group: &str,
+        max: usize,
+        budget: &mut ByteBudget,
+        visibility_ms: u64,
+    ) -> Result<Taken, PartitionError> {
         match self.ensure_loaded().await {
             Ok(()) => {}
             Err(PartitionError::Unavailable(_)) => {
@@ -684,10 +727,20 @@ impl Partition {
                 .handles
                 .extend(leases.iter().map(|l| (l.offset, l.nonce)));
             let mut short = false;
+            // Leases past the byte budget: given back once the batch is read.
+            let mut over: Vec<(u64, u64)> = Vec::new();
             let until = leases.iter().map(|l| l.offset + 1).max().unwrap_or(0);
             for lease in &leases {
+                if !over.is_empty() {
+                    over.push((lease.offset, lease.nonce));
+                    continue;
+                }
                 match self.read_leased(&g, lease, end, until, &mut ahead).await {
+                    Ok(payload) if !budget.admits(payload.len()) => {
+                        over.push((lease.offset, lease.nonce));
+                    }
                     Ok(payload) => {
+                        budget.spend(payload.len());
                         bump(&g.counters.delivered, 1);
                         if lease.delivery_count > 1 {
                             bump(&g.counters.redelivered, 1);
@@ -709,6 +762,22 @@ impl Partition {
                         }
                     }
                 }
+            }
+            if !over.is_empty() {
+                for &(offset, _) in &over {
+                    reserved.forget(offset);
+                }
+                let given = g
+                    .with(|s| s.give_back_batch(&over, now))
+                    .iter()
+                    .filter(|r| r.is_ok())
+                    .count();
+                assert_eq!(given, over.len(), "leases just reserved are given back");
+                (self.wake)(Some(&g.name), given);
+                if taken.stop.is_none() {
+                    taken.stop = Some(Stop::Budget);
+                }
+                break;
             }
             if taken.stop == Some(Stop::Unavailable) {
                 break;

@@ -4,7 +4,9 @@
 //! over a topic still gets the messages of its other partitions.
 
 use super::inflight::{Limits, Redelivery};
-use super::{Partition, PartitionSetup, SettleOp, Stop, Taken, DEFAULT_GROUP, MAX_READ_FAILURES};
+use super::{
+    ByteBudget, Partition, PartitionSetup, SettleOp, Stop, Taken, DEFAULT_GROUP, MAX_READ_FAILURES,
+};
 use crate::clock::{Clock, ManualClock};
 use crate::config::{Config, FsyncPolicy};
 use crate::engine::topic::TopicConfig;
@@ -352,5 +354,73 @@ fn a_consume_gets_the_other_partitions_messages_while_one_partition_cannot_be_re
             (deliveries[0].partition, &deliveries[0].payload[..]),
             (0, &b"p0"[..])
         );
+    });
+}
+
+/// Issue 23, finding 7: a consume's reply is bounded in payload bytes (`max_batch_bytes`), not only in messages.
+/// A take stops at its budget; the leases it reserved past it go back at once (deliverable again, no delivery
+/// counted), and one message always goes when nothing was taken yet, whatever its size.
+#[test]
+fn a_take_stops_at_its_byte_budget_and_gives_back_what_it_reserved_past_it() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        let big = Bytes::from(vec![b'x'; 100]);
+        p.append(vec![big; 5]).await.unwrap();
+
+        let mut budget = ByteBudget {
+            left: 250,
+            taken_any: false,
+        };
+        let taken = p
+            .take_within(DEFAULT_GROUP, 5, &mut budget, VISIBILITY_MS)
+            .await
+            .unwrap();
+        assert_eq!(
+            offsets(&taken),
+            vec![0, 1],
+            "{}",
+            p.debug_shard(DEFAULT_GROUP)
+        );
+        assert_eq!(taken.stop, Some(Stop::Budget));
+        assert_eq!(budget.left, 50);
+        assert_eq!(
+            p.info().await.in_flight,
+            2,
+            "{}",
+            p.debug_shard(DEFAULT_GROUP)
+        );
+        assert!(p.has_deliverable(DEFAULT_GROUP));
+
+        // A budget already spent on another partition's message takes nothing more here…
+        let mut spent = ByteBudget {
+            left: 99,
+            taken_any: true,
+        };
+        let taken = p
+            .take_within(DEFAULT_GROUP, 5, &mut spent, VISIBILITY_MS)
+            .await
+            .unwrap();
+        assert!(taken.deliveries.is_empty());
+        assert_eq!(taken.stop, Some(Stop::Budget));
+        // …while a first message goes whatever its size.
+        let mut tiny = ByteBudget {
+            left: 1,
+            taken_any: false,
+        };
+        let taken = p
+            .take_within(DEFAULT_GROUP, 5, &mut tiny, VISIBILITY_MS)
+            .await
+            .unwrap();
+        assert_eq!(offsets(&taken), vec![2]);
+        assert_eq!(
+            taken.deliveries[0].delivery_count, 1,
+            "a lease given back for the budget is not a delivery"
+        );
+        // The rest, unbounded: offsets 3 and 4, each delivered for the first time.
+        let taken = p.take(DEFAULT_GROUP, 5, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![3, 4]);
+        assert!(taken.deliveries.iter().all(|d| d.delivery_count == 1));
     });
 }

@@ -115,6 +115,8 @@ fn probe(topic: &str, topic_id: u64) -> Request {
         // Far longer than the test: only a release can make the message deliverable again.
         visibility_ms: Some(60_000),
         waker: None,
+        max_bytes: usize::MAX,
+        taken_any: false,
     })
 }
 

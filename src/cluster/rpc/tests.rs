@@ -97,6 +97,8 @@ fn every_request() -> Vec<Request> {
             max: 100,
             visibility_ms: Some(30_000),
             waker: Some(crate::engine::placement::Location { node: 2, core: 1 }),
+            max_bytes: usize::MAX,
+            taken_any: false,
         }),
         Request::Settle(Settle {
             topic: topic(),
@@ -467,6 +469,8 @@ fn probe() -> Request {
         max: 1,
         visibility_ms: None,
         waker: None,
+        max_bytes: usize::MAX,
+        taken_any: false,
     })
 }
 
