@@ -3,7 +3,7 @@
 //! states), never on sleeps.
 
 use super::*;
-use crate::cluster::http_client::within;
+use crate::cluster::within;
 use crate::cluster::test_etcd::{free_port, run, start_etcd};
 use crate::engine::placement::NodeIndex;
 use crate::engine::topic::TopicConfig;
