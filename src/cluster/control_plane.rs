@@ -16,9 +16,11 @@ use etcd_client as ec;
 use futures_channel::{mpsc, oneshot};
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
+use tonic::Code;
 
 /// Where a command's answer goes.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EtcdError>>;
@@ -157,18 +159,27 @@ async fn serve(
         .with_connect_timeout(config.connect_timeout)
         .with_keep_alive(config.keep_alive_interval, config.keep_alive_timeout)
         .with_keep_alive_while_idle(true);
-    let client = match ec::Client::connect(&endpoints, Some(options)).await {
-        Ok(client) => client,
-        Err(e) => {
-            let reason = format!("cannot set up the etcd client: {e}");
-            while let Some(command) = commands.recv().await {
-                if let Command::Close { done } = command {
-                    return Some(done);
+    let mut clients = Vec::with_capacity(endpoints.len());
+    for endpoint in &endpoints {
+        match ec::Client::connect([endpoint], Some(options.clone())).await {
+            Ok(client) => clients.push(client),
+            Err(e) => {
+                let reason = format!("cannot set up the etcd client for {endpoint}: {e}");
+                while let Some(command) = commands.recv().await {
+                    if let Command::Close { done } = command {
+                        return Some(done);
+                    }
+                    command.fail(EtcdError::Config(reason.clone()));
                 }
-                command.fail(EtcdError::Config(reason.clone()));
+                return None;
             }
-            return None;
         }
+    }
+    let client = Endpoints {
+        urls: Arc::new(endpoints),
+        clients: Arc::new(clients),
+        current: Arc::new(AtomicUsize::new(0)),
+        timeout: config.request_timeout,
     };
     let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let mut keepers: HashMap<i64, tokio::sync::mpsc::UnboundedSender<Reply<i64>>> =
@@ -182,7 +193,7 @@ async fn serve(
                 for _ in 0..2 {
                     let keeper = keepers.entry(id).or_insert_with(|| {
                         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                        tokio::spawn(keep_lease(client.clone(), id, rx, config.request_timeout));
+                        tokio::spawn(keep_lease(client.clone(), id, rx));
                         tx
                     });
                     match keeper.send(reply) {
@@ -206,7 +217,6 @@ async fn serve(
                     key,
                     range_end,
                     start_revision,
-                    config.request_timeout,
                     config.watch_buffer.max(1),
                 );
                 tokio::spawn(async move {
@@ -231,9 +241,8 @@ async fn serve(
                     continue;
                 };
                 let client = client.clone();
-                let timeout = config.request_timeout;
                 tokio::spawn(async move {
-                    unary(client, command, timeout).await;
+                    unary(&client, command).await;
                     drop(permit);
                 });
             }
@@ -260,47 +269,102 @@ impl Command {
     }
 }
 
-/// Runs `call` under `timeout`. A call that times out may have been applied (`write`) or not.
-async fn timed<T, F>(timeout: Duration, write: bool, call: F) -> Result<T, EtcdError>
-where
-    F: Future<Output = Result<T, ec::Error>>,
-{
-    match tokio::time::timeout(timeout, call).await {
-        Ok(result) => result.map_err(|e| from_client(e, write)),
-        Err(_) => Err(unreachable(
-            format!("no answer from etcd within {timeout:?}"),
-            write,
-        )),
+/// The endpoints' clients (one each, so that failover is in order and explicit), tried from the last one that
+/// answered.
+#[derive(Clone)]
+struct Endpoints {
+    urls: Arc<Vec<String>>,
+    clients: Arc<Vec<ec::Client>>,
+    current: Arc<AtomicUsize>,
+    /// Per attempt.
+    timeout: Duration,
+}
+
+impl Endpoints {
+    /// Runs `call` against each endpoint in turn, from the current one, until one answers. A call moves to the
+    /// next endpoint when the connection could not be made (the request never left, so writes may move too);
+    /// reads also move on when the endpoint is unavailable or silent. A write that got no answer is `Transport`.
+    async fn call<T, F, Fut>(&self, write: bool, mut call: F) -> Result<T, EtcdError>
+    where
+        F: FnMut(ec::Client) -> Fut,
+        Fut: Future<Output = Result<T, ec::Error>>,
+    {
+        let n = self.clients.len();
+        let start = self.current.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for i in 0..n {
+            let at = (start + i) % n;
+            let url = &self.urls[at];
+            let error = match tokio::time::timeout(self.timeout, call(self.clients[at].clone())).await
+            {
+                Ok(Ok(answer)) => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Ok(Err(e)) if never_sent(&e) || (!write && unavailable(&e)) => e.to_string(),
+                Ok(Err(e)) => return Err(from_client(e, url, write)),
+                Err(_) if !write => format!("no answer within {:?}", self.timeout),
+                Err(_) => {
+                    return Err(EtcdError::Transport(format!(
+                        "{url}: no answer within {:?}",
+                        self.timeout
+                    )))
+                }
+            };
+            failures.push(format!("{url}: {error}"));
+        }
+        Err(EtcdError::Unavailable(failures.join("; ")))
     }
 }
 
-/// etcd out of reach: nothing was applied for a read, but a write's outcome is unknown.
-fn unreachable(reason: String, write: bool) -> EtcdError {
-    if write {
-        EtcdError::Transport(reason)
-    } else {
-        EtcdError::Unavailable(reason)
+/// The connection could not be made: the request never left.
+fn never_sent(e: &ec::Error) -> bool {
+    let ec::Error::GRpcStatus(status) = e else {
+        return matches!(e, ec::Error::TransportError(_));
+    };
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// The endpoint cannot serve now (down, no leader, stopping): another one may.
+fn unavailable(e: &ec::Error) -> bool {
+    match e {
+        ec::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+        ),
+        ec::Error::TransportError(_) | ec::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
-/// gRPC status codes (tonic's `Code` numbering, which is gRPC's).
-const GRPC_CANCELLED: i32 = 1;
-const GRPC_UNKNOWN: i32 = 2;
-const GRPC_DEADLINE_EXCEEDED: i32 = 4;
-const GRPC_NOT_FOUND: i32 = 5;
-const GRPC_UNAVAILABLE: i32 = 14;
-
-fn from_client(e: ec::Error, write: bool) -> EtcdError {
+fn from_client(e: ec::Error, url: &str, write: bool) -> EtcdError {
+    let lost = |what: String| {
+        let what = format!("{url}: {what}");
+        if write {
+            EtcdError::Transport(what)
+        } else {
+            EtcdError::Unavailable(what)
+        }
+    };
     match e {
         ec::Error::GRpcStatus(status) => {
-            let code = status.code() as i32;
             let message = status.message().to_string();
-            match code {
-                GRPC_NOT_FOUND if message.contains("lease not found") => EtcdError::LeaseNotFound(0),
-                GRPC_UNAVAILABLE | GRPC_DEADLINE_EXCEEDED | GRPC_CANCELLED | GRPC_UNKNOWN => {
-                    unreachable(format!("etcd: {message} (gRPC code {code})"), write)
+            match status.code() {
+                Code::NotFound if message.contains("lease not found") => EtcdError::LeaseNotFound(0),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                    lost(format!("{message} ({:?})", status.code()))
                 }
-                _ => EtcdError::Server { code, message },
+                code => EtcdError::Server {
+                    code: code as i32,
+                    message,
+                },
             }
         }
         ec::Error::LeaseKeepAliveError(m) if m.contains("lease not found") => {
@@ -308,7 +372,7 @@ fn from_client(e: ec::Error, write: bool) -> EtcdError {
         }
         ec::Error::InvalidArgs(m) | ec::Error::EndpointError(m) => EtcdError::Config(m),
         ec::Error::InvalidUri(e) => EtcdError::Config(e.to_string()),
-        other => unreachable(other.to_string(), write),
+        other => lost(other.to_string()),
     }
 }
 
@@ -409,14 +473,19 @@ fn txn_response(t: &ec::TxnResponse) -> Result<TxnResponse, EtcdError> {
 }
 
 /// One unary call, answered on its reply.
-async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
+async fn unary(eps: &Endpoints, command: Command) {
     match command {
         Command::Range {
             key,
             range_end,
             reply,
         } => {
-            let r = timed(timeout, false, client.get(key, get_options(range_end))).await;
+            let r = eps
+                .call(false, |mut c| {
+                    let (key, options) = (key.clone(), get_options(range_end.clone()));
+                    async move { c.get(key, options).await }
+                })
+                .await;
             let _ = reply.send(r.map(|r| range_response(&r)));
         }
         Command::Put {
@@ -425,7 +494,12 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
             lease,
             reply,
         } => {
-            let r = timed(timeout, true, client.put(key, value, put_options(lease))).await;
+            let r = eps
+                .call(true, |mut c| {
+                    let (key, value) = (key.clone(), value.clone());
+                    async move { c.put(key, value, put_options(lease)).await }
+                })
+                .await;
             let r = r.map(|r| header_revision(r.header()));
             let _ = reply.send(r.map_err(|e| for_lease(e, lease.unwrap_or(0))));
         }
@@ -434,7 +508,12 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
             range_end,
             reply,
         } => {
-            let r = timed(timeout, true, client.delete(key, delete_options(range_end))).await;
+            let r = eps
+                .call(true, |mut c| {
+                    let (key, options) = (key.clone(), delete_options(range_end.clone()));
+                    async move { c.delete(key, options).await }
+                })
+                .await;
             let _ = reply.send(r.map(|r| delete_response(&r)));
         }
         Command::Txn {
@@ -451,7 +530,12 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
                 .when(compares.into_iter().map(compare).collect::<Vec<_>>())
                 .and_then(success.into_iter().map(txn_op).collect::<Vec<_>>())
                 .or_else(failure.into_iter().map(txn_op).collect::<Vec<_>>());
-            let r = timed(timeout, write, client.txn(txn)).await;
+            let r = eps
+                .call(write, |mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await;
             let _ = reply.send(r.and_then(|t| txn_response(&t)));
         }
         Command::Compact {
@@ -459,12 +543,18 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
             physical,
             reply,
         } => {
-            let options = physical.then(|| ec::CompactionOptions::new().with_physical());
-            let r = timed(timeout, true, client.compact(revision, options)).await;
+            let r = eps
+                .call(true, |mut c| async move {
+                    let options = physical.then(|| ec::CompactionOptions::new().with_physical());
+                    c.compact(revision, options).await
+                })
+                .await;
             let _ = reply.send(r.map(drop));
         }
         Command::LeaseGrant { ttl_s, reply } => {
-            let r = timed(timeout, true, client.lease_grant(ttl_s, None)).await;
+            let r = eps
+                .call(true, |mut c| async move { c.lease_grant(ttl_s, None).await })
+                .await;
             let _ = reply.send(r.and_then(|g| {
                 if !g.error().is_empty() {
                     Err(EtcdError::Server {
@@ -479,7 +569,9 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
             }));
         }
         Command::LeaseRevoke { id, reply } => {
-            let r = timed(timeout, true, client.lease_revoke(id)).await;
+            let r = eps
+                .call(true, |mut c| async move { c.lease_revoke(id).await })
+                .await;
             let _ = reply.send(r.map(drop).map_err(|e| for_lease(e, id)));
         }
         other => other.fail(EtcdError::Config("not a unary call".into())),
@@ -489,21 +581,22 @@ async fn unary(mut client: ec::Client, command: Command, timeout: Duration) {
 /// Keeps one lease's keep-alive stream and answers refreshes over it, one at a time, in order. Ends when etcd says
 /// the lease is gone or nobody asks any more (the entry was removed: revoked, or the thread stopped).
 async fn keep_lease(
-    mut client: ec::Client,
+    eps: Endpoints,
     id: i64,
     mut requests: tokio::sync::mpsc::UnboundedReceiver<Reply<i64>>,
-    timeout: Duration,
 ) {
     let mut stream: Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)> = None;
     while let Some(reply) = requests.recv().await {
-        let r = timed(timeout, false, refresh(&mut client, id, &mut stream)).await;
-        let r = r.map_err(|e| for_lease(e, id)).and_then(|ttl| {
-            if ttl > 0 {
-                Ok(ttl)
-            } else {
-                Err(EtcdError::LeaseNotFound(id))
-            }
-        });
+        let r = refresh(&eps, id, &mut stream)
+            .await
+            .map_err(|e| for_lease(e, id))
+            .and_then(|ttl| {
+                if ttl > 0 {
+                    Ok(ttl)
+                } else {
+                    Err(EtcdError::LeaseNotFound(id))
+                }
+            });
         if r.is_err() {
             // A broken or timed-out stream may hold a late answer: open a fresh one next time.
             stream = None;
@@ -516,23 +609,34 @@ async fn keep_lease(
     }
 }
 
-/// One refresh: opens the stream if needed, sends a keep-alive, reads its answer's TTL (0: no such lease).
+/// One refresh: opens the stream if needed (with failover; opening sends a first keep-alive and reads its answer,
+/// "lease not found" if there is none), sends a keep-alive, reads its answer's TTL (0: no such lease).
 async fn refresh(
-    client: &mut ec::Client,
+    eps: &Endpoints,
     id: i64,
     stream: &mut Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)>,
-) -> Result<i64, ec::Error> {
+) -> Result<i64, EtcdError> {
     let (keeper, answers) = match stream {
         Some(open) => open,
-        // Opening sends a first keep-alive and reads its answer ("lease not found" if it has none).
-        None => stream.insert(client.lease_keep_alive(id).await?),
+        None => stream.insert(
+            eps.call(false, |mut c| async move { c.lease_keep_alive(id).await })
+                .await?,
+        ),
     };
-    keeper.keep_alive().await?;
-    match answers.message().await? {
-        Some(answer) => Ok(answer.ttl()),
-        None => Err(ec::Error::LeaseKeepAliveError(
+    let answer = async {
+        keeper.keep_alive().await?;
+        answers.message().await
+    };
+    match tokio::time::timeout(eps.timeout, answer).await {
+        Ok(Ok(Some(answer))) => Ok(answer.ttl()),
+        Ok(Ok(None)) => Err(EtcdError::Unavailable(
             "the keep-alive stream ended".into(),
         )),
+        Ok(Err(e)) => Err(from_client(e, "keep-alive stream", false)),
+        Err(_) => Err(EtcdError::Unavailable(format!(
+            "no keep-alive answer within {:?}",
+            eps.timeout
+        ))),
     }
 }
 
@@ -545,13 +649,13 @@ struct Pump {
     cancel: oneshot::Receiver<()>,
 }
 
-/// Opens a watch; on success, what core 0 gets and the pump that feeds it.
+/// Opens a watch (with failover) and reads its `created` message; on success, what core 0 gets and the pump that
+/// feeds it.
 async fn open_watch(
-    mut client: ec::Client,
+    eps: Endpoints,
     key: Vec<u8>,
     range_end: Option<Vec<u8>>,
     start_revision: i64,
-    timeout: Duration,
     buffer: usize,
 ) -> Result<(Opened, Pump), EtcdError> {
     let mut options = ec::WatchOptions::new();
@@ -561,12 +665,16 @@ async fn open_watch(
     if start_revision > 0 {
         options = options.with_start_revision(start_revision);
     }
-    let opening = async {
-        let mut stream = client.watch(key, Some(options)).await?;
-        let first = stream.message().await?;
-        Ok((stream, first))
-    };
-    let (stream, first) = timed(timeout, false, opening).await?;
+    let (stream, first) = eps
+        .call(false, |mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move {
+                let mut stream = c.watch(key, Some(options)).await?;
+                let first = stream.message().await?;
+                Ok((stream, first))
+            }
+        })
+        .await?;
     let first = first.ok_or(EtcdError::WatchClosed)?;
     if !first.created() {
         return Err(EtcdError::Decode(
@@ -610,7 +718,7 @@ impl Pump {
                             Err(e) => Err(e),
                         },
                         Ok(None) => Err(EtcdError::WatchClosed),
-                        Err(e) => Err(from_client(e, false)),
+                        Err(e) => Err(from_client(e, "watch stream", false)),
                     }
                 }
             };

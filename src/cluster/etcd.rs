@@ -6,9 +6,11 @@
 //! streams whose batches come back on a bounded channel; a lease is refreshed over one gRPC keep-alive stream that
 //! the thread holds open ([`Etcd::lease_keepalive_once`] is one request and its answer on it).
 //!
-//! Failover between endpoints is the gRPC channel's (it balances over the endpoints that connect). A call that gets
-//! no answer (etcd down, the thread stopped, the request timeout) fails with [`EtcdError::Unavailable`] when it
-//! read, and [`EtcdError::Transport`] when it wrote, because a write's outcome is then unknown: the caller decides.
+//! The thread holds one gRPC client per endpoint and tries them in order from the last one that answered. A call
+//! moves to the next endpoint when the connection cannot be made (the request never left); reads also move on when
+//! an endpoint is unavailable or silent. A write that got no answer (connection lost, the request timeout, the
+//! thread stopped mid-call) fails with [`EtcdError::Transport`], because its outcome is unknown: the caller decides.
+//! Nothing reachable is [`EtcdError::Unavailable`], listing each endpoint's failure.
 
 use super::control_plane::{Command, ControlPlane, Reply};
 use futures_channel::{mpsc, oneshot};
