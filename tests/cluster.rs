@@ -992,9 +992,11 @@ fn sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once() {
         ttl_s: Some(60),
         ..Opts::default()
     };
-    let Some(mut c) =
-        Cluster::start_with("sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once", 2, opts)
-    else {
+    let Some(mut c) = Cluster::start_with(
+        "sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once",
+        2,
+        opts,
+    ) else {
         return;
     };
     let id = c.node(1).id.clone();
@@ -1018,7 +1020,10 @@ fn sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once() {
         started.elapsed()
     );
     let log = c.node(1).log_text();
-    let second_run = log.rsplit("=== harness: start #2").next().unwrap_or_default();
+    let second_run = log
+        .rsplit("=== harness: start #2")
+        .next()
+        .unwrap_or_default();
     assert!(
         !second_run.contains("held by another live node"),
         "the restarted node was refused its id\n{second_run}"

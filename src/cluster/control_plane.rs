@@ -84,7 +84,9 @@ pub(crate) enum Command {
         reply: Reply<Opened>,
     },
     /// Stop: answered once the runtime, and everything running on it, is gone.
-    Close { done: oneshot::Sender<()> },
+    Close {
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// Core 0's end of the control-plane thread.
@@ -104,7 +106,9 @@ impl ControlPlane {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| EtcdError::Config(format!("cannot build the control-plane runtime: {e}")))?;
+            .map_err(|e| {
+                EtcdError::Config(format!("cannot build the control-plane runtime: {e}"))
+            })?;
         std::thread::Builder::new()
             .name("berth-etcd".into())
             .spawn(move || {
@@ -116,7 +120,9 @@ impl ControlPlane {
                     let _ = done.send(());
                 }
             })
-            .map_err(|e| EtcdError::Config(format!("cannot start the control-plane thread: {e}")))?;
+            .map_err(|e| {
+                EtcdError::Config(format!("cannot start the control-plane thread: {e}"))
+            })?;
         Ok(ControlPlane { commands })
     }
 
@@ -182,8 +188,7 @@ async fn serve(
         timeout: config.request_timeout,
     };
     let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
-    let mut keepers: HashMap<i64, tokio::sync::mpsc::UnboundedSender<Reply<i64>>> =
-        HashMap::new();
+    let mut keepers: HashMap<i64, tokio::sync::mpsc::UnboundedSender<Reply<i64>>> = HashMap::new();
     while let Some(command) = commands.recv().await {
         match command {
             Command::Close { done } => return Some(done),
@@ -237,7 +242,9 @@ async fn serve(
                     keepers.remove(id);
                 }
                 let Ok(permit) = permits.clone().acquire_owned().await else {
-                    command.fail(EtcdError::Unavailable("the etcd control plane has stopped".into()));
+                    command.fail(EtcdError::Unavailable(
+                        "the etcd control plane has stopped".into(),
+                    ));
                     continue;
                 };
                 let client = client.clone();
@@ -295,22 +302,22 @@ impl Endpoints {
         for i in 0..n {
             let at = (start + i) % n;
             let url = &self.urls[at];
-            let error = match tokio::time::timeout(self.timeout, call(self.clients[at].clone())).await
-            {
-                Ok(Ok(answer)) => {
-                    self.current.store(at, Ordering::Relaxed);
-                    return Ok(answer);
-                }
-                Ok(Err(e)) if never_sent(&e) || (!write && unavailable(&e)) => e.to_string(),
-                Ok(Err(e)) => return Err(from_client(e, url, write)),
-                Err(_) if !write => format!("no answer within {:?}", self.timeout),
-                Err(_) => {
-                    return Err(EtcdError::Transport(format!(
-                        "{url}: no answer within {:?}",
-                        self.timeout
-                    )))
-                }
-            };
+            let error =
+                match tokio::time::timeout(self.timeout, call(self.clients[at].clone())).await {
+                    Ok(Ok(answer)) => {
+                        self.current.store(at, Ordering::Relaxed);
+                        return Ok(answer);
+                    }
+                    Ok(Err(e)) if never_sent(&e) || (!write && unavailable(&e)) => e.to_string(),
+                    Ok(Err(e)) => return Err(from_client(e, url, write)),
+                    Err(_) if !write => format!("no answer within {:?}", self.timeout),
+                    Err(_) => {
+                        return Err(EtcdError::Transport(format!(
+                            "{url}: no answer within {:?}",
+                            self.timeout
+                        )))
+                    }
+                };
             failures.push(format!("{url}: {error}"));
         }
         Err(EtcdError::Unavailable(failures.join("; ")))
@@ -357,7 +364,9 @@ fn from_client(e: ec::Error, url: &str, write: bool) -> EtcdError {
         ec::Error::GRpcStatus(status) => {
             let message = status.message().to_string();
             match status.code() {
-                Code::NotFound if message.contains("lease not found") => EtcdError::LeaseNotFound(0),
+                Code::NotFound if message.contains("lease not found") => {
+                    EtcdError::LeaseNotFound(0)
+                }
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                     lost(format!("{message} ({:?})", status.code()))
                 }
@@ -553,7 +562,10 @@ async fn unary(eps: &Endpoints, command: Command) {
         }
         Command::LeaseGrant { ttl_s, reply } => {
             let r = eps
-                .call(true, |mut c| async move { c.lease_grant(ttl_s, None).await })
+                .call(
+                    true,
+                    |mut c| async move { c.lease_grant(ttl_s, None).await },
+                )
                 .await;
             let _ = reply.send(r.and_then(|g| {
                 if !g.error().is_empty() {
@@ -629,9 +641,7 @@ async fn refresh(
     };
     match tokio::time::timeout(eps.timeout, answer).await {
         Ok(Ok(Some(answer))) => Ok(answer.ttl()),
-        Ok(Ok(None)) => Err(EtcdError::Unavailable(
-            "the keep-alive stream ended".into(),
-        )),
+        Ok(Ok(None)) => Err(EtcdError::Unavailable("the keep-alive stream ended".into())),
         Ok(Err(e)) => Err(from_client(e, "keep-alive stream", false)),
         Err(_) => Err(EtcdError::Unavailable(format!(
             "no keep-alive answer within {:?}",

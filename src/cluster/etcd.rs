@@ -318,7 +318,6 @@ fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (key, prefix_range_end(prefix))
 }
 
-
 /// A client for one etcd cluster: a handle on core 0 of the control-plane thread it started. Not `Send`-bound in
 /// use (core 0 owns it), calls may run concurrently. Dropping it stops the thread; so does [`Etcd::close`].
 #[derive(Debug)]
@@ -933,7 +932,10 @@ mod tests {
                 e.put(b"f", b"3", None).await,
                 Err(EtcdError::Unavailable(_) | EtcdError::Transport(_))
             ));
-            assert!(matches!(e.watch(b"f", 0).await, Err(EtcdError::Unavailable(_))));
+            assert!(matches!(
+                e.watch(b"f", 0).await,
+                Err(EtcdError::Unavailable(_))
+            ));
             assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
             assert!(Etcd::new(vec![]).is_err());
             assert!(Etcd::new(vec!["https://x:1".into()]).is_err());

@@ -528,7 +528,9 @@ impl Node {
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return status,
-                Ok(None) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if started.elapsed() < timeout => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
