@@ -982,6 +982,55 @@ fn killed_node_partitions_unavailable_others_serve_and_nothing_is_lost() {
     }
 }
 
+/// A clean stop (SIGTERM) gives the node's etcd lease back (docs/cluster.md, "Liveness": `Session::close` revokes
+/// it): the alive key is gone as soon as the process has exited, the others see the node dead at once, and the node
+/// started again right away rejoins under its id instead of being refused for a TTL as "held by another live node".
+#[test]
+fn sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once() {
+    let _g = serial();
+    // A TTL far longer than the test waits: only a revoked lease lets the key go in time.
+    let opts = Opts {
+        ttl_s: Some(60),
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with(
+        "sigterm_gives_the_lease_back_so_a_restart_rejoins_at_once",
+        2,
+        opts,
+    ) else {
+        return;
+    };
+    let id = c.node(1).id.clone();
+    let alive_key = format!("/berth/{}/alive/{id}", c.name);
+    assert!(c.etcd.get(&alive_key).unwrap().is_some());
+    let status = c.terminate(1);
+    assert!(status.success(), "SIGTERM exit: {status:?}");
+    assert_eq!(
+        c.etcd.get(&alive_key).unwrap(),
+        None,
+        "the alive key outlived a clean stop\n{}",
+        c.node(1).log_text()
+    );
+    c.wait_alive(0, &id, false);
+    let started = Instant::now();
+    c.start_again(1);
+    c.wait_all_live();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "rejoining took {:?}",
+        started.elapsed()
+    );
+    let log = c.node(1).log_text();
+    let second_run = log
+        .rsplit("=== harness: start #2")
+        .next()
+        .unwrap_or_default();
+    assert!(
+        !second_run.contains("held by another live node"),
+        "the restarted node was refused its id\n{second_run}"
+    );
+}
+
 #[test]
 fn node_started_late_catches_up() {
     let _g = serial();

@@ -1,36 +1,71 @@
-//! An etcd v3 client over etcd's JSON gRPC-gateway (HTTP/1.1, `POST /v3/...`), for the cluster metastore.
+//! The etcd v3 client the cluster metastore uses: an async facade on core 0 over the control-plane thread
+//! (`control_plane.rs`), which runs etcd's own gRPC client (`etcd-client`) on a current-thread tokio runtime.
 //!
-//! Wire facts this relies on (checked against etcd 3.4.23):
-//! - Keys and values are base64 in JSON; int64 fields (revisions, lease ids, TTLs, counts) come back as JSON
-//!   strings. Fields at their default value are left out (`kvs` when empty, `succeeded` when false, `lease` when 0,
-//!   an event's `type` when `PUT`); this client reads a missing field as its default.
-//! - Errors are a non-2xx status with `{"error": "...", "message": "...", "code": N}` (gRPC code); on streams a
-//!   failure arrives as `{"error": {"grpc_code": N, "message": "..."}}`.
-//! - `/v3/watch` answers with a chunked body that never ends on its own: one `{"result": {...}}` object per chunk,
-//!   each followed by a newline. The first has `"created": true`; when the start revision was compacted the next is
-//!   `{"result": {"canceled": true, "compact_revision": "C"}}`.
-//! - `/v3/lease/keepalive` answers one `{"result": {"ID", "TTL"}}` per request object in the request body and ends
-//!   the response when the request body ends; a lease that does not exist (expired or revoked) comes back with no
-//!   `TTL` (that is, 0). A long-lived keepalive over one connection would need a streamed (chunked) request body,
-//!   which the 3.4 gateway does not answer until the body ends, so this client refreshes with one short request per
-//!   keepalive ([`Etcd::lease_keepalive_once`]).
+//! Every call here is a message to that thread and an await on its `futures_channel` answer, so core 0's executor
+//! only ever awaits runtime-agnostic channels; nothing of tokio or tonic runs on a glommio core. Watches are gRPC
+//! streams whose batches come back on a bounded channel; a lease is refreshed over one gRPC keep-alive stream that
+//! the thread holds open ([`Etcd::lease_keepalive_once`] is one request and its answer on it).
 //!
-//! Endpoints are tried in order starting from the last one that worked. A call moves to the next endpoint when
-//! the connection cannot be made (the request was never sent). Reads, keepalives and watches also move on when the
-//! connection breaks mid-request or the member answers "unavailable" (gRPC code 14); writes do not, because their
-//! outcome is then unknown: they fail with [`EtcdError::Transport`] and the caller decides.
+//! The thread holds one gRPC client per endpoint and tries them in order from the last one that answered. A call
+//! moves to the next endpoint when the connection cannot be made (the request never left); reads also move on when
+//! an endpoint is unavailable or silent. A write that got no answer (connection lost, the request timeout, the
+//! thread stopped mid-call) fails with [`EtcdError::Transport`], because its outcome is unknown: the caller decides.
+//! Nothing reachable is [`EtcdError::Unavailable`], listing each endpoint's failure.
 
-use super::http_client::{excerpt, within, HttpClient, HttpConfig, HttpError, JsonStream};
-use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-use base64::Engine;
-use serde_json::{json, Map, Value};
-use std::cell::Cell;
+use super::control_plane::{Command, ControlPlane, Reply};
+use futures_channel::{mpsc, oneshot};
+use futures_lite::StreamExt;
 use std::fmt;
+use std::time::Duration;
 
-/// gRPC status code NOT_FOUND, which etcd uses for "requested lease not found".
-const GRPC_NOT_FOUND: i64 = 5;
-/// gRPC status code UNAVAILABLE (no leader, member stopping, ...).
-const GRPC_UNAVAILABLE: i64 = 14;
+/// Default time allowed to connect to an endpoint.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time allowed for a unary call, or for a watch's or keep-alive stream's first answer.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default HTTP/2 ping interval on etcd connections (idle ones too): a dead etcd under a quiet watch is noticed
+/// within this plus [`DEFAULT_KEEP_ALIVE_TIMEOUT`].
+pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Default time to wait for a ping's answer before the connection counts as dead.
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default commands queued for the control-plane thread before calls are refused (`Unavailable`).
+pub const DEFAULT_MAX_QUEUED: usize = 1024;
+/// Default unary calls running at once on the control-plane thread (watches and keep-alives not counted).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// Default watch batches buffered per watch before the thread stops reading that watch until core 0 catches up.
+pub const DEFAULT_WATCH_BUFFER: usize = 64;
+
+/// Timeouts and limits of the etcd client.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    /// Connecting to one endpoint gives up after this (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub connect_timeout: Duration,
+    /// A call without an answer after this fails (default [`DEFAULT_REQUEST_TIMEOUT`]).
+    pub request_timeout: Duration,
+    /// HTTP/2 ping interval (default [`DEFAULT_KEEP_ALIVE_INTERVAL`]).
+    pub keep_alive_interval: Duration,
+    /// HTTP/2 ping answer timeout (default [`DEFAULT_KEEP_ALIVE_TIMEOUT`]).
+    pub keep_alive_timeout: Duration,
+    /// Command queue bound (default [`DEFAULT_MAX_QUEUED`]).
+    pub max_queued: usize,
+    /// Concurrent unary calls (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    pub max_in_flight: usize,
+    /// Batches buffered per watch (default [`DEFAULT_WATCH_BUFFER`]).
+    pub watch_buffer: usize,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
+            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            max_queued: DEFAULT_MAX_QUEUED,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            watch_buffer: DEFAULT_WATCH_BUFFER,
+        }
+    }
+}
 
 /// One key-value pair as etcd stores it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -121,28 +156,6 @@ impl Compare {
     pub fn version_is(key: impl Into<Vec<u8>>, version: i64) -> Compare {
         Compare::new(key, CompareOp::Equal, CompareTarget::Version(version))
     }
-
-    fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("key".into(), b64(&self.key));
-        let op = match self.op {
-            CompareOp::Equal => "EQUAL",
-            CompareOp::Greater => "GREATER",
-            CompareOp::Less => "LESS",
-            CompareOp::NotEqual => "NOT_EQUAL",
-        };
-        m.insert("result".into(), op.into());
-        let (target, field, operand) = match &self.target {
-            CompareTarget::Version(v) => ("VERSION", "version", int_json(*v)),
-            CompareTarget::CreateRevision(v) => ("CREATE", "create_revision", int_json(*v)),
-            CompareTarget::ModRevision(v) => ("MOD", "mod_revision", int_json(*v)),
-            CompareTarget::Value(v) => ("VALUE", "value", b64(v)),
-            CompareTarget::Lease(v) => ("LEASE", "lease", int_json(*v)),
-        };
-        m.insert("target".into(), target.into());
-        m.insert(field.into(), operand);
-        Value::Object(m)
-    }
 }
 
 /// One operation of a transaction branch.
@@ -183,20 +196,6 @@ impl TxnOp {
         TxnOp::Delete {
             key: key.into(),
             range_end: None,
-        }
-    }
-
-    fn to_json(&self) -> Value {
-        match self {
-            TxnOp::Put { key, value, lease } => {
-                json!({ "request_put": put_json(key, value, *lease) })
-            }
-            TxnOp::Range { key, range_end } => {
-                json!({ "request_range": range_json(key, range_end.as_deref()) })
-            }
-            TxnOp::Delete { key, range_end } => {
-                json!({ "request_delete_range": range_json(key, range_end.as_deref()) })
-            }
         }
     }
 }
@@ -252,19 +251,14 @@ pub struct WatchBatch {
 pub enum EtcdError {
     /// The endpoint list or an argument is unusable.
     Config(String),
-    /// No endpoint could be reached: each endpoint with its error. Nothing was applied.
-    Unavailable(Vec<(String, HttpError)>),
-    /// The connection to `endpoint` failed or timed out after the request was sent: a write may or may not have
-    /// been applied; a watch stream is broken (re-read and re-watch).
-    Transport { endpoint: String, error: HttpError },
-    /// etcd refused the request (gRPC status code and message, as relayed by the gateway).
-    Server {
-        code: i64,
-        message: String,
-        http_status: u16,
-    },
-    /// A non-2xx answer that is not an etcd error body (e.g. a proxy, or an unknown path).
-    Http { status: u16, body: String },
+    /// etcd could not be reached (or the control-plane thread is stopped or overloaded), and the call changed
+    /// nothing: a read, or a request that never left.
+    Unavailable(String),
+    /// A write got no answer (connection lost, timeout, the control-plane thread stopped mid-call): it may or may
+    /// not have been applied.
+    Transport(String),
+    /// etcd refused the request (gRPC status code and message).
+    Server { code: i32, message: String },
     /// The answer did not have the expected shape.
     Decode(String),
     /// A watch's start revision was compacted away: re-read with `range` and re-watch from its revision + 1.
@@ -281,20 +275,11 @@ impl fmt::Display for EtcdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EtcdError::Config(s) => write!(f, "etcd client configuration: {s}"),
-            EtcdError::Unavailable(errs) => {
-                write!(f, "no etcd endpoint reachable")?;
-                for (ep, e) in errs {
-                    write!(f, "; {ep}: {e}")?;
-                }
-                Ok(())
+            EtcdError::Unavailable(s) => write!(f, "etcd unavailable: {s}"),
+            EtcdError::Transport(s) => write!(f, "etcd write outcome unknown: {s}"),
+            EtcdError::Server { code, message } => {
+                write!(f, "etcd error (gRPC code {code}): {message}")
             }
-            EtcdError::Transport { endpoint, error } => write!(f, "etcd {endpoint}: {error}"),
-            EtcdError::Server {
-                code,
-                message,
-                http_status,
-            } => write!(f, "etcd error (code {code}, http {http_status}): {message}"),
-            EtcdError::Http { status, body } => write!(f, "etcd gateway http {status}: {body}"),
             EtcdError::Decode(s) => write!(f, "unexpected etcd answer: {s}"),
             EtcdError::Compacted { compact_revision } => write!(
                 f,
@@ -308,24 +293,6 @@ impl fmt::Display for EtcdError {
 }
 
 impl std::error::Error for EtcdError {}
-
-impl EtcdError {
-    /// Worth trying another endpoint for a request that may be repeated.
-    fn retryable_elsewhere(&self) -> bool {
-        matches!(self, EtcdError::Server { code, .. } if *code == GRPC_UNAVAILABLE)
-    }
-
-    fn lease_not_found(self, id: i64) -> EtcdError {
-        match self {
-            EtcdError::Server { code, message, .. }
-                if code == GRPC_NOT_FOUND && message.contains("lease not found") =>
-            {
-                EtcdError::LeaseNotFound(id)
-            }
-            other => other,
-        }
-    }
-}
 
 type Result<T> = std::result::Result<T, EtcdError>;
 
@@ -351,372 +318,77 @@ fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (key, prefix_range_end(prefix))
 }
 
-fn b64(bytes: &[u8]) -> Value {
-    Value::String(STANDARD.encode(bytes))
-}
-
-fn int_json(v: i64) -> Value {
-    Value::String(v.to_string())
-}
-
-fn range_json(key: &[u8], range_end: Option<&[u8]>) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(key));
-    if let Some(end) = range_end {
-        m.insert("range_end".into(), b64(end));
-    }
-    Value::Object(m)
-}
-
-fn put_json(key: &[u8], value: &[u8], lease: Option<i64>) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(key));
-    m.insert("value".into(), b64(value));
-    if let Some(id) = lease {
-        m.insert("lease".into(), int_json(id));
-    }
-    Value::Object(m)
-}
-
-// ---- decoding: lenient about representation (string or number), strict about type ----
-
-fn decode_err(what: &str, v: &Value) -> EtcdError {
-    let text = v.to_string();
-    EtcdError::Decode(format!("{what}: {}", excerpt(text.as_bytes())))
-}
-
-fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
-    v.get(name).filter(|x| !x.is_null())
-}
-
-fn int(v: &Value, name: &str) -> Result<i64> {
-    match field(v, name) {
-        None => Ok(0),
-        Some(Value::String(s)) => s
-            .parse()
-            .map_err(|_| decode_err(&format!("{name} is not an integer"), v)),
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .ok_or_else(|| decode_err(&format!("{name} is not an int64"), v)),
-        Some(_) => Err(decode_err(&format!("{name} is not an integer"), v)),
-    }
-}
-
-fn boolean(v: &Value, name: &str) -> Result<bool> {
-    match field(v, name) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(decode_err(&format!("{name} is not a boolean"), v)),
-    }
-}
-
-fn bytes(v: &Value, name: &str) -> Result<Vec<u8>> {
-    match field(v, name) {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => [&STANDARD, &STANDARD_NO_PAD, &URL_SAFE, &URL_SAFE_NO_PAD]
-            .iter()
-            .find_map(|e| e.decode(s).ok())
-            .ok_or_else(|| decode_err(&format!("{name} is not base64"), v)),
-        Some(_) => Err(decode_err(&format!("{name} is not a string"), v)),
-    }
-}
-
-fn text(v: &Value, name: &str) -> String {
-    field(v, name)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn array<'a>(v: &'a Value, name: &str) -> Result<&'a [Value]> {
-    match field(v, name) {
-        None => Ok(&[]),
-        Some(Value::Array(a)) => Ok(a),
-        Some(_) => Err(decode_err(&format!("{name} is not an array"), v)),
-    }
-}
-
-fn object<'a>(v: &'a Value, name: &str) -> Result<&'a Value> {
-    match field(v, name) {
-        Some(o @ Value::Object(_)) => Ok(o),
-        _ => Err(decode_err(&format!("missing object {name}"), v)),
-    }
-}
-
-fn header_revision(v: &Value) -> Result<i64> {
-    match field(v, "header") {
-        Some(h) => int(h, "revision"),
-        None => Ok(0),
-    }
-}
-
-fn parse_kv(v: &Value) -> Result<KeyValue> {
-    if !v.is_object() {
-        return Err(decode_err("key-value is not an object", v));
-    }
-    Ok(KeyValue {
-        key: bytes(v, "key")?,
-        value: bytes(v, "value")?,
-        create_revision: int(v, "create_revision")?,
-        mod_revision: int(v, "mod_revision")?,
-        version: int(v, "version")?,
-        lease: int(v, "lease")?,
-    })
-}
-
-fn parse_range(v: &Value) -> Result<RangeResponse> {
-    Ok(RangeResponse {
-        revision: header_revision(v)?,
-        kvs: array(v, "kvs")?
-            .iter()
-            .map(parse_kv)
-            .collect::<Result<_>>()?,
-        count: int(v, "count")?,
-        more: boolean(v, "more")?,
-    })
-}
-
-fn parse_delete(v: &Value) -> Result<DeleteResponse> {
-    Ok(DeleteResponse {
-        revision: header_revision(v)?,
-        deleted: int(v, "deleted")?,
-    })
-}
-
-fn parse_txn(v: &Value) -> Result<TxnResponse> {
-    let mut responses = Vec::new();
-    for r in array(v, "responses")? {
-        let op = if let Some(p) = field(r, "response_put") {
-            TxnOpResponse::Put {
-                revision: header_revision(p)?,
-            }
-        } else if let Some(g) = field(r, "response_range") {
-            TxnOpResponse::Range(parse_range(g)?)
-        } else if let Some(d) = field(r, "response_delete_range") {
-            TxnOpResponse::Delete(parse_delete(d)?)
-        } else {
-            return Err(decode_err("unknown txn response", r));
-        };
-        responses.push(op);
-    }
-    Ok(TxnResponse {
-        revision: header_revision(v)?,
-        succeeded: boolean(v, "succeeded")?,
-        responses,
-    })
-}
-
-fn parse_event(v: &Value) -> Result<Event> {
-    let kind = match field(v, "type") {
-        None => EventKind::Put,
-        Some(Value::String(s)) if s == "PUT" => EventKind::Put,
-        Some(Value::String(s)) if s == "DELETE" => EventKind::Delete,
-        Some(Value::Number(n)) if n.as_i64() == Some(0) => EventKind::Put,
-        Some(Value::Number(n)) if n.as_i64() == Some(1) => EventKind::Delete,
-        Some(_) => return Err(decode_err("unknown event type", v)),
-    };
-    Ok(Event {
-        kind,
-        kv: parse_kv(object(v, "kv")?)?,
-    })
-}
-
-/// An error carried in a body: unary `{"error": "...", "message": "...", "code": N}` or stream
-/// `{"error": {"grpc_code": N, "message": "..."}}`.
-fn body_error(v: &Value, http_status: u16) -> Option<EtcdError> {
-    let err = field(v, "error")?;
-    let (code, message) = match err {
-        Value::Object(_) => (int(err, "grpc_code").unwrap_or(0), text(err, "message")),
-        Value::String(s) => {
-            let m = text(v, "message");
-            (
-                int(v, "code").unwrap_or(0),
-                if m.is_empty() { s.clone() } else { m },
-            )
-        }
-        _ => (0, err.to_string()),
-    };
-    Some(EtcdError::Server {
-        code,
-        message,
-        http_status,
-    })
-}
-
-fn decode_json(body: &[u8]) -> Result<Value> {
-    serde_json::from_slice(body)
-        .map_err(|e| EtcdError::Decode(format!("{e} in {:?}", excerpt(body))))
-}
-
-/// Turns a whole gateway response into its JSON, or the error it carries.
-fn decode_reply(status: u16, body: &[u8]) -> Result<Value> {
-    if (200..300).contains(&status) {
-        let v = decode_json(body)?;
-        if let Some(Value::String(e)) = field(&v, "error") {
-            // LeaseGrantResponse carries its failure this way.
-            if !e.is_empty() {
-                return Err(EtcdError::Server {
-                    code: 0,
-                    message: e.clone(),
-                    http_status: status,
-                });
-            }
-        }
-        if !v.is_object() {
-            return Err(decode_err("answer is not an object", &v));
-        }
-        return Ok(v);
-    }
-    match serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| body_error(&v, status))
-    {
-        Some(e) => Err(e),
-        None => Err(EtcdError::Http {
-            status,
-            body: excerpt(body),
-        }),
-    }
-}
-
-/// A client for one etcd cluster. Use it from one executor (it is not `Send`); calls may run concurrently.
+/// A client for one etcd cluster: a handle on core 0 of the control-plane thread it started. Not `Send`-bound in
+/// use (core 0 owns it), calls may run concurrently. Dropping it stops the thread; so does [`Etcd::close`].
 #[derive(Debug)]
 pub struct Etcd {
-    endpoints: Vec<HttpClient>,
-    /// Index of the endpoint to try first: the last one that answered.
-    current: Cell<usize>,
-    config: HttpConfig,
+    endpoints: Vec<String>,
+    plane: ControlPlane,
 }
 
 impl Etcd {
     /// A client for `endpoints` (`http://host:port`), with default timeouts and limits. Connects lazily.
     pub fn new(endpoints: Vec<String>) -> Result<Etcd> {
-        Etcd::with_config(endpoints, HttpConfig::default())
+        Etcd::with_config(endpoints, EtcdConfig::default())
     }
 
-    pub fn with_config(endpoints: Vec<String>, config: HttpConfig) -> Result<Etcd> {
+    /// A client with the given timeouts and limits: starts the control-plane thread.
+    pub fn with_config(endpoints: Vec<String>, config: EtcdConfig) -> Result<Etcd> {
         if endpoints.is_empty() {
             return Err(EtcdError::Config("no endpoints".into()));
         }
-        let endpoints = endpoints
-            .iter()
-            .map(|e| {
-                HttpClient::new(e, config.clone()).map_err(|err| EtcdError::Config(err.to_string()))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        for e in &endpoints {
+            let host = e.strip_prefix("http://").unwrap_or_default();
+            if host.trim_end_matches('/').is_empty() || host.contains(char::is_whitespace) {
+                return Err(EtcdError::Config(format!(
+                    "endpoint {e:?} is not http://host:port (TLS is not supported)"
+                )));
+            }
+        }
         Ok(Etcd {
+            plane: ControlPlane::start(endpoints.clone(), config)?,
             endpoints,
-            current: Cell::new(0),
-            config,
         })
     }
 
     /// The endpoint URLs, in configured order.
     pub fn endpoints(&self) -> Vec<&str> {
-        self.endpoints.iter().map(HttpClient::base_url).collect()
+        self.endpoints.iter().map(String::as_str).collect()
     }
 
-    /// The endpoint the next call tries first.
-    pub fn current_endpoint(&self) -> &str {
-        self.endpoints[self.current.get() % self.endpoints.len()].base_url()
-    }
-
-    /// One request/response call with failover.
-    async fn call(&self, path: &str, body: Value, idempotent: bool) -> Result<Value> {
-        let bytes = body.to_string().into_bytes();
-        let n = self.endpoints.len();
-        let start = self.current.get();
-        let mut failures = Vec::new();
-        for i in 0..n {
-            let idx = (start + i) % n;
-            let ep = &self.endpoints[idx];
-            match ep.post_json(path, &bytes).await {
-                Ok(resp) => match decode_reply(resp.status, &resp.body) {
-                    Err(e) if idempotent && e.retryable_elsewhere() && i + 1 < n => {
-                        failures.push((
-                            ep.base_url().to_string(),
-                            HttpError::Status {
-                                status: resp.status,
-                                body: resp.body,
-                            },
-                        ));
-                    }
-                    result => {
-                        self.current.set(idx);
-                        return result;
-                    }
-                },
-                Err(e) if e.is_connect() || idempotent => {
-                    failures.push((ep.base_url().to_string(), e));
-                }
-                Err(error) => {
-                    return Err(EtcdError::Transport {
-                        endpoint: ep.base_url().to_string(),
-                        error,
-                    })
-                }
-            }
-        }
-        Err(EtcdError::Unavailable(failures))
-    }
-
-    /// Opens a streaming call with failover, and reads its first message (within the request timeout).
-    async fn open_stream(&self, path: &str, body: Value) -> Result<(JsonStream, Value, String)> {
-        let bytes = body.to_string().into_bytes();
-        let n = self.endpoints.len();
-        let start = self.current.get();
-        let mut failures = Vec::new();
-        for i in 0..n {
-            let idx = (start + i) % n;
-            let ep = &self.endpoints[idx];
-            let endpoint = ep.base_url().to_string();
-            let timeout = self.config.request_timeout;
-            let attempt = within(timeout, async {
-                let mut stream = ep.post_stream(path, &bytes).await?;
-                let first = stream.next().await?;
-                Ok::<_, HttpError>((stream, first))
+    /// Sends a command and waits for its answer. `write`: a lost answer means an unknown outcome.
+    async fn ask<T>(&self, write: bool, command: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        self.plane.submit(command(reply))?;
+        answer.await.unwrap_or_else(|_| {
+            let reason = "the etcd control plane stopped during the call".to_string();
+            Err(if write {
+                EtcdError::Transport(reason)
+            } else {
+                EtcdError::Unavailable(reason)
             })
-            .await
-            .unwrap_or(Err(HttpError::Timeout(timeout)));
-            match attempt {
-                Ok((stream, Some(first))) => {
-                    let v = decode_json(&first)?;
-                    if let Some(e) = body_error(&v, 200) {
-                        if e.retryable_elsewhere() && i + 1 < n {
-                            failures.push((endpoint, HttpError::Closed));
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                    self.current.set(idx);
-                    return Ok((stream, v, endpoint));
-                }
-                Ok((_, None)) => failures.push((endpoint, HttpError::Closed)),
-                Err(HttpError::Status { status, body }) => {
-                    let e = decode_reply(status, &body)
-                        .err()
-                        .unwrap_or(EtcdError::Http {
-                            status,
-                            body: excerpt(&body),
-                        });
-                    if e.retryable_elsewhere() && i + 1 < n {
-                        failures.push((endpoint, HttpError::Status { status, body }));
-                        continue;
-                    }
-                    return Err(e);
-                }
-                Err(e) => failures.push((endpoint, e)),
-            }
+        })
+    }
+
+    /// Stops the control-plane thread: every call, watch and keep-alive still running ends (watches with
+    /// [`EtcdError::WatchClosed`]), and later calls fail with [`EtcdError::Unavailable`]. Returns once the thread's
+    /// runtime is gone. Revoke leases first: nothing is given back to etcd here.
+    pub async fn close(&self) {
+        let (done, stopped) = oneshot::channel();
+        if self.plane.submit(Command::Close { done }).is_ok() {
+            let _ = stopped.await;
         }
-        Err(EtcdError::Unavailable(failures))
     }
 
     /// Keys in `[key, range_end)`, or just `key` when `range_end` is `None`.
     pub async fn range(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<RangeResponse> {
-        let v = self
-            .call("/v3/kv/range", range_json(key, range_end), true)
-            .await?;
-        parse_range(&v)
+        let (key, range_end) = (key.to_vec(), range_end.map(<[u8]>::to_vec));
+        self.ask(false, |reply| Command::Range {
+            key,
+            range_end,
+            reply,
+        })
+        .await
     }
 
     /// Every key starting with `prefix`, in key order.
@@ -727,27 +399,36 @@ impl Etcd {
 
     /// Sets `key` to `value`, attached to `lease` if given. Returns the revision of the write.
     pub async fn put(&self, key: &[u8], value: &[u8], lease: Option<i64>) -> Result<i64> {
-        let v = self
-            .call("/v3/kv/put", put_json(key, value, lease), false)
-            .await?;
-        header_revision(&v)
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.ask(true, |reply| Command::Put {
+            key,
+            value,
+            lease,
+            reply,
+        })
+        .await
     }
 
     /// Deletes `key`.
     pub async fn delete(&self, key: &[u8]) -> Result<DeleteResponse> {
-        let v = self
-            .call("/v3/kv/deleterange", range_json(key, None), false)
-            .await?;
-        parse_delete(&v)
+        let key = key.to_vec();
+        self.ask(true, |reply| Command::Delete {
+            key,
+            range_end: None,
+            reply,
+        })
+        .await
     }
 
     /// Deletes every key starting with `prefix`.
     pub async fn delete_prefix(&self, prefix: &[u8]) -> Result<DeleteResponse> {
         let (key, end) = prefix_range(prefix);
-        let v = self
-            .call("/v3/kv/deleterange", range_json(&key, Some(&end)), false)
-            .await?;
-        parse_delete(&v)
+        self.ask(true, |reply| Command::Delete {
+            key,
+            range_end: Some(end),
+            reply,
+        })
+        .await
     }
 
     /// Runs `success` if every compare holds, else `failure`, atomically.
@@ -757,24 +438,28 @@ impl Etcd {
         success: &[TxnOp],
         failure: &[TxnOp],
     ) -> Result<TxnResponse> {
-        let body = json!({
-            "compare": compares.iter().map(Compare::to_json).collect::<Vec<_>>(),
-            "success": success.iter().map(TxnOp::to_json).collect::<Vec<_>>(),
-            "failure": failure.iter().map(TxnOp::to_json).collect::<Vec<_>>(),
-        });
-        let read_only = success
+        let write = success
             .iter()
             .chain(failure)
-            .all(|op| matches!(op, TxnOp::Range { .. }));
-        let v = self.call("/v3/kv/txn", body, read_only).await?;
-        parse_txn(&v)
+            .any(|op| !matches!(op, TxnOp::Range { .. }));
+        let (compares, success, failure) = (compares.to_vec(), success.to_vec(), failure.to_vec());
+        self.ask(write, |reply| Command::Txn {
+            compares,
+            success,
+            failure,
+            reply,
+        })
+        .await
     }
 
     /// Compacts the history up to `revision` (watches from before it then fail with `Compacted`).
     pub async fn compact(&self, revision: i64, physical: bool) -> Result<()> {
-        let body = json!({ "revision": int_json(revision), "physical": physical });
-        self.call("/v3/kv/compaction", body, false).await?;
-        Ok(())
+        self.ask(true, |reply| Command::Compact {
+            revision,
+            physical,
+            reply,
+        })
+        .await
     }
 
     /// Grants a lease of `ttl_s` seconds (etcd may raise it to its minimum); returns its id.
@@ -782,43 +467,22 @@ impl Etcd {
         if ttl_s <= 0 {
             return Err(EtcdError::Config(format!("lease ttl {ttl_s}")));
         }
-        let body = json!({ "TTL": int_json(ttl_s), "ID": "0" });
-        let v = self.call("/v3/lease/grant", body, false).await?;
-        let id = int(&v, "ID")?;
-        if id == 0 {
-            return Err(decode_err("lease grant without an ID", &v));
-        }
-        Ok(id)
+        self.ask(true, |reply| Command::LeaseGrant { ttl_s, reply })
+            .await
     }
 
-    /// Refreshes lease `id` once; returns its TTL in seconds from now. An expired or revoked lease is
+    /// Refreshes lease `id` once, over the lease's keep-alive stream (which the control-plane thread opens on first
+    /// use and keeps); returns its TTL in seconds from now. An expired or revoked lease is
     /// [`EtcdError::LeaseNotFound`]. Call it every TTL/3 or so to keep a lease.
     pub async fn lease_keepalive_once(&self, id: i64) -> Result<i64> {
-        let body = json!({ "ID": int_json(id) });
-        let (mut stream, first, _endpoint) = self
-            .open_stream("/v3/lease/keepalive", body)
+        self.ask(false, |reply| Command::LeaseKeepAlive { id, reply })
             .await
-            .map_err(|e| e.lease_not_found(id))?;
-        let result = object(&first, "result")?;
-        let ttl = int(result, "TTL")?;
-        // The response ends now that the request body has; finish it so the connection can be reused. Best effort.
-        let _ = within(self.config.request_timeout, async {
-            while let Ok(Some(_)) = stream.next().await {}
-        })
-        .await;
-        if ttl <= 0 {
-            return Err(EtcdError::LeaseNotFound(id));
-        }
-        Ok(ttl)
     }
 
-    /// Revokes lease `id`, deleting every key attached to it.
+    /// Revokes lease `id`, deleting every key attached to it (and closing its keep-alive stream).
     pub async fn lease_revoke(&self, id: i64) -> Result<()> {
-        let body = json!({ "ID": int_json(id) });
-        self.call("/v3/lease/revoke", body, false)
+        self.ask(true, |reply| Command::LeaseRevoke { id, reply })
             .await
-            .map_err(|e| e.lease_not_found(id))?;
-        Ok(())
     }
 
     /// Watches every key starting with `prefix`, from `start_revision` (0: from now). See [`WatchStream`].
@@ -827,50 +491,44 @@ impl Etcd {
         self.watch_range(&key, Some(&end), start_revision).await
     }
 
-    /// Watches `[key, range_end)` (or just `key`) from `start_revision` (0: from now).
+    /// Watches `[key, range_end)` (or just `key`) from `start_revision` (0: from now). Returns once etcd has
+    /// created the watch.
     pub async fn watch_range(
         &self,
         key: &[u8],
         range_end: Option<&[u8]>,
         start_revision: i64,
     ) -> Result<WatchStream> {
-        let mut create = range_json(key, range_end);
-        if start_revision > 0 {
-            if let Value::Object(m) = &mut create {
-                m.insert("start_revision".into(), int_json(start_revision));
-            }
-        }
-        let body = json!({ "create_request": create });
-        let (stream, first, endpoint) = self.open_stream("/v3/watch", body).await?;
-        let result = object(&first, "result")?;
-        let mut watch = WatchStream {
-            stream: Some(stream),
-            endpoint,
-            created_revision: header_revision(result)?,
-            pending: None,
-        };
-        if !boolean(result, "created")? {
-            return Err(decode_err("first watch message is not `created`", &first));
-        }
-        // Should etcd ever fold the cancellation or events into the first message, keep them for `next`.
-        watch.pending = watch.interpret(result).transpose();
-        Ok(watch)
+        let (key, range_end) = (key.to_vec(), range_end.map(<[u8]>::to_vec));
+        let opened = self
+            .ask(false, |reply| Command::Watch {
+                key,
+                range_end,
+                start_revision,
+                reply,
+            })
+            .await?;
+        Ok(WatchStream {
+            batches: Some(opened.batches),
+            created_revision: opened.created_revision,
+            _cancel: opened.cancel,
+        })
     }
 }
 
 /// A live watch. `next()` yields event batches in revision order until an error; after an error the stream is
 /// finished and every further `next()` returns [`EtcdError::WatchClosed`].
 ///
-/// On [`EtcdError::Compacted`], a broken connection ([`EtcdError::Transport`], [`EtcdError::WatchClosed`]) or
+/// On [`EtcdError::Compacted`], a broken connection ([`EtcdError::Unavailable`], [`EtcdError::WatchClosed`]) or
 /// [`EtcdError::WatchCanceled`], the caller re-reads with `range`/`get_prefix` and watches again from that read's
-/// revision + 1. A quiet watch sends nothing; a dead peer is noticed by TCP keepalive (see `http_client`).
-/// `next()` is not cancellation safe: a `next()` dropped before completing poisons the stream.
+/// revision + 1. A quiet watch sends nothing; a dead etcd is noticed by HTTP/2 pings ([`EtcdConfig`]). `next()` is
+/// cancellation safe. Dropping the stream cancels the watch.
 #[derive(Debug)]
 pub struct WatchStream {
-    stream: Option<JsonStream>,
-    endpoint: String,
+    batches: Option<mpsc::Receiver<Result<WatchBatch>>>,
     created_revision: i64,
-    pending: Option<Result<WatchBatch>>,
+    /// Dropped with the stream: tells the control-plane thread to cancel the watch.
+    _cancel: oneshot::Sender<()>,
 }
 
 impl WatchStream {
@@ -879,65 +537,20 @@ impl WatchStream {
         self.created_revision
     }
 
-    /// The endpoint serving this watch.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
-
-    /// A batch, an error, or nothing worth reporting (created/progress messages).
-    fn interpret(&self, result: &Value) -> Result<Option<WatchBatch>> {
-        let compact_revision = int(result, "compact_revision")?;
-        if compact_revision > 0 {
-            return Err(EtcdError::Compacted { compact_revision });
-        }
-        if boolean(result, "canceled")? {
-            return Err(EtcdError::WatchCanceled(text(result, "cancel_reason")));
-        }
-        let events = array(result, "events")?
-            .iter()
-            .map(parse_event)
-            .collect::<Result<Vec<_>>>()?;
-        if events.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(WatchBatch {
-            revision: header_revision(result)?,
-            events,
-        }))
-    }
-
     /// The next batch of events.
     pub async fn next(&mut self) -> Result<WatchBatch> {
-        if let Some(p) = self.pending.take() {
-            if p.is_err() {
-                self.stream = None;
+        let Some(batches) = self.batches.as_mut() else {
+            return Err(EtcdError::WatchClosed);
+        };
+        match batches.next().await {
+            Some(Ok(batch)) => Ok(batch),
+            Some(Err(e)) => {
+                self.batches = None;
+                Err(e)
             }
-            return p;
-        }
-        loop {
-            let Some(stream) = self.stream.as_mut() else {
-                return Err(EtcdError::WatchClosed);
-            };
-            let outcome = match stream.next().await {
-                Ok(Some(msg)) => decode_json(&msg).and_then(|v| {
-                    if let Some(e) = body_error(&v, 200) {
-                        return Err(e);
-                    }
-                    self.interpret(object(&v, "result")?)
-                }),
-                Ok(None) => Err(EtcdError::WatchClosed),
-                Err(error) => Err(EtcdError::Transport {
-                    endpoint: self.endpoint.clone(),
-                    error,
-                }),
-            };
-            match outcome {
-                Ok(Some(batch)) => return Ok(batch),
-                Ok(None) => continue,
-                Err(e) => {
-                    self.stream = None;
-                    return Err(e);
-                }
+            None => {
+                self.batches = None;
+                Err(EtcdError::WatchClosed)
             }
         }
     }
@@ -947,7 +560,8 @@ impl WatchStream {
 mod tests {
     use super::*;
     use crate::cluster::test_etcd::{free_port, run, start_etcd, EtcdProcess};
-    use std::time::{Duration, Instant};
+    use crate::cluster::within;
+    use std::time::Instant;
 
     #[test]
     fn prefix_ends() {
@@ -955,71 +569,6 @@ mod tests {
         assert_eq!(prefix_range_end(b"a\xff"), b"b".to_vec());
         assert_eq!(prefix_range_end(b"\xff\xff"), vec![0]);
         assert_eq!(prefix_range(b""), (vec![0], vec![0]));
-    }
-
-    #[test]
-    fn decodes_gateway_shapes() {
-        // Captured from etcd 3.4.23.
-        let range = br#"{"header":{"cluster_id":"324952591200643719","member_id":"3319814642761637952","revision":"2","raft_term":"2"},"kvs":[{"key":"Zm9v","create_revision":"2","mod_revision":"2","version":"1","value":"YmFy"}],"count":"1"}"#;
-        let r = parse_range(&decode_reply(200, range).unwrap()).unwrap();
-        assert_eq!(r.revision, 2);
-        assert_eq!(r.kvs[0].key, b"foo");
-        assert_eq!(r.kvs[0].value, b"bar");
-        assert_eq!(r.kvs[0].lease, 0);
-        let empty = br#"{"header":{"revision":"2"}}"#;
-        assert_eq!(
-            parse_range(&decode_reply(200, empty).unwrap()).unwrap().kvs,
-            vec![]
-        );
-        let failed_txn = br#"{"header":{"revision":"3"},"responses":[{"response_range":{"header":{"revision":"3"},"kvs":[{"key":"YQ==","create_revision":"3","mod_revision":"3","version":"1","value":"MQ=="}],"count":"1"}}]}"#;
-        let t = parse_txn(&decode_reply(200, failed_txn).unwrap()).unwrap();
-        assert!(!t.succeeded);
-        assert!(matches!(&t.responses[0], TxnOpResponse::Range(r) if r.kvs[0].value == b"1"));
-        let err = br#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#;
-        let e = decode_reply(404, err).unwrap_err().lease_not_found(7);
-        assert!(matches!(e, EtcdError::LeaseNotFound(7)), "{e}");
-        let e = decode_reply(404, b"Not Found\n").unwrap_err();
-        assert!(matches!(e, EtcdError::Http { status: 404, .. }), "{e}");
-        let stream_err = serde_json::json!({"error": {"grpc_code": 14, "http_code": 503, "message": "no leader"}});
-        assert!(matches!(
-            body_error(&stream_err, 200),
-            Some(EtcdError::Server { code: 14, .. })
-        ));
-        // Wrong types are decode errors, not panics.
-        for bad in [
-            &br#"{"header":{"revision":"x"}}"#[..],
-            br#"{"kvs":{}}"#,
-            br#"{"kvs":[{"key":"!!!"}]}"#,
-            br#"{"kvs":[{"key":5}]}"#,
-            br#"{"count":1.5}"#,
-            br#"{"more":"yes"}"#,
-        ] {
-            assert!(
-                parse_range(&decode_reply(200, bad).unwrap()).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-        assert!(decode_reply(200, b"[1]").is_err());
-        assert!(decode_reply(200, b"nope").is_err());
-        let compacted =
-            serde_json::json!({"header":{"raft_term":"2"},"canceled":true,"compact_revision":"6"});
-        let w = WatchStream {
-            stream: None,
-            endpoint: String::new(),
-            created_revision: 0,
-            pending: None,
-        };
-        assert!(matches!(
-            w.interpret(&compacted),
-            Err(EtcdError::Compacted {
-                compact_revision: 6
-            })
-        ));
-        let delete = serde_json::json!({"header":{"revision":"7"},"events":[{"type":"DELETE","kv":{"key":"cDE=","mod_revision":"7"}}]});
-        let b = w.interpret(&delete).unwrap().unwrap();
-        assert_eq!(b.events[0].kind, EventKind::Delete);
-        assert_eq!(b.events[0].revision(), 7);
     }
 
     // ---- integration tests against a real etcd on loopback ----
@@ -1075,8 +624,6 @@ mod tests {
             assert_eq!(e.delete(b"a/1").await.unwrap().deleted, 0);
             assert_eq!(e.delete_prefix(b"a/").await.unwrap().deleted, 1);
             assert_eq!(keys(&e.get_prefix(b"").await.unwrap()), ["b/1"]);
-            // Keep-alive: the sequential calls above reused one connection.
-            assert_eq!(e.endpoints[0].idle_connections(), 1);
         });
     }
 
@@ -1169,8 +716,8 @@ mod tests {
             assert_eq!(got.kvs[0].lease, id);
             let ttl = e.lease_keepalive_once(id).await.unwrap();
             assert!((1..=30).contains(&ttl), "ttl {ttl}");
-            // The keepalive response ended, so its connection went back to the pool.
-            assert!(e.endpoints[0].idle_connections() >= 1);
+            // Later refreshes go over the same keep-alive stream.
+            assert_eq!(e.lease_keepalive_once(id).await.unwrap(), ttl);
             assert_eq!(e.lease_keepalive_once(id).await.unwrap(), ttl);
             e.lease_revoke(id).await.unwrap();
             assert!(e.range(b"node/1", None).await.unwrap().kvs.is_empty());
@@ -1184,7 +731,7 @@ mod tests {
             ));
             assert!(matches!(
                 e.put(b"node/2", b"x", Some(id)).await,
-                Err(EtcdError::Server { code: 5, .. })
+                Err(EtcdError::LeaseNotFound(x)) if x == id
             ));
         });
     }
@@ -1288,8 +835,7 @@ mod tests {
             assert_eq!(first.events[0].kv.key, b"p/0");
             assert_eq!(first.events[0].revision(), before);
 
-            // Killing etcd breaks the stream: a transport error or a closed stream, never `Compacted`.
-            drop(e);
+            // Killing etcd breaks the stream: unavailable or closed, never `Compacted`.
             let mut p = p;
             p.kill();
             let broken = within(Duration::from_secs(10), w.next())
@@ -1298,11 +844,12 @@ mod tests {
             assert!(
                 matches!(
                     broken,
-                    Err(EtcdError::Transport { .. } | EtcdError::WatchClosed)
+                    Err(EtcdError::Unavailable(_) | EtcdError::WatchClosed)
                 ),
                 "{broken:?}"
             );
             assert!(matches!(w.next().await, Err(EtcdError::WatchClosed)));
+            drop(e);
         });
     }
 
@@ -1355,46 +902,74 @@ mod tests {
         run(async {
             let dead = format!("http://127.0.0.1:{}", free_port());
             let e = Etcd::new(vec![dead.clone(), p.url.clone()]).unwrap();
-            assert_eq!(e.current_endpoint(), dead);
+            assert_eq!(e.endpoints(), [dead.as_str(), p.url.as_str()]);
             e.put(b"f", b"1", None).await.unwrap();
-            assert_eq!(e.current_endpoint(), p.url);
             assert_eq!(e.range(b"f", None).await.unwrap().kvs[0].value, b"1");
             let mut w = e.watch(b"f", 0).await.unwrap();
-            assert_eq!(w.endpoint(), p.url);
             e.put(b"f", b"2", None).await.unwrap();
             let b = within(Duration::from_secs(5), w.next())
                 .await
                 .unwrap()
                 .unwrap();
             assert_eq!(b.events[0].kv.value, b"2");
-
-            // A watch and a keepalive also fail over when the dead endpoint comes first.
-            let e = Etcd::new(vec![dead.clone(), p.url.clone()]).unwrap();
             let id = e.lease_grant(10).await.unwrap();
-            let e = Etcd::new(vec![dead.clone(), p.url.clone()]).unwrap();
             assert!(e.lease_keepalive_once(id).await.unwrap() > 0);
-            let e = Etcd::new(vec![dead.clone(), p.url.clone()]).unwrap();
-            e.watch(b"f", 0).await.unwrap();
 
-            // Nothing reachable: Unavailable, listing every endpoint.
-            let e = Etcd::new(vec![
-                dead.clone(),
-                format!("http://127.0.0.1:{}", free_port()),
-            ])
-            .unwrap();
-            match e.range(b"f", None).await {
-                Err(EtcdError::Unavailable(errs)) => {
-                    assert_eq!(errs.len(), 2);
-                    assert!(errs.iter().all(|(_, err)| err.is_connect()));
-                }
-                other => panic!("expected Unavailable, got {other:?}"),
-            }
+            // Nothing reachable: reads are Unavailable, writes Unavailable or Transport (outcome unknown), within
+            // the request timeout.
+            let config = EtcdConfig {
+                request_timeout: Duration::from_millis(500),
+                ..EtcdConfig::default()
+            };
+            let nowhere = format!("http://127.0.0.1:{}", free_port());
+            let e = Etcd::with_config(vec![dead.clone(), nowhere], config).unwrap();
+            let t = Instant::now();
             assert!(matches!(
-                e.put(b"f", b"3", None).await,
+                e.range(b"f", None).await,
                 Err(EtcdError::Unavailable(_))
             ));
+            assert!(matches!(
+                e.put(b"f", b"3", None).await,
+                Err(EtcdError::Unavailable(_) | EtcdError::Transport(_))
+            ));
+            assert!(matches!(
+                e.watch(b"f", 0).await,
+                Err(EtcdError::Unavailable(_))
+            ));
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
             assert!(Etcd::new(vec![]).is_err());
             assert!(Etcd::new(vec!["https://x:1".into()]).is_err());
+        });
+    }
+
+    #[test]
+    fn closing_the_client_ends_its_watches_and_calls() {
+        let Some(p) = start_etcd("closing_the_client_ends_its_watches_and_calls") else {
+            return;
+        };
+        run(async {
+            let e = client(&p);
+            e.put(b"w", b"1", None).await.unwrap();
+            let mut w = e.watch(b"w", 0).await.unwrap();
+            e.close().await;
+            let ended = within(Duration::from_secs(5), w.next())
+                .await
+                .expect("the watch outlived the control plane");
+            assert!(matches!(ended, Err(EtcdError::WatchClosed)), "{ended:?}");
+            assert!(matches!(
+                e.range(b"w", None).await,
+                Err(EtcdError::Unavailable(_))
+            ));
+            e.close().await; // twice is fine
+
+            // Dropping the last handle stops the thread too: its watch ends.
+            let e = client(&p);
+            let mut w = e.watch(b"w", 0).await.unwrap();
+            drop(e);
+            let ended = within(Duration::from_secs(5), w.next())
+                .await
+                .expect("the watch outlived its client");
+            assert!(matches!(ended, Err(EtcdError::WatchClosed)), "{ended:?}");
         });
     }
 }

@@ -156,6 +156,19 @@ pub struct Membership {
     pub session: Rc<Session>,
     pub replica: Rc<Replica>,
     pub rpc: Rc<RpcServer>,
+    /// The metastore handle: its etcd client's control-plane thread stops in [`Membership::leave`].
+    pub meta: Rc<Metastore>,
+}
+
+impl Membership {
+    /// A clean stop (core 0, once the partitions are closed): revokes the session's lease, so other nodes see this
+    /// one dead at once and it may start again right away, then stops the etcd client's control-plane thread.
+    pub async fn leave(self) {
+        if let Err(e) = self.session.close().await {
+            warn!(error = %e, "could not give the metastore session back; it expires within its TTL");
+        }
+        self.meta.close().await;
+    }
 }
 
 fn series(name: &str, help: &str, kind: &str, labels: String, value: u64) -> ExtraSeries {
@@ -349,6 +362,7 @@ pub async fn join(
         session,
         replica,
         rpc,
+        meta,
     })
 }
 
@@ -421,6 +435,9 @@ async fn follow(
         glommio::spawn_local(async move {
             loop {
                 let state = session.next_state(&mut seen).await;
+                if matches!(state, SessionState::Closed) && engine.is_stopping() {
+                    return; // a clean stop gave the lease back (`Membership::leave`): nothing to fence
+                }
                 let lost = matches!(state, SessionState::Lost | SessionState::Closed);
                 if lost != fenced.get() {
                     fenced.set(lost);

@@ -293,11 +293,11 @@ async fn core_main(
     mesh::serve(&core, receivers);
     // Cluster mode: core 0 joins (registers, opens the cluster's topics on every core, starts node RPC) before any
     // core listens; every core gets its node RPC clients.
-    let mut _membership = None;
+    let mut membership = None;
     if let Some(settings) = &config.cluster {
         if id == 0 {
             match crate::cluster::node::join(&core, &router, &config, settings).await {
-                Ok(m) => _membership = Some(m),
+                Ok(m) => membership = Some(m),
                 Err(e) => {
                     shared.cluster_joined.store(usize::MAX, Ordering::Release);
                     shared.loaded_event.notify(usize::MAX);
@@ -318,7 +318,7 @@ async fn core_main(
         }
         let nodes = crate::cluster::node::RpcNodes::new(core.clone(), &config, settings);
         router.set_node_link(nodes.clone());
-        let server = _membership.as_ref().map(|m| m.rpc.clone());
+        let server = membership.as_ref().map(|m| m.rpc.clone());
         core.set_extra_stats(Rc::new(move || {
             let mut all = nodes.series();
             if let Some(server) = &server {
@@ -363,6 +363,11 @@ async fn core_main(
     // Other cores may still forward work here until they drain too.
     stop.drained_and_wait().await;
     core.close_all().await;
+    // Cluster mode, core 0: give the session's lease back (docs/cluster.md, "Liveness"), so a node stopped and
+    // started again is not refused its own id for a TTL.
+    if let Some(membership) = membership.take() {
+        membership.leave().await;
+    }
     stop.closed_and_wait().await;
     Ok(())
 }

@@ -520,6 +520,30 @@ impl Node {
         self.paused = false;
     }
 
+    /// SIGTERM (a clean stop) and reap; panics if the process has not exited within `timeout`.
+    fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM);
+        let mut child = self.child.take().expect("running");
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if started.elapsed() < timeout => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "node {} did not stop within {timeout:?} of SIGTERM\n{}",
+                        self.id,
+                        tail(&self.log_text(), 40)
+                    );
+                }
+            }
+        }
+    }
+
     fn signal(&mut self, sig: libc::c_int) {
         signal(
             self.child
@@ -784,6 +808,20 @@ impl Cluster {
     /// SIGKILL node `i` and reap it.
     pub fn kill9(&mut self, i: usize) {
         self.nodes[i].kill9();
+    }
+
+    /// SIGTERM node `i` and wait (bounded) for it to exit; returns its exit status.
+    pub fn terminate(&mut self, i: usize) -> std::process::ExitStatus {
+        self.nodes[i].terminate(Duration::from_secs(20))
+    }
+
+    /// Node `i` again (stopped before) on the same data dir, ports and flags, at once: no waiting for its old lease
+    /// (unlike [`Cluster::restart`]); waits for `/health`.
+    pub fn start_again(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        assert!(node.child.is_none(), "node {} is still running", node.id);
+        node.spawn();
+        node.wait_healthy();
     }
 
     /// kill -9 (if running), then node `i` again on the same data dir, ports, namespace and flags, once etcd has

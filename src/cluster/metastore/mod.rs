@@ -5,7 +5,8 @@
 //! Core 0 owns all of it: the [`Metastore`] handle (one etcd client), the node's [`Session`] (lease and keep-alive)
 //! and the [`Replica`] (one watch). Nothing here is `Send` except [`Snapshot`]: other cores get the cluster state as
 //! an `Arc<Snapshot>` in a message from core 0, and ask core 0 for anything that must read or write etcd (a lookup
-//! on a miss, a topic creation). Everything runs as glommio tasks on the calling executor; no second runtime.
+//! on a miss, a topic creation). The metastore's logic runs as glommio tasks on core 0; the etcd calls themselves
+//! run on the etcd client's control-plane thread (`cluster::etcd`), which core 0 reaches over channels.
 //!
 //! Key layout under the prefix (default `/berth/<cluster>/`), values JSON (`docs/cluster.md` has the details):
 //!
@@ -36,8 +37,7 @@ pub use replica::{Changes, Replica, ReplicaStatus};
 pub use session::{NodeSpec, Session, SessionState};
 pub use snapshot::{Change, NodeInfo, Snapshot};
 
-use super::etcd::{Etcd, EtcdError, RangeResponse, TxnOpResponse, TxnResponse};
-use super::http_client::HttpConfig;
+use super::etcd::{Etcd, EtcdConfig, EtcdError, RangeResponse, TxnOpResponse, TxnResponse};
 use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
@@ -112,14 +112,14 @@ impl From<EtcdError> for MetaError {
 /// How to reach the metastore.
 #[derive(Debug, Clone)]
 pub struct MetaConfig {
-    /// etcd client URLs (`http://host:port`), tried in order from the last that answered.
+    /// etcd client URLs (`http://host:port`); calls go to those that connect.
     pub endpoints: Vec<String>,
     pub keys: Keys,
     /// Session lease TTL, seconds, 1 to [`MAX_LEASE_TTL_S`] (default [`DEFAULT_LEASE_TTL_S`]; etcd raises values
     /// below its minimum, 2 s with default settings). Keep-alives go every third of it.
     pub lease_ttl_s: i64,
-    /// Timeouts and limits of the HTTP client under the etcd client.
-    pub http: HttpConfig,
+    /// Timeouts and limits of the etcd client.
+    pub etcd: EtcdConfig,
 }
 
 impl MetaConfig {
@@ -129,7 +129,7 @@ impl MetaConfig {
             endpoints,
             keys: Keys::for_cluster(cluster)?,
             lease_ttl_s: DEFAULT_LEASE_TTL_S,
-            http: HttpConfig::default(),
+            etcd: EtcdConfig::default(),
         })
     }
 }
@@ -152,7 +152,7 @@ impl Metastore {
             )));
         }
         Ok(Rc::new(Metastore {
-            etcd: Etcd::with_config(config.endpoints, config.http)?,
+            etcd: Etcd::with_config(config.endpoints, config.etcd)?,
             keys: config.keys,
             lease_ttl_s: config.lease_ttl_s,
         }))
@@ -160,6 +160,12 @@ impl Metastore {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// Stops the etcd client's control-plane thread (a node's last step on the way out, after
+    /// [`Session::close`]): later calls fail with [`EtcdError::Unavailable`], the replica's watch ends.
+    pub async fn close(&self) {
+        self.etcd.close().await;
     }
 
     /// Reads everything under the prefix at one revision, straight from etcd.

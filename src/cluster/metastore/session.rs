@@ -12,7 +12,7 @@ use super::keys::{
 use super::watched::Watched;
 use super::{ranges, MetaError, Metastore, MAX_TXN_ATTEMPTS, RETRY_MAX, RETRY_MIN};
 use crate::cluster::etcd::{Compare, EtcdError, KeyValue, TxnOp};
-use crate::cluster::http_client::within;
+use crate::cluster::within;
 use crate::engine::placement::NodeIndex;
 use crate::engine::topic::validate_name;
 use std::cell::{Cell, RefCell};

@@ -3,8 +3,8 @@
 //! states), never on sleeps.
 
 use super::*;
-use crate::cluster::http_client::within;
 use crate::cluster::test_etcd::{free_port, run, start_etcd};
+use crate::cluster::within;
 use crate::engine::placement::NodeIndex;
 use crate::engine::topic::TopicConfig;
 use std::sync::Arc;

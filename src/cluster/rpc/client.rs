@@ -5,7 +5,7 @@
 
 use super::frame::{self, FrameReader, Hello, Kind, ReplyBody, Welcome};
 use super::{overloaded, unreachable, until_set, RpcConfig, Undelivered, UndeliveredHook};
-use crate::cluster::http_client::{set_tcp_keepalive, within};
+use crate::cluster::{set_tcp_keepalive, within};
 use crate::ops::{self, OpError, OpResult, Reply, Request};
 use event_listener::Event;
 use futures_channel::oneshot;

@@ -7,7 +7,7 @@ use super::frame::{self, Frame, FrameReader, Hello, Kind, ReplyBody, RequestBody
 use super::{
     overloaded, token_matches, until_set, Handler, RpcConfig, Undelivered, UndeliveredHook,
 };
-use crate::cluster::http_client::within;
+use crate::cluster::within;
 use crate::ops::{self, OpError, OpResult, Reply};
 use event_listener::Event;
 use futures_lite::future::or;

@@ -4,7 +4,7 @@
 
 use super::frame::{self, Hello, Kind, ReplyBody, RequestBody, Welcome};
 use super::*;
-use crate::cluster::http_client::within;
+use crate::cluster::within;
 use crate::engine::metrics::{CoreStats, Counts, Latency};
 use crate::engine::placement::Location;
 use crate::engine::topic::{BackoffKind, TopicConfig};
