@@ -28,6 +28,10 @@ pub struct ClusterSettings {
     /// A node RPC call that gets no answer in this long fails with 503 partition_unavailable. Default 2000 ms.
     #[serde(default = "default_rpc_timeout")]
     pub rpc_timeout_ms: u64,
+    /// Seconds a node keeps serving its partitions while it cannot reach etcd, from the last lease refresh etcd
+    /// acknowledged (a value below `node_ttl_s` counts as `node_ttl_s`; docs/cluster.md, "Riding out an etcd outage"). Default 15.
+    #[serde(default = "default_etcd_grace")]
+    pub etcd_grace_s: u64,
     /// A file holding the cluster secret every node presents in its node RPC hello (at least 16 characters, at most
     /// 1024, and not the client token: a client's bearer token never opens node RPC). Required when node RPC
     /// listens on a non-loopback address, unless `insecure`. Default: none (node RPC on loopback accepts any hello).
@@ -41,6 +45,10 @@ fn default_cluster_name() -> String {
 
 fn default_node_ttl() -> u64 {
     5
+}
+
+fn default_etcd_grace() -> u64 {
+    15
 }
 
 fn default_rpc_timeout() -> u64 {
@@ -277,6 +285,9 @@ impl Config {
             if !(1..=3600).contains(&cluster.node_ttl_s) {
                 return Err("node_ttl_s must be 1 to 3600 seconds".into());
             }
+            if !(1..=3600).contains(&cluster.etcd_grace_s) {
+                return Err("etcd_grace_s must be 1 to 3600 seconds".into());
+            }
             if cluster.rpc_timeout_ms == 0 {
                 return Err("rpc_timeout_ms must be positive".into());
             }
@@ -413,6 +424,7 @@ mod tests {
             name: "default".into(),
             node_ttl_s: 5,
             rpc_timeout_ms: 2000,
+            etcd_grace_s: 15,
             peer_token_file,
         });
         (config, dir)

@@ -188,6 +188,9 @@ struct ServeArgs {
     /// Cluster mode: seconds a node that stops renewing its etcd lease stays alive [default 5].
     #[arg(long)]
     node_ttl: Option<u64>,
+    /// Cluster mode: seconds a node keeps serving while etcd cannot be reached [default 15, at least --node-ttl].
+    #[arg(long)]
+    etcd_grace: Option<u64>,
     /// Cluster mode: the cluster secret nodes present to each other's node RPC (a file; not the client token).
     #[arg(long)]
     peer_token_file: Option<PathBuf>,
@@ -371,6 +374,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 name: "default".into(),
                 node_ttl_s: 5,
                 rpc_timeout_ms: 2000,
+                etcd_grace_s: 15,
                 peer_token_file: None,
             });
         cluster.etcd = etcd;
@@ -388,11 +392,15 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if let Some(v) = args.peer_token_file {
             cluster.peer_token_file = Some(v);
         }
+        if let Some(v) = args.etcd_grace {
+            cluster.etcd_grace_s = v;
+        }
         config.cluster = Some(cluster);
     } else if args.node_id.is_some()
         || args.advertise.is_some()
         || args.peer_listen.is_some()
         || args.peer_token_file.is_some()
+        || args.etcd_grace.is_some()
     {
         return Err(
             "--node-id, --advertise, --peer-listen and --peer-token-file need --cluster".into(),

@@ -256,6 +256,7 @@ pub async fn join(
     let mut meta_config = MetaConfig::new(settings.etcd.clone(), &settings.name)
         .map_err(|e| format!("--cluster: {e}"))?;
     meta_config.lease_ttl_s = settings.node_ttl_s as i64;
+    meta_config.grace = Duration::from_secs(settings.etcd_grace_s);
     let meta = Metastore::new(meta_config).map_err(|e| format!("--cluster: {e}"))?;
     let peer_addr = settings.peer_addr(config.listen);
     let spec = NodeSpec {

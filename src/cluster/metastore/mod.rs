@@ -45,6 +45,9 @@ use std::time::Duration;
 /// Default session lease TTL: how long a node that stops answering keeps its partitions (and how long a crashed
 /// node's id stays taken).
 pub const DEFAULT_LEASE_TTL_S: i64 = 5;
+/// How long a node keeps serving while it cannot reach etcd, counted from the send time of its last acknowledged
+/// lease refresh (`MetaConfig::grace`). 15 s: a 10 s etcd outage is ridden out whenever it starts.
+pub const DEFAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
 /// Longest session lease TTL accepted.
 pub const MAX_LEASE_TTL_S: i64 = 3600;
 /// Most rounds of read-then-compare-and-write before a metastore write gives up with [`MetaError::Contended`]
@@ -120,6 +123,10 @@ pub struct MetaConfig {
     pub lease_ttl_s: i64,
     /// Timeouts and limits of the etcd client.
     pub etcd: EtcdConfig,
+    /// How long the session stays `Live` while etcd cannot be reached, from the send time of the last refresh etcd
+    /// acknowledged (never less than the TTL): `docs/cluster.md`, "Riding out an etcd outage". Default
+    /// [`DEFAULT_GRACE`].
+    pub grace: std::time::Duration,
 }
 
 impl MetaConfig {
@@ -130,6 +137,7 @@ impl MetaConfig {
             keys: Keys::for_cluster(cluster)?,
             lease_ttl_s: DEFAULT_LEASE_TTL_S,
             etcd: EtcdConfig::default(),
+            grace: DEFAULT_GRACE,
         })
     }
 }
@@ -141,6 +149,7 @@ pub struct Metastore {
     etcd: Etcd,
     keys: Keys,
     lease_ttl_s: i64,
+    grace: std::time::Duration,
 }
 
 impl Metastore {
@@ -155,6 +164,9 @@ impl Metastore {
             etcd: Etcd::with_config(config.endpoints, config.etcd)?,
             keys: config.keys,
             lease_ttl_s: config.lease_ttl_s,
+            grace: config
+                .grace
+                .max(std::time::Duration::from_secs(config.lease_ttl_s as u64)),
         }))
     }
 

@@ -2,9 +2,11 @@
 //! key, all written in one transaction that refuses an id another live node holds; then a keep-alive task on core 0
 //! that refreshes the lease, notices when the session is lost, and registers again once etcd answers.
 //!
-//! "Lost" is decided locally and early: the session counts as lost once its TTL has run out since the send time of
-//! the last successful refresh, which is never later than etcd expiring it. From then on the node must not claim
-//! its partitions (other nodes may already see it dead) until the state is `Live` again.
+//! "Lost" is decided locally: the session counts as lost once the grace (at least the TTL, default 15 s) has run
+//! out since the send time of the last refresh etcd acknowledged, or when etcd says the lease is gone and the id is
+//! then held by another live lease. A lease etcd expired (a paused etcd expires leases when it resumes) is
+//! replaced at once without a loss when nobody else took the id. While `Lost`, the node must not claim its
+//! partitions until the state is `Live` again. The rule and its safety argument: docs/cluster.md.
 
 use super::keys::{
     decode_counter, decode_member, encode_alive, encode_counter, encode_member, Keys, MemberRecord,
@@ -244,10 +246,27 @@ fn refresh_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(RETRY_MIN)
 }
 
+/// How holding a lease ended.
+enum Held {
+    /// Not acknowledged within the grace, or etcd said the id is held by another live lease: fence.
+    Lost,
+    /// etcd no longer knew the lease (it expired there, e.g. while etcd itself was paused) and a new registration
+    /// went through at once, within the grace: nobody else can have taken the id in between, so no fence.
+    Renewed(Registered),
+}
+
 /// The session task: hold the lease until it is lost, publish `Lost`, register again, publish `Live`, repeat.
 async fn keep(shared: Rc<Shared>, mut lease: i64, mut deadline: Instant) {
     loop {
-        hold(&shared, lease, deadline).await;
+        match hold(&shared, lease, deadline).await {
+            Held::Renewed(r) => {
+                info!(node = %shared.spec.id, old = format_args!("{lease:x}"), lease = format_args!("{:x}", r.lease), "metastore: the lease expired in etcd; registered again within the grace, still serving");
+                (lease, deadline) = (r.lease, r.deadline);
+                shared.state.set(SessionState::Live { lease });
+                continue;
+            }
+            Held::Lost => {}
+        }
         shared.losses.set(shared.losses.get() + 1);
         warn!(node = %shared.spec.id, lease = format_args!("{lease:x}"), "metastore: session lost; not claiming partitions until registered again");
         shared.state.set(SessionState::Lost);
@@ -258,14 +277,20 @@ async fn keep(shared: Rc<Shared>, mut lease: i64, mut deadline: Instant) {
     }
 }
 
-/// Refreshes `lease` until it is lost: etcd no longer knows it, or `deadline` passes without a refresh.
-async fn hold(shared: &Shared, lease: i64, mut deadline: Instant) {
+/// Refreshes `lease` until the session must fence or has a new lease. `deadline` is when etcd may expire the lease
+/// (the send time of the last acknowledged refresh + TTL); the session stays `Live` until that send time + the
+/// grace (`Metastore::grace`, at least the TTL) while etcd does not answer, because the partitions this node owns
+/// can be served by nobody else (see docs/cluster.md, "Riding out an etcd outage").
+async fn hold(shared: &Shared, lease: i64, mut deadline: Instant) -> Held {
     let etcd = &shared.store.etcd;
-    let mut wait = refresh_interval(Duration::from_secs(shared.store.lease_ttl_s as u64));
+    let ttl = Duration::from_secs(shared.store.lease_ttl_s as u64);
+    let beyond_ttl = shared.store.grace.saturating_sub(ttl);
+    let mut wait = refresh_interval(ttl);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let fence_at = deadline + beyond_ttl;
+        let left = fence_at.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return;
+            return Held::Lost;
         }
         glommio::timer::sleep(wait.min(left)).await;
         if shared.suspended() {
@@ -273,9 +298,34 @@ async fn hold(shared: &Shared, lease: i64, mut deadline: Instant) {
             continue;
         }
         let sent = Instant::now();
-        let left = deadline.saturating_duration_since(sent);
+        let left = fence_at.saturating_duration_since(sent);
         match within(left, etcd.lease_keepalive_once(lease)).await {
-            None | Some(Err(EtcdError::LeaseNotFound(_))) => return,
+            None => return Held::Lost,
+            Some(Err(EtcdError::LeaseNotFound(_))) => {
+                // etcd answers, and the lease is gone: register again now. If another live lease holds the id by
+                // now, someone else may serve as this node: fence.
+                match within(
+                    left,
+                    shared
+                        .store
+                        .try_register(&shared.spec, Some(lease), Some(shared.index)),
+                )
+                .await
+                {
+                    Some(Ok(r)) => return Held::Renewed(r),
+                    Some(Err(e @ (MetaError::NodeIdInUse { .. } | MetaError::Corrupt { .. }))) => {
+                        error!(node = %shared.spec.id, error = %e, "metastore: the lease expired and the id is taken");
+                        return Held::Lost;
+                    }
+                    // etcd went away again or the write's outcome is unknown: the old lease is gone for good, so
+                    // the usual lost path (fence, register again) takes over.
+                    Some(Err(e)) => {
+                        debug!(error = %e, "metastore: cannot register again at once");
+                        return Held::Lost;
+                    }
+                    None => return Held::Lost,
+                }
+            }
             Some(Ok(ttl_s)) => {
                 // etcd may grant more than was asked (its minimum); counting only what was asked loses the session
                 // early rather than late, and keeps a wild answer from overflowing the clock.
