@@ -8,7 +8,7 @@ use super::{AdminStep, Engine, EngineError, EngineResult};
 use crate::partition::{Partition, PartitionSetup};
 use crate::storage::backend::Storage;
 use crate::storage::log::LogOptions;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -498,39 +498,26 @@ impl Engine {
     }
 
     /// Changes a topic's settings (core 0 only, serialised): `change` edits a copy of the current settings, which
-    /// is persisted and applied on every core. Returns the new settings.
+    /// is persisted and applied on every core. Returns the new settings. In cluster mode `change` runs on the
+    /// settings etcd holds, again on every compare-and-set round, so it may run more than once.
     pub async fn change_topic(
         self: &Rc<Self>,
         name: &str,
-        change: impl FnOnce(&mut TopicConfig) -> EngineResult<()>,
+        mut change: impl FnMut(&mut TopicConfig) -> EngineResult<()> + 'static,
     ) -> EngineResult<TopicConfig> {
         assert_eq!(self.id, 0, "topics are changed on core 0");
         let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
         if let Some(metadata) = self.metadata() {
-            // The change is made to this node's copy; the metastore takes its settings (not its id, partitions or
-            // groups, which other changes own), in a compare-and-set loop.
-            let mut edited = (*topic.config()).clone();
-            change(&mut edited)?;
-            self.check_dead_letter(&edited)?;
+            // The requested change is made to the settings just read from etcd, never to this node's copy: that
+            // may lack a change made through another node a moment ago, which writing it back would undo.
+            let engine = self.clone();
             let (config, locations) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
-                        let (id, groups, latest, group_ids, partitions) = (
-                            stored.id,
-                            stored.groups.clone(),
-                            stored.latest_groups.clone(),
-                            stored.group_ids.clone(),
-                            stored.partitions,
-                        );
-                        *stored = edited.clone();
-                        stored.id = id;
-                        stored.groups = groups;
-                        stored.latest_groups = latest;
-                        stored.group_ids = group_ids;
-                        stored.partitions = partitions;
-                        Ok(())
+                        change(stored)?;
+                        engine.check_dead_letter(stored)
                     }),
                 )
                 .await?;
@@ -560,27 +547,23 @@ impl Engine {
         assert_eq!(self.id, 0, "groups are created on core 0");
         let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
-        let mut config = (*topic.config()).clone();
-        if config.has_group(group) {
-            return Ok(false);
-        }
-        if config.groups.len() + 1 >= config.max_groups {
-            return Err(EngineError::GroupLimit {
-                limit: config.max_groups,
-            });
-        }
         if let Some(metadata) = self.metadata() {
-            // Every node prepares the group's frontier files for its partitions when it learns the new settings
-            // (`materialise`), at the oldest retained offset or, for a group in `latest_groups`, at the end.
+            // Decided on the settings etcd holds (whether the group exists, the limit), on every compare-and-set
+            // round. Every node prepares the group's frontier files for its partitions when it learns the new
+            // settings (`materialise`), at the oldest retained offset or, for a group in `latest_groups`, at the end.
             let add = group.to_string();
-            let max = config.max_groups;
+            let created = Rc::new(Cell::new(false));
+            let added = created.clone();
             let (config, locations) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
-                        if !stored.has_group(&add) {
-                            if stored.groups.len() + 1 >= max {
-                                return Err(EngineError::GroupLimit { limit: max });
+                        added.set(!stored.has_group(&add));
+                        if added.get() {
+                            if stored.groups.len() + 1 >= stored.max_groups {
+                                return Err(EngineError::GroupLimit {
+                                    limit: stored.max_groups,
+                                });
                             }
                             stored.add_group(&add, latest);
                         }
@@ -589,8 +572,19 @@ impl Engine {
                 )
                 .await?;
             self.materialise(config, locations).await?;
-            info!(topic = %name, group = %group, "consumer group created in the cluster");
-            return Ok(true);
+            if created.get() {
+                info!(topic = %name, group = %group, "consumer group created in the cluster");
+            }
+            return Ok(created.get());
+        }
+        let mut config = (*topic.config()).clone();
+        if config.has_group(group) {
+            return Ok(false);
+        }
+        if config.groups.len() + 1 >= config.max_groups {
+            return Err(EngineError::GroupLimit {
+                limit: config.max_groups,
+            });
         }
         self.everywhere(AdminStep::PrepareGroup {
             topic: name.to_string(),
@@ -618,19 +612,20 @@ impl Engine {
         }
         let _permit = self.admin_permit().await?;
         let topic = self.topic(name)?;
-        let mut config = (*topic.config()).clone();
-        if !config.has_group(group) {
-            return Err(EngineError::GroupNotFound {
-                topic: name.to_string(),
-                group: group.to_string(),
-            });
-        }
         if let Some(metadata) = self.metadata() {
+            // Whether the group exists is decided on the settings etcd holds, on every compare-and-set round.
             let remove = group.to_string();
+            let topic_name = name.to_string();
             let (config, locations) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
+                        if !stored.has_group(&remove) {
+                            return Err(EngineError::GroupNotFound {
+                                topic: topic_name.clone(),
+                                group: remove.clone(),
+                            });
+                        }
                         stored.remove_group(&remove);
                         Ok(())
                     }),
@@ -639,6 +634,13 @@ impl Engine {
             self.materialise(config, locations).await?;
             info!(topic = %name, group = %group, "consumer group deleted in the cluster");
             return Ok(());
+        }
+        let mut config = (*topic.config()).clone();
+        if !config.has_group(group) {
+            return Err(EngineError::GroupNotFound {
+                topic: name.to_string(),
+                group: group.to_string(),
+            });
         }
         config.remove_group(group);
         config.format = TOPIC_FORMAT;

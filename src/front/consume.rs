@@ -12,7 +12,7 @@ use crate::ops::produce::{ClientRecord, ProduceParams, Target};
 use crate::ops::replay::{Replay, ReplayParams};
 use crate::ops::settle::Settle;
 use crate::ops::{OpError, OpResult, Reply, Request};
-use crate::partition::{Delivery, SettleOp};
+use crate::partition::{Delivery, PartitionError, SettleOp};
 use crate::storage::log::Record;
 use std::rc::Rc;
 use tracing::warn;
@@ -30,6 +30,18 @@ pub const DEAD_LETTER_SETTLE_RETRIES: u32 = 100;
 
 /// A message whose copy to the dead-letter topic failed is deliverable again (and tried again) after this long. 1 s.
 pub const DEAD_LETTER_RETRY_MS: u64 = 1000;
+
+/// The consume's group does not exist at an owner: the typed error, as the owner's engine or partition gave it
+/// (over node RPC too), never read from a rendered reply.
+fn group_missing(e: &OpError) -> bool {
+    matches!(
+        e,
+        OpError::Engine(
+            EngineError::GroupNotFound { .. }
+                | EngineError::Partition(PartitionError::GroupNotFound(_))
+        )
+    )
+}
 
 /// Deregisters a consumer's waiter, then lets the engine tell owners when no consumer is parked any more.
 struct Parked<'a> {
@@ -103,7 +115,10 @@ impl Front {
             if let Some(w) = waiter {
                 w.take_unit();
             }
-            let round = self.gather(&topic, &params, parking).await?;
+            let round = match self.gather(&topic, &params, parking).await {
+                Err(e) if group_missing(&e) => return Err(self.group_deleted(&params).await),
+                round => round?,
+            };
             if !round.deliveries.is_empty() {
                 return Ok(round.deliveries);
             }
@@ -139,10 +154,35 @@ impl Front {
             if topic.is_deleted() {
                 return Err(EngineError::TopicNotFound(params.topic.clone()).into());
             }
+            if !topic.config().has_group(&params.group) {
+                return Err(self.group_deleted(&params).await);
+            }
             if !woken && (clock.now_ms() >= deadline || engine.is_stopping()) {
                 return Ok(Vec::new());
             }
         }
+    }
+
+    /// The group of a running consume was deleted (found gone at an owner, or in this node's settings after a
+    /// wake-up): its answer is `group_not_found`. In cluster mode this node first reads the topic from the
+    /// metastore (an owner on another node may have seen the deletion first), and the consume is marked as not to
+    /// be run again (`Front::lookup_topic`): run again, it would be a first consume and create the group anew, at the
+    /// oldest offset, delivering the whole backlog again.
+    async fn group_deleted(&self, params: &ConsumeParams) -> OpError {
+        if self.engine().clustered() {
+            let router = self.router();
+            let lookup = Request::LookupTopic(params.topic.clone(), true);
+            if let Err(e) = router.call(router.core(0), lookup).await {
+                warn!(topic = %params.topic, error = %e, "cannot read a topic from the metastore after its group was deleted");
+            }
+            // Set after the last await: the HTTP layer's look-up comes next on this core, before any other task.
+            *self.group_gone.borrow_mut() = Some(params.topic.clone());
+        }
+        EngineError::GroupNotFound {
+            topic: params.topic.clone(),
+            group: params.group.clone(),
+        }
+        .into()
     }
 
     /// One round: this core's partitions, then the other owning cores' from a rotating start, until `max` are

@@ -134,7 +134,7 @@ pub async fn change(engine: &Rc<Engine>, name: &str, settings: Settings) -> OpRe
         ));
     }
     Ok(engine
-        .change_topic(name, |config| {
+        .change_topic(name, move |config| {
             settings.apply_to(config);
             if config.groups.len() + 1 > config.max_groups {
                 return Err(EngineError::InvalidSetting(format!(
