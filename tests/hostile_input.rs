@@ -1745,6 +1745,19 @@ fn an_unauthenticated_body_is_refused_after_its_head_before_it_is_buffered() {
         assert_eq!(r.status, 401, "{what}: {r:?}");
         c.assert_closed(what);
     }
+    // `/health` is open, but not to a body from a client without the token.
+    let mut c = Conn::open(server.port);
+    c.send(format!("POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-ndjson\r\nContent-Length: {big}\r\n\r\n").as_bytes());
+    assert_eq!(c.response().status, 401);
+    assert_eq!(
+        answer(
+            server.port,
+            b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            "health"
+        )
+        .status,
+        200
+    );
     // A wrong token is the same; a right one gets `100 Continue`, then its answer.
     let mut c = Conn::open(server.port);
     c.send(b"POST /produce?topic=T HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer nope\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");

@@ -14,6 +14,7 @@ mod common;
 use berth::cluster::rpc::frame::{self, Hello, Kind, ReplyBody, Welcome, HEADER_LEN, VERSION};
 use berth::engine::AdminStep;
 use berth::ops::consume::Probe;
+use berth::ops::produce::Produce;
 use berth::ops::{OpError, Reply, Request};
 use common::cluster::{Cluster, Node, Opts};
 use common::serial;
@@ -144,6 +145,37 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             peer.call(9, Request::Describe("t".into())),
             "a request for core 9"
         ),
+        OpError::InvalidParameter(_)
+    ));
+    // A produce of no records (the log asserts it never gets one) to every partition, under every topic id a peer
+    // could guess (ids are etcd revisions: small numbers).
+    for topic_id in 0..200 {
+        for partition in 0..4u32 {
+            let empty = Request::Produce(Produce {
+                topic: "t".into(),
+                topic_id,
+                partition,
+                records: Vec::new(),
+            });
+            assert!(matches!(
+                refused(peer.call(partition % 2, empty), "an empty produce"),
+                OpError::InvalidRecord(_)
+            ));
+        }
+    }
+    // A wake-up registered on behalf of another node than the sender (7).
+    let elsewhere = Request::Probe(Probe {
+        topic: "t".into(),
+        topic_id: 0,
+        group: "default".into(),
+        max: 1,
+        visibility_ms: None,
+        waker: Some(berth::engine::placement::Location { node: 3, core: 0 }),
+        max_bytes: 1 << 20,
+        taken_any: false,
+    });
+    assert!(matches!(
+        refused(peer.call(0, elsewhere), "a probe with another node's waker"),
         OpError::InvalidParameter(_)
     ));
     // A well-formed request from the same peer is still served: the connection was not dropped.

@@ -314,11 +314,11 @@ pub async fn join(
             max_batch_bytes: config.max_batch_bytes,
             max_message_bytes: config.max_message_bytes,
         };
-        Rc::new(move |core: u32, request: Request| {
+        Rc::new(move |peer: u32, core: u32, request: Request| {
             let router = router.clone();
             Box::pin(async move {
                 // A peer's request is checked like any untrusted input before a core sees it.
-                validate::admit(&request, core, router.engine().cores(), &limits)?;
+                validate::admit(&request, peer, core, router.engine().cores(), &limits)?;
                 // A request from a node that knows more than this one (a topic, a new incarnation or a group
                 // created through it a moment ago, not yet in this node's replica): read the metastore first.
                 if let Some(name) = behind(router.engine(), &request) {

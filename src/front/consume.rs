@@ -268,7 +268,12 @@ impl Front {
                         at_cap,
                         unavailable,
                         none_owned,
+                        budget_spent,
                     } = probed;
+                    if budget_spent {
+                        // Other owners would each read a record only to give it back.
+                        bytes_left = 0;
+                    }
                     any_partition |= !none_owned;
                     round.at_cap &= at_cap || none_owned;
                     round.unavailable |= unavailable;

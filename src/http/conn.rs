@@ -187,7 +187,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                         let refusal = request::parse_head(buf.data(), &limits)
                             .ok()
                             .flatten()
-                            .and_then(|head| routes::refuse(&front, &head));
+                            .and_then(|head| routes::refuse_body(&front, &head));
                         if let Some(response) = refusal {
                             response.encode(true, &mut out);
                             watch.deadline_ms.set(now_ms() + config.write_timeout_ms);

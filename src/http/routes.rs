@@ -143,6 +143,21 @@ async fn admin(
     }
 }
 
+/// A request whose body is still to come, checked on its head alone (`http::conn`): what `refuse` refuses, and with
+/// a token configured, any body without the token, `/health` included (it is open, but a body is not waited for
+/// on anyone's behalf but an authenticated client's).
+pub(crate) fn refuse_body(front: &Front, head: &Request) -> Option<Response> {
+    if let Some(refusal) = refuse(front, head) {
+        return Some(refusal);
+    }
+    let token = front.engine().config().auth_token.as_deref()?;
+    (!authorized(token, head.authorization.as_deref())).then(|| {
+        Response::error(401, "unauthorized", "missing or wrong bearer token")
+            .with_header("www-authenticate", "Bearer")
+            .closing()
+    })
+}
+
 /// The checks before any operation: the bearer token when one is configured; without one, only loopback (or
 /// configured) host names and no cross-origin browser requests, so a web page cannot reach the broker through DNS
 /// rebinding. A refusal closes the connection.

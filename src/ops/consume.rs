@@ -108,6 +108,8 @@ pub struct Probed {
     pub unavailable: bool,
     /// This core owns no partition of the topic.
     pub none_owned: bool,
+    /// The probe's byte budget ran out here: the asker asks no other owner this round.
+    pub budget_spent: bool,
 }
 
 /// Leases on the owning core: the owned partitions in turn from a rotating start, until `max` are leased.
@@ -175,6 +177,7 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         }
         probed.deliveries.extend(taken.deliveries);
         if spent {
+            probed.budget_spent = true;
             break;
         }
     }

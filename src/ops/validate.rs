@@ -17,6 +17,7 @@
 use super::params::BatchLimits;
 use super::settle::Settle;
 use super::{OpError, OpResult, Reply, Request};
+use crate::engine::placement::{Location, NodeIndex};
 use crate::engine::topic::{validate_name, MAX_DELAY_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::Signal;
 use crate::partition::SettleOp;
@@ -34,9 +35,17 @@ pub fn on_core_zero(request: &Request) -> bool {
     )
 }
 
-/// Checks a request that arrived from another node for `core` of this node (of `cores`): `Ok` if it may be applied,
-/// else the `400`/`413` it is answered with. Allocates nothing; touches no engine state.
-pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -> OpResult<()> {
+/// Checks a request that arrived from node `peer` (its handshake's node) for `core` of this node (of `cores`): `Ok`
+/// if it may be applied, else the `400`/`413` it is answered with. A wake-up registration (a signal's `from`, a
+/// probe's `waker`) must name a core of the sending node itself: a peer cannot make this node signal a third one.
+/// Allocates nothing; touches no engine state.
+pub fn admit(
+    request: &Request,
+    peer: NodeIndex,
+    core: u32,
+    cores: usize,
+    limits: &BatchLimits,
+) -> OpResult<()> {
     if core as usize >= cores {
         return Err(OpError::InvalidParameter(format!(
             "this node has no core {core}"
@@ -45,6 +54,10 @@ pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -
     match request {
         Request::Produce(r) => {
             validate_name(&r.topic)?;
+            if r.records.is_empty() {
+                // HTTP never builds one (an empty batch is 400 there); the log asserts it never gets one.
+                return Err(OpError::InvalidRecord("a produce of no records".into()));
+            }
             count(r.records.len(), limits, "records")?;
             let mut total = 0usize;
             for record in &r.records {
@@ -65,6 +78,9 @@ pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -
         }
         Request::Probe(r) => {
             names(&r.topic, &r.group)?;
+            if let Some(waker) = r.waker {
+                from_peer(waker, peer)?;
+            }
             if r.max == 0 {
                 return Err(OpError::InvalidParameter("max must be at least 1".into()));
             }
@@ -86,10 +102,13 @@ pub fn admit(request: &Request, core: u32, cores: usize, limits: &BatchLimits) -
             within("wait", r.wait_ms, 0, super::consume::MAX_WAIT_MS)
         }
         Request::Describe(name) => Ok(validate_name(name)?),
+        Request::Signal(Signal::Interest { topic, group, from })
+        | Request::Signal(Signal::NoInterest { topic, group, from }) => {
+            names(topic, group)?;
+            from_peer(*from, peer)
+        }
         // A wake-up's count only says how many parked consumers to wake: any number is harmless.
-        Request::Signal(Signal::Interest { topic, group, .. })
-        | Request::Signal(Signal::NoInterest { topic, group, .. })
-        | Request::Signal(Signal::Wake { topic, group, .. }) => names(topic, group),
+        Request::Signal(Signal::Wake { topic, group, .. }) => names(topic, group),
         Request::GiveBack(r) => {
             names(&r.topic, &r.group)?;
             count(r.leases.len(), limits, "leases")
@@ -121,6 +140,16 @@ fn settle(r: &Settle, limits: &BatchLimits) -> OpResult<()> {
             within("visibility", v, MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)
         }),
     }
+}
+
+fn from_peer(location: Location, peer: NodeIndex) -> OpResult<()> {
+    if location.node != peer {
+        return Err(OpError::InvalidParameter(format!(
+            "node {peer} registered a wake-up for node {}",
+            location.node
+        )));
+    }
+    Ok(())
 }
 
 fn names(topic: &str, group: &str) -> OpResult<()> {
@@ -324,7 +353,7 @@ mod tests {
             Request::LookupTopic("t".into(), true),
         ];
         for r in refused {
-            let e = admit(&r, 0, 2, &LIMITS).unwrap_err();
+            let e = admit(&r, 5, 0, 2, &LIMITS).unwrap_err();
             assert!(
                 matches!(e, OpError::InvalidParameter(ref m) if m.contains("not accepted over node RPC")),
                 "{r:?}: {e}"
@@ -334,8 +363,8 @@ mod tests {
 
     #[test]
     fn the_data_path_is_admitted_within_limits_and_refused_beyond() {
-        let ok = |r: Request| admit(&r, 1, 2, &LIMITS).unwrap();
-        let refused = |r: Request| admit(&r, 1, 2, &LIMITS).unwrap_err();
+        let ok = |r: Request| admit(&r, 5, 1, 2, &LIMITS).unwrap();
+        let refused = |r: Request| admit(&r, 5, 1, 2, &LIMITS).unwrap_err();
         ok(produce("t", vec![Bytes::from_static(b"x"); 10]));
         ok(probe("g", 10, Some(MIN_VISIBILITY_MS)));
         ok(settle(10, SettleOp::Ack));
@@ -345,6 +374,10 @@ mod tests {
         assert!(matches!(
             refused(produce("../x", vec![])),
             OpError::InvalidTopic(_)
+        ));
+        assert!(matches!(
+            refused(produce("t", vec![])),
+            OpError::InvalidRecord(_)
         ));
         assert!(matches!(
             refused(produce("t", vec![Bytes::from_static(b"x"); 11])),
@@ -420,9 +453,31 @@ mod tests {
             })),
             OpError::InvalidTopic(_)
         ));
+        // Wake-ups registered for another node than the sender.
+        let elsewhere = Location { node: 6, core: 0 };
+        let Request::Probe(mut p) = probe("g", 1, None) else {
+            unreachable!()
+        };
+        p.waker = Some(elsewhere);
+        assert!(matches!(
+            refused(Request::Probe(p)),
+            OpError::InvalidParameter(_)
+        ));
+        let interest = |from| {
+            Request::Signal(Signal::Interest {
+                topic: "t".into(),
+                group: "g".into(),
+                from,
+            })
+        };
+        assert!(matches!(
+            refused(interest(elsewhere)),
+            OpError::InvalidParameter(_)
+        ));
+        ok(interest(Location { node: 5, core: 1 }));
         // A core this node does not have.
         assert!(matches!(
-            admit(&probe("g", 1, None), 2, 2, &LIMITS).unwrap_err(),
+            admit(&probe("g", 1, None), 5, 2, 2, &LIMITS).unwrap_err(),
             OpError::InvalidParameter(_)
         ));
     }

@@ -767,13 +767,17 @@ impl Partition {
                 for &(offset, _) in &over {
                     reserved.forget(offset);
                 }
+                // Counted, not asserted: while the batch was read (an await), a lease may have been settled with
+                // a guessed handle, given back by a peer, or expired and been taken again; that one is not ours
+                // to give back any more.
                 let given = g
                     .with(|s| s.give_back_batch(&over, now))
                     .iter()
                     .filter(|r| r.is_ok())
                     .count();
-                assert_eq!(given, over.len(), "leases just reserved are given back");
-                (self.wake)(Some(&g.name), given);
+                if given > 0 {
+                    (self.wake)(Some(&g.name), given);
+                }
                 if taken.stop.is_none() {
                     taken.stop = Some(Stop::Budget);
                 }

@@ -86,6 +86,8 @@ struct Registered {
     lease: i64,
     /// When the lease counts as expired unless refreshed: the grant's send time + TTL.
     deadline: Instant,
+    /// The revision that wrote the member record: a later one means someone else registered under this id.
+    member_revision: i64,
 }
 
 impl Metastore {
@@ -99,7 +101,7 @@ impl Metastore {
                 "a node needs an advertise address, a peer address and at least one core".into(),
             ));
         }
-        let r = self.try_register(&spec, None, None).await?;
+        let r = self.try_register(&spec, None, None, None).await?;
         info!(node = %spec.id, index = r.index, lease = format_args!("{:x}", r.lease), "metastore: node registered");
         let shared = Rc::new(Shared {
             store: self.clone(),
@@ -110,7 +112,7 @@ impl Metastore {
             #[cfg(test)]
             suspended: Cell::new(false),
         });
-        let task = glommio::spawn_local(keep(shared.clone(), r.lease, r.deadline));
+        let task = glommio::spawn_local(keep(shared.clone(), r));
         Ok(Session {
             shared,
             task: RefCell::new(Some(task)),
@@ -126,6 +128,7 @@ impl Metastore {
         spec: &NodeSpec,
         previous: Option<i64>,
         keep_index: Option<NodeIndex>,
+        unchanged_since: Option<i64>,
     ) -> Result<Registered, MetaError> {
         let (member_key, alive_key) = (self.keys.member(&spec.id), self.keys.alive(&spec.id));
         for _ in 0..MAX_TXN_ATTEMPTS {
@@ -153,6 +156,15 @@ impl Metastore {
                     id: spec.id.clone(),
                 });
             }
+            // Renewing without a loss: the member record must be the one this session wrote. Rewritten since, it
+            // means another process registered under this id while this one could not reach etcd.
+            if let Some(revision) = unchanged_since {
+                if r[0].kvs.first().map(|kv| kv.mod_revision) != Some(revision) {
+                    return Err(MetaError::NodeIdInUse {
+                        id: spec.id.clone(),
+                    });
+                }
+            }
             let member = match r[0].kvs.first() {
                 Some(kv) => Some((decode_member(&spec.id, kv)?, kv.mod_revision)),
                 None => None,
@@ -170,6 +182,7 @@ impl Metastore {
                         index,
                         lease,
                         deadline: sent + Duration::from_secs(self.lease_ttl_s as u64),
+                        member_revision: t.revision,
                     })
                 }
                 // Someone else registered or allocated in between: read again. The lease goes either way (if the
@@ -251,18 +264,20 @@ enum Held {
     /// Not acknowledged within the grace, or etcd said the id is held by another live lease: fence.
     Lost,
     /// etcd no longer knew the lease (it expired there, e.g. while etcd itself was paused) and a new registration
-    /// went through at once, within the grace: nobody else can have taken the id in between, so no fence.
+    /// went through at once, within the grace, with the member record still the one this session wrote: nobody
+    /// registered under the id in between, so no fence.
     Renewed(Registered),
 }
 
 /// The session task: hold the lease until it is lost, publish `Lost`, register again, publish `Live`, repeat.
-async fn keep(shared: Rc<Shared>, mut lease: i64, mut deadline: Instant) {
+async fn keep(shared: Rc<Shared>, mut registered: Registered) {
     loop {
-        match hold(&shared, lease, deadline).await {
+        let lease = registered.lease;
+        match hold(&shared, &registered).await {
             Held::Renewed(r) => {
                 info!(node = %shared.spec.id, old = format_args!("{lease:x}"), lease = format_args!("{:x}", r.lease), "metastore: the lease expired in etcd; registered again within the grace, still serving");
-                (lease, deadline) = (r.lease, r.deadline);
-                shared.state.set(SessionState::Live { lease });
+                shared.state.set(SessionState::Live { lease: r.lease });
+                registered = r;
                 continue;
             }
             Held::Lost => {}
@@ -270,10 +285,11 @@ async fn keep(shared: Rc<Shared>, mut lease: i64, mut deadline: Instant) {
         shared.losses.set(shared.losses.get() + 1);
         warn!(node = %shared.spec.id, lease = format_args!("{lease:x}"), "metastore: session lost; not claiming partitions until registered again");
         shared.state.set(SessionState::Lost);
-        let r = reregister(&shared, lease).await;
-        (lease, deadline) = (r.lease, r.deadline);
-        info!(node = %shared.spec.id, lease = format_args!("{lease:x}"), "metastore: node registered again");
-        shared.state.set(SessionState::Live { lease });
+        registered = reregister(&shared, lease).await;
+        info!(node = %shared.spec.id, lease = format_args!("{:x}", registered.lease), "metastore: node registered again");
+        shared.state.set(SessionState::Live {
+            lease: registered.lease,
+        });
     }
 }
 
@@ -281,7 +297,9 @@ async fn keep(shared: Rc<Shared>, mut lease: i64, mut deadline: Instant) {
 /// (the send time of the last acknowledged refresh + TTL); the session stays `Live` until that send time + the
 /// grace (`Metastore::grace`, at least the TTL) while etcd does not answer, because the partitions this node owns
 /// can be served by nobody else (see docs/cluster.md, "Riding out an etcd outage").
-async fn hold(shared: &Shared, lease: i64, mut deadline: Instant) -> Held {
+async fn hold(shared: &Shared, registered: &Registered) -> Held {
+    let (lease, mut deadline) = (registered.lease, registered.deadline);
+    let member_revision = registered.member_revision;
     let etcd = &shared.store.etcd;
     let ttl = Duration::from_secs(shared.store.lease_ttl_s as u64);
     let beyond_ttl = shared.store.grace.saturating_sub(ttl);
@@ -306,9 +324,12 @@ async fn hold(shared: &Shared, lease: i64, mut deadline: Instant) -> Held {
                 // now, someone else may serve as this node: fence.
                 match within(
                     left,
-                    shared
-                        .store
-                        .try_register(&shared.spec, Some(lease), Some(shared.index)),
+                    shared.store.try_register(
+                        &shared.spec,
+                        Some(lease),
+                        Some(shared.index),
+                        Some(member_revision),
+                    ),
                 )
                 .await
                 {
@@ -348,7 +369,7 @@ async fn reregister(shared: &Shared, lost: i64) -> Registered {
         if !shared.suspended() {
             match shared
                 .store
-                .try_register(&shared.spec, Some(lost), Some(shared.index))
+                .try_register(&shared.spec, Some(lost), Some(shared.index), None)
                 .await
             {
                 Ok(r) => return r,

@@ -102,8 +102,9 @@ impl Default for RpcConfig {
 /// What a request's handler answers with.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = OpResult<Reply>>>>;
 
-/// Applies a request that arrived for `core` of this node: the server's only link to the engine.
-pub type Handler = Rc<dyn Fn(u32, Request) -> HandlerFuture>;
+/// Applies a request that arrived from node `peer` (as its accepted hello said) for `core` of this node: the
+/// server's only link to the engine.
+pub type Handler = Rc<dyn Fn(u32, u32, Request) -> HandlerFuture>;
 
 /// A successful reply that never reached whoever asked: a client's call that timed out or was dropped before its
 /// reply came, or a server's reply whose connection closed before it was written. A probe's reply carries leases,

@@ -399,10 +399,10 @@ async fn serve_connection(shared: Rc<Shared>, stream: TcpStream, handshaking: Ha
 
     let conn = Rc::new(Conn::default());
     let (one_way, queue) = local_channel::new_bounded(shared.config.max_one_way_queued.max(1));
-    glommio::spawn_local(apply_one_way(shared.clone(), queue)).detach();
+    glommio::spawn_local(apply_one_way(shared.clone(), peer, queue)).detach();
     let why = or(
         or(
-            read_requests(&shared, &conn, &mut frames, &mut rd, &one_way),
+            read_requests(&shared, peer, &conn, &mut frames, &mut rd, &one_way),
             write_replies(&conn, &mut wr),
         ),
         stopped(),
@@ -488,6 +488,7 @@ fn check_hello(config: &RpcConfig, frame: &Frame) -> Result<u32, String> {
 /// Reads requests until the stream ends or breaks; returns why.
 async fn read_requests<R: AsyncRead + Unpin>(
     shared: &Rc<Shared>,
+    peer: u32,
     conn: &Rc<Conn>,
     frames: &mut FrameReader,
     rd: &mut R,
@@ -531,7 +532,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
                     let (shared, conn, id) = (shared.clone(), conn.clone(), frame.id);
                     glommio::spawn_local(async move {
                         let probe = ops::probe_key(&request);
-                        let result = (shared.handler)(core, request).await;
+                        let result = (shared.handler)(peer, core, request).await;
                         conn.push(&shared, id, result, (core, probe), true);
                     })
                     .detach();
@@ -593,10 +594,10 @@ async fn write_replies<W: AsyncWrite + Unpin>(conn: &Conn, wr: &mut W) -> String
 
 /// Applies a connection's one-way requests one at a time, in arrival order, until the connection ends and its
 /// queue is drained.
-async fn apply_one_way(shared: Rc<Shared>, queue: LocalReceiver<RequestBody>) {
+async fn apply_one_way(shared: Rc<Shared>, peer: u32, queue: LocalReceiver<RequestBody>) {
     while let Some((core, request)) = queue.recv().await {
         let probe = ops::probe_key(&request);
-        match (shared.handler)(core, request).await {
+        match (shared.handler)(peer, core, request).await {
             Ok(Reply::Done) => {}
             Ok(reply) => shared.give_back(Undelivered { core, probe, reply }),
             Err(e) => debug!(core, "node RPC: a one-way request failed: {e}"),

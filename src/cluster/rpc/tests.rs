@@ -216,6 +216,7 @@ fn every_reply() -> Vec<ReplyBody> {
             at_cap: true,
             unavailable: false,
             none_owned: true,
+            budget_spent: true,
         })),
         Ok(Reply::Settled(Settled {
             results: vec![
@@ -393,7 +394,7 @@ impl Gate {
 /// `gate` opens), `Probe` with one delivery (after `gate` opens), `Stats` never, `DeleteTopic` with an error, a
 /// signal by logging its `n`, the rest with `Done`.
 fn test_handler(gate: Rc<Gate>, signals: Rc<RefCell<Vec<usize>>>) -> Handler {
-    Rc::new(move |core, request| {
+    Rc::new(move |_peer, core, request| {
         let gate = gate.clone();
         let signals = signals.clone();
         Box::pin(async move {
@@ -527,7 +528,7 @@ fn a_hundred_pipelined_calls_share_one_connection_and_are_answered_out_of_order(
                 moved.clone(),
                 answered.clone(),
             );
-            Rc::new(move |core, request| {
+            Rc::new(move |_peer, core, request| {
                 let (arrived, turn, moved, answered) = (
                     arrived.clone(),
                     turn.clone(),
