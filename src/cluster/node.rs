@@ -361,8 +361,9 @@ pub async fn join(
     let snapshot = replica.snapshot();
     let retries = Rc::new(RefCell::new(Retries::default()));
     let start = std::time::Instant::now();
+    let view = view_of(&snapshot, me, false, &retries.borrow());
     engine
-        .publish_cluster_view(view_of(&snapshot, me, false, &retries.borrow()))
+        .publish_cluster_view(view)
         .await
         .map_err(|e| format!("cannot publish the node table: {e}"))?;
     let mut known = BTreeMap::new();
