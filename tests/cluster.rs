@@ -2041,3 +2041,127 @@ fn a_group_deleted_under_a_parked_consume_stays_deleted() {
     });
     assert_eq!(m.body, "new");
 }
+
+/// Issue 23, finding 4: a node restarted with another core count has its partitions on other cores of its own now.
+/// The other nodes compute those cores again from its new record, without a restart of theirs: produce, consume,
+/// ack and describe through them all answer 200 (before: 400 "this node has no core 1" until they restarted).
+#[test]
+fn a_node_back_with_another_core_count_is_routed_to_its_new_cores() {
+    let _g = serial();
+    let opts = Opts {
+        cores: Some(2),
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("a_node_back_with_another_core_count", 2, opts) else {
+        return;
+    };
+    create_topic(c.node(0), "recored", 8);
+    let on_1 = c.partitions_of(0, "recored", 1);
+    assert_eq!(on_1.len(), 4, "node 1's share: {on_1:?}");
+
+    c.set_flag(1, "--cores", "1");
+    c.restart(1);
+    let id1 = c.node(1).id.clone();
+    c.wait_alive(0, &id1, true);
+
+    // Node 0 learns node 1's new core count through its watch: describe through it comes back to 200.
+    let x = c.node(0);
+    wait_ok(x, "GET", "/topics/recored", &[], "describe through node 0");
+    let mut want = HashSet::new();
+    for p in 0..8u64 {
+        let body = format!("m{p}");
+        assert_eq!(
+            produce(x, "recored", &format!("&partition={p}"), &body).0,
+            p
+        );
+        want.insert(body);
+    }
+    // Consumed and acked through node 0 (`drain` asserts every ack is 200), each message once.
+    let got = drain(x, "recored", &want);
+    assert_eq!(once(&got), want);
+    wait_for(
+        "every partition committed, described through node 0",
+        Duration::from_secs(10),
+        || {
+            let ps = partitions(x, "recored");
+            match ps.iter().find(|e| e["committed"] != 1) {
+                None => Ok(()),
+                Some(e) => Err(e.to_string()),
+            }
+        },
+    );
+}
+
+/// Issue 23, finding 11: a topic created through another node counts against this node's caps too. Over them, it
+/// is not opened here; the node stays up, lists it under `unopened` in GET /cluster and counts it in /metrics, and
+/// retries it on a timer with backoff until it opens or, as here, the topic goes away.
+#[test]
+fn a_learnt_topic_over_this_nodes_caps_is_refused_listed_and_retried() {
+    let _g = serial();
+    let Some(mut c) = Cluster::start("a_learnt_topic_over_this_nodes_caps", 2) else {
+        return;
+    };
+    let config = c.dir().join("small.toml");
+    std::fs::write(&config, "max_partitions = 2\n").expect("config file");
+    c.terminate(1);
+    c.set_flag(1, "--config", &config.display().to_string());
+    c.start_again(1);
+    let id1 = c.node(1).id.clone();
+    c.wait_alive(0, &id1, true);
+
+    // One partition of two lands on node 1: within its cap.
+    create_topic(c.node(0), "fits", 2);
+    // Four of eight would land on node 1: over it.
+    create_topic(c.node(0), "big", 8);
+    let unopened = |c: &Cluster| -> Vec<serde_json::Value> {
+        let a = c.node(1).get("/cluster");
+        assert_eq!(a.status, 200, "GET /cluster through node 1: {}", a.text());
+        a.json()["unopened"].as_array().cloned().unwrap_or_default()
+    };
+    let listed = wait_for(
+        "node 1 lists big as unopened",
+        Duration::from_secs(10),
+        || {
+            let list = unopened(&c);
+            match list.iter().find(|u| u["topic"] == "big") {
+                Some(u) if u["attempts"].as_u64() >= Some(2) => Ok(u.clone()),
+                _ => Err(format!("{list:?}")),
+            }
+        },
+    );
+    assert!(
+        listed["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_partitions")),
+        "{listed}"
+    );
+    assert_eq!(unopened(&c).len(), 1, "fits opened: {:?}", unopened(&c));
+    assert_eq!(c.node(1).get("/topics/fits").status, 200);
+    let metrics = c.node(1).get("/metrics").text();
+    assert!(
+        metrics.contains("berth_cluster_topics_unopened{core=\"0\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("berth_cluster_topic_open_failures_total{core=\"0\"} ")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+
+    // The topic goes away: nothing left to retry.
+    let a = c
+        .node(0)
+        .client
+        .call("DELETE", "/topics/big", &[])
+        .expect("delete big");
+    assert_eq!(a.status, 204, "delete big: {}", a.text());
+    wait_for("node 1 lists nothing", Duration::from_secs(10), || {
+        let list = unopened(&c);
+        if list.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{list:?}"))
+        }
+    });
+}

@@ -9,6 +9,7 @@ use super::metastore::{
     TopicRecord,
 };
 use super::rpc::{Handler, RpcClient, RpcConfig, RpcServer, Undelivered};
+use super::unopened::Retries;
 use crate::config::{ClusterSettings, Config};
 use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry, Placed};
 use crate::engine::metrics::ExtraSeries;
@@ -56,8 +57,8 @@ fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> (TopicConfig, Vec<Loc
     (config, snapshot.locations(record))
 }
 
-/// The node table and fencing as every core holds them.
-fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool) -> ClusterView {
+/// The node table, fencing and the topics not opened here, as every core holds them.
+fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) -> ClusterView {
     ClusterView {
         node: me,
         nodes: snapshot
@@ -72,7 +73,76 @@ fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool) -> ClusterView {
             })
             .collect(),
         fenced,
+        unopened: retries.listed(),
+        open_failures: retries.failures(),
     }
+}
+
+/// Milliseconds on core 0's monotonic clock since `start` (the retry timer's time base).
+fn ms_since(start: std::time::Instant) -> u64 {
+    start.elapsed().as_millis() as u64
+}
+
+/// Core 0: opens (or brings up to date) a topic of the metastore here. A failure (this node's caps, a core that
+/// could not open its share) is logged and listed for a retry; a success clears it.
+async fn learn(
+    engine: &Rc<Engine>,
+    record: &TopicRecord,
+    snapshot: &Snapshot,
+    retries: &RefCell<Retries>,
+    now_ms: u64,
+) {
+    let (config, locations) = as_engine(record, snapshot);
+    match engine.learn_topic(config, locations).await {
+        Ok(()) => {
+            if retries.borrow_mut().clear(record.name()) {
+                info!(topic = %record.name(), "opened a topic of the cluster that could not be opened before");
+            }
+        }
+        Err(e) => {
+            error!(topic = %record.name(), error = %e, "cannot open a topic of the cluster here; retrying later (GET /cluster lists it under unopened)");
+            retries
+                .borrow_mut()
+                .failed(record.name(), record.id(), e.to_string(), now_ms);
+        }
+    }
+}
+
+/// `/metrics` series of the topics of the cluster not opened here (core 0 reports them, from its view).
+pub fn unopened_series(engine: &Engine) -> Vec<ExtraSeries> {
+    let view = engine.cluster_view();
+    vec![
+        series(
+            "cluster_topics_unopened",
+            "topics of the cluster this node could not open (over its caps, or a core failed); retried",
+            "gauge",
+            String::new(),
+            view.unopened.len() as u64,
+        ),
+        series(
+            "cluster_topic_open_failures_total",
+            "attempts to open a topic of the cluster here that failed, retries included",
+            "counter",
+            String::new(),
+            view.open_failures,
+        ),
+    ]
+}
+
+/// How long a change made through this node waits for the replica to reach it (the admin permit is held meanwhile).
+const CAUGHT_UP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The replica at `revision` or later (read your writes), within [`CAUGHT_UP_TIMEOUT`]; else a 503: the change is
+/// in the metastore, but this node's copy lags (its watch is broken or far behind).
+async fn caught_up(replica: &Replica, revision: i64) -> EngineResult<std::sync::Arc<Snapshot>> {
+    super::within(CAUGHT_UP_TIMEOUT, replica.caught_up(revision))
+        .await
+        .ok_or_else(|| {
+            EngineError::TopicUnavailable(format!(
+                "the change was made in the metastore, but this node's replica did not reach it within {} s; retry",
+                CAUGHT_UP_TIMEOUT.as_secs()
+            ))
+        })
 }
 
 /// The engine's metadata service over etcd (core 0).
@@ -95,7 +165,7 @@ impl Metadata for EtcdMetadata {
                     partitions: record.config.partitions,
                 });
             }
-            let snapshot = self.replica.caught_up(record.mod_revision).await;
+            let snapshot = caught_up(&self.replica, record.mod_revision).await?;
             let (config, locations) = as_engine(&record, &snapshot);
             Ok((created, config, locations))
         })
@@ -111,7 +181,7 @@ impl Metadata for EtcdMetadata {
                 .meta
                 .change_topic::<EngineError>(&name, |c| change(c))
                 .await?;
-            let snapshot = self.replica.caught_up(record.mod_revision).await;
+            let snapshot = caught_up(&self.replica, record.mod_revision).await?;
             Ok(as_engine(&record, &snapshot))
         })
     }
@@ -290,17 +360,21 @@ pub async fn join(
     // `follow`, even one the watch applies while this node is still opening its topics.
     let changes = replica.changes();
     let snapshot = replica.snapshot();
+    let retries = Rc::new(RefCell::new(Retries::default()));
+    let start = std::time::Instant::now();
+    let view = view_of(&snapshot, me, false, &retries.borrow());
     engine
-        .publish_cluster_view(view_of(&snapshot, me, false))
+        .publish_cluster_view(view)
         .await
         .map_err(|e| format!("cannot publish the node table: {e}"))?;
     let mut known = BTreeMap::new();
     for record in snapshot.topics() {
-        let (config, locations) = as_engine(record, &snapshot);
-        known.insert(config.name.clone(), config.id);
-        if let Err(e) = engine.learn_topic(config, locations).await {
-            error!(topic = %record.name(), error = %e, "cannot open a topic of the cluster");
-        }
+        known.insert(record.name().to_string(), record.id());
+        learn(engine, record, &snapshot, &retries, ms_since(start)).await;
+    }
+    if !retries.borrow().names().is_empty() {
+        let view = view_of(&snapshot, me, false, &retries.borrow());
+        let _ = engine.publish_cluster_view(view).await;
     }
     engine.trash_unknown_topics(&known).await;
     engine.set_metadata(Rc::new(EtcdMetadata {
@@ -357,6 +431,7 @@ pub async fn join(
         changes,
         session.clone(),
         me,
+        (retries, start),
     ))
     .detach();
     Ok(Membership {
@@ -417,13 +492,16 @@ fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> Rpc
 }
 
 /// Core 0: applies the metastore's changes (topics created, changed or deleted through other nodes; nodes coming
-/// and going) and this node's own session state (fenced while it has lapsed).
+/// and going, or back with another core count: their partitions' cores are computed again), retries the topics that
+/// could not be opened here (at every change, and on a timer with backoff), and this node's own session state
+/// (fenced while it has lapsed).
 async fn follow(
     engine: Rc<Engine>,
     replica: Rc<Replica>,
     mut changes: super::metastore::Changes,
     session: Rc<Session>,
     me: NodeIndex,
+    (retries, start): (Rc<RefCell<Retries>>, std::time::Instant),
 ) {
     let mut seen = 0u64;
     let fenced = Rc::new(std::cell::Cell::new(false));
@@ -433,6 +511,7 @@ async fn follow(
         let replica = replica.clone();
         let fenced = fenced.clone();
         let session = session.clone();
+        let retries = retries.clone();
         glommio::spawn_local(async move {
             loop {
                 let state = session.next_state(&mut seen).await;
@@ -447,7 +526,7 @@ async fn follow(
                     } else {
                         info!("registered again: serving this node's partitions");
                     }
-                    let view = view_of(&replica.snapshot(), me, lost);
+                    let view = view_of(&replica.snapshot(), me, lost, &retries.borrow());
                     let _ = engine.publish_cluster_view(view).await;
                 }
                 if matches!(state, SessionState::Closed) || engine.is_stopping() {
@@ -458,29 +537,73 @@ async fn follow(
         .detach();
     }
     loop {
-        let (snapshot, list) = changes.next().await;
+        // The next change, or the end of the earliest retry's wait, whichever comes first.
+        let wait_ms = retries
+            .borrow()
+            .next_at_ms()
+            .map(|at| at.saturating_sub(ms_since(start)));
+        let next = match wait_ms {
+            None => Some(changes.next().await),
+            Some(ms) => {
+                futures_lite::future::or(async { Some(changes.next().await) }, async {
+                    glommio::timer::sleep(Duration::from_millis(ms)).await;
+                    None
+                })
+                .await
+            }
+        };
         if engine.is_stopping() {
             return;
         }
+        let (snapshot, list, retry) = match next {
+            Some((snapshot, list)) => (snapshot, list, retries.borrow().names()),
+            None => (
+                replica.snapshot(),
+                Vec::new(),
+                retries.borrow().due(ms_since(start)),
+            ),
+        };
+        let listed_before = retries.borrow().listed();
         let mut nodes_changed = false;
+        let mut done = std::collections::BTreeSet::new();
         for change in list {
             match change {
                 Change::Node(_) | Change::NodeRemoved(_) => nodes_changed = true,
                 Change::TopicCreated(record) | Change::TopicChanged(record) => {
-                    let (config, locations) = as_engine(&record, &snapshot);
-                    if let Err(e) = engine.learn_topic(config, locations).await {
-                        error!(topic = %record.name(), error = %e, "cannot apply a topic change from the metastore");
-                    }
+                    learn(&engine, &record, &snapshot, &retries, ms_since(start)).await;
+                    done.insert(record.name().to_string());
                 }
                 Change::TopicDeleted(record) => {
+                    retries.borrow_mut().clear(record.name());
                     if let Err(e) = engine.unlearn_topic(record.name(), record.id()).await {
                         error!(topic = %record.name(), error = %e, "cannot apply a topic deletion from the metastore");
                     }
+                    done.insert(record.name().to_string());
                 }
             }
         }
         if nodes_changed {
-            let view = view_of(&snapshot, me, fenced.get());
+            // A node back with another core count moves its partitions to other cores of its own: every topic with
+            // partitions there is routed anew (this node's own partitions never move while it runs).
+            for record in snapshot.topics() {
+                let moved = engine.topic(record.name()).is_ok_and(|t| {
+                    t.id() == record.id() && *t.locations() != *snapshot.locations(record)
+                });
+                if moved && done.insert(record.name().to_string()) {
+                    learn(&engine, record, &snapshot, &retries, ms_since(start)).await;
+                }
+            }
+        }
+        for name in retry.into_iter().filter(|n| !done.contains(n)) {
+            match snapshot.topic(&name) {
+                Some(record) => learn(&engine, record, &snapshot, &retries, ms_since(start)).await,
+                None => {
+                    retries.borrow_mut().clear(&name);
+                }
+            }
+        }
+        if nodes_changed || retries.borrow().listed() != listed_before {
+            let view = view_of(&snapshot, me, fenced.get(), &retries.borrow());
             if let Err(e) = engine.publish_cluster_view(view).await {
                 warn!(error = %e, "cannot publish the node table");
             }

@@ -54,6 +54,17 @@ impl Engine {
     ) -> EngineResult<()> {
         if let Some(existing) = self.topics.borrow().get(&config.name) {
             if existing.id() == config.id {
+                // Cluster mode: the same topic, perhaps with another node's partitions on other cores now.
+                if *existing.locations() != *locations {
+                    existing
+                        .relocate(locations, self.node.get())
+                        .map_err(|why| {
+                            EngineError::Storage(format!(
+                                "topic '{}' cannot take its new locations: {why}",
+                                config.name
+                            ))
+                        })?;
+                }
                 return Ok(());
             }
         }
@@ -360,13 +371,40 @@ impl Engine {
         }
     }
 
-    /// Partitions this node holds over every topic.
+    /// Partitions this node holds (opens on one of its cores) over every topic.
     fn partitions_held(&self) -> usize {
+        let me = self.node.get();
         self.topics
             .borrow()
             .values()
-            .map(|t| t.partition_count() as usize)
+            .map(|t| t.locations().iter().filter(|l| l.node == me).count())
             .sum()
+    }
+
+    /// This node's caps, checked before a topic is opened here, whether created through this node or learnt from
+    /// the cluster: `max_topics`, and the partition budget (`max_partitions`, lowered by the file-descriptor limit)
+    /// for `partitions` more partitions held here.
+    fn check_caps(&self, partitions: usize) -> EngineResult<()> {
+        let held_topics = self.topics.borrow().len() + self.quarantined.borrow().len();
+        if held_topics >= self.config.max_topics {
+            return Err(EngineError::TopicLimit {
+                limit: self.config.max_topics,
+            });
+        }
+        let budget = self.config.partition_budget;
+        let held = self.partitions_held();
+        if held + partitions > budget {
+            let reason = if budget < self.config.max_partitions {
+                "bounded by the file-descriptor limit; raise it with ulimit -n"
+            } else {
+                "max_partitions"
+            };
+            return Err(EngineError::PartitionLimit {
+                limit: budget,
+                reason: format!("{reason}; {held} held now"),
+            });
+        }
+        Ok(())
     }
 
     /// Writes a topic's metadata durably.
@@ -404,24 +442,8 @@ impl Engine {
             Err(e) => return Err(e),
         }
         self.check_dead_letter(&config)?;
-        let held_topics = self.topics.borrow().len() + self.quarantined.borrow().len();
-        if held_topics >= self.config.max_topics {
-            return Err(EngineError::TopicLimit {
-                limit: self.config.max_topics,
-            });
-        }
-        let budget = self.config.partition_budget;
-        if self.partitions_held() + config.partitions as usize > budget {
-            let reason = if budget < self.config.max_partitions {
-                "bounded by the file-descriptor limit; raise it with ulimit -n"
-            } else {
-                "max_partitions"
-            };
-            return Err(EngineError::PartitionLimit {
-                limit: budget,
-                reason: format!("{reason}; {} held now", self.partitions_held()),
-            });
-        }
+        // Cluster mode: before the metastore places it, every partition is counted as if it landed here.
+        self.check_caps(config.partitions as usize)?;
         config.format = TOPIC_FORMAT;
         if let Some(metadata) = self.metadata() {
             let (created, config, locations) = metadata.create_topic(config).await?;
@@ -730,6 +752,8 @@ impl Engine {
         let known = known.filter(|t| t.id() == config.id);
         match known {
             None => {
+                let me = self.node.get();
+                self.check_caps(locations.iter().filter(|l| l.node == me).count())?;
                 let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
                 let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
                 // What this node's disk holds of the topic from before: at every start in cluster mode, each
@@ -774,8 +798,16 @@ impl Engine {
                     .sync_dir(&self.topics_dir())
                     .await
                     .map_err(storage)?;
-                self.everywhere(AdminStep::Apply(opening.clone(), locations))
-                    .await?;
+                let applied = self
+                    .everywhere(AdminStep::Apply(opening.clone(), locations))
+                    .await;
+                if let Err(e) = applied {
+                    // All or nothing, so that a retry opens it anew on every core (the data stays on disk).
+                    if let Err(undo) = self.everywhere(AdminStep::Drop(config.name.clone())).await {
+                        error!(topic = %config.name, error = %undo, "cannot close a topic that did not open on every core");
+                    }
+                    return Err(e);
+                }
                 if fresh.is_empty() {
                     return Ok(());
                 }
@@ -783,6 +815,13 @@ impl Engine {
                 self.join_groups(config, &opening).await
             }
             Some(topic) => {
+                if *topic.locations() != *locations {
+                    // Another node came back with another core count: its partitions are on other cores now.
+                    info!(topic = %config.name, "partitions of another node moved to other cores of it");
+                    let current = (*topic.config()).clone();
+                    self.everywhere(AdminStep::Apply(current, locations))
+                        .await?;
+                }
                 let old = topic.config();
                 if *old == config {
                     return Ok(());

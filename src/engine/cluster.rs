@@ -36,6 +36,21 @@ pub struct ClusterView {
     pub nodes: Vec<NodeEntry>,
     /// The metastore session lapsed: this node does not serve its partitions until it registers again.
     pub fenced: bool,
+    /// Topics of the cluster this node could not open (over its caps, a failure on some core), retried by core 0.
+    #[serde(default)]
+    pub unopened: Vec<Unopened>,
+    /// Times a topic of the cluster failed to open here since this node started (a `/metrics` counter).
+    #[serde(default)]
+    pub open_failures: u64,
+}
+
+/// A topic of the cluster this node has not opened, and why (`GET /cluster`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unopened {
+    pub topic: String,
+    pub reason: String,
+    /// Attempts so far.
+    pub attempts: u32,
 }
 
 /// A topic's settings and where each of its partitions lives.

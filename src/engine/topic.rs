@@ -2,7 +2,7 @@
 //! as one core sees it. Every core holds a copy of every topic's settings; core 0 alone creates, changes and
 //! deletes (see `engine::admin`).
 
-use super::placement::Location;
+use super::placement::{Location, NodeIndex};
 use crate::partition::inflight::{Backoff, Limits, Redelivery};
 use crate::partition::Partition;
 use crate::storage::backend::Storage;
@@ -283,19 +283,32 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
     crc32c::crc32c(key) % partitions
 }
 
+/// The (node, core) pairs of nodes other than `node` in `locations`, sorted, each once.
+fn remote_owners(locations: &[Location], node: NodeIndex) -> Rc<[Location]> {
+    let mut remote: Vec<Location> = locations
+        .iter()
+        .copied()
+        .filter(|l| l.node != node)
+        .collect();
+    remote.sort_unstable();
+    remote.dedup();
+    remote.into()
+}
+
 /// A topic as one core sees it: its settings, where each partition lives, and the partitions this core owns.
 pub struct Topic {
     config: RefCell<Rc<TopicConfig>>,
-    /// Where each partition lives.
-    locations: Vec<Location>,
+    /// Where each partition lives. Cluster mode: replaced whole when another node's core count changes
+    /// (`relocate`); this node's own entries never change while it runs.
+    locations: RefCell<Rc<[Location]>>,
     /// Some(partition) for the partitions this core owns.
     partitions: Vec<Option<Rc<Partition>>>,
     /// The owned partition numbers, for round-robin.
     owned: Vec<u32>,
     /// The cores of this node that own some partition of the topic, ascending.
     owner_cores: Vec<u32>,
-    /// Cluster mode: (node, core) pairs of other nodes that own partitions of the topic.
-    remote_owners: Vec<Location>,
+    /// Cluster mode: (node, core) pairs of other nodes that own partitions of the topic (replaced with `locations`).
+    remote_owners: RefCell<Rc<[Location]>>,
     /// Round-robin cursor over `owned` (produce without key) and over cores (consume).
     cursor: Cell<usize>,
     /// Set when the topic is deleted; parked consumers notice and leave.
@@ -326,7 +339,7 @@ impl Topic {
         locations: Vec<Location>,
         partitions: Vec<Option<Rc<Partition>>>,
         start: usize,
-        node: super::placement::NodeIndex,
+        node: NodeIndex,
     ) -> Topic {
         let owned = partitions
             .iter()
@@ -341,18 +354,11 @@ impl Topic {
             .collect();
         owner_cores.sort_unstable();
         owner_cores.dedup();
-        let mut remote_owners: Vec<Location> = locations
-            .iter()
-            .copied()
-            .filter(|l| l.node != node)
-            .collect();
-        remote_owners.sort_unstable();
-        remote_owners.dedup();
         Topic {
             owner_cores,
-            remote_owners,
+            remote_owners: RefCell::new(remote_owners(&locations, node)),
             config: RefCell::new(Rc::new(config)),
-            locations,
+            locations: RefCell::new(locations.into()),
             partitions,
             owned,
             cursor: Cell::new(start),
@@ -385,12 +391,34 @@ impl Topic {
     }
 
     pub fn partition_count(&self) -> u32 {
-        self.locations.len() as u32
+        self.locations.borrow().len() as u32
     }
 
     /// Where partition `p` lives.
     pub fn location(&self, p: u32) -> Location {
-        self.locations[p as usize]
+        self.locations.borrow()[p as usize]
+    }
+
+    /// Cluster mode: other nodes' partitions moved to other cores of theirs (a node restarted with another core
+    /// count). Refused when the count differs or any partition of this node (`node`) would move: those are open
+    /// here, on their cores, for as long as this node runs.
+    pub fn relocate(&self, locations: Vec<Location>, node: NodeIndex) -> Result<(), String> {
+        {
+            let old = self.locations.borrow();
+            if old.len() != locations.len() {
+                return Err(format!("{} partitions, not {}", old.len(), locations.len()));
+            }
+            let moved = old
+                .iter()
+                .zip(&locations)
+                .any(|(a, b)| a != b && (a.node == node || b.node == node));
+            if moved {
+                return Err("a partition of this node would move".into());
+            }
+        }
+        *self.remote_owners.borrow_mut() = remote_owners(&locations, node);
+        *self.locations.borrow_mut() = locations.into();
+        Ok(())
     }
 
     /// The owned partition `p`, if this core owns it.
@@ -409,13 +437,13 @@ impl Topic {
     }
 
     /// Cluster mode: the (node, core) pairs of other nodes owning partitions of this topic.
-    pub fn remote_owners(&self) -> &[Location] {
-        &self.remote_owners
+    pub fn remote_owners(&self) -> Rc<[Location]> {
+        self.remote_owners.borrow().clone()
     }
 
     /// Every partition's location, in partition order.
-    pub fn locations(&self) -> &[Location] {
-        &self.locations
+    pub fn locations(&self) -> Rc<[Location]> {
+        self.locations.borrow().clone()
     }
 
     pub fn owned(&self) -> &[u32] {

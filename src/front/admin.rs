@@ -66,11 +66,12 @@ impl Front {
     /// A topic's settings and every partition, from every core, in partition order.
     pub async fn describe_topic(&self, name: &str) -> OpResult<(TopicConfig, Vec<PartitionInfo>)> {
         let topic = self.engine().topic(name)?;
+        let remote = topic.remote_owners();
         let owners = topic
             .owner_cores()
             .iter()
             .map(|&core| self.router().core(core as usize))
-            .chain(topic.remote_owners().iter().copied());
+            .chain(remote.iter().copied());
         let calls: Vec<_> = owners
             .map(|to| {
                 let router = self.router().clone();
@@ -114,7 +115,7 @@ impl Front {
         let mut owned: std::collections::BTreeMap<u32, usize> = Default::default();
         for name in engine.topic_names() {
             if let Ok(topic) = engine.topic(&name) {
-                for l in topic.locations() {
+                for l in topic.locations().iter() {
                     *owned.entry(l.node).or_default() += 1;
                 }
             }
@@ -141,7 +142,8 @@ impl Front {
                 })
             })
             .collect();
-        serde_json::json!({ "nodes": nodes })
+        // Topics of the cluster this node could not open (its caps, a failure on some core): retried by core 0.
+        serde_json::json!({ "nodes": nodes, "unopened": view.unopened })
     }
 
     /// Every core's counters, in core order.

@@ -319,10 +319,14 @@ async fn core_main(
         let nodes = crate::cluster::node::RpcNodes::new(core.clone(), &config, settings);
         router.set_node_link(nodes.clone());
         let server = membership.as_ref().map(|m| m.rpc.clone());
+        let engine = Rc::downgrade(&core);
         core.set_extra_stats(Rc::new(move || {
             let mut all = nodes.series();
             if let Some(server) = &server {
                 all.extend(crate::cluster::node::server_series(server));
+                if let Some(engine) = engine.upgrade() {
+                    all.extend(crate::cluster::node::unopened_series(&engine));
+                }
             }
             all
         }));

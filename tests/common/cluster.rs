@@ -805,6 +805,16 @@ impl Cluster {
         i
     }
 
+    /// Sets `flag VALUE` in node `i`'s command line (replacing the flag's value if it is there), for its next
+    /// start (`restart`, `start_again`): a node brought back with, say, another `--cores` or a `--config`.
+    pub fn set_flag(&mut self, i: usize, flag: &str, value: &str) {
+        let args = &mut self.nodes[i].args;
+        match args.iter().position(|a| a == flag) {
+            Some(at) => args[at + 1] = value.to_string(),
+            None => args.extend([flag.to_string(), value.to_string()]),
+        }
+    }
+
     /// SIGKILL node `i` and reap it.
     pub fn kill9(&mut self, i: usize) {
         self.nodes[i].kill9();
