@@ -151,11 +151,14 @@ pub(crate) fn refuse_body(front: &Front, head: &Request) -> Option<Response> {
         return Some(refusal);
     }
     let token = front.engine().config().auth_token.as_deref()?;
-    (!authorized(token, head.authorization.as_deref())).then(|| {
-        Response::error(401, "unauthorized", "missing or wrong bearer token")
-            .with_header("www-authenticate", "Bearer")
-            .closing()
-    })
+    (!authorized(token, head.authorization.as_deref())).then(unauthorized)
+}
+
+/// `401` for a missing or wrong token; the connection closes.
+fn unauthorized() -> Response {
+    Response::error(401, "unauthorized", "missing or wrong bearer token")
+        .with_header("www-authenticate", "Bearer")
+        .closing()
 }
 
 /// The checks before any operation: the bearer token when one is configured; without one, only loopback (or
@@ -166,11 +169,7 @@ pub(crate) fn refuse(front: &Front, req: &Request) -> Option<Response> {
     match &config.auth_token {
         Some(token) => {
             if req.path != "/health" && !authorized(token, req.authorization.as_deref()) {
-                return Some(
-                    Response::error(401, "unauthorized", "missing or wrong bearer token")
-                        .with_header("www-authenticate", "Bearer")
-                        .closing(),
-                );
+                return Some(unauthorized());
             }
         }
         None => {
