@@ -37,6 +37,21 @@ pub struct ClusterSettings {
     /// listens on a non-loopback address, unless `insecure`. Default: none (node RPC on loopback accepts any hello).
     #[serde(default)]
     pub peer_token_file: Option<PathBuf>,
+    /// A PEM file with the CA certificate(s) that sign every node's node RPC certificate. Set, node RPC speaks TLS
+    /// only, both ways: each node checks its peer's certificate against this CA and the host the peer is
+    /// published under (the host of its `peer_listen`). Every node of a cluster must agree. Default: none (plain).
+    #[serde(default)]
+    pub peer_tls_ca_file: Option<PathBuf>,
+    /// This node's node RPC certificate chain (PEM). Default: `tls_cert_file`.
+    #[serde(default)]
+    pub peer_tls_cert_file: Option<PathBuf>,
+    /// The key of `peer_tls_cert_file` (PEM). Default: `tls_key_file`.
+    #[serde(default)]
+    pub peer_tls_key_file: Option<PathBuf>,
+    /// With `peer_tls_ca_file`: a node accepts node RPC only from a peer presenting a certificate signed by that
+    /// CA (each node presents its own when it connects). Default false (the cluster secret authenticates peers).
+    #[serde(default)]
+    pub peer_tls_client_auth: bool,
 }
 
 fn default_cluster_name() -> String {
@@ -138,6 +153,11 @@ pub struct Config {
     pub auth_token_file: Option<PathBuf>,
     /// Allow listening on a non-loopback address without authentication. Default false.
     pub insecure: bool,
+    /// A PEM file with the certificate chain the client listener presents (the leaf first). With `tls_key_file`,
+    /// the listener speaks HTTPS only (ALPN `http/1.1`). Default: none (plain HTTP).
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of `tls_cert_file` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
     /// Most records (or receipt handles) in one batch request; more is `413 batch_too_large`. Default 1000.
     pub max_batch_records: usize,
     /// Largest batch request body; more is `413 batch_too_large`. Default 16 MiB.
@@ -164,6 +184,12 @@ pub struct Config {
     /// The cluster secret read from `cluster.peer_token_file` at start (not a config key).
     #[serde(skip)]
     pub peer_token: Option<String>,
+    /// The client listener's TLS, loaded at start from `tls_cert_file` and `tls_key_file` (not a config key).
+    #[serde(skip)]
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// Node RPC's TLS, loaded at start from the cluster's `peer_tls_*` files (not a config key).
+    #[serde(skip)]
+    pub peer_tls: Option<crate::tls::PeerTls>,
     /// Partitions this node may hold: `max_partitions`, lowered to what the file-descriptor limit allows (set at
     /// start by `fit_fd_limit`; not a config key).
     #[serde(skip)]
@@ -214,6 +240,10 @@ impl Default for Config {
             insecure: false,
             auth_token: None,
             peer_token: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls: None,
+            peer_tls: None,
             max_batch_records: 1000,
             max_batch_bytes: 16 << 20,
             max_topics: 10_000,
@@ -292,6 +322,50 @@ impl Config {
                 return Err("rpc_timeout_ms must be positive".into());
             }
         }
+        self.resolve_tls()
+    }
+
+    /// Loads the client listener's and node RPC's TLS files (`tls_*`, `[cluster] peer_tls_*`): a file that cannot
+    /// be read or is not what it should be stops the start with its path in the message.
+    fn resolve_tls(&mut self) -> Result<(), String> {
+        use crate::tls;
+        self.tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(tls::server_config(cert, key, tls::ALPN_HTTP, None)?),
+            (None, None) => None,
+            _ => return Err("--tls-cert-file and --tls-key-file go together".into()),
+        };
+        self.peer_tls = None;
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        let cert = cluster
+            .peer_tls_cert_file
+            .as_ref()
+            .or(self.tls_cert_file.as_ref());
+        let key = cluster
+            .peer_tls_key_file
+            .as_ref()
+            .or(self.tls_key_file.as_ref());
+        let Some(ca) = &cluster.peer_tls_ca_file else {
+            if cluster.peer_tls_cert_file.is_some()
+                || cluster.peer_tls_key_file.is_some()
+                || cluster.peer_tls_client_auth
+            {
+                return Err("node RPC over TLS needs --peer-tls-ca-file (the CA that signs every node's certificate)".into());
+            }
+            return Ok(());
+        };
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err("node RPC over TLS needs this node's certificate and key: --peer-tls-cert-file and --peer-tls-key-file (or --tls-cert-file and --tls-key-file)".into());
+        };
+        let client_ca = cluster.peer_tls_client_auth.then_some(ca.as_path());
+        let identity = cluster
+            .peer_tls_client_auth
+            .then_some((cert.as_path(), key.as_path()));
+        self.peer_tls = Some(tls::PeerTls {
+            accept: tls::server_config(cert, key, tls::ALPN_NODE_RPC, client_ca)?,
+            connect: tls::client_config(ca, Some(tls::ALPN_NODE_RPC), identity)?,
+        });
         Ok(())
     }
 
@@ -426,6 +500,10 @@ mod tests {
             rpc_timeout_ms: 2000,
             etcd_grace_s: 15,
             peer_token_file,
+            peer_tls_ca_file: None,
+            peer_tls_cert_file: None,
+            peer_tls_key_file: None,
+            peer_tls_client_auth: false,
         });
         (config, dir)
     }
@@ -459,5 +537,41 @@ mod tests {
         c.resolve_auth().unwrap();
         assert_eq!(c.peer_token.as_deref(), Some(SECRET));
         assert_eq!(c.auth_token.as_deref(), Some("client-token-0123456789"));
+    }
+
+    #[test]
+    fn tls_files_are_loaded_at_start_and_node_rpc_tls_needs_its_ca_and_an_identity() {
+        let (mut c, d) = clustered("127.0.0.1:7170", None, None);
+        let (ca, cert, key) = crate::tls::tests::write_test_pki(d.path());
+        c.resolve_auth().unwrap();
+        assert!(c.tls.is_none() && c.peer_tls.is_none());
+        // One of the pair alone is a mistake, not plain text.
+        c.tls_cert_file = Some(cert.clone());
+        assert!(c.resolve_auth().unwrap_err().contains("go together"));
+        c.tls_key_file = Some(key.clone());
+        c.resolve_auth().unwrap();
+        assert!(c.tls.is_some() && c.peer_tls.is_none());
+        // A peer setting without the CA is refused rather than ignored.
+        c.cluster.as_mut().unwrap().peer_tls_client_auth = true;
+        assert!(c.resolve_auth().unwrap_err().contains("--peer-tls-ca-file"));
+        // The CA with the listener's pair: node RPC uses that pair.
+        c.cluster.as_mut().unwrap().peer_tls_ca_file = Some(ca.clone());
+        c.resolve_auth().unwrap();
+        assert!(c.peer_tls.is_some());
+        // The CA without any pair: nothing to present.
+        c.tls_cert_file = None;
+        c.tls_key_file = None;
+        assert!(c
+            .resolve_auth()
+            .unwrap_err()
+            .contains("--peer-tls-cert-file"));
+        let cluster = c.cluster.as_mut().unwrap();
+        cluster.peer_tls_cert_file = Some(cert);
+        cluster.peer_tls_key_file = Some(key);
+        c.resolve_auth().unwrap();
+        assert!(c.tls.is_none() && c.peer_tls.is_some());
+        // A file that is not PEM is named.
+        c.cluster.as_mut().unwrap().peer_tls_ca_file = Some(d.path().join("token-or-nothing"));
+        assert!(c.resolve_auth().unwrap_err().contains("token-or-nothing"));
     }
 }

@@ -25,4 +25,5 @@ pub mod server;
 #[cfg(test)]
 mod sim;
 pub mod storage;
+pub mod tls;
 pub mod transport;

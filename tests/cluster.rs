@@ -547,7 +547,13 @@ fn topic_created_on_one_node_is_served_by_all() {
     }
 
     // The CLI lists the nodes.
-    let (code, out, err) = berth_cli(&["cluster", "status", "--server", &c.node(2).url()]);
+    let url = c.node(2).url();
+    let mut args = vec!["cluster", "status", "--server", &url];
+    let ca = c.node(2).ca.as_ref().map(|p| p.display().to_string());
+    if let Some(ca) = &ca {
+        args.extend(["--cacert", ca]);
+    }
+    let (code, out, err) = berth_cli(&args);
     assert_eq!(code, Some(0), "berth cluster status: {err}");
     for node in c.nodes() {
         assert!(
@@ -626,6 +632,86 @@ fn produced_through_every_node_consumed_exactly_once_through_one() {
                 Err(format!("{parts:?}"))
             }
         },
+    );
+}
+
+#[test]
+fn with_tls_everywhere_messages_cross_nodes_and_a_plain_peer_is_refused() {
+    let _g = serial();
+    let opts = Opts {
+        tls: true,
+        ..Opts::default()
+    };
+    let Some(c) = Cluster::start_with(
+        "with_tls_everywhere_messages_cross_nodes_and_a_plain_peer_is_refused",
+        2,
+        opts,
+    ) else {
+        return;
+    };
+    // Every node's client listener speaks HTTPS (the harness's clients trust only the cluster's CA), and the
+    // nodes found each other over node RPC with TLS and client certificates.
+    assert!(c.node(0).url().starts_with("https://"));
+    create_topic(c.node(0), "sealed", 4);
+    let owners: HashSet<String> = partitions(c.node(1), "sealed")
+        .iter()
+        .map(|p| p["node"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(owners.len(), 2, "partitions on both nodes: {owners:?}");
+    let mut want = HashSet::new();
+    for node in c.nodes() {
+        for n in 0..20 {
+            let body = format!("{}-{n}", node.id);
+            produce(node, "sealed", "", &body);
+            want.insert(body);
+        }
+    }
+    // Consumed and acked through one node: half of it over node RPC to the other.
+    let got = drain(c.node(1), "sealed", &want);
+    assert_eq!(once(&got), want);
+    wait_for(
+        "every partition committed to its end",
+        Duration::from_secs(10),
+        || {
+            let parts = partitions(c.node(0), "sealed");
+            if parts.iter().all(|e| e["committed"] == e["end_offset"]) {
+                Ok(())
+            } else {
+                Err(format!("{parts:?}"))
+            }
+        },
+    );
+
+    // Plain HTTP to the HTTPS port: a readable refusal, not a TLS alert.
+    let plain = Client::new(&format!("http://{}", c.node(0).addr()));
+    let a = plain.call("GET", "/health", &[]).expect("an answer");
+    assert_error(&a, 400, "https_required");
+    // A plain-text hello on node RPC: closed without a welcome.
+    use std::io::{Read, Write};
+    let peer = format!("{}:{}", c.node(1).ip, c.node(1).peer_port);
+    let mut raw = std::net::TcpStream::connect(&peer).expect("connect to node RPC");
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A well-formed hello (with no token: the cluster runs without one), which plain-text node RPC would answer.
+    let hello = berth::cluster::rpc::frame::Hello {
+        version: berth::cluster::rpc::frame::VERSION as u32,
+        node: 7,
+        token: String::new(),
+    };
+    let mut frame = Vec::new();
+    berth::cluster::rpc::frame::encode(
+        berth::cluster::rpc::frame::Kind::Handshake,
+        1,
+        &hello,
+        usize::MAX,
+        &mut frame,
+    )
+    .expect("encodes");
+    let _ = raw.write_all(&frame);
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    assert!(
+        !answer.windows(4).any(|w| w == b"BRPC"),
+        "node RPC answered plain text: {answer:?}"
     );
 }
 
@@ -828,7 +914,7 @@ fn auth_token_guards_clients_and_node_rpc() {
         return;
     };
     for node in c.nodes() {
-        let anonymous = Client::new(&node.url());
+        let anonymous = node.anonymous_client();
         assert_eq!(anonymous.call("GET", "/health", &[]).unwrap().status, 200);
         for (method, path) in [
             ("GET", "/cluster"),

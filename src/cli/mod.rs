@@ -26,6 +26,10 @@ struct Cli {
     /// Bearer token for a server started with --auth-token-file.
     #[arg(long, global = true, env = "BERTH_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// HTTPS: trust only the CA certificate(s) in this PEM file (as curl's --cacert), e.g. for a server started with
+    /// --tls-cert-file. Without it, an https:// server's certificate is checked against the public CAs.
+    #[arg(long, global = true, env = "BERTH_CACERT")]
+    cacert: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -194,6 +198,24 @@ struct ServeArgs {
     /// Cluster mode: the cluster secret nodes present to each other's node RPC (a file; not the client token).
     #[arg(long)]
     peer_token_file: Option<PathBuf>,
+    /// HTTPS: the certificate chain (PEM) the listener presents; with --tls-key-file it speaks HTTPS only.
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    /// HTTPS: the private key (PEM) of --tls-cert-file.
+    #[arg(long)]
+    tls_key_file: Option<PathBuf>,
+    /// Cluster mode: node RPC over TLS, checking every peer's certificate against this CA (PEM).
+    #[arg(long)]
+    peer_tls_ca_file: Option<PathBuf>,
+    /// Cluster mode: this node's node RPC certificate (PEM) [default: --tls-cert-file].
+    #[arg(long)]
+    peer_tls_cert_file: Option<PathBuf>,
+    /// Cluster mode: the key (PEM) of --peer-tls-cert-file [default: --tls-key-file].
+    #[arg(long)]
+    peer_tls_key_file: Option<PathBuf>,
+    /// Cluster mode: accept node RPC only from peers presenting a certificate signed by --peer-tls-ca-file.
+    #[arg(long)]
+    peer_tls_client_auth: bool,
 }
 
 /// A topic's settings (everything but `partitions`), as `PUT` and `PATCH /topics/T` take them. Unset ones are not
@@ -304,11 +326,18 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Bench(args) => crate::cli::bench::run(&args, cli.server.as_deref()).map(|_| 0),
+        Command::Bench(args) => {
+            crate::cli::bench::run(&args, cli.server.as_deref(), cli.cacert.as_deref()).map(|_| 0)
+        }
         other => {
             let client = Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER))
                 .with_token(cli.auth_token);
-            client_command(&client, other)
+            match cli.cacert {
+                Some(ca) => client
+                    .with_ca_file(&ca)
+                    .and_then(|client| client_command(&client, other)),
+                None => client_command(&client, other),
+            }
         }
     };
     match result {
@@ -359,6 +388,12 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     if args.insecure {
         config.insecure = true;
     }
+    if let Some(v) = args.tls_cert_file {
+        config.tls_cert_file = Some(v);
+    }
+    if let Some(v) = args.tls_key_file {
+        config.tls_key_file = Some(v);
+    }
     if let Some(etcd) = args.cluster {
         let node_id = args
             .node_id
@@ -376,6 +411,10 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 rpc_timeout_ms: 2000,
                 etcd_grace_s: 15,
                 peer_token_file: None,
+                peer_tls_ca_file: None,
+                peer_tls_cert_file: None,
+                peer_tls_key_file: None,
+                peer_tls_client_auth: false,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;
@@ -395,15 +434,32 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if let Some(v) = args.etcd_grace {
             cluster.etcd_grace_s = v;
         }
+        if let Some(v) = args.peer_tls_ca_file {
+            cluster.peer_tls_ca_file = Some(v);
+        }
+        if let Some(v) = args.peer_tls_cert_file {
+            cluster.peer_tls_cert_file = Some(v);
+        }
+        if let Some(v) = args.peer_tls_key_file {
+            cluster.peer_tls_key_file = Some(v);
+        }
+        if args.peer_tls_client_auth {
+            cluster.peer_tls_client_auth = true;
+        }
         config.cluster = Some(cluster);
     } else if args.node_id.is_some()
         || args.advertise.is_some()
         || args.peer_listen.is_some()
         || args.peer_token_file.is_some()
         || args.etcd_grace.is_some()
+        || args.peer_tls_ca_file.is_some()
+        || args.peer_tls_cert_file.is_some()
+        || args.peer_tls_key_file.is_some()
+        || args.peer_tls_client_auth
     {
         return Err(
-            "--node-id, --advertise, --peer-listen and --peer-token-file need --cluster".into(),
+            "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace and --peer-tls-* need --cluster"
+                .into(),
         );
     }
     berth::server::run(config)?;

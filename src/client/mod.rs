@@ -37,18 +37,23 @@ pub struct Client {
 }
 
 impl Client {
-    /// `base` like `http://127.0.0.1:7070`.
+    /// `base` like `http://127.0.0.1:7070` (or `https://...`: the server's certificate is then checked against the
+    /// public CAs, or against `with_ca_file`'s).
     pub fn new(base: &str) -> Client {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(5))
-            .timeout(Duration::from_secs(90))
-            .max_idle_connections_per_host(64)
-            .build();
         Client {
             base: base.trim_end_matches('/').to_string(),
-            agent,
+            agent: agent(None),
             token: None,
         }
+    }
+
+    /// HTTPS with the CA certificate(s) in `ca` (PEM) as the only ones trusted, as `curl --cacert` does.
+    pub fn with_ca_file(self, ca: &std::path::Path) -> Result<Client, String> {
+        let tls = crate::tls::client_config(ca, Some(crate::tls::ALPN_HTTP), None)?;
+        Ok(Client {
+            agent: agent(Some(tls)),
+            ..self
+        })
     }
 
     /// Sends `Authorization: Bearer TOKEN` with every request.
@@ -109,6 +114,17 @@ impl Client {
             body,
         })
     }
+}
+
+fn agent(tls: Option<std::sync::Arc<rustls::ClientConfig>>) -> ureq::Agent {
+    let mut builder = ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(5))
+        .timeout(Duration::from_secs(90))
+        .max_idle_connections_per_host(64);
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls);
+    }
+    builder.build()
 }
 
 /// Percent-encodes a query value.

@@ -477,6 +477,7 @@ fn rpc_config(config: &Config, settings: &ClusterSettings, me: NodeIndex) -> Rpc
         node: me,
         // The cluster secret, never the clients' token (`--peer-token-file`).
         token: config.peer_token.clone(),
+        tls: config.peer_tls.clone(),
         call_timeout: Duration::from_millis(settings.rpc_timeout_ms),
         // A frame carries at most one batch (a produce's body, a consume's reply: `max_batch_bytes` of payload,
         // one message over at most) plus its framing: room for both, and never less than the default.

@@ -155,6 +155,8 @@ pub struct CoreMetrics {
     pub connections_refused: Cell<u64>,
     /// Connections closed for a slow or oversized header, or a client that did not read its answers.
     pub connections_timed_out: Cell<u64>,
+    /// TLS listener: connections closed because their handshake failed or did not finish in time.
+    pub tls_handshakes_failed: Cell<u64>,
     /// Cross-core sends refused because the channel was full.
     pub mesh_full: Cell<u64>,
     /// Time from a frontier's first move to its file being durable.
@@ -239,6 +241,7 @@ pub struct CoreStats {
     pub connections_open: u64,
     pub connections_refused: u64,
     pub connections_timed_out: u64,
+    pub tls_handshakes_failed: u64,
     pub mesh_full: u64,
     pub journal_wait: Latency,
     pub journal_records: Counts,
@@ -322,7 +325,7 @@ type CoreSeries = (
 /// Renders every core's snapshot as Prometheus text exposition.
 pub fn render(stats: &[CoreStats]) -> String {
     let mut out = String::with_capacity(4096);
-    let core_series: [CoreSeries; 8] = [
+    let core_series: [CoreSeries; 9] = [
         (
             "connections_open",
             "client connections open",
@@ -340,6 +343,12 @@ pub fn render(stats: &[CoreStats]) -> String {
             "connections closed for slow or oversized headers, or unread answers",
             "counter",
             |s| s.connections_timed_out,
+        ),
+        (
+            "tls_handshakes_failed_total",
+            "TLS listener: connections closed because their handshake failed or did not finish in time",
+            "counter",
+            |s| s.tls_handshakes_failed,
         ),
         (
             "mesh_full_total",

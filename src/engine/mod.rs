@@ -591,6 +591,7 @@ impl Engine {
             connections_open: m.connections_open.get(),
             connections_refused: m.connections_refused.get(),
             connections_timed_out: m.connections_timed_out.get(),
+            tls_handshakes_failed: m.tls_handshakes_failed.get(),
             mesh_full: m.mesh_full.get(),
             journal_wait: m.journal_wait.borrow().clone(),
             journal_records: m.journal_records.borrow().clone(),

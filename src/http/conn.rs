@@ -8,6 +8,7 @@ use super::routes;
 use crate::clock::coarse_ms as now_ms;
 use crate::engine::Engine;
 use crate::front::Front;
+use crate::tls::Stream;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::os::unix::io::AsRawFd;
@@ -26,7 +27,7 @@ const WRITE_CHUNK: usize = 64 << 10;
 /// Writes `out` in chunks, each of which must complete within `timeout_ms` (the core's sweeper cuts the connection
 /// otherwise): a client that stops reading cannot hold a connection and its buffers forever.
 async fn write_out(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     watch: &super::reaper::Watch,
     out: &[u8],
     timeout_ms: u64,
@@ -39,6 +40,10 @@ async fn write_out(
         if result.is_err() || watch.expired.get() {
             break;
         }
+    }
+    if result.is_ok() && !watch.expired.get() {
+        // TLS may hold the last record until flushed (a no-op on a plain socket).
+        result = stream.flush().await;
     }
     watch.writing.set(false);
     watch.deadline_ms.set(u64::MAX);
@@ -115,11 +120,11 @@ impl ReadBuf {
     }
 }
 
-/// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (header read time,
-/// idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
-pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream) {
+/// Serves a connection until the client closes, a limit is hit, or the server stops. Deadlines (TLS handshake and
+/// header read time, idle time) are enforced by the core's sweeper through `table`, so a read costs no timer.
+pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
     let core = front.engine().clone();
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
     let config = core.config().clone();
     let limits = Limits {
         max_header_bytes: config.max_header_bytes,
@@ -127,8 +132,45 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
         max_body_bytes: config.max_message_bytes,
         max_batch_bytes: config.max_batch_bytes,
     };
-    let registration = table.register(stream.as_raw_fd(), now_ms() + config.idle_timeout_ms);
+    let registration = table.register(tcp.as_raw_fd(), now_ms() + config.idle_timeout_ms);
     let watch = &registration.watch;
+    let mut stream = match &config.tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => {
+            // The handshake has the header-read deadline, in both directions (its replies are writes too).
+            watch
+                .deadline_ms
+                .set(now_ms() + config.header_read_timeout_ms);
+            watch.writing.set(true);
+            // A TLS connection opens with a handshake record (type 22); anything else is most likely plain HTTP
+            // sent to the HTTPS port, which gets a readable answer rather than a TLS alert.
+            let mut first = [0u8; 1];
+            if matches!(tcp.peek(&mut first).await, Ok(1) if first[0] != 22) {
+                watch.writing.set(false);
+                let mut out = Vec::new();
+                Response::error(
+                    400,
+                    "https_required",
+                    "this listener speaks HTTPS only: use https://",
+                )
+                .encode(true, &mut out);
+                let mut plain = Stream::Plain(tcp);
+                close_after_error(&mut plain, watch, &out, config.max_header_bytes).await;
+                return;
+            }
+            let accepted = crate::tls::accept(tls, tcp).await;
+            watch.writing.set(false);
+            match accepted {
+                Ok(stream) if !watch.expired.get() => stream,
+                _ => {
+                    let m = core.metrics();
+                    m.tls_handshakes_failed
+                        .set(m.tls_handshakes_failed.get() + 1);
+                    return;
+                }
+            }
+        }
+    };
     let mut buf = ReadBuf::new();
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     // When the first byte of the request being read arrived (None while idle between requests).
@@ -250,6 +292,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
                 Response::error(408, "request_timeout", "request not received in time")
                     .encode(true, &mut out);
                 let _ = stream.write_all(&out).await;
+                let _ = stream.flush().await;
             }
             return;
         }
@@ -260,8 +303,12 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, mut stream: TcpStream
 }
 
 /// Answers a connection over a connection cap with 503 and closes it, draining what the client sends meanwhile
-/// (bounded in bytes and time) so it reads the answer instead of a reset.
-pub async fn refuse(mut stream: TcpStream) {
+/// (bounded in bytes and time) so it reads the answer instead of a reset. A TLS listener closes it without an
+/// answer: the handshake an answer needs costs more than the refusal is meant to save.
+pub async fn refuse(mut stream: TcpStream, tls: bool) {
+    if tls {
+        return;
+    }
     let mut out = Vec::new();
     Response::error(503, "too_many_connections", "connection limit reached")
         .with_header("retry-after", 1)
@@ -291,7 +338,7 @@ const LINGER_MS: u64 = 2000;
 /// the sweeper's deadline) before closing: closing with unread data would make the kernel reset the connection
 /// and the client would see a reset instead of the 413/431.
 async fn close_after_error(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     watch: &super::reaper::Watch,
     out: &[u8],
     max_body: usize,
@@ -299,7 +346,8 @@ async fn close_after_error(
     if stream.write_all(out).await.is_err() {
         return;
     }
-    let _ = stream.shutdown(std::net::Shutdown::Write).await;
+    // Flushes, sends TLS's close_notify, and shuts the sending side.
+    let _ = stream.close().await;
     watch.deadline_ms.set(now_ms() + LINGER_MS);
     let limit = max_body.saturating_mul(2).max(1 << 20);
     let mut sink = vec![0u8; READ_CHUNK];
@@ -324,12 +372,13 @@ fn is_long_poll(req: &request::Request) -> bool {
 /// cancelling a parked consume before it leases anything — and None is returned. Pipelined bytes that arrive
 /// meanwhile stay in the socket for the next request.
 async fn unless_hung_up(
-    stream: &TcpStream,
+    stream: &Stream,
     mut work: std::pin::Pin<&mut impl std::future::Future<Output = Response>>,
 ) -> Option<Response> {
     let hangup = async {
         let mut probe = [0u8; 1];
-        match stream.peek(&mut probe).await {
+        // The socket itself: over TLS, bytes still to decrypt are not a hang-up, and the socket's end is one.
+        match stream.tcp().peek(&mut probe).await {
             Ok(0) | Err(_) => None,
             Ok(_) => futures_lite::future::pending().await,
         }

@@ -421,7 +421,7 @@ async fn accept_loop(
         {
             core.shared().connections.fetch_sub(1, Ordering::AcqRel);
             m.connections_refused.set(m.connections_refused.get() + 1);
-            glommio::spawn_local(crate::http::conn::refuse(stream)).detach();
+            glommio::spawn_local(crate::http::conn::refuse(stream, config.tls.is_some())).detach();
             continue;
         }
         m.connections_open.set(m.connections_open.get() + 1);

@@ -405,13 +405,16 @@ pub struct Node {
     pub paused: bool,
     /// The token its clients send ([`Opts::token`]).
     pub token: Option<String>,
+    /// With [`Opts::tls`]: the CA its certificate is signed by (its clients speak HTTPS and trust only this).
+    pub ca: Option<PathBuf>,
     log: PathBuf,
     child: Option<Child>,
 }
 
 impl Node {
     pub fn url(&self) -> String {
-        format!("http://{}:{}", self.ip, self.port)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.ip, self.port)
     }
 
     /// `ip:port` as it advertises it.
@@ -421,7 +424,16 @@ impl Node {
 
     /// A client of its own (a new connection pool), sending the cluster's token if any.
     pub fn new_client(&self) -> Client {
-        Client::new(&self.url()).with_token(self.token.clone())
+        self.anonymous_client().with_token(self.token.clone())
+    }
+
+    /// A client of its own that sends no token (but speaks HTTPS, trusting the cluster's CA, under TLS).
+    pub fn anonymous_client(&self) -> Client {
+        let client = Client::new(&self.url());
+        match &self.ca {
+            Some(ca) => client.with_ca_file(ca).expect("the test CA loads"),
+            None => client,
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -573,6 +585,10 @@ pub struct Opts {
     /// Harness self-check only: nodes are plain single-node servers (no cluster flags), so the harness's process,
     /// namespace and restart handling can be checked with any server build.
     pub plain: bool,
+    /// TLS everywhere: one CA for the cluster, a certificate per node for its address; every node's client
+    /// listener speaks HTTPS (its clients trust only that CA) and node RPC runs over TLS with client certificates
+    /// required (`--peer-tls-client-auth`). Also on for every cluster when `BERTH_TEST_TLS=1`.
+    pub tls: bool,
 }
 
 impl Opts {
@@ -738,10 +754,30 @@ impl Cluster {
             }
         }
         args.extend(self.opts.extra.iter().cloned());
+        let tls = (self.opts.tls || std::env::var("BERTH_TEST_TLS").is_ok_and(|v| v == "1"))
+            && !self.opts.plain;
+        let ca = tls.then(|| {
+            let (ca, cert, key) = self.node_certificate(&id, &ip);
+            args.extend(
+                [
+                    "--tls-cert-file",
+                    &cert.display().to_string(),
+                    "--tls-key-file",
+                    &key.display().to_string(),
+                    "--peer-tls-ca-file",
+                    &ca.display().to_string(),
+                    "--peer-tls-client-auth",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+            ca
+        });
         let mut node = Node {
             id: id.clone(),
             client: Client::new(&format!("http://{ip}:{port}")),
             token: self.opts.token.clone(),
+            ca,
             ip,
             port,
             peer_port,
@@ -756,6 +792,50 @@ impl Cluster {
         node.spawn();
         self.nodes.push(node);
         i
+    }
+
+    /// The cluster's test CA (made at the first call, in the cluster's dir) and a certificate it signed for node `id`
+    /// at `ip` (and 127.0.0.1, localhost): (ca.pem, cert.pem, key.pem).
+    fn node_certificate(&self, id: &str, ip: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = self.dir();
+        let ca_path = dir.join("ca.pem");
+        let ca_key_path = dir.join("ca-key.pem");
+        let ca_params = || {
+            let mut params =
+                rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "berth test CA");
+            params
+        };
+        if !ca_path.exists() {
+            let key = rcgen::KeyPair::generate().expect("CA key");
+            let ca = ca_params().self_signed(&key).expect("CA certificate");
+            std::fs::write(&ca_path, ca.pem()).expect("ca.pem");
+            std::fs::write(&ca_key_path, key.serialize_pem()).expect("ca-key.pem");
+        }
+        // The issuer a certificate is signed by is the CA's name and key: the same parameters and key as ca.pem's
+        // make the same issuer (rcgen's validity dates are fixed), so every node certificate chains to ca.pem.
+        let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca_key_path).unwrap())
+            .expect("CA key");
+        let ca = ca_params().self_signed(&ca_key).expect("CA certificate");
+        let key = rcgen::KeyPair::generate().expect("node key");
+        let mut names = vec![ip.to_string(), "localhost".to_string()];
+        if ip != "127.0.0.1" {
+            names.push("127.0.0.1".into());
+        }
+        let cert = rcgen::CertificateParams::new(names)
+            .expect("node params")
+            .signed_by(&key, &ca, &ca_key)
+            .expect("node certificate");
+        let (cert_path, key_path) = (
+            dir.join(format!("{id}-cert.pem")),
+            dir.join(format!("{id}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("node cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("node key");
+        (ca_path, cert_path, key_path)
     }
 
     /// Where the logs and data dirs are.

@@ -96,6 +96,20 @@ impl Server {
 
     /// Starts a server on an existing data dir.
     pub fn start_in(data_dir: &Path, cores: usize, extra: &[&str]) -> Server {
+        Server::start_in_with(data_dir, cores, extra, None)
+    }
+
+    /// Starts a server whose listener speaks HTTPS (`extra` holds its --tls-* flags), on a new temp data dir; its
+    /// client trusts only the CA in `ca`.
+    pub fn start_https(cores: usize, extra: &[&str], ca: &Path) -> Server {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = tmp.path().join("data");
+        let mut s = Server::start_in_with(&data_dir, cores, extra, Some(ca));
+        s._tmp = Some(tmp);
+        s
+    }
+
+    fn start_in_with(data_dir: &Path, cores: usize, extra: &[&str], ca: Option<&Path>) -> Server {
         let port = free_port();
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -113,7 +127,12 @@ impl Server {
             port,
             data_dir: data_dir.to_path_buf(),
             args,
-            client: Client::new(&format!("http://127.0.0.1:{port}")),
+            client: match ca {
+                None => Client::new(&format!("http://127.0.0.1:{port}")),
+                Some(ca) => Client::new(&format!("https://127.0.0.1:{port}"))
+                    .with_ca_file(ca)
+                    .expect("the test CA loads"),
+            },
             _tmp: None,
             log,
         };

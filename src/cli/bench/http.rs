@@ -4,8 +4,8 @@
 //! `max=N` in the same framing, and acks a `text/plain` body of receipt handles.
 
 use super::{Consumed, Driver, Pipelined};
+use berth::tls::Stream;
 use futures_lite::AsyncWriteExt;
-use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,15 +49,23 @@ impl<'a> Req<'a> {
 
 /// One keep-alive connection.
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
     out: Vec<u8>,
     host: String,
 }
 
 impl Conn {
-    pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = super::wire::connect(addr).await?;
+    /// With `tls`, HTTPS: the server's certificate must name `addr`'s IP address.
+    pub async fn connect(
+        addr: SocketAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> io::Result<Conn> {
+        let tcp = super::wire::connect(addr).await?;
+        let stream = match tls {
+            None => Stream::Plain(tcp),
+            Some(tls) => berth::tls::connect(tls, &addr.ip().to_string(), tcp).await?,
+        };
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(16 << 10),
@@ -71,6 +79,7 @@ impl Conn {
         self.out.clear();
         self.push(&req);
         self.stream.write_all(&self.out).await?;
+        self.stream.flush().await?;
         self.read_reply(req.keep_body).await
     }
 
@@ -81,6 +90,7 @@ impl Conn {
             self.push(req);
         }
         self.stream.write_all(&self.out).await?;
+        self.stream.flush().await?;
         let mut replies = Vec::with_capacity(requests.len());
         for req in requests {
             let reply = self.read_reply(req.keep_body).await?;
@@ -223,8 +233,10 @@ const FRAMES_IN: &str = "accept: application/vnd.berth.frames\r\n";
 const TEXT_OUT: &str = "content-type: text/plain\r\n";
 
 impl Berth {
+    #[allow(clippy::too_many_arguments)]
     pub async fn connect(
         addr: SocketAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
         topic: &str,
         visibility: &str,
         wait: &str,
@@ -237,7 +249,7 @@ impl Berth {
             String::new()
         };
         Ok(Berth {
-            conn: Conn::connect(addr).await?,
+            conn: Conn::connect(addr, tls).await?,
             topic: topic.to_string(),
             batch,
             frames: if batch > 1 {

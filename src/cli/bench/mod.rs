@@ -19,7 +19,7 @@ use hdrhistogram::Histogram;
 use report::{CoreResult, CpuTime, Op, RunReport, ServerHistograms};
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -167,6 +167,8 @@ struct Plan {
     visibility: String,
     client_cpus: Vec<usize>,
     server_cpus: Vec<usize>,
+    /// HTTPS (`--cacert`): how every berth connection checks the server.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl BenchArgs {
@@ -263,6 +265,7 @@ impl BenchArgs {
             visibility: berth::duration::format_ms(visibility_ms),
             client_cpus,
             server_cpus,
+            tls: None,
         })
     }
 }
@@ -357,6 +360,7 @@ fn parse_servers(list: &str) -> Result<Vec<(String, SocketAddr)>, String> {
         }
         let hostport = url
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .trim_start_matches("redis://")
             .trim_end_matches('/');
         let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
@@ -389,9 +393,22 @@ fn processes_cpu_us(pids: &[u32]) -> Option<CpuTime> {
 
 /// Runs the benchmark; `server` is the global --server when given explicitly: one URL, or several comma separated
 /// (berth only), over which every client core spreads its connections round robin.
-pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
-    let plan = args.plan()?;
+/// `cacert` (the global --cacert): the berth servers speak HTTPS, with a certificate signed by this CA.
+pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Result<(), String> {
+    let mut plan = args.plan()?;
     let protocol = plan.args.protocol;
+    if let Some(ca) = cacert {
+        if protocol != Protocol::Berth || server.is_none() {
+            return Err(
+                "--cacert: --protocol berth against a running --server https://... only".into(),
+            );
+        }
+        plan.tls = Some(berth::tls::client_config(
+            ca,
+            Some(berth::tls::ALPN_HTTP),
+            None,
+        )?);
+    }
     if protocol != Protocol::Berth && server.is_none() {
         return Err(format!(
             "--protocol {} needs --server HOST:PORT of a running {}",
@@ -433,10 +450,16 @@ pub fn run(args: &BenchArgs, server: Option<&str>) -> Result<(), String> {
         ));
         server_pids.clear();
     }
-    let clients: Vec<berth::client::Client> = addrs
-        .iter()
-        .map(|a| berth::client::Client::new(&format!("http://{a}")))
-        .collect();
+    let clients: Vec<berth::client::Client> = match cacert {
+        None => addrs
+            .iter()
+            .map(|a| berth::client::Client::new(&format!("http://{a}")))
+            .collect(),
+        Some(ca) => addrs
+            .iter()
+            .map(|a| berth::client::Client::new(&format!("https://{a}")).with_ca_file(ca))
+            .collect::<Result<_, _>>()?,
+    };
     let client = &clients[0];
     let owned_topic = args.topic.is_none();
     let topic = args
@@ -620,6 +643,7 @@ fn prefill(plan: &Plan, addrs: &[SocketAddr], topic: &str) -> Result<(), String>
         visibility: plan.visibility.clone(),
         client_cpus: plan.client_cpus.clone(),
         server_cpus: plan.server_cpus.clone(),
+        tls: plan.tls.clone(),
     };
     let progress = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -675,6 +699,7 @@ fn run_clients_with(
             stop: stop.clone(),
             progress: progress.clone(),
             budget: budget.clone(),
+            tls: plan.tls.clone(),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("bench-client-{index}"))
@@ -721,6 +746,7 @@ struct Job {
     progress: Arc<AtomicU64>,
     /// Remaining messages allowed across all cores (pre-fill); None = until the deadline.
     budget: Option<Arc<AtomicU64>>,
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// One client core's results: all its connections, and its connections to each node (indexed like `--server`).
@@ -790,10 +816,17 @@ async fn connection(
     match job.protocol {
         Protocol::Berth => {
             let wait = if waits { "1s" } else { "0" };
-            let d =
-                http::Berth::connect(addr, &job.topic, &job.visibility, wait, job.batch, message)
-                    .await
-                    .map_err(connect)?;
+            let d = http::Berth::connect(
+                addr,
+                job.tls.as_ref(),
+                &job.topic,
+                &job.visibility,
+                wait,
+                job.batch,
+                message,
+            )
+            .await
+            .map_err(connect)?;
             drive(d, job).await
         }
         Protocol::Beanstalkd => {

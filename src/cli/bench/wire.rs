@@ -15,8 +15,8 @@ pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// Reads more bytes onto the end of `buf`, up to `chunk` at a time. An error when `buf` already holds more than
 /// `limit` bytes (a reply without an end in sight) or when `peer` closed the connection.
-pub async fn read_more(
-    stream: &mut TcpStream,
+pub async fn read_more<S: futures_lite::AsyncRead + Unpin>(
+    stream: &mut S,
     buf: &mut Vec<u8>,
     chunk: usize,
     limit: usize,

@@ -7,6 +7,7 @@ use super::frame::{self, FrameReader, Hello, Kind, ReplyBody, Welcome};
 use super::{overloaded, unreachable, until_set, RpcConfig, Undelivered, UndeliveredHook};
 use crate::cluster::{set_tcp_keepalive, within};
 use crate::ops::{self, OpError, OpResult, Reply, Request};
+use crate::tls::{self, Stream};
 use event_listener::Event;
 use futures_channel::oneshot;
 use futures_lite::future::or;
@@ -338,7 +339,7 @@ async fn drive(shared: Rc<Shared>) {
 }
 
 /// Connects to the peer and completes the handshake.
-async fn connect(shared: &Shared) -> Result<(TcpStream, FrameReader), String> {
+async fn connect(shared: &Shared) -> Result<(Stream, FrameReader), String> {
     let addrs: Vec<_> = shared
         .peer_addr
         .as_str()
@@ -355,11 +356,17 @@ async fn connect(shared: &Shared) -> Result<(TcpStream, FrameReader), String> {
     Err(last)
 }
 
-async fn greet(shared: &Shared, mut stream: TcpStream) -> Result<(TcpStream, FrameReader), String> {
+async fn greet(shared: &Shared, tcp: TcpStream) -> Result<(Stream, FrameReader), String> {
     let config = &shared.config;
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(config.write_timeout));
-    set_tcp_keepalive(&stream);
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_write_timeout(Some(config.write_timeout));
+    set_tcp_keepalive(&tcp);
+    let mut stream = match &config.tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => tls::connect(&tls.connect, tls::host_of(&shared.peer_addr), tcp)
+            .await
+            .map_err(|e| format!("TLS handshake with {}: {e}", shared.peer_addr))?,
+    };
     let hello = Hello {
         version: frame::VERSION as u32,
         node: config.node,
@@ -368,10 +375,12 @@ async fn greet(shared: &Shared, mut stream: TcpStream) -> Result<(TcpStream, Fra
     let mut out = Vec::new();
     frame::encode(Kind::Handshake, 0, &hello, config.max_body_bytes, &mut out)
         .map_err(|e| format!("the hello does not encode: {e}"))?;
-    stream
-        .write_all(&out)
-        .await
-        .map_err(|e| format!("sending the hello failed: {e}"))?;
+    async {
+        stream.write_all(&out).await?;
+        stream.flush().await
+    }
+    .await
+    .map_err(|e| format!("sending the hello failed: {e}"))?;
     let mut frames = FrameReader::new(config.max_body_bytes);
     let answer = match frames.next(&mut stream).await {
         Ok(Some(f)) if f.kind == Kind::Handshake => f,
@@ -399,7 +408,7 @@ async fn greet(shared: &Shared, mut stream: TcpStream) -> Result<(TcpStream, Fra
 }
 
 /// Runs an established connection until it breaks or the client closes; returns why it ended.
-async fn serve(shared: &Shared, stream: TcpStream, mut frames: FrameReader) -> String {
+async fn serve(shared: &Shared, stream: Stream, mut frames: FrameReader) -> String {
     let (mut rd, mut wr) = futures_lite::io::split(stream);
     or(
         or(
@@ -453,6 +462,10 @@ async fn write_requests<W: AsyncWrite + Unpin>(shared: &Shared, wr: &mut W) -> S
         }
         std::mem::swap(&mut batch, &mut *shared.out.borrow_mut());
         if let Err(e) = wr.write_all(&batch).await {
+            return format!("writing requests failed: {e}");
+        }
+        // TLS may hold the last record until flushed (a no-op on a plain socket).
+        if let Err(e) = wr.flush().await {
             return format!("writing requests failed: {e}");
         }
         batch.clear();

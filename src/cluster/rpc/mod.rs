@@ -74,6 +74,10 @@ pub struct RpcConfig {
     pub max_in_flight_per_connection: usize,
     /// Server: one-way requests queued per connection beyond which they are dropped (and counted). Default 1024.
     pub max_one_way_queued: usize,
+    /// Both: TLS (`[cluster] peer_tls_*`): the server completes a TLS handshake before it reads the hello (within
+    /// `handshake_timeout`, counted among the connections handshaking), the client before it sends one. Default
+    /// none (plain text).
+    pub tls: Option<crate::tls::PeerTls>,
 }
 
 impl Default for RpcConfig {
@@ -95,6 +99,7 @@ impl Default for RpcConfig {
             max_connections: 256,
             max_in_flight_per_connection: 1024,
             max_one_way_queued: 1024,
+            tls: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use super::{
 };
 use crate::cluster::within;
 use crate::ops::{self, OpError, OpResult, Reply};
+use crate::tls::{self, Stream};
 use event_listener::Event;
 use futures_lite::future::or;
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -360,11 +361,10 @@ impl Conn {
     }
 }
 
-async fn serve_connection(shared: Rc<Shared>, stream: TcpStream, handshaking: Handshaking) {
+async fn serve_connection(shared: Rc<Shared>, tcp: TcpStream, handshaking: Handshaking) {
     let _open = OpenConnection(shared.clone());
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
-    let (mut rd, mut wr) = futures_lite::io::split(stream);
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_write_timeout(Some(shared.config.write_timeout));
     // Until the hello is accepted, nothing larger than a hello is read: a stranger costs a few KiB at most.
     let mut frames = FrameReader::new(shared.config.max_hello_bytes);
     let stopped = || async {
@@ -375,7 +375,23 @@ async fn serve_connection(shared: Rc<Shared>, stream: TcpStream, handshaking: Ha
     let eviction = handshaking.eviction.clone();
     let greeted = async {
         let timeout = shared.config.handshake_timeout;
-        let greeting = handshake(&shared, handshaking, &mut frames, &mut rd, &mut wr);
+        // The TLS handshake (if any) and the hello share the timeout and the place among connections handshaking.
+        let greeting = async {
+            let stream = match &shared.config.tls {
+                None => Stream::Plain(tcp),
+                Some(tls) => tls::accept(&tls.accept, tcp)
+                    .await
+                    .map_err(|e| format!("TLS handshake failed: {e}"))?,
+            };
+            let (mut rd, mut wr) = futures_lite::io::split(stream);
+            match handshake(&shared, handshaking, &mut frames, &mut rd, &mut wr).await {
+                Ok(accepted) => Ok((accepted, rd, wr)),
+                Err(why) => {
+                    let _ = wr.close().await;
+                    Err(why)
+                }
+            }
+        };
         within(timeout, greeting)
             .await
             .unwrap_or_else(|| Err(format!("no hello within {timeout:?}")))
@@ -386,12 +402,11 @@ async fn serve_connection(shared: Rc<Shared>, stream: TcpStream, handshaking: Ha
     };
     let greeting = or(greeted, or(evicted, async { Err(stopped().await) })).await;
     shared.bump(|s| s.handshake_read_bytes += frames.received());
-    let (peer, _slot) = match greeting {
+    let ((peer, _slot), mut rd, mut wr) = match greeting {
         Ok(accepted) => accepted,
         Err(why) => {
             shared.bump(|s| s.handshakes_failed += 1);
             debug!("node RPC: handshake failed: {why}");
-            let _ = wr.close().await;
             return;
         }
     };
@@ -453,9 +468,12 @@ async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let mut out = Vec::new();
     frame::encode(Kind::Handshake, frame.id, &welcome, usize::MAX, &mut out)
         .map_err(|e| format!("the welcome does not encode: {e}"))?;
-    wr.write_all(&out)
-        .await
-        .map_err(|e| format!("writing the welcome failed: {e}"))?;
+    async {
+        wr.write_all(&out).await?;
+        wr.flush().await
+    }
+    .await
+    .map_err(|e| format!("writing the welcome failed: {e}"))?;
     verdict
 }
 
@@ -582,6 +600,10 @@ async fn write_replies<W: AsyncWrite + Unpin>(conn: &Conn, wr: &mut W) -> String
             }
         }
         if let Err(e) = wr.write_all(&batch).await {
+            return format!("writing replies failed: {e}");
+        }
+        // TLS may hold the last record until flushed (a no-op on a plain socket).
+        if let Err(e) = wr.flush().await {
             return format!("writing replies failed: {e}");
         }
         conn.in_flight.set(conn.in_flight.get() - slots);

@@ -188,6 +188,7 @@ fn every_reply() -> Vec<ReplyBody> {
         connections_open: 2,
         connections_refused: 3,
         connections_timed_out: 4,
+        tls_handshakes_failed: 6,
         mesh_full: 5,
         journal_wait: latency,
         journal_records: records,
@@ -1160,5 +1161,102 @@ fn a_reply_whose_connection_closed_goes_to_the_servers_undeliverable_hook() {
         );
         assert!(matches!(u.reply, Reply::Probed(_)));
         assert_eq!(server.stats().undelivered, 1);
+    });
+}
+
+/// Node RPC's TLS from a test PKI (ca, cert, key): the accepting end (requiring a client certificate when
+/// `client_auth`), and the connecting end (presenting its certificate when `identity`).
+fn peer_tls(
+    pki: &(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf),
+    client_auth: bool,
+    identity: bool,
+) -> crate::tls::PeerTls {
+    use crate::tls::{client_config, server_config, ALPN_NODE_RPC};
+    let (ca, cert, key) = pki;
+    crate::tls::PeerTls {
+        accept: server_config(
+            cert,
+            key,
+            ALPN_NODE_RPC,
+            client_auth.then_some(ca.as_path()),
+        )
+        .unwrap(),
+        connect: client_config(
+            ca,
+            Some(ALPN_NODE_RPC),
+            identity.then_some((cert.as_path(), key.as_path())),
+        )
+        .unwrap(),
+    }
+}
+
+#[test]
+fn over_tls_calls_go_through_and_a_plain_a_certificate_less_or_a_foreign_ca_peer_is_refused() {
+    on_executor(async {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::tls::tests::write_test_pki(dir.path());
+        let tls = peer_tls(&pki, true, true);
+        let tls_config = |node| RpcConfig {
+            tls: Some(tls.clone()),
+            ..config(node)
+        };
+        let (server, _, _) = server_with(tls_config(1), "127.0.0.1:0", false);
+        let addr = server.local_addr().to_string();
+
+        // Both ends with the cluster's CA and certificates: calls, many at once, as over plain text.
+        let client = RpcClient::new(addr.clone(), 1, tls_config(2));
+        assert_eq!(replayed_offset(client.call(3, replay(9)).await), (9, 3));
+        let calls: Vec<_> = (0..50).map(|i| client.call(0, replay(i))).collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(replayed_offset(call.await).0, i as u64);
+        }
+        assert!(client.is_connected());
+        drop(client);
+
+        // A peer speaking plain text never gets a welcome.
+        let plain = RpcClient::new(addr.clone(), 1, config(2));
+        let r = plain.call(0, replay(1)).await;
+        assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
+        drop(plain);
+
+        // A peer without a client certificate is refused in the handshake.
+        let other = tempfile::tempdir().unwrap();
+        let no_cert = RpcClient::new(
+            addr.clone(),
+            1,
+            RpcConfig {
+                tls: Some(crate::tls::PeerTls {
+                    connect: peer_tls(&pki, true, false).connect,
+                    ..tls.clone()
+                }),
+                ..config(2)
+            },
+        );
+        let r = no_cert.call(0, replay(1)).await;
+        assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
+        drop(no_cert);
+
+        // A peer whose CA is another one does not trust this server (and would not be trusted by it).
+        let foreign = RpcClient::new(
+            addr.clone(),
+            1,
+            RpcConfig {
+                tls: Some(peer_tls(
+                    &crate::tls::tests::write_test_pki(other.path()),
+                    true,
+                    true,
+                )),
+                ..config(2)
+            },
+        );
+        let r = foreign.call(0, replay(1)).await;
+        assert!(is_unavailable(&r, "TLS handshake"), "{r:?}");
+        drop(foreign);
+
+        eventually("every refused handshake is counted", || {
+            server.stats().handshakes_failed >= 3
+        })
+        .await;
+        assert_eq!(server.stats().requests, 51);
     });
 }
