@@ -158,6 +158,10 @@ pub struct Config {
     pub tls_cert_file: Option<PathBuf>,
     /// The private key of `tls_cert_file` (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key_file: Option<PathBuf>,
+    /// TLS listener: connections in their handshake at once on one core, beyond which the oldest is closed for a
+    /// new one (a handshake holds up to 64 KiB of what its client sent, and a real client completes it at once).
+    /// Default 128.
+    pub max_tls_handshakes_per_core: usize,
     /// Most records (or receipt handles) in one batch request; more is `413 batch_too_large`. Default 1000.
     pub max_batch_records: usize,
     /// Largest batch request body; more is `413 batch_too_large`. Default 16 MiB.
@@ -242,6 +246,7 @@ impl Default for Config {
             peer_token: None,
             tls_cert_file: None,
             tls_key_file: None,
+            max_tls_handshakes_per_core: 128,
             tls: None,
             peer_tls: None,
             max_batch_records: 1000,
@@ -338,14 +343,11 @@ impl Config {
         let Some(cluster) = &self.cluster else {
             return Ok(());
         };
-        let cert = cluster
-            .peer_tls_cert_file
-            .as_ref()
-            .or(self.tls_cert_file.as_ref());
-        let key = cluster
-            .peer_tls_key_file
-            .as_ref()
-            .or(self.tls_key_file.as_ref());
+        let (cert, key) = match (&cluster.peer_tls_cert_file, &cluster.peer_tls_key_file) {
+            (Some(cert), Some(key)) => (Some(cert), Some(key)),
+            (None, None) => (self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
+            _ => return Err("--peer-tls-cert-file and --peer-tls-key-file go together".into()),
+        };
         let Some(ca) = &cluster.peer_tls_ca_file else {
             if cluster.peer_tls_cert_file.is_some()
                 || cluster.peer_tls_key_file.is_some()
@@ -359,9 +361,9 @@ impl Config {
             return Err("node RPC over TLS needs this node's certificate and key: --peer-tls-cert-file and --peer-tls-key-file (or --tls-cert-file and --tls-key-file)".into());
         };
         let client_ca = cluster.peer_tls_client_auth.then_some(ca.as_path());
-        let identity = cluster
-            .peer_tls_client_auth
-            .then_some((cert.as_path(), key.as_path()));
+        // Presented whenever a peer asks, whether or not this node asks its peers: `peer_tls_client_auth` can then
+        // be turned on one node at a time.
+        let identity = Some((cert.as_path(), key.as_path()));
         self.peer_tls = Some(tls::PeerTls {
             accept: tls::server_config(cert, key, tls::ALPN_NODE_RPC, client_ca)?,
             connect: tls::client_config(ca, Some(tls::ALPN_NODE_RPC), identity)?,
@@ -465,6 +467,9 @@ impl Config {
         if self.cores == Some(0) {
             return Err("cores must be at least 1".into());
         }
+        if self.max_tls_handshakes_per_core == 0 {
+            return Err("max_tls_handshakes_per_core must be at least 1".into());
+        }
         Ok(())
     }
 }
@@ -565,9 +570,9 @@ mod tests {
             .resolve_auth()
             .unwrap_err()
             .contains("--peer-tls-cert-file"));
-        let cluster = c.cluster.as_mut().unwrap();
-        cluster.peer_tls_cert_file = Some(cert);
-        cluster.peer_tls_key_file = Some(key);
+        c.cluster.as_mut().unwrap().peer_tls_cert_file = Some(cert);
+        assert!(c.resolve_auth().unwrap_err().contains("go together"));
+        c.cluster.as_mut().unwrap().peer_tls_key_file = Some(key);
         c.resolve_auth().unwrap();
         assert!(c.tls.is_none() && c.peer_tls.is_some());
         // A file that is not PEM is named.

@@ -9,8 +9,10 @@
 //!   and the host the peer is published under, and with `peer_tls_client_auth` the accepting node requires a
 //!   certificate from its peer too, signed by the same CA.
 //! - The handshake runs within the limits that bound a connection before it is authenticated: the HTTP header-read
-//!   deadline, node RPC's handshake timeout and its cap on connections still handshaking. rustls itself never buffers
-//!   more than one TLS record (16 KiB and its overhead) of what a peer sends before the handshake completes.
+//!   deadline and `max_tls_handshakes_per_core`, node RPC's handshake timeout and its cap on connections still
+//!   handshaking. Before the handshake completes, rustls holds at most one handshake message of what a peer sends
+//!   (it reassembles up to 64 KiB), hence the caps on connections handshaking at once.
+//! - No session resumption (no shared session cache, no tickets): a reconnecting client pays a full handshake.
 
 use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
@@ -200,6 +202,10 @@ pub fn server_config(
             )
         })?;
     config.alpn_protocols = vec![alpn.to_vec()];
+    // No session resumption: its cache is one lock shared by every core (one config serves them all), and its
+    // tickets would be kept for clients that hold their connections open anyway.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
 }
 

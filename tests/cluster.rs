@@ -708,7 +708,13 @@ fn with_tls_everywhere_messages_cross_nodes_and_a_plain_peer_is_refused() {
     .expect("encodes");
     let _ = raw.write_all(&frame);
     let mut answer = Vec::new();
+    let started = Instant::now();
     let _ = raw.read_to_end(&mut answer);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "node RPC held a plain-text hello for {:?} instead of closing it",
+        started.elapsed()
+    );
     assert!(
         !answer.windows(4).any(|w| w == b"BRPC"),
         "node RPC answered plain text: {answer:?}"

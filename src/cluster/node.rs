@@ -738,3 +738,61 @@ impl NodeLink for RpcNodes {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::test_etcd::{run, start_etcd};
+
+    #[test]
+    fn a_change_whose_replica_lags_answers_503_within_the_bound_and_lands_once_it_catches_up() {
+        let Some(etcd) = start_etcd(
+            "a_change_whose_replica_lags_answers_503_within_the_bound_and_lands_once_it_catches_up",
+        ) else {
+            return;
+        };
+        run(async {
+            let store = || {
+                Metastore::new(MetaConfig::new(vec![etcd.url.clone()], "test").unwrap()).unwrap()
+            };
+            let meta = store();
+            let _node = meta
+                .register(NodeSpec {
+                    id: "n1".into(),
+                    advertise: "n1.local:8080".into(),
+                    peer_addr: "n1.local:9090".into(),
+                    cores: 2,
+                })
+                .await
+                .unwrap();
+            let replica = Rc::new(meta.replica().await.unwrap());
+            let metadata = EtcdMetadata {
+                meta: meta.clone(),
+                replica: replica.clone(),
+            };
+            // The replica's watch is held: the topic is created in etcd, and the answer waits for this node's copy
+            // only as long as the bound, the admin permit with it.
+            replica.hold(true);
+            let mut config = TopicConfig::with_defaults("lagging");
+            config.partitions = 2;
+            let started = std::time::Instant::now();
+            let e = metadata.create_topic(config.clone()).await.unwrap_err();
+            let waited = started.elapsed();
+            assert!(
+                matches!(&e, EngineError::TopicUnavailable(why) if why.contains("did not reach it")),
+                "{e:?}"
+            );
+            assert!(
+                waited >= CAUGHT_UP_TIMEOUT && waited < CAUGHT_UP_TIMEOUT + Duration::from_secs(3),
+                "answered after {waited:?}"
+            );
+            // The change is in the metastore: once the replica follows again, the same request answers it
+            // (created by the first call, so `false`) with the placement.
+            replica.hold(false);
+            let (created, placed, locations) = metadata.create_topic(config).await.unwrap();
+            assert!(!created);
+            assert_eq!(placed.partitions, 2);
+            assert_eq!(locations.len(), 2);
+        });
+    }
+}

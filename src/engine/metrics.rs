@@ -157,6 +157,8 @@ pub struct CoreMetrics {
     pub connections_timed_out: Cell<u64>,
     /// TLS listener: connections closed because their handshake failed or did not finish in time.
     pub tls_handshakes_failed: Cell<u64>,
+    /// TLS listener: connections closed in their handshake to make room for a newer one.
+    pub tls_handshakes_evicted: Cell<u64>,
     /// Cross-core sends refused because the channel was full.
     pub mesh_full: Cell<u64>,
     /// Time from a frontier's first move to its file being durable.
@@ -242,6 +244,7 @@ pub struct CoreStats {
     pub connections_refused: u64,
     pub connections_timed_out: u64,
     pub tls_handshakes_failed: u64,
+    pub tls_handshakes_evicted: u64,
     pub mesh_full: u64,
     pub journal_wait: Latency,
     pub journal_records: Counts,
@@ -325,7 +328,7 @@ type CoreSeries = (
 /// Renders every core's snapshot as Prometheus text exposition.
 pub fn render(stats: &[CoreStats]) -> String {
     let mut out = String::with_capacity(4096);
-    let core_series: [CoreSeries; 9] = [
+    let core_series: [CoreSeries; 10] = [
         (
             "connections_open",
             "client connections open",
@@ -349,6 +352,12 @@ pub fn render(stats: &[CoreStats]) -> String {
             "TLS listener: connections closed because their handshake failed or did not finish in time",
             "counter",
             |s| s.tls_handshakes_failed,
+        ),
+        (
+            "tls_handshakes_evicted_total",
+            "TLS listener: connections closed in their handshake for a newer one (max_tls_handshakes_per_core)",
+            "counter",
+            |s| s.tls_handshakes_evicted,
         ),
         (
             "mesh_full_total",

@@ -592,6 +592,7 @@ impl Engine {
             connections_refused: m.connections_refused.get(),
             connections_timed_out: m.connections_timed_out.get(),
             tls_handshakes_failed: m.tls_handshakes_failed.get(),
+            tls_handshakes_evicted: m.tls_handshakes_evicted.get(),
             mesh_full: m.mesh_full.get(),
             journal_wait: m.journal_wait.borrow().clone(),
             journal_records: m.journal_records.borrow().clone(),

@@ -93,11 +93,6 @@ impl Front {
     /// Cluster mode: asks core 0 to look a topic up in the metastore (and open it here); true if it exists now and
     /// the request that failed for want of it may be run again.
     pub async fn lookup_topic(&self, name: &str, fresh: bool) -> bool {
-        // A consume that found its group deleted under it: this node already read the topic from the metastore,
-        // and running the consume again would create the group anew (a first consume does).
-        if self.group_gone.borrow_mut().take().as_deref() == Some(name) {
-            return false;
-        }
         let router = self.router();
         router
             .call(

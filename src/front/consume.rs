@@ -164,10 +164,10 @@ impl Front {
     }
 
     /// The group of a running consume was deleted (found gone at an owner, or in this node's settings after a
-    /// wake-up): its answer is `group_not_found`. In cluster mode this node first reads the topic from the
-    /// metastore (an owner on another node may have seen the deletion first), and the consume is marked as not to
-    /// be run again (`Front::lookup_topic`): run again, it would be a first consume and create the group anew, at the
-    /// oldest offset, delivering the whole backlog again.
+    /// wake-up): its answer is `group_not_found`, as `OpError::GroupDeleted`, which the HTTP layer does not run again
+    /// (run again, it would be a first consume and create the group anew, at the oldest offset, delivering the whole
+    /// backlog again). In cluster mode this node first reads the topic from the metastore (an owner on another node
+    /// may have seen the deletion first).
     async fn group_deleted(&self, params: &ConsumeParams) -> OpError {
         if self.engine().clustered() {
             let router = self.router();
@@ -175,14 +175,11 @@ impl Front {
             if let Err(e) = router.call(router.core(0), lookup).await {
                 warn!(topic = %params.topic, error = %e, "cannot read a topic from the metastore after its group was deleted");
             }
-            // Set after the last await: the HTTP layer's look-up comes next on this core, before any other task.
-            *self.group_gone.borrow_mut() = Some(params.topic.clone());
         }
-        EngineError::GroupNotFound {
+        OpError::GroupDeleted {
             topic: params.topic.clone(),
             group: params.group.clone(),
         }
-        .into()
     }
 
     /// One round: this core's partitions, then the other owning cores' from a rotating start, until `max` are

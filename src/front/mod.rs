@@ -1,8 +1,7 @@
 //! The front: what the core that took a client's request does for it. It resolves partitions (a key's, a
 //! round-robin one, the partitions of a batch), splits a request by owner, sends each part through the `Router`,
 //! merges the answers in request order, and for a queue-style consume gathers from this core, then the others, then
-//! parks. One `Front` per core; it holds no state of its own beyond what the engine keeps for parked consumers, and
-//! one note for the HTTP layer's cluster retry (`group_gone`).
+//! parks. One `Front` per core; it holds no state of its own beyond what the engine keeps for parked consumers.
 
 pub mod admin;
 pub mod consume;
@@ -12,24 +11,16 @@ pub mod settle;
 
 use crate::engine::Engine;
 use crate::transport::Router;
-use std::cell::RefCell;
 use std::rc::Rc;
 
 /// One core's front.
 pub struct Front {
     router: Rc<Router>,
-    /// Cluster mode: the topic of a consume on this core that just answered `group_not_found` because its group
-    /// was deleted under it (`consume.rs`, `group_deleted`); taken by the next `lookup_topic`, which then declines
-    /// the HTTP layer's retry.
-    group_gone: RefCell<Option<String>>,
 }
 
 impl Front {
     pub fn new(router: Rc<Router>) -> Rc<Front> {
-        Rc::new(Front {
-            router,
-            group_gone: RefCell::new(None),
-        })
+        Rc::new(Front { router })
     }
 
     pub fn engine(&self) -> &Rc<Engine> {

@@ -13,7 +13,7 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::os::unix::io::AsRawFd;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes read per socket read.
 const READ_CHUNK: usize = 16 << 10;
@@ -158,7 +158,15 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                 close_after_error(&mut plain, watch, &out, config.max_header_bytes).await;
                 return;
             }
+            let (handshaking, cut) =
+                table.start_handshake(&registration, config.max_tls_handshakes_per_core);
+            if cut > 0 {
+                let m = core.metrics();
+                m.tls_handshakes_evicted
+                    .set(m.tls_handshakes_evicted.get() + cut as u64);
+            }
             let accepted = crate::tls::accept(tls, tcp).await;
+            drop(handshaking);
             watch.writing.set(false);
             match accepted {
                 Ok(stream) if !watch.expired.get() => stream,
@@ -203,10 +211,15 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     let response = if is_long_poll(&req) {
                         // A long-poll whose client hangs up must not go on to lease a message nobody will read.
                         let work = std::pin::pin!(routes::handle(&front, req));
-                        match unless_hung_up(&stream, work).await {
+                        let response = match unless_hung_up(&mut stream, &mut buf, work).await {
                             Some(response) => response,
                             None => return,
+                        };
+                        // Over TLS the watch may have read the start of the next request.
+                        if request_started_ms.is_none() && !buf.is_empty() {
+                            request_started_ms = Some(now_ms());
                         }
+                        response
                     } else {
                         routes::handle(&front, req).await
                     };
@@ -291,8 +304,16 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                 bump_timed_out(&core);
                 Response::error(408, "request_timeout", "request not received in time")
                     .encode(true, &mut out);
-                let _ = stream.write_all(&out).await;
-                let _ = stream.flush().await;
+                // The sweeper has cut this connection already and will not again: the write has its own bound.
+                let _ = glommio::timer::timeout(
+                    Duration::from_millis(config.write_timeout_ms),
+                    async {
+                        stream.write_all(&out).await?;
+                        stream.flush().await?;
+                        Ok(())
+                    },
+                )
+                .await;
             }
             return;
         }
@@ -343,11 +364,17 @@ async fn close_after_error(
     out: &[u8],
     max_body: usize,
 ) {
-    if stream.write_all(out).await.is_err() {
+    // Bounded (the sweeper may have cut this connection already, and then does not again): the answer, then a
+    // flush, TLS's close_notify and the end of the sending side.
+    let sent = glommio::timer::timeout(Duration::from_millis(LINGER_MS), async {
+        stream.write_all(out).await?;
+        stream.close().await?;
+        Ok(())
+    })
+    .await;
+    if sent.is_err() {
         return;
     }
-    // Flushes, sends TLS's close_notify, and shuts the sending side.
-    let _ = stream.close().await;
     watch.deadline_ms.set(now_ms() + LINGER_MS);
     let limit = max_body.saturating_mul(2).max(1 << 20);
     let mut sink = vec![0u8; READ_CHUNK];
@@ -368,27 +395,38 @@ fn is_long_poll(req: &request::Request) -> bool {
             .is_some_and(|v| crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0))
 }
 
-/// Runs `work` unless the client closes its side first (EOF seen by a peek), in which case `work` is dropped —
-/// cancelling a parked consume before it leases anything — and None is returned. Pipelined bytes that arrive
-/// meanwhile stay in the socket for the next request.
+/// Runs `work` unless the client closes its side first, in which case `work` is dropped — cancelling a parked
+/// consume before it leases anything — and None is returned. Plain text: the end is seen by a peek, and pipelined
+/// bytes that arrive meanwhile stay in the socket for the next request. TLS: a client that closes cleanly sends an
+/// encrypted close_notify before its end, which only rustls can read, so the watch reads through it: the end (or an
+/// error) is a hang-up; what it reads instead (a pipelined request) goes into `buf` for the next request, and the
+/// watch stops.
 async fn unless_hung_up(
-    stream: &Stream,
+    stream: &mut Stream,
+    buf: &mut ReadBuf,
     mut work: std::pin::Pin<&mut impl std::future::Future<Output = Response>>,
 ) -> Option<Response> {
-    let hangup = async {
-        let mut probe = [0u8; 1];
-        // The socket itself: over TLS, bytes still to decrypt are not a hang-up, and the socket's end is one.
-        match stream.tcp().peek(&mut probe).await {
-            Ok(0) | Err(_) => None,
-            Ok(_) => futures_lite::future::pending().await,
-        }
-    };
     // Pinned by the caller and polled in place: the routes' future is large, and moving it (into a box or the
     // combinator) cost a memcpy per consume.
     // Most consumes find a message at once: they need no hang-up watch (a peek and its cancel on the ring).
     if let Some(response) = futures_lite::future::poll_once(work.as_mut()).await {
         return Some(response);
     }
+    let hangup = async {
+        if stream.is_tls() {
+            // Cancel-safe: bytes taken off the socket stay in rustls (or in glommio's pending read).
+            match stream.read(buf.spare()).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.filled(n),
+            }
+        } else {
+            let mut probe = [0u8; 1];
+            if let Ok(0) | Err(_) = stream.tcp().peek(&mut probe).await {
+                return None;
+            }
+        }
+        futures_lite::future::pending().await
+    };
     futures_lite::future::or(async { Some(work.await) }, hangup).await
 }
 

@@ -4,7 +4,7 @@
 
 use super::request::{query_pairs, Request};
 use super::response::Response;
-use super::status::{error_response, status_of};
+use super::status::{error_response, lookup_first, status_of};
 use crate::duration::format_ms;
 use crate::engine::topic::{validate_name, TopicConfig};
 use crate::front::Front;
@@ -32,18 +32,16 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
 /// ago, its replica not there yet) is looked up in the metastore before the answer is `404`.
 pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     if !front.engine().clustered() || req.method == "PUT" {
-        return handle_once(front, req).await;
+        return handle_once(front, req).await.0;
     }
     // Boxed here, so the single-node path above holds one `handle_once` in place and no more.
     let again = req.clone();
-    let response = Box::pin(handle_once(front, req)).await;
-    let says = |code: &[u8]| response.body.windows(code.len()).any(|w| w == code);
+    let (response, lookup) = Box::pin(handle_once(front, req)).await;
     // A group created through another node a moment ago may not be in this node's replica either: then the
-    // metastore itself is read.
-    let fresh = says(b"group_not_found");
-    if response.status != 404 || !(fresh || says(b"topic_not_found")) {
+    // metastore itself is read (`fresh`).
+    let Some(fresh) = lookup else {
         return response;
-    }
+    };
     let name = match TopicRoute::of(&again.path) {
         Some(
             TopicRoute::Topic(name)
@@ -58,13 +56,15 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     };
     match name {
         Some(name) if front.lookup_topic(&name, fresh).await => {
-            Box::pin(handle_once(front, again)).await
+            Box::pin(handle_once(front, again)).await.0
         }
         _ => response,
     }
 }
 
-async fn handle_once(front: &Rc<Front>, mut req: Request) -> Response {
+/// The answer, and for an error that says a topic or group is missing, whether to look it up and run the request
+/// again (`status::lookup_first`).
+async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<bool>) {
     let method = req.method;
     let path = req.path.as_str();
     let topic_route = TopicRoute::of(path);
@@ -75,18 +75,24 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> Response {
         (_, Some(TopicRoute::Groups(_))) => "GET",
         (_, Some(TopicRoute::Group(..))) => "GET, PUT, DELETE",
         (_, Some(TopicRoute::Redrive(_))) => "POST",
-        _ => return Response::error(404, "not_found", &format!("no route for {path}")),
+        _ => {
+            return (
+                Response::error(404, "not_found", &format!("no route for {path}")),
+                None,
+            )
+        }
     };
     if !allowed.split(", ").any(|m| m == method) {
-        return Response::error(
+        let refused = Response::error(
             405,
             "method_not_allowed",
             &format!("{path} allows {allowed}"),
         )
         .with_header("allow", allowed);
+        return (refused, None);
     }
     if let Some(refused) = refuse(front, &req) {
-        return refused;
+        return (refused, None);
     }
     let query = Query::new(std::mem::take(&mut req.query));
     let limits = batch_limits(front);
@@ -110,7 +116,10 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> Response {
         "/extend" => settle(front, Verb::Extend, &query, &req.body, &limits).await,
         _ => Box::pin(admin(front, method, path, topic_route, &query)).await,
     };
-    result.unwrap_or_else(|e| error_response(&e))
+    match result {
+        Ok(response) => (response, None),
+        Err(e) => (error_response(&e), lookup_first(&e)),
+    }
 }
 
 /// The routes off the data path: metrics, listings and topic and group administration.

@@ -18,6 +18,22 @@ pub fn status_of(e: &OpError) -> (u16, &'static str) {
         OpError::BatchTooLarge(_) => (413, "batch_too_large"),
         OpError::PartitionUnavailable(_) => (503, "partition_unavailable"),
         OpError::Engine(e) => engine_status(e),
+        OpError::GroupDeleted { .. } => (404, "group_not_found"),
+    }
+}
+
+/// Cluster mode: whether a request that failed with `e` may be run again after its topic is looked up in the
+/// metastore (the topic, or a group of it, created through another node a moment ago and not in this node's replica
+/// yet), and if so whether the look-up must read the metastore even for a topic this node knows (`true`: a group is
+/// missing). None: the error is not about a missing topic or group, or it is final (`OpError::GroupDeleted`).
+pub fn lookup_first(e: &OpError) -> Option<bool> {
+    match e {
+        OpError::Engine(EngineError::TopicNotFound(_) | EngineError::Stale(_)) => Some(false),
+        OpError::Engine(
+            EngineError::GroupNotFound { .. }
+            | EngineError::Partition(PartitionError::GroupNotFound(_)),
+        ) => Some(true),
+        _ => None,
     }
 }
 
@@ -86,5 +102,36 @@ mod tests {
             status_of(&EngineError::Stale("gone".into()).into()),
             (404, "topic_not_found")
         );
+    }
+
+    #[test]
+    fn a_missing_topic_or_group_is_looked_up_but_a_group_deleted_under_a_consume_is_final() {
+        let group = |topic: &str| EngineError::GroupNotFound {
+            topic: topic.into(),
+            group: "g".into(),
+        };
+        assert_eq!(
+            lookup_first(&EngineError::TopicNotFound("t".into()).into()),
+            Some(false)
+        );
+        assert_eq!(
+            lookup_first(&EngineError::Stale("t".into()).into()),
+            Some(false)
+        );
+        assert_eq!(lookup_first(&group("t").into()), Some(true));
+        assert_eq!(
+            lookup_first(&PartitionError::GroupNotFound("g".into()).into()),
+            Some(true)
+        );
+        let deleted = OpError::GroupDeleted {
+            topic: "t".into(),
+            group: "g".into(),
+        };
+        assert_eq!(lookup_first(&deleted), None);
+        // Answered as any missing group is, body included.
+        let (a, b) = (error_response(&deleted), error_response(&group("t").into()));
+        assert_eq!((a.status, &a.body), (b.status, &b.body));
+        assert_eq!(lookup_first(&EngineError::Overloaded.into()), None);
+        assert_eq!(lookup_first(&OpError::InvalidTopic("x".into())), None);
     }
 }

@@ -27,6 +27,11 @@ pub enum OpError {
     PartitionUnavailable(String),
     /// The engine's (and partition's) errors.
     Engine(EngineError),
+    /// 404 group_not_found, as `EngineError::GroupNotFound`: a consume whose group was deleted while it ran. Made
+    /// by the front of the node that took the request, never sent over node RPC; unlike a group this node has not
+    /// heard of yet, the HTTP layer does not run the consume again after a metastore look-up (run again, it would be
+    /// a first consume and create the group anew, at the oldest offset).
+    GroupDeleted { topic: String, group: String },
 }
 
 impl std::fmt::Display for OpError {
@@ -45,6 +50,11 @@ impl std::fmt::Display for OpError {
             Self::BatchTooLarge(why) => write!(f, "{why}"),
             Self::PartitionUnavailable(why) => write!(f, "{why}"),
             Self::Engine(e) => write!(f, "{e}"),
+            Self::GroupDeleted { topic, group } => EngineError::GroupNotFound {
+                topic: topic.clone(),
+                group: group.clone(),
+            }
+            .fmt(f),
         }
     }
 }

@@ -189,6 +189,7 @@ fn every_reply() -> Vec<ReplyBody> {
         connections_refused: 3,
         connections_timed_out: 4,
         tls_handshakes_failed: 6,
+        tls_handshakes_evicted: 7,
         mesh_full: 5,
         journal_wait: latency,
         journal_records: records,
