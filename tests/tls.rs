@@ -49,26 +49,7 @@ fn metric(server: &Server, name: &str) -> u64 {
 fn the_api_over_https_with_curl_the_cli_and_the_client_and_nothing_else() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = pki(dir.path(), "berth");
-    let config = dir.path().join("berth.toml");
-    std::fs::write(&config, "header_read_timeout_ms = 400\n").unwrap();
-    let (cert_s, key_s, config_s) = (
-        cert.display().to_string(),
-        key.display().to_string(),
-        config.display().to_string(),
-    );
-    let server = Server::start_https(
-        1,
-        &[
-            "--tls-cert-file",
-            &cert_s,
-            "--tls-key-file",
-            &key_s,
-            "--config",
-            &config_s,
-        ],
-        &ca,
-    );
+    let (server, ca) = https_server(dir.path(), "header_read_timeout_ms = 400\n");
     let https = format!("https://127.0.0.1:{}", server.port);
 
     // The API through HTTPS: create, produce, consume, ack.
