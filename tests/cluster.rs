@@ -221,6 +221,22 @@ fn partitions(node: &Node, topic: &str) -> Vec<serde_json::Value> {
         .clone()
 }
 
+/// Waits (10 s at most) until every partition of `topic`, as `node` reports it, has committed to its end.
+fn wait_all_committed(node: &Node, topic: &str) {
+    wait_for(
+        "every partition committed to its end",
+        Duration::from_secs(10),
+        || {
+            let parts = partitions(node, topic);
+            if parts.iter().all(|e| e["committed"] == e["end_offset"]) {
+                Ok(())
+            } else {
+                Err(format!("{parts:?}"))
+            }
+        },
+    );
+}
+
 /// `berth ARGS` run to its end (bounded: 15 s): exit code and stdout.
 fn berth_cli(args: &[&str]) -> (Option<i32>, String, String) {
     use std::io::Read;
@@ -621,18 +637,7 @@ fn produced_through_every_node_consumed_exactly_once_through_one() {
         );
     }
     // Everything settled: each partition's frontier reaches its end (on its owner, reported by any node).
-    wait_for(
-        "every partition committed to its end",
-        Duration::from_secs(10),
-        || {
-            let parts = partitions(c.node(1), "everywhere");
-            if parts.iter().all(|e| e["committed"] == e["end_offset"]) {
-                Ok(())
-            } else {
-                Err(format!("{parts:?}"))
-            }
-        },
-    );
+    wait_all_committed(c.node(1), "everywhere");
 }
 
 #[test]
@@ -669,18 +674,7 @@ fn with_tls_everywhere_messages_cross_nodes_and_a_plain_peer_is_refused() {
     // Consumed and acked through one node: half of it over node RPC to the other.
     let got = drain(c.node(1), "sealed", &want);
     assert_eq!(once(&got), want);
-    wait_for(
-        "every partition committed to its end",
-        Duration::from_secs(10),
-        || {
-            let parts = partitions(c.node(0), "sealed");
-            if parts.iter().all(|e| e["committed"] == e["end_offset"]) {
-                Ok(())
-            } else {
-                Err(format!("{parts:?}"))
-            }
-        },
-    );
+    wait_all_committed(c.node(0), "sealed");
 
     // Plain HTTP to the HTTPS port: a readable refusal, not a TLS alert.
     let plain = Client::new(&format!("http://{}", c.node(0).addr()));
