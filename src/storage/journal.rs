@@ -59,7 +59,7 @@ const MAX_NAME_LEN: usize = u16::MAX as usize;
 /// change for the file system to commit): 1 MiB, or a quarter of the file size if that is less.
 const ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
-fn zero_ahead(file_bytes: u64) -> u64 {
+pub(super) fn zero_ahead(file_bytes: u64) -> u64 {
     ZERO_AHEAD_BYTES.min(file_bytes / 4).max(512)
 }
 /// Largest number of entry bytes one pass writes (further entries wait for the next pass). 8 MiB.
@@ -438,7 +438,7 @@ struct Current {
 }
 
 /// Counters for `/metrics`.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct JournalStats {
     pub syncs: u64,
     pub passes: u64,
@@ -1789,6 +1789,57 @@ mod tests {
             assert_eq!(stats.passes, 2, "c waited for d: {stats:?}");
             assert_eq!(stats.records, 4);
             journal.close().await;
+        });
+    }
+
+    /// The journal's counters count what it did: each pass, entry, record and byte, and under fsync `always` one
+    /// sync per pass; under `interval:MS`, `sync_now` syncs (and counts) once.
+    #[test]
+    fn the_counters_count_each_pass_entry_record_byte_and_sync() {
+        on_sim_disk(|storage| async move {
+            let journal = journal_with_delay(&storage, 0).await;
+            let commit = committer(&storage, &journal).await;
+            let start = journal.stats();
+            assert_eq!(start, JournalStats::default(), "nothing counted at open");
+            commit(3).await.expect("committed");
+            let one = journal.stats();
+            let entry_bytes = one.bytes;
+            assert!((HEADER_LEN as u64..4096).contains(&entry_bytes), "{one:?}");
+            assert_eq!(
+                (one.passes, one.entries, one.records, one.syncs),
+                (1, 1, 3, 1)
+            );
+            for _ in 0..4 {
+                commit(2).await.expect("committed");
+            }
+            let five = journal.stats();
+            assert_eq!(
+                (five.passes, five.entries, five.records, five.syncs),
+                (5, 5, 11, 5),
+                "{five:?}"
+            );
+            assert_eq!(five.bytes, 5 * entry_bytes, "{five:?}");
+            journal.close().await;
+
+            let interval = Journal::open(
+                storage.clone(),
+                Rc::new(crate::clock::RealClock),
+                Path::new("/sim/journal-interval"),
+                0,
+                JournalOptions {
+                    fsync: FsyncPolicy::IntervalMs(3_600_000),
+                    file_bytes: 1 << 20,
+                    commit_delay_us: 0,
+                },
+            )
+            .await
+            .expect("journal opens");
+            let commit = committer(&storage, &interval).await;
+            commit(1).await.expect("committed");
+            assert_eq!(interval.stats().syncs, 0, "interval: no sync per pass");
+            interval.sync_now().await.expect("synced");
+            assert_eq!(interval.stats().syncs, 1);
+            interval.close().await;
         });
     }
 

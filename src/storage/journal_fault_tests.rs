@@ -1226,3 +1226,124 @@ fn lying_syncs_then_a_power_cut_never_fail_a_restart_nor_return_a_wrong_record()
         });
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// A full disk, and the journal file's size.
+
+/// The journal's file system fills up: the pass that needs more zeros ahead is refused (`NoSpace`) with nothing of
+/// it in the journal, and the journal is not poisoned, because its entries land only in blocks the zeros already
+/// allocated (so neither an entry write nor the scrub after one meets the full disk); once space is back the next
+/// append takes the next offset, and a restart finds every acknowledged append and no refused one.
+#[test]
+fn a_full_journal_disk_refuses_a_pass_without_poisoning_and_appends_resume_once_space_is_back() {
+    run(async {
+        let setup = Setup {
+            file_bytes: 64 << 10,
+            ..SETUP
+        };
+        let sim = Sim::new();
+        let node = start(&sim, setup).await;
+        let book: SharedBook = Rc::default();
+        append(&node, &book, 0, (0, 0), body_of(0, 0, 0, 0))
+            .await
+            .unwrap();
+        // The journal's disk is full now: only the zeros already ahead of the position are left to write into.
+        sim.limit_space_under(journal_dir(), Some(sim.used_under(journal_dir())));
+        let mut refused = None;
+        for seq in 1..2000 {
+            let expected = node.logs[0].end_offset();
+            match append(&node, &book, 0, (0, seq), body_of(0, 0, 0, seq)).await {
+                Ok(offset) => assert_eq!(offset, expected),
+                Err(e) => {
+                    refused = Some((seq, e, expected));
+                    break;
+                }
+            }
+        }
+        let (seq, e, expected) = refused.expect("the full disk was never met");
+        assert!(
+            seq > 10,
+            "refused after {seq} appends: the zeros ahead were not used"
+        );
+        assert!(matches!(e, AppendError::NoSpace), "{e:?}");
+        assert!(
+            !node.journal.is_poisoned(),
+            "a full disk poisoned the journal (an entry write or its scrub met it)"
+        );
+        assert!(!node.logs[0].is_poisoned());
+        assert_eq!(node.logs[0].end_offset(), expected);
+        // Still full: refused again, the same way.
+        let again = append(&node, &book, 0, (0, 5000), body_of(0, 0, 0, 5000)).await;
+        assert!(matches!(again, Err(AppendError::NoSpace)), "{again:?}");
+        assert!(!node.journal.is_poisoned());
+        sim.limit_space_under(journal_dir(), None);
+        for seq in 5001..5004 {
+            let expected = node.logs[0].end_offset();
+            let body = body_of(0, 0, 0, seq);
+            let offset = append(&node, &book, 0, (0, seq), body.clone()).await;
+            assert_eq!(
+                offset.expect("space is back"),
+                expected,
+                "space is back: the next offset, no hole"
+            );
+            assert_eq!(node.logs[0].read(expected).await.unwrap().payload, body);
+        }
+        let after = book.borrow().clone();
+        assert_eq!(after.refused.len(), 2);
+        let expect = Expect {
+            books: std::slice::from_ref(&after),
+            must: &after.acked,
+            gapless: true,
+            refused_absent: true,
+        };
+        for image in [sim.power_cut(|_, _| 0), sim.process_crash()] {
+            let restarted = start(&image, setup).await;
+            check(&restarted, &expect, "full journal disk").await;
+            assert_eq!(
+                restarted.logs[0].end_offset(),
+                after.acked.len() as u64,
+                "every acknowledged append, nothing else"
+            );
+        }
+    });
+}
+
+/// However many passes a journal file takes, it never holds more than its size, the pass that crossed it and the
+/// zeros written ahead (files rotate, and the zeros ahead are extended by a fixed amount, not in proportion).
+#[test]
+fn a_journal_file_never_outgrows_its_size_a_pass_and_the_zeros_ahead() {
+    run(async {
+        let setup = Setup {
+            file_bytes: 8 << 10,
+            partitions: 2,
+            ..SETUP
+        };
+        // One append at a time, so a pass is one entry: its header, the topic and one frame of under 100 bytes.
+        let longest_pass = 512;
+        let bound = setup.file_bytes + longest_pass + journal::zero_ahead(setup.file_bytes);
+        let sim = Sim::new();
+        let node = start(&sim, setup).await;
+        let book: SharedBook = Rc::default();
+        let mut files = std::collections::BTreeSet::new();
+        for seq in 0..400 {
+            for p in 0..2 {
+                append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
+                    .await
+                    .unwrap();
+                for path in sim.paths() {
+                    if !path.starts_with(journal_dir()) {
+                        continue;
+                    }
+                    let len = sim.contents(&path).map_or(0, |c| c.len()) as u64;
+                    assert!(
+                        len <= bound,
+                        "{} is {len} bytes after {seq} appends (bound {bound})",
+                        path.display()
+                    );
+                    files.insert(path);
+                }
+            }
+        }
+        assert!(files.len() > 3, "the journal never rotated: {files:?}");
+    });
+}

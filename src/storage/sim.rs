@@ -1,8 +1,9 @@
 //! A simulated disk for tests: files live in memory with a page-cache view and a durable view; writes, syncs and
 //! segment reads can be made to fail with a chosen errno (everywhere or under one directory), syncs can lie (report
 //! success and make nothing durable) or be held in flight; `power_cut` returns the disk a power loss would leave
-//! (durable data, plus any prefix of what was written but not synced). Plugged into a partition through
-//! `storage::backend`.
+//! (durable data, plus any prefix of what was written but not synced); `limit_space_under` gives a directory a
+//! file system of its own with a capacity (a write that grows a file past it fails with ENOSPC, a write into a
+//! file's existing length never does). Plugged into a partition through `storage::backend`.
 //!
 //! What a failed sync does is modelled on Linux: the pages it should have written are dropped (marked clean), so
 //! they never reach the medium, though reads still see them until they are written again; a later sync that succeeds
@@ -140,6 +141,8 @@ struct State {
     hold_syncs: bool,
     /// Syncs waiting for `release_syncs` now.
     held_syncs: usize,
+    /// A file system of its own under this directory, holding at most this many bytes (see `limit_space_under`).
+    quota: Option<(PathBuf, u64)>,
 }
 
 /// Calls that fail: `left` more, with `errno`, of the files under `under` (every file if None).
@@ -201,6 +204,28 @@ impl State {
     /// Uses up one failing write of `path`, if one is armed for it.
     fn take_write_fault(&mut self, path: &Path) -> Option<io::Error> {
         Fault::take(&mut self.fail_writes, path)
+    }
+
+    /// Bytes the files under `dir` hold (their page-cache length: what the file system has allocated).
+    fn used_under(&self, dir: &Path) -> u64 {
+        self.files
+            .iter()
+            .filter(|(p, _)| p.starts_with(dir))
+            .map(|(_, f)| f.data.len() as u64)
+            .sum()
+    }
+
+    /// ENOSPC if `path` growing to `new_len` bytes would overfill its quota; writes inside the blocks a file has
+    /// (`new_len` no more than its length) always fit.
+    fn space_for(&self, path: &Path, new_len: usize) -> Option<io::Error> {
+        let (dir, limit) = self.quota.as_ref()?;
+        let old_len = self.files.get(path).map_or(0, |f| f.data.len());
+        if !path.starts_with(dir) || new_len <= old_len {
+            return None;
+        }
+        let used = self.used_under(dir);
+        (used - old_len as u64 + new_len as u64 > *limit)
+            .then(|| io::Error::from_raw_os_error(libc::ENOSPC))
     }
 
     /// What the next sync of `path` does (a sync of the whole file system passes `None` and meets only faults armed
@@ -268,6 +293,18 @@ impl Sim {
     /// The next `count` syncs report success and make nothing durable (a device that lies about its cache).
     pub fn lie_syncs(&self, count: u32) {
         self.state.borrow_mut().lie_syncs = count;
+    }
+
+    /// Makes the files under `dir` a file system of its own holding at most `bytes` (None: no limit): a write that
+    /// would grow a file past that fails with ENOSPC and changes nothing, a write into a file's existing length
+    /// always succeeds (its blocks are allocated), and truncating or removing files frees space.
+    pub fn limit_space_under(&self, dir: &Path, bytes: Option<u64>) {
+        self.state.borrow_mut().quota = bytes.map(|b| (dir.to_path_buf(), b));
+    }
+
+    /// Bytes the files under `dir` hold now.
+    pub fn used_under(&self, dir: &Path) -> u64 {
+        self.state.borrow().used_under(dir)
     }
 
     /// Whether a write or sync fault is still armed.
@@ -511,6 +548,9 @@ impl super::backend::ReplaceFs for SimFs<'_> {
         if let Some(e) = st.take_write_fault(path) {
             return Err(e);
         }
+        if let Some(e) = st.space_for(path, bytes.len()) {
+            return Err(e);
+        }
         self.touched.push(path.to_path_buf());
         match st.files.get_mut(path) {
             Some(f) => {
@@ -592,6 +632,10 @@ impl SegmentFile for SimSegment {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         let mut st = self.sim.state.borrow_mut();
         if let Some(e) = st.take_write_fault(&self.path) {
+            return Err(e);
+        }
+        let len = st.files.get(&self.path).map_or(0, |f| f.data.len());
+        if let Some(e) = st.space_for(&self.path, len.max(pos as usize + buf.len())) {
             return Err(e);
         }
         let f = st
