@@ -14,7 +14,8 @@ use std::time::Duration;
 pub type Sleep = Pin<Box<dyn Future<Output = ()>>>;
 
 /// Monotonic milliseconds for leases and deadlines, wall-clock milliseconds for record timestamps and retention,
-/// and sleeping until a monotonic deadline.
+/// and sleeping until a monotonic deadline; microseconds on the same monotonic clock for the journal's commit delay
+/// and its queue waits.
 pub trait Clock {
     /// Milliseconds on a monotonic clock that starts above 0 (leases never outlive the process).
     fn now_ms(&self) -> u64;
@@ -22,6 +23,10 @@ pub trait Clock {
     fn wall_ms(&self) -> u64;
     /// Resolves once `now_ms() >= deadline_ms`.
     fn sleep_until(&self, deadline_ms: u64) -> Sleep;
+    /// Microseconds on the monotonic clock of `now_ms` (`now_us() / 1000 == now_ms()`).
+    fn now_us(&self) -> u64;
+    /// Resolves once `now_us() >= deadline_us`.
+    fn sleep_until_us(&self, deadline_us: u64) -> Sleep;
 }
 
 /// The process's clocks and glommio's timers.
@@ -30,12 +35,17 @@ pub struct RealClock;
 
 /// Monotonic ms since the first call in this process, plus one (0 never appears).
 pub fn monotonic_ms() -> u64 {
+    monotonic_us() / 1000
+}
+
+/// Monotonic µs on the clock of `monotonic_ms` (since the first call in this process, plus one millisecond).
+pub fn monotonic_us() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)
         .elapsed()
-        .as_millis() as u64
-        + 1
+        .as_micros() as u64
+        + 1000
 }
 
 /// Monotonic ms from CLOCK_MONOTONIC_COARSE, plus one: the time of the last timer tick (1 to 4 ms behind), read
@@ -76,15 +86,28 @@ impl Clock for RealClock {
             }
         })
     }
+
+    fn now_us(&self) -> u64 {
+        monotonic_us()
+    }
+
+    fn sleep_until_us(&self, deadline_us: u64) -> Sleep {
+        let now = monotonic_us();
+        Box::pin(async move {
+            if deadline_us > now {
+                glommio::timer::sleep(Duration::from_micros(deadline_us - now)).await;
+            }
+        })
+    }
 }
 
-/// A clock that moves only when told (`advance`): sleepers whose deadline is reached are woken in deadline order.
-/// Single-threaded, for the simulation and unit tests.
+/// A clock that moves only when told (`advance`, `advance_us`): sleepers whose deadline is reached are woken in
+/// deadline order. Single-threaded, for the simulation and unit tests. Time is kept in microseconds.
 #[derive(Default)]
 pub struct ManualClock {
-    now_ms: Cell<u64>,
+    now_us: Cell<u64>,
     wall_offset_ms: Cell<u64>,
-    /// (deadline, sequence) → the sleeper's shared state.
+    /// (deadline in µs, sequence) → the sleeper's shared state.
     sleepers: RefCell<BTreeMap<(u64, u64), Rc<SleepState>>>,
     next_seq: Cell<u64>,
 }
@@ -96,18 +119,23 @@ struct SleepState {
 }
 
 impl ManualClock {
-    /// Starts at monotonic `1` and wall-clock `wall_start_ms`.
+    /// Starts at monotonic `1` ms and wall-clock `wall_start_ms`.
     pub fn new(wall_start_ms: u64) -> Rc<ManualClock> {
         let clock = ManualClock::default();
-        clock.now_ms.set(1);
+        clock.now_us.set(1000);
         clock.wall_offset_ms.set(wall_start_ms);
         Rc::new(clock)
     }
 
     /// Moves time forward by `ms`, waking every sleeper whose deadline is now reached.
     pub fn advance(&self, ms: u64) {
-        self.now_ms.set(self.now_ms.get() + ms);
-        let now = self.now_ms.get();
+        self.advance_us(ms * 1000);
+    }
+
+    /// Moves time forward by `us` microseconds, waking every sleeper whose deadline is now reached.
+    pub fn advance_us(&self, us: u64) {
+        self.now_us.set(self.now_us.get() + us);
+        let now = self.now_us.get();
         let due: Vec<Rc<SleepState>> = {
             let mut sleepers = self.sleepers.borrow_mut();
             let later = sleepers.split_off(&(now + 1, 0));
@@ -123,31 +151,44 @@ impl ManualClock {
         }
     }
 
-    /// The earliest deadline anyone sleeps to, if any.
+    /// The earliest deadline anyone sleeps to, if any, in ms (rounded up: advancing to it wakes that sleeper).
     pub fn next_deadline(&self) -> Option<u64> {
+        self.next_deadline_us().map(|us| us.div_ceil(1000))
+    }
+
+    /// The earliest deadline anyone sleeps to, if any, in µs.
+    pub fn next_deadline_us(&self) -> Option<u64> {
         self.sleepers.borrow().keys().next().map(|(at, _)| *at)
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.now_ms.get()
+        self.now_us.get() / 1000
     }
 
     fn wall_ms(&self) -> u64 {
-        self.wall_offset_ms.get() + self.now_ms.get()
+        self.wall_offset_ms.get() + self.now_ms()
     }
 
     fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        self.sleep_until_us(deadline_ms.saturating_mul(1000))
+    }
+
+    fn now_us(&self) -> u64 {
+        self.now_us.get()
+    }
+
+    fn sleep_until_us(&self, deadline_us: u64) -> Sleep {
         let state = Rc::new(SleepState::default());
-        if deadline_ms <= self.now_ms.get() {
+        if deadline_us <= self.now_us.get() {
             state.fired.set(true);
         } else {
             let seq = self.next_seq.get();
             self.next_seq.set(seq + 1);
             self.sleepers
                 .borrow_mut()
-                .insert((deadline_ms, seq), state.clone());
+                .insert((deadline_us, seq), state.clone());
         }
         Box::pin(ManualSleep { state })
     }

@@ -229,6 +229,8 @@ mod journal_stats {
                 records,
                 bytes,
                 checkpoints,
+                // Not on the wire (the simulation's coverage counters, not exported).
+                ..JournalStats::default()
             },
         ))
     }

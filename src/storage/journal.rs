@@ -65,15 +65,18 @@ pub(super) fn zero_ahead(file_bytes: u64) -> u64 {
 /// Largest number of entry bytes one pass writes (further entries wait for the next pass). 8 MiB.
 const MAX_PASS_BYTES: usize = 8 << 20;
 
-/// The commit delay's wait: `delay_us`, cut short when `done()` holds (the journal or log is closing), checked each
-/// time `event` fires. Returns at once when `delay_us` is 0.
-pub(super) async fn wait_for_company(event: &Event, delay_us: u64, done: impl Fn() -> bool) {
+/// The commit delay's wait: `delay_us` on `clock`, cut short when `done()` holds (the journal or log is closing),
+/// checked each time `event` fires. Returns at once when `delay_us` is 0.
+pub(super) async fn wait_for_company(
+    event: &Event,
+    clock: &dyn Clock,
+    delay_us: u64,
+    done: impl Fn() -> bool,
+) {
     if delay_us == 0 {
         return;
     }
-    let mut timer = std::pin::pin!(glommio::timer::sleep(std::time::Duration::from_micros(
-        delay_us
-    )));
+    let mut timer = clock.sleep_until_us(clock.now_us() + delay_us);
     loop {
         let listener = event.listen();
         if done() {
@@ -377,7 +380,7 @@ struct Queued {
     segment: Option<Rc<dyn SegmentFile>>,
     /// The log's write-behind buffer, when its frames may still be there (flushed before that checkpoint).
     behind: Option<Rc<Behind>>,
-    queued_at: std::time::Instant,
+    queued_at_us: u64,
     reply: oneshot::Sender<Result<(), AppendError>>,
 }
 
@@ -446,6 +449,10 @@ pub struct JournalStats {
     pub records: u64,
     pub bytes: u64,
     pub checkpoints: u64,
+    /// Passes that carried entries of several partitions' logs.
+    pub shared_passes: u64,
+    /// Times a log waited in `next_pass` for the commit delay to end before building its next entry.
+    pub next_pass_waits: u64,
 }
 
 /// Called after each pass with its record count and each entry's wait (queue + write + sync) in µs.
@@ -612,7 +619,7 @@ impl Journal {
             records,
             segment,
             behind,
-            queued_at: std::time::Instant::now(),
+            queued_at_us: self.clock.now_us(),
             reply: tx,
         });
         self.queue_event.notify(1);
@@ -659,6 +666,9 @@ impl Journal {
     /// taken. A log whose entry rode a pass of several partitions' entries builds its next one then, rather than
     /// queue it at once and leave the appends that arrive during the delay to the pass after.
     pub async fn next_pass(&self) {
+        if self.delaying.get() && !self.closed.get() {
+            self.bump(|s| s.next_pass_waits += 1);
+        }
         while self.delaying.get() && !self.closed.get() {
             let listener = self.gather_event.listen();
             if !self.delaying.get() || self.closed.get() {
@@ -666,6 +676,11 @@ impl Journal {
             }
             listener.await;
         }
+    }
+
+    /// Whether the committer is in its commit delay now (waiting for company before its next pass).
+    pub fn is_delaying(&self) -> bool {
+        self.delaying.get()
     }
 
     /// Entries the last pass carried (several: appends of several partitions share the journal's commit delay).
@@ -767,9 +782,12 @@ impl Journal {
             self.write_pass(pass).await;
             if self.last_pass_entries.get() > 1 && !self.closed.get() {
                 self.delaying.set(true);
-                wait_for_company(&self.queue_event, self.commit_delay_us(), || {
-                    self.closed.get()
-                })
+                wait_for_company(
+                    &self.queue_event,
+                    &*self.clock,
+                    self.commit_delay_us(),
+                    || self.closed.get(),
+                )
                 .await;
                 self.delaying.set(false);
                 // Logs that held their next entry back for this moment (`next_pass`) build it now: one turn of the
@@ -859,11 +877,12 @@ impl Journal {
             }
             self.bump(|s| s.syncs += 1);
         }
-        let now = std::time::Instant::now();
+        let now_us = self.clock.now_us();
         let records: u64 = pass.iter().map(|q| u64::from(q.records)).sum();
-        self.last_pass_entries
-            .set(pass.iter().filter(|q| q.segment.is_some()).count());
+        let logs = pass.iter().filter(|q| q.segment.is_some()).count();
+        self.last_pass_entries.set(logs);
         self.bump(|s| {
+            s.shared_passes += u64::from(logs > 1);
             s.passes += 1;
             s.entries += pass.len() as u64;
             s.records += records;
@@ -872,7 +891,7 @@ impl Journal {
         if let Some(observe) = self.observer.borrow().as_ref() {
             let waits: Vec<u64> = pass
                 .iter()
-                .map(|q| now.saturating_duration_since(q.queued_at).as_micros() as u64)
+                .map(|q| now_us.saturating_sub(q.queued_at_us))
                 .collect();
             observe(records, &waits);
         }

@@ -516,6 +516,7 @@ impl Log {
                     if link.journal.last_pass_entries() <= 1 {
                         journal::wait_for_company(
                             &self.queue_event,
+                            &*self.clock,
                             link.journal.commit_delay_us(),
                             || self.closed.get(),
                         )

@@ -200,6 +200,7 @@ fn every_reply() -> Vec<ReplyBody> {
             records: 4,
             bytes: 5,
             checkpoints: 6,
+            ..JournalStats::default()
         }),
         partitions: vec![("orders".into(), info_value())],
         extra: vec![],
