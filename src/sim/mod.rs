@@ -408,6 +408,8 @@ impl Oracle {
 
 /// One process: the engines and fronts of its cores, on a disk image, with its own monotonic clock.
 struct World {
+    /// The seed this world runs (for the report of a stuck operation).
+    seed: u64,
     engines: Vec<Rc<Engine>>,
     fronts: Vec<Rc<Front>>,
     net: Rc<SimNet>,
@@ -538,6 +540,7 @@ impl World {
             in_flight: Rc::new(Cell::new(0)),
             tasks,
             faults_injected: Cell::new(false),
+            seed,
             read_faults_left: Cell::new(crate::partition::MAX_READ_FAILURES - 1),
         }
     }
@@ -573,11 +576,18 @@ impl World {
             flag.set(true);
         })
         .detach();
+        let started = self.clock.now_ms();
         while !closed.get() {
             for _ in 0..40 {
                 futures_lite::future::yield_now().await;
             }
             if !closed.get() {
+                assert!(
+                    self.clock.now_ms() - started < STUCK_MS,
+                    "simulation seed {} found: the engines not closed after {STUCK_MS} ms of simulated time (a stuck writer or waiter)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
+                    self.seed,
+                    self.seed
+                );
                 self.clock.advance(1);
             }
         }
@@ -625,6 +635,7 @@ impl World {
             let value = future.await;
             *slot.borrow_mut() = Some(value);
         });
+        let started = self.clock.now_ms();
         loop {
             if let Some(value) = out.borrow_mut().take() {
                 return value;
@@ -633,6 +644,14 @@ impl World {
             if out.borrow().is_some() {
                 continue;
             }
+            // Every wait the broker has (leases, long-polls, retries, delays) is far shorter: a step still waiting
+            // after this much simulated time is stuck.
+            assert!(
+                self.clock.now_ms() - started < STUCK_MS,
+                "simulation seed {} found: an operation not answered after {STUCK_MS} ms of simulated time (a stuck writer or waiter)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
+                self.seed,
+                self.seed
+            );
             self.clock.advance(1);
         }
     }
@@ -722,6 +741,10 @@ pub async fn run_seed_here(seed: u64) {
         }
     }
 }
+
+/// Simulated time after which an operation the driver waits for (`World::complete`) counts as stuck: ten
+/// minutes, far beyond any lease, long-poll, retry or delay of the simulation's configuration.
+const STUCK_MS: u64 = 600_000;
 
 /// What the seeds run so far exercised of the journal's commit delay (the default run checks each is not 0).
 struct Coverage {
@@ -1763,7 +1786,10 @@ mod tests {
         // The journal's commit delay was exercised: passes of several partitions, logs waiting in `next_pass`, and
         // power cuts inside a delay.
         let covered = [
-            ("journal passes of several partitions", &COVERAGE.shared_passes),
+            (
+                "journal passes of several partitions",
+                &COVERAGE.shared_passes,
+            ),
             ("waits in Journal::next_pass", &COVERAGE.next_pass_waits),
             ("power cuts inside a commit delay", &COVERAGE.cuts_in_delay),
         ];
