@@ -74,6 +74,25 @@ mod tests {
         }
     }
 
+    /// Missing reads as 0 and damaged as 0, but any other read error is returned, never taken for 0 (a guessed 0
+    /// would be written back over the good file at the next flush, and everything settled would redeliver).
+    #[test]
+    fn a_missing_or_damaged_file_reads_as_0_and_any_other_error_is_returned() {
+        use crate::storage::backend::{Disk, SyncVia};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let disk = Disk::new(SyncVia::Inline);
+        let path = dir.path().join(FILE_NAME);
+        assert_eq!(read(&disk, &path).expect("missing"), 0);
+        std::fs::write(&path, encode(42)).expect("write");
+        assert_eq!(read(&disk, &path).expect("intact"), 42);
+        std::fs::write(&path, b"damaged").expect("write");
+        assert_eq!(read(&disk, &path).expect("damaged"), 0);
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::create_dir(&path).expect("a directory in its place");
+        let e = read(&disk, &path).expect_err("a directory in the file's place is an error, not 0");
+        assert_ne!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    }
+
     #[test]
     fn wrong_lengths_are_rejected() {
         assert_eq!(decode(&[]), None);
