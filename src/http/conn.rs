@@ -82,7 +82,7 @@ impl ReadBuf {
     }
 
     fn consume(&mut self, n: usize) {
-        debug_assert!(self.start + n <= self.end);
+        assert!(self.start + n <= self.end);
         self.start += n;
         if self.start == self.end {
             self.start = 0;
@@ -109,7 +109,7 @@ impl ReadBuf {
 
     fn filled(&mut self, n: usize) {
         self.end += n;
-        debug_assert!(self.end <= self.data.len());
+        assert!(self.end <= self.data.len());
     }
 
     /// An idle connection gives back what a large request made it grow to.

@@ -380,7 +380,7 @@ impl InFlight {
                 .delayed
                 .remove(&offset)
                 .expect("delay_order entry without a delayed offset");
-            debug_assert_eq!(d.ready_at_ms, ready_at_ms);
+            assert_eq!(d.ready_at_ms, ready_at_ms);
             self.make_deliverable(offset, d.delivery_count);
             deliverable += 1;
         }
@@ -449,13 +449,13 @@ impl InFlight {
             self.leases.remove(&offset);
             self.settle_at_frontier();
         } else {
-            debug_assert!(offset > self.committed);
+            assert!(offset > self.committed);
             if self.acked_ahead.len() >= self.limits.max_acked_ahead {
                 return Err(SettleError::AckedAheadFull);
             }
             self.leases.remove(&offset);
             let fresh = self.acked_ahead.insert(offset);
-            debug_assert!(fresh, "leased offset {offset} was also acked-ahead");
+            assert!(fresh, "leased offset {offset} was also acked-ahead");
         }
         Ok(self.committed)
     }
@@ -505,7 +505,7 @@ impl InFlight {
             if self.acked_ahead.len() - passed >= max {
                 self.catch_up_frontier(&mut frontier, &mut passed);
                 // A live lease is never below the frontier: everything there is settled.
-                debug_assert!(offset >= frontier);
+                assert!(offset >= frontier);
                 if offset != frontier && self.acked_ahead.len() - passed >= max {
                     results.push(Err(SettleError::AckedAheadFull));
                     continue;
@@ -513,7 +513,7 @@ impl InFlight {
             }
             self.leases.remove(&offset);
             let fresh = self.acked_ahead.insert(offset);
-            debug_assert!(fresh, "leased offset {offset} was also acked-ahead");
+            assert!(fresh, "leased offset {offset} was also acked-ahead");
             results.push(Ok(()));
         }
         self.advance_frontier();
@@ -666,7 +666,7 @@ impl InFlight {
         let kept = self.delayed.split_off(&start);
         for (offset, d) in std::mem::replace(&mut self.delayed, kept) {
             let was_there = self.delay_order.remove(&(d.ready_at_ms, offset));
-            debug_assert!(was_there, "delayed {offset} missing from delay_order");
+            assert!(was_there, "delayed {offset} missing from delay_order");
         }
         self.acked_ahead = self.acked_ahead.split_off(&start);
         self.corrupt_runs.drop_below(start);
@@ -708,7 +708,7 @@ impl InFlight {
             1
         } else {
             let prior = self.redeliver.remove(&offset);
-            debug_assert!(
+            assert!(
                 prior.is_some(),
                 "deliverable {offset} below cursor not in redeliver"
             );
@@ -791,7 +791,7 @@ impl InFlight {
     /// deliverable at `ready_at_ms` — at once if that is not after `now_ms`, else it waits
     /// in `delayed`. Returns whether it is deliverable now.
     fn release(&mut self, offset: u64, delivery_count: u32, ready_at_ms: u64, now_ms: u64) -> bool {
-        debug_assert!(!self.leases.contains_key(&offset));
+        assert!(!self.leases.contains_key(&offset));
         if ready_at_ms <= now_ms {
             self.make_deliverable(offset, delivery_count);
             return true;
@@ -803,17 +803,17 @@ impl InFlight {
                 delivery_count,
             },
         );
-        debug_assert!(prev.is_none(), "offset {offset} delayed twice");
-        debug_assert!(!self.redeliver.contains_key(&offset));
+        assert!(prev.is_none(), "offset {offset} delayed twice");
+        assert!(!self.redeliver.contains_key(&offset));
         let fresh = self.delay_order.insert((ready_at_ms, offset));
-        debug_assert!(fresh);
+        assert!(fresh);
         false
     }
 
     fn make_deliverable(&mut self, offset: u64, delivery_count: u32) {
-        debug_assert!(!self.delayed.contains_key(&offset));
+        assert!(!self.delayed.contains_key(&offset));
         let prev = self.redeliver.insert(offset, delivery_count);
-        debug_assert!(prev.is_none(), "offset {offset} was already in redeliver");
+        assert!(prev.is_none(), "offset {offset} was already in redeliver");
     }
 
     fn is_live(&self, offset: u64, nonce: u64) -> bool {
@@ -849,7 +849,7 @@ impl InFlight {
 
     /// The offset at `committed` has just been settled (its lease already removed).
     fn settle_at_frontier(&mut self) {
-        debug_assert!(self.committed < self.cursor);
+        assert!(self.committed < self.cursor);
         self.committed += 1;
         self.advance_frontier();
     }
@@ -867,7 +867,7 @@ impl InFlight {
                 break;
             }
         }
-        debug_assert!(self.committed <= self.cursor);
+        assert!(self.committed <= self.cursor);
     }
 
     /// For `ack_batch`: move the would-be frontier `frontier` (>= `committed`) over the
@@ -886,7 +886,7 @@ impl InFlight {
             // Runs are maximal and disjoint from acked-ahead, so one containing the
             // frontier starts exactly there.
             if let Some((start, end)) = self.corrupt_runs.run_at(*frontier) {
-                debug_assert_eq!(start, *frontier);
+                assert_eq!(start, *frontier);
                 *frontier = end;
             }
             if *frontier == before {
@@ -898,8 +898,8 @@ impl InFlight {
     /// Record `offset` (> committed, < cursor, not in any run) as corrupt, merging with
     /// adjacent runs so runs stay maximal.
     fn insert_corrupt(&mut self, offset: u64) {
-        debug_assert!(offset > self.committed && offset < self.cursor);
-        debug_assert!(
+        assert!(offset > self.committed && offset < self.cursor);
+        assert!(
             !self.corrupt_runs.contains(offset),
             "offset {offset} already corrupt"
         );
@@ -1017,6 +1017,19 @@ mod tests {
         assert_eq!(s.ack(ls[0].offset, ls[0].nonce, 0), Ok(3));
         assert_eq!(s.limits().max_acked_ahead, 1, "the cap is unchanged");
         s.check_invariants();
+    }
+
+    /// The invariant checks are `assert!`s, on in release builds (the suite's and the server's): a broken one
+    /// stops the core at once instead of handing out or settling from a corrupt state.
+    #[test]
+    #[should_panic(expected = "offset 1 already corrupt")]
+    fn a_broken_invariant_is_caught_in_a_release_build() {
+        let mut s = InFlight::new(0, 0, limits(8, 8));
+        for _ in 0..3 {
+            leased(s.reserve(3, 0, 100));
+        }
+        s.insert_corrupt(1);
+        s.insert_corrupt(1);
     }
 
     #[test]

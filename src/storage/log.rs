@@ -772,7 +772,7 @@ impl Log {
         }
         let mut st = self.state.borrow_mut();
         let active = st.segments.last_mut().expect("a log always has a segment");
-        debug_assert_eq!(active.positions.len(), old_positions);
+        assert_eq!(active.positions.len(), old_positions);
         active.positions.extend_from_slice(&positions);
         active.len = end;
         active.zeroed_to = new_zeroed_to;
