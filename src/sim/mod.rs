@@ -582,12 +582,7 @@ impl World {
                 futures_lite::future::yield_now().await;
             }
             if !closed.get() {
-                assert!(
-                    self.clock.now_ms() - started < STUCK_MS,
-                    "simulation seed {} found: the engines not closed after {STUCK_MS} ms of simulated time (a stuck writer or waiter)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
-                    self.seed,
-                    self.seed
-                );
+                self.check_not_stuck(started, "the engines not closed");
                 self.clock.advance(1);
             }
         }
@@ -595,6 +590,17 @@ impl World {
         for _ in 0..50 {
             futures_lite::future::yield_now().await;
         }
+    }
+
+    /// Fails the seed when what the driver waits for (`what`) is still pending `STUCK_MS` of simulated time after
+    /// `started`.
+    fn check_not_stuck(&self, started: u64, what: &str) {
+        assert!(
+            self.clock.now_ms() - started < STUCK_MS,
+            "simulation seed {} found: {what} after {STUCK_MS} ms of simulated time (a stuck writer or waiter)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
+            self.seed,
+            self.seed
+        );
     }
 
     /// Whether a core's journal is in its commit delay now.
@@ -646,12 +652,7 @@ impl World {
             }
             // Every wait the broker has (leases, long-polls, retries, delays) is far shorter: a step still waiting
             // after this much simulated time is stuck.
-            assert!(
-                self.clock.now_ms() - started < STUCK_MS,
-                "simulation seed {} found: an operation not answered after {STUCK_MS} ms of simulated time (a stuck writer or waiter)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
-                self.seed,
-                self.seed
-            );
+            self.check_not_stuck(started, "an operation not answered");
             self.clock.advance(1);
         }
     }
