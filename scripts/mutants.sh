@@ -105,11 +105,11 @@ done
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "--budget takes whole minutes (0: none)" >&2; exit 2; }
 
 # The functions of `--subset durability`, as regexes over the names cargo-mutants prints
-# ("src/storage/journal.rs:751:5: replace Journal::write_pass with ()", "... replace < with > in replay").
+# ("src/storage/journal/mod.rs:751:5: replace Journal::write_pass with ()", "... replace < with > in replay").
 durability_res=(
   # journal: the pass loop, write_pass, syncs, rotation and checkpoints, and the replay at start with its scanner
   'Journal::(enqueue|take_pass|run_committer|write_pass|refuse|sync_current|sync_now|run_interval_sync|rotate|run_checkpoints|checkpoint|write_back|close|open|create_file|next_pass|commit_delay_us)\b'
-  '^src/storage/journal\.rs:.* (in|replace) (replay|scan|header_at|parse_body|parse_frontiers|frames_start|seal_entry|begin_entry|frontier_entry|zero_ahead|wait_for_company)\b'
+  '^src/storage/journal/(mod|entry|replay)\.rs:.* (in|replace) (replay|scan|header_at|parse_body|parse_frontiers|frames_start|seal_entry|begin_entry|frontier_entry|zero_ahead|wait_for_company)\b'
   # log: the append path (writer task, batches, write and sync, roll, interval sync, close) and reopening
   'Log::(append|append_batch|run_writer|take_batch|write_batch|write_and_sync|roll|run_interval_syncer|sync_if_dirty|final_sync|close|open_with|skip_to)\b'
   # write-behind buffer that holds frames the segment lacks
@@ -124,6 +124,7 @@ durability_res=(
   'InFlight::(reserve|reserve_batch|lease_next|next_deliverable|ack|ack_batch|ack_dead_letter|nack|nack_batch|nack_live|extend|extend_batch|extend_live|give_back_batch|purge_expired|release|make_deliverable|is_live|issue_nonce|settle_at_frontier|advance_frontier|catch_up_frontier|skip_corrupt|skip_corrupt_run|advance_to)\b'
   # partition: settling, dead letters, frontier flushes and journaling, replay, taking leases
   'Partition::(take|settle|dead_lettered|give_back|purge|flush_frontiers|flush_group|frontier_moved|frontier_file_behind|write_frontier_files|frontiers_journaled|moved_frontiers|replay|append|load_shards|write_start)\b'
+  'FrontierState::(durable|wait_flush)\b'
   # settle ops, dead-letter diversion and redrive
   '^src/ops/settle\.rs:.* (in|replace) apply\b'
   'Front::(divert_dead_letters|settle_dead_letter|redrive)\b'
@@ -139,13 +140,15 @@ core_res=(
   'InFlight::(is_live|settle_at_frontier|advance_frontier)\b'
   'Front::divert_dead_letters\b'
 )
-core_files=('src/storage/frontier.rs' 'src/storage/journal.rs' 'src/storage/backend.rs' 'src/partition/inflight.rs'
+core_files=('src/storage/frontier.rs' 'src/storage/journal/mod.rs' 'src/storage/backend.rs' 'src/partition/inflight.rs'
   'src/front/consume.rs')
 
 # The files those functions live in (see the caveat above: the file list also holds out the struct-field mutants of
 # other files).
-durability_files=('src/storage/journal.rs' 'src/storage/log.rs' 'src/storage/behind.rs' 'src/storage/frontier.rs'
+durability_files=('src/storage/journal/mod.rs' 'src/storage/journal/entry.rs'
+  'src/storage/journal/replay.rs' 'src/storage/log/mod.rs' 'src/storage/log/read.rs' 'src/storage/behind.rs' 'src/storage/frontier.rs'
   'src/storage/backend.rs' 'src/storage/atomic_file.rs' 'src/partition/inflight.rs' 'src/partition/mod.rs'
+  'src/partition/frontier.rs'
   'src/ops/settle.rs' 'src/front/consume.rs' 'src/front/redrive.rs')
 
 case "$subset" in

@@ -527,7 +527,7 @@ fn segment_file_frames_match_the_documented_format() {
         );
         at += HEADER + body.len();
     }
-    // After the last frame the active segment keeps a zero-filled reserve (see src/storage/log.rs, PREZERO_BYTES).
+    // After the last frame the active segment keeps a zero-filled reserve (see src/storage/log/mod.rs, PREZERO_BYTES).
     assert!(
         bytes[at..].iter().all(|&b| b == 0),
         "non-zero bytes after the last frame"

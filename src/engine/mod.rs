@@ -651,6 +651,7 @@ impl Engine {
                 file_bytes: self.config.journal_file_bytes,
                 commit_delay_us: self.config.journal_commit_delay_us,
             },
+            Rc::downgrade(self) as std::rc::Weak<dyn crate::storage::journal::Checkpoint>,
         )
         .await
         .map_err(|e| format!("cannot start the journal in {}: {e}", dir.display()))?;
@@ -664,17 +665,6 @@ impl Engine {
                 }
             }
         }));
-        let engine = Rc::downgrade(self);
-        journal.set_frontier_writer(Rc::new(move || {
-            let engine = engine.upgrade();
-            Box::pin(async move {
-                match engine {
-                    Some(engine) => timers::write_frontier_files(engine).await,
-                    // The core is gone: its partitions wrote their files as they closed.
-                    None => true,
-                }
-            })
-        }));
         *self.journal.borrow_mut() = Some(journal);
         Ok(())
     }
@@ -687,3 +677,12 @@ impl Engine {
 
 /// How soon a wake-up refused by a full channel is retried. 1 ms.
 pub const WAKE_RETRY_MS: u64 = 1;
+
+/// A journal checkpoint writes this core's frontier files through its engine, the one that knows the newest values.
+impl crate::storage::journal::Checkpoint for Engine {
+    fn write_frontier_files(
+        self: Rc<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool>>> {
+        Box::pin(timers::write_frontier_files(self))
+    }
+}

@@ -3,12 +3,11 @@
 //! engine applies. Time comes from the core's `Clock`.
 
 pub mod error;
-pub use crate::storage::frontier;
+pub mod frontier;
 pub mod inflight;
 
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
-use crate::storage::journal;
 use crate::storage::log::{Log, ReadAhead, ReadError, Record};
 use bytes::Bytes;
 pub use error::PartitionError;
@@ -20,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use tracing::{error, warn};
 
-pub use crate::storage::frontier::DEFAULT_GROUP;
+pub use frontier::DEFAULT_GROUP;
 
 /// How many times a record may fail to read (an I/O error, not a failed check) before it is treated as corrupt.
 pub const MAX_READ_FAILURES: u32 = 3;
@@ -215,21 +214,10 @@ enum Load {
 /// One consumer group on one partition.
 pub struct Group {
     name: String,
-    /// Its frontier file.
-    path: PathBuf,
+    /// Where its frontier is durable (`frontier.rs`).
+    frontier: frontier::FrontierState,
     /// The lease shard: None until the partition is loaded.
     shard: RefCell<Option<InFlight>>,
-    /// Frontier value known durable in its file (read at the first touch, then each flush).
-    flushed: Cell<u64>,
-    /// Frontier value known durable in the core's journal (0: none recorded there yet); the durable frontier is the
-    /// higher of this and `flushed`.
-    journaled: Cell<u64>,
-    /// A flush of its file is running.
-    flushing: Cell<bool>,
-    /// When the frontier first moved past its durable value (cleared when a flush catches up): the flush lag's
-    /// start.
-    moved_at: Cell<Option<u64>>,
-    flushed_event: event_listener::Event,
     pub counters: GroupCounters,
 }
 
@@ -237,20 +225,10 @@ impl Group {
     fn new(name: &str, dir: &Path) -> Rc<Group> {
         Rc::new(Group {
             name: name.to_string(),
-            path: dir.join(frontier::file_name(name)),
+            frontier: frontier::FrontierState::new(dir.join(frontier::file_name(name))),
             shard: RefCell::new(None),
-            flushed: Cell::new(0),
-            journaled: Cell::new(0),
-            flushing: Cell::new(false),
-            moved_at: Cell::new(None),
-            flushed_event: event_listener::Event::new(),
             counters: GroupCounters::default(),
         })
-    }
-
-    /// The frontier known durable, in its file or in the journal.
-    fn durable(&self) -> u64 {
-        self.flushed.get().max(self.journaled.get())
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut InFlight) -> R) -> R {
@@ -510,100 +488,15 @@ impl Partition {
         let Some(g) = self.groups.borrow_mut().remove(name) else {
             return;
         };
-        while g.flushing.get() {
-            let done = g.flushed_event.listen();
-            if g.flushing.get() {
-                done.await;
-            }
-        }
+        g.frontier.wait_flush().await;
         *g.shard.borrow_mut() = None;
         if !self.closed.get() {
-            if let Err(e) = self.storage.remove(&g.path).await {
+            if let Err(e) = self.storage.remove(&g.frontier.path).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
-                    warn!(file = %g.path.display(), error = %e, "cannot remove a deleted group's frontier file");
+                    warn!(file = %g.frontier.path.display(), error = %e, "cannot remove a deleted group's frontier file");
                 }
             }
         }
-    }
-
-    /// Writes the frontier file a new group starts from: the oldest retained offset, or with `latest` the end.
-    pub async fn write_start(&self, group: &str, latest: bool) -> Result<(), PartitionError> {
-        self.ensure_loaded().await?;
-        let value = if latest {
-            self.log.end_offset()
-        } else {
-            self.log.start_offset()
-        };
-        let path = self.dir.join(frontier::file_name(group));
-        frontier::write(&*self.storage, &path, value)
-            .await
-            .map_err(|e| PartitionError::Storage(e.to_string()))?;
-        // Records of a deleted group of the same name may still be in the journal: this start record, after them,
-        // tells the replay to leave them out.
-        if let Some(link) = self.log.journal_link() {
-            let record = journal::FrontierRecord {
-                topic: link.topic.clone(),
-                topic_id: link.topic_id,
-                partition: link.partition,
-                group: group.to_string(),
-                committed: value,
-                start: true,
-            };
-            link.journal
-                .commit_frontiers(journal::frontier_entry(&[record]))
-                .await?;
-            link.journal.sync_now().await?;
-        }
-        Ok(())
-    }
-
-    /// Adds to `out` a record of each group whose frontier moved past the durable one (for one journal entry of
-    /// the whole core); returns the groups and values recorded, for [`Partition::frontiers_journaled`]. Nothing
-    /// without a journal, or after the partition closed.
-    pub fn moved_frontiers(&self, out: &mut Vec<journal::FrontierRecord>) -> Vec<(Rc<Group>, u64)> {
-        let Some(link) = self.log.journal_link() else {
-            return Vec::new();
-        };
-        if self.closed.get() {
-            return Vec::new();
-        }
-        let mut marks = Vec::new();
-        for g in self.groups.borrow().values() {
-            let Some(committed) = g.with_loaded(|s| s.committed()) else {
-                continue;
-            };
-            if committed <= g.durable() {
-                continue;
-            }
-            out.push(journal::FrontierRecord {
-                topic: link.topic.clone(),
-                topic_id: link.topic_id,
-                partition: link.partition,
-                group: g.name.clone(),
-                committed,
-                start: false,
-            });
-            marks.push((g.clone(), committed));
-        }
-        marks
-    }
-
-    /// The journal made the values `moved_frontiers` recorded at `started` (ms) durable: returns how long each had
-    /// waited since its frontier first moved (ms).
-    pub fn frontiers_journaled(&self, marks: &[(Rc<Group>, u64)], started: u64) -> Vec<u64> {
-        let now = self.clock.now_ms();
-        let mut lags = Vec::with_capacity(marks.len());
-        for (g, value) in marks {
-            if *value <= g.durable() {
-                continue;
-            }
-            let moved_at = g.moved_at.get().unwrap_or(started);
-            g.journaled.set(*value);
-            let behind = g.with_loaded(|s| s.committed()).is_some_and(|c| c > *value);
-            g.moved_at.set(behind.then_some(started));
-            lags.push(now.saturating_sub(moved_at));
-        }
-        lags
     }
 
     async fn load_shards(&self) -> Result<(), PartitionError> {
@@ -616,8 +509,8 @@ impl Partition {
             .collect();
         let mut stored = Vec::with_capacity(groups.len());
         for g in &groups {
-            let value = frontier::read(&*self.storage, &g.path).map_err(|e| {
-                error!(file = %g.path.display(), error = %e, "cannot read a frontier file: the partition answers 503 until it can");
+            let value = frontier::read(&*self.storage, &g.frontier.path).map_err(|e| {
+                error!(file = %g.frontier.path.display(), error = %e, "cannot read a frontier file: the partition answers 503 until it can");
                 PartitionError::Unavailable(format!("cannot read its frontier: {e}"))
             })?;
             stored.push(value);
@@ -647,7 +540,7 @@ impl Partition {
             committed <= end,
             "frontier {committed} beyond the log end {end}"
         );
-        g.flushed.set(stored);
+        g.frontier.flushed.set(stored);
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
         // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
         // nonce (a handle is valid only in the group that leased it).
@@ -880,16 +773,6 @@ impl Partition {
         self.note_moved(g);
     }
 
-    /// Remembers when a group's frontier first moved past its durable value (for the flush-lag histogram).
-    fn note_moved(&self, g: &Group) {
-        if g.moved_at.get().is_none()
-            && g.with_loaded(|s| s.committed())
-                .is_some_and(|c| c > g.durable())
-        {
-            g.moved_at.set(Some(self.clock.now_ms()));
-        }
-    }
-
     fn note_released(&self, g: &Group, released: usize) {
         if released > 0 {
             bump(&g.counters.expired, released as u64);
@@ -1060,108 +943,6 @@ impl Partition {
         }
     }
 
-    /// Writes each group's frontier file whose frontier moved since the last write. A failed write leaves the old
-    /// value as the durable one and is retried at the next tick. Never writes a lower value than the one on disk,
-    /// and never after the partition closed (its directory may belong to a new topic by then). Returns, for each
-    /// file written, how long its frontier had waited to become durable (ms).
-    pub async fn flush_frontiers(&self) -> Vec<u64> {
-        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
-        let mut lags = Vec::new();
-        for g in groups {
-            if let Some(lag) = self.flush_group(&g).await {
-                lags.push(lag);
-            }
-        }
-        lags
-    }
-
-    /// Whether some group's frontier moved past its durable value (in its file or the journal).
-    pub fn frontier_moved(&self) -> bool {
-        self.groups.borrow().values().any(|g| {
-            !g.flushing.get()
-                && g.with_loaded(|s| s.committed())
-                    .is_some_and(|c| c > g.durable())
-        })
-    }
-
-    /// Whether some group's frontier file is behind its frontier (a checkpoint must write it).
-    pub fn frontier_file_behind(&self) -> bool {
-        self.groups.borrow().values().any(|g| {
-            g.flushing.get()
-                || g.with_loaded(|s| s.committed())
-                    .is_some_and(|c| c != g.flushed.get())
-        })
-    }
-
-    /// Writes every group's frontier file that is behind its frontier, after the writes already running (a
-    /// journal checkpoint: every value the journal recorded must be in the files before the journal file goes).
-    /// True when every file holds its group's frontier as it stood when this began.
-    pub async fn write_frontier_files(&self) -> bool {
-        self.wait_flushes().await;
-        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
-        let mut ok = true;
-        for g in groups {
-            let Some(committed) = g.with_loaded(|s| s.committed()) else {
-                continue;
-            };
-            if g.flushed.get() >= committed || self.closed.get() {
-                continue;
-            }
-            self.flush_group(&g).await;
-            ok &= g.flushed.get() >= committed;
-        }
-        ok
-    }
-
-    /// Writes a group's frontier file; returns the lag when that made its frontier durable (it was not yet, in the
-    /// journal either).
-    async fn flush_group(&self, g: &Group) -> Option<u64> {
-        let committed = g.with_loaded(|s| s.committed())?;
-        if g.flushed.get() == committed || g.flushing.get() || self.closed.get() {
-            return None;
-        }
-        let started = self.clock.now_ms();
-        let was_durable = committed <= g.durable();
-        let moved_at = g.moved_at.get().unwrap_or(started);
-        assert!(
-            committed > g.flushed.get(),
-            "frontier {committed} would replace the durable {} with a lower one",
-            g.flushed.get()
-        );
-        let _flushing = Flushing::start(g);
-        let lag = match frontier::write(&*self.storage, &g.path, committed).await {
-            Ok(()) => {
-                g.flushed.set(committed);
-                if was_durable {
-                    None
-                } else {
-                    // Acks that came during the write are counted from the write's start.
-                    let behind = g.with_loaded(|s| s.committed()) != Some(committed);
-                    g.moved_at.set(behind.then_some(started));
-                    Some(self.clock.now_ms().saturating_sub(moved_at))
-                }
-            }
-            Err(e) => {
-                warn!(file = %g.path.display(), error = %e, "cannot write a frontier file; will retry");
-                None
-            }
-        };
-        lag
-    }
-
-    /// Waits out running flushes (a flush whose task is dropped mid-write ends too: see `Flushing`).
-    async fn wait_flushes(&self) {
-        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
-        for g in groups {
-            while g.flushing.get() {
-                let done = g.flushed_event.listen();
-                if g.flushing.get() {
-                    done.await;
-                }
-            }
-        }
-    }
-
     /// Graceful close (shutdown): flushes the frontiers (waiting out running flushes), then closes the log.
     /// Returns whether every group's frontier file now holds its frontier (false: a write failed, and the core's
     /// journal must stay for the replay, which holds the newer values).
@@ -1170,7 +951,7 @@ impl Partition {
         self.flush_frontiers().await;
         let written = self.groups.borrow().values().all(|g| {
             g.with_loaded(|s| s.committed())
-                .is_none_or(|c| c == g.flushed.get())
+                .is_none_or(|c| c == g.frontier.flushed.get())
         });
         self.closed.set(true);
         self.log.close().await;
@@ -1205,12 +986,12 @@ impl Partition {
                             s.corrupt_skipped_total(),
                         )
                     })
-                    .unwrap_or((g.flushed.get(), 0, 0, 0, 0));
+                    .unwrap_or((g.frontier.flushed.get(), 0, 0, 0, 0));
                 let c = &g.counters;
                 GroupInfo {
                     group: g.name.clone(),
                     committed,
-                    durable: g.durable(),
+                    durable: g.frontier.durable(),
                     in_flight,
                     delayed,
                     acked_ahead,
@@ -1301,31 +1082,12 @@ impl Partition {
     #[cfg(test)]
     pub fn durable_frontier(&self, group: &str) -> Option<u64> {
         let g = self.group(group).ok()?;
-        g.with_loaded(|_| g.durable())
+        g.with_loaded(|_| g.frontier.durable())
     }
 
     /// Group names on this partition.
     pub fn group_names(&self) -> Vec<String> {
         self.groups.borrow().keys().cloned().collect()
-    }
-}
-
-/// A group's frontier write in progress: `flushing` is set while it lives, and cleared (with the waiters told) when
-/// it ends, however it ends: a flush whose task is dropped mid-write (a stopping core) must not leave every later
-/// checkpoint and close waiting for it.
-struct Flushing<'a>(&'a Group);
-
-impl<'a> Flushing<'a> {
-    fn start(g: &'a Group) -> Flushing<'a> {
-        g.flushing.set(true);
-        Flushing(g)
-    }
-}
-
-impl Drop for Flushing<'_> {
-    fn drop(&mut self) {
-        self.0.flushing.set(false);
-        self.0.flushed_event.notify(usize::MAX);
     }
 }
 

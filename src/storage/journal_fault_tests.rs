@@ -88,6 +88,7 @@ async fn open(storage: &Rc<dyn Storage>, setup: Setup) -> Node {
             file_bytes: setup.file_bytes,
             commit_delay_us: setup.commit_delay_us,
         },
+        crate::storage::journal::no_frontiers(),
     )
     .await
     .expect("the journal opens");

@@ -1,0 +1,769 @@
+use super::entry::{frames_start, seal_entry, FRONTIER_MAGIC_BYTES, MAGIC_BYTES};
+use super::*;
+
+fn head(topic: &str) -> EntryHead {
+    EntryHead {
+        topic: topic.to_string(),
+        topic_id: 7,
+        partition: 3,
+        segment_base: 100,
+        position: 4096,
+        first_offset: 120,
+        count: 2,
+    }
+}
+
+fn record(topic: &str, group: &str, committed: u64, start: bool) -> FrontierRecord {
+    FrontierRecord {
+        topic: topic.into(),
+        topic_id: 7,
+        partition: 0,
+        group: group.into(),
+        committed,
+        start,
+    }
+}
+
+fn frontiers(records: &[FrontierRecord], seq: u64) -> Vec<u8> {
+    let mut e = frontier_entry(records);
+    seal_entry(&mut e, seq);
+    e
+}
+
+/// Replay moves each frontier file up to the highest value its group's records carry since the group's last
+/// start record, passes over groups and topics that are gone, and never lowers a file.
+#[test]
+fn replay_restores_frontiers_and_forgets_a_deleted_group_of_the_same_name() {
+    on_sim_disk(|storage| async move {
+        let dir = Path::new("/data/journal");
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(dir).unwrap();
+        storage.create_dir_all(part).unwrap();
+        let file = |g: &str| part.join(super::super::frontier::file_name(g));
+        let held = |g: &str| super::super::frontier::read(&*storage, &file(g)).unwrap();
+        // "g" was acked to 500, deleted, created again at 2 (its file written before its start record), then
+        // acked to 4 (a later record of 3 checks that the highest counts); "default" has a newer value in its
+        // file than in the journal; "gone" was deleted; topic "old" with id 6 no longer exists.
+        super::super::frontier::write(&*storage, &file("g"), 2)
+            .await
+            .unwrap();
+        super::super::frontier::write(&*storage, &file("default"), 10)
+            .await
+            .unwrap();
+        let mut other = record("old", "default", 50, false);
+        other.topic_id = 6;
+        let first = [
+            record("t", "g", 300, false),
+            record("t", "default", 8, false),
+            record("t", "gone", 7, false),
+            other,
+        ];
+        let second = [
+            record("t", "g", 500, false),
+            record("t", "g", 2, true),
+            record("t", "g", 4, false),
+        ];
+        let mut bytes = frontiers(&first, 1);
+        bytes.extend(frontiers(&second, 2));
+        bytes.extend(frontiers(&[record("t", "g", 3, false)], 3));
+        storage
+            .replace(&dir.join("0000-00000000000000000001.jnl"), bytes)
+            .await
+            .unwrap();
+        let locate = |name: &str, id: u64, p: u32| {
+            (name == "t" && id == 7)
+                .then(|| Path::new("/data/topics").join(name).join(p.to_string()))
+        };
+        let has_group = |_: &str, _: u64, g: &str| g != "gone";
+        let report = replay(&*storage, dir, &locate, &has_group).await.unwrap();
+        assert_eq!(
+            held("g"),
+            4,
+            "the deleted group's 500 must not count for the new one"
+        );
+        assert_eq!(held("default"), 10, "a file is never lowered");
+        assert!(
+            storage.read(&file("gone")).is_err(),
+            "no file for a deleted group"
+        );
+        // Every frontier file with records is written again (a read may show pages a failed sync dropped).
+        assert_eq!((report.frontier_records, report.frontiers_written), (8, 2));
+        assert!(storage.list(dir).unwrap().is_empty());
+    });
+}
+
+/// An owner whose frontier files cannot be written while the flag holds.
+struct FailingFrontiers(Rc<Cell<bool>>);
+
+impl Checkpoint for FailingFrontiers {
+    fn write_frontier_files(
+        self: Rc<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool>>> {
+        let ok = !self.0.get();
+        Box::pin(async move { ok })
+    }
+}
+
+/// A checkpoint whose frontier writer fails keeps its journal file, and no newer file may go before it: else
+/// the file holding a recreated group's start record could go, and the replay would credit the deleted group's
+/// frontier to the new one (found in review: the replay gave 375 instead of 4).
+#[test]
+fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
+    on_sim_disk(|storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/data/journal");
+        let fail = Rc::new(Cell::new(true));
+        let owner = Rc::new(FailingFrontiers(fail.clone()));
+        let journal = Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            dir,
+            0,
+            JournalOptions {
+                fsync: FsyncPolicy::Always,
+                file_bytes: 4096,
+                commit_delay_us: 0,
+            },
+            Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
+        )
+        .await
+        .unwrap();
+        let wait = |j: Rc<Journal>| async move {
+            while j.checkpoints_running() > 0 {
+                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        };
+        // Old incarnation of "g" acked up to 500: file 0 fills and rotates; its checkpoint's frontier write fails.
+        for v in 1..=100u64 {
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", v * 5, false)]))
+                .await
+                .unwrap();
+        }
+        wait(journal.clone()).await;
+        assert!(
+            storage.list(dir).unwrap().len() >= 2,
+            "the unfinished checkpoint's file stays"
+        );
+        fail.set(false);
+        // "g" deleted and created again at 2 (file written, then start record), acked to 4.
+        let file = part.join(super::super::frontier::file_name("g"));
+        super::super::frontier::write(&*storage, &file, 2)
+            .await
+            .unwrap();
+        journal
+            .commit_frontiers(frontier_entry(&[record("t", "g", 2, true)]))
+            .await
+            .unwrap();
+        super::super::frontier::write(&*storage, &file, 4)
+            .await
+            .unwrap();
+        for _ in 0..100u64 {
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", 4, false)]))
+                .await
+                .unwrap();
+        }
+        wait(journal.clone()).await;
+        // kill -9: no close. Restart's replay:
+        let locate = |name: &str, id: u64, p: u32| {
+            (name == "t" && id == 7)
+                .then(|| Path::new("/data/topics").join(name).join(p.to_string()))
+        };
+        let has_group = |_: &str, _: u64, _: &str| true;
+        replay(&*storage, dir, &locate, &has_group).await.unwrap();
+        let held = super::super::frontier::read(&*storage, &file).unwrap();
+        assert_eq!(
+            held, 4,
+            "the deleted group's frontier was credited to the new one"
+        );
+    });
+}
+
+/// A core that could not write a frontier file at its stop keeps its journal, and the next start's replay
+/// writes the file from it.
+#[test]
+fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay() {
+    on_sim_disk(|storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/sim/journal");
+        let journal = journal_with_delay(&storage, 0).await;
+        journal
+            .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
+            .await
+            .unwrap();
+        journal.keep_on_close();
+        journal.close().await;
+        assert_eq!(storage.list(dir).unwrap().len(), 1, "the journal stays");
+        let locate =
+            |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+        replay(&*storage, dir, &locate, &|_, _, _| true)
+            .await
+            .unwrap();
+        let file = part.join(super::super::frontier::file_name("g"));
+        assert_eq!(super::super::frontier::read(&*storage, &file).unwrap(), 6);
+    });
+}
+
+/// A damaged entry in a core's journal may have been a group's start record: that core's frontier records are
+/// not replayed (the files stay; what is above them redelivers), another core's are.
+#[test]
+fn a_damaged_entry_leaves_its_cores_frontier_files_as_they_are() {
+    on_sim_disk(|storage| async move {
+        let dir = Path::new("/data/journal");
+        storage.create_dir_all(dir).unwrap();
+        for p in ["0", "1"] {
+            storage
+                .create_dir_all(&Path::new("/data/topics/t").join(p))
+                .unwrap();
+        }
+        let file = |p: &str| {
+            Path::new("/data/topics/t")
+                .join(p)
+                .join("consumer.g.offset")
+        };
+        let held = |p: &str| super::super::frontier::read(&*storage, &file(p)).unwrap();
+        // Core 0, partition 0: "g" at 500, deleted and created again at 2, whose start record is damaged,
+        // then acked to 3. Core 1, partition 1: "g" at 9.
+        super::super::frontier::write(&*storage, &file("0"), 2)
+            .await
+            .unwrap();
+        let mut start = frontiers(&[record("t", "g", 2, true)], 2);
+        let last = start.len() - 1;
+        start[last] ^= 0x10;
+        let mut core0 = frontiers(&[record("t", "g", 500, false)], 1);
+        core0.extend(start);
+        core0.extend(frontiers(&[record("t", "g", 3, false)], 3));
+        storage
+            .replace(&dir.join("0000-00000000000000000001.jnl"), core0)
+            .await
+            .unwrap();
+        let mut one = record("t", "g", 9, false);
+        one.partition = 1;
+        storage
+            .replace(
+                &dir.join("0001-00000000000000000001.jnl"),
+                frontiers(&[one], 1),
+            )
+            .await
+            .unwrap();
+        let locate =
+            |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+        let report = replay(&*storage, dir, &locate, &|_, _, _| true)
+            .await
+            .unwrap();
+        assert_eq!(
+            held("0"),
+            2,
+            "the deleted group's 500 must not count, nor anything of core 0"
+        );
+        assert_eq!(held("1"), 9);
+        assert_eq!(
+            (
+                report.damaged,
+                report.frontiers_dropped,
+                report.frontiers_written
+            ),
+            (1, 1, 1)
+        );
+    });
+}
+
+fn entry(topic: &str, seq: u64, frames: &[u8]) -> Vec<u8> {
+    let mut e = begin_entry(&head(topic), frames.len());
+    e.extend_from_slice(frames);
+    seal_entry(&mut e, seq);
+    e
+}
+
+#[test]
+fn entries_round_trip_and_zeros_end_the_scan() {
+    let mut file = entry("orders", 1, b"frames-one");
+    file.extend(entry("t", 2, b""));
+    file.extend(vec![0u8; 1000]);
+    let s = scan(&file);
+    assert_eq!(s.damaged, 0);
+    assert_eq!(s.entries.len(), 2);
+    assert_eq!(s.entries[0].head, head("orders"));
+    assert_eq!(s.entries[0].frames, b"frames-one");
+    assert_eq!((s.entries[1].seq, s.entries[1].frames.len()), (2, 0));
+    assert_eq!(
+        frames_start(&entry("orders", 1, b"x")),
+        HEADER_LEN + BODY_FIXED_LEN + 6
+    );
+}
+
+#[test]
+fn a_torn_last_entry_ends_the_scan() {
+    let mut file = entry("a", 1, b"first");
+    let second = entry("a", 2, b"second-entry");
+    for cut in 0..second.len() {
+        let mut torn = file.clone();
+        torn.extend_from_slice(&second[..cut]);
+        let s = scan(&torn);
+        assert_eq!(s.entries.len(), 1, "cut {cut}");
+    }
+    file.extend(second);
+    assert_eq!(scan(&file).entries.len(), 2);
+}
+
+/// Any single flipped bit costs at most the entry it lands in: the others are found, none is damaged.
+#[test]
+fn a_bit_flip_anywhere_costs_at_most_its_entry() {
+    let records = [record("b", "g", 9, false), record("b", "default", 4, true)];
+    let parts = [
+        entry("a", 1, b"one"),
+        frontiers(&records, 2),
+        entry("c", 3, b"three"),
+    ];
+    let file: Vec<u8> = parts.concat();
+    let bounds: Vec<usize> = parts
+        .iter()
+        .scan(0, |at, p| {
+            *at += p.len();
+            Some(*at)
+        })
+        .collect();
+    for byte in 0..file.len() {
+        for bit in 0..8 {
+            let mut damaged = file.clone();
+            damaged[byte] ^= 1 << bit;
+            let s = scan(&damaged);
+            let hit = bounds.iter().position(|&b| byte < b).expect("inside");
+            let mut seqs: Vec<u64> = s.entries.iter().map(|e| e.seq).collect();
+            if !s.frontiers.is_empty() {
+                assert_eq!(s.frontiers, records, "flip at byte {byte} bit {bit}");
+                seqs.push(2);
+                seqs.sort();
+            }
+            let want: Vec<u64> = (1..=3).filter(|&q| q != hit as u64 + 1).collect();
+            assert_eq!(seqs, want, "flip at byte {byte} bit {bit}");
+            for e in &s.entries {
+                assert_eq!(
+                    entry(&e.head.topic, e.seq, &e.frames),
+                    parts[e.seq as usize - 1]
+                );
+            }
+        }
+    }
+}
+
+/// docs/format.md's journal example is what `begin_entry` + `seal_entry` write, and `scan` reads it back.
+#[test]
+fn the_documented_example_matches_the_code() {
+    let bytes = crate::format_doc::example("Journal", 0);
+    let doc = include_str!("../../../docs/format.md");
+    let section = &doc[doc.find("## Journal").expect("a Journal section")..];
+    let mut frame = Vec::new();
+    crate::storage::frame::encode(5, 1_700_000_000_000, b"hi", &mut frame);
+    let head = EntryHead {
+        topic: "t".into(),
+        topic_id: 1,
+        partition: 0,
+        segment_base: 0,
+        position: 0,
+        first_offset: 5,
+        count: 1,
+    };
+    let mut entry = begin_entry(&head, frame.len());
+    assert_eq!(frames_start(&entry), entry.len());
+    entry.extend_from_slice(&frame);
+    seal_entry(&mut entry, 1);
+    assert_eq!(bytes, entry, "docs/format.md's example");
+    let found = scan(&bytes);
+    assert_eq!(found.entries.len(), 1);
+    assert_eq!(found.entries[0].head, head);
+    assert!(section.contains(&format!("`0x{MAGIC:08X}`")));
+    assert!(section.contains(&format!("| 0..{HEADER_LEN} |")) || HEADER_LEN == 24);
+    assert!(section.contains(&format!("| 40..{BODY_FIXED_LEN} | u16 | name_len")));
+}
+
+/// docs/format.md's frontier entry example is what `frontier_entry` + `seal_entry` write, and `scan` reads it.
+#[test]
+fn the_documented_frontier_example_matches_the_code() {
+    let bytes = crate::format_doc::example("Journal", 1);
+    let doc = include_str!("../../../docs/format.md");
+    let section = &doc[doc.find("## Journal").expect("a Journal section")..];
+    let mut r = record("t", "g", 6, false);
+    r.topic_id = 1;
+    assert_eq!(
+        bytes,
+        frontiers(std::slice::from_ref(&r), 2),
+        "docs/format.md's example"
+    );
+    let found = scan(&bytes);
+    assert_eq!((found.frontiers, found.entries.len()), (vec![r], 0));
+    assert!(section.contains(&format!("`0x{FRONTIER_MAGIC:08X}`")));
+    assert!(section.contains(&format!("| 23..{FRONTIER_FIXED_LEN} | u16 | group_len")));
+}
+
+#[test]
+fn garbage_never_panics() {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for len in 0..300 {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u8
+            })
+            .collect();
+        let _ = scan(&bytes);
+        for magic in [MAGIC_BYTES, FRONTIER_MAGIC_BYTES] {
+            let mut with_magic = magic.to_vec();
+            with_magic.extend(&bytes);
+            let _ = scan(&with_magic);
+        }
+    }
+}
+
+/// Runs `test` on a fresh executor with a fresh simulated disk.
+fn on_sim_disk<F: std::future::Future<Output = ()>>(test: impl FnOnce(Rc<dyn Storage>) -> F) {
+    on_sim(|_, storage| test(storage));
+}
+
+/// Like `on_sim_disk`, with the simulated disk itself too (to hold its syncs, say).
+fn on_sim<F: std::future::Future<Output = ()>>(
+    test: impl FnOnce(Rc<super::super::sim::Sim>, Rc<dyn Storage>) -> F,
+) {
+    use super::super::sim::{Sim, SimStorage};
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async move {
+            let sim = Sim::new();
+            test(sim.clone(), Rc::new(SimStorage(sim))).await
+        });
+}
+
+/// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
+async fn journal_with_delay(storage: &Rc<dyn Storage>, delay_us: u64) -> Rc<Journal> {
+    Journal::open(
+        storage.clone(),
+        Rc::new(crate::clock::RealClock),
+        Path::new("/sim/journal"),
+        0,
+        JournalOptions {
+            fsync: FsyncPolicy::Always,
+            file_bytes: 1 << 20,
+            commit_delay_us: delay_us,
+        },
+        no_frontiers(),
+    )
+    .await
+    .expect("journal opens")
+}
+
+/// A function that commits an entry of `records` records (of a segment `/sim/seg`) to `journal` in a task of its
+/// own, so several can be queued before any is written.
+async fn committer(
+    storage: &Rc<dyn Storage>,
+    journal: &Rc<Journal>,
+) -> impl Fn(u32) -> glommio::Task<Result<(), AppendError>> {
+    let segment = storage
+        .open(Path::new("/sim/seg"), true)
+        .await
+        .expect("segment");
+    let journal = journal.clone();
+    move |records| {
+        let (journal, segment) = (journal.clone(), segment.clone());
+        glommio::spawn_local(async move {
+            journal
+                .commit(begin_entry(&head("t"), 0), records, segment, None)
+                .await
+        })
+    }
+}
+
+/// The commit delay: a lone appender is synced at once, pass after pass; once a pass carried more than one
+/// entry, the committer waits for company before its next pass, and entries queued meanwhile share it.
+#[test]
+fn the_commit_delay_gathers_concurrent_appenders_and_never_holds_a_lone_one() {
+    on_sim_disk(|storage| async move {
+        // Long enough that the second entry below is queued well inside it, whatever the machine's load.
+        let delay_us = 200_000;
+        let journal = journal_with_delay(&storage, delay_us).await;
+        let commit = committer(&storage, &journal).await;
+        // A lone appender, one record at a time: no pass waits.
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            commit(1).await.expect("committed");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_micros(delay_us),
+            "a lone appender waited for the commit delay"
+        );
+        assert_eq!(journal.stats().passes, 3);
+        // Two entries queued together share a pass (no delay: the last pass had one entry); appenders are
+        // concurrent from now on.
+        let (a, b) = (commit(1), commit(1));
+        a.await.expect("committed");
+        b.await.expect("committed");
+        assert_eq!(journal.stats().passes, 4);
+        let company = std::time::Instant::now();
+        let first = commit(1);
+        futures_lite::future::yield_now().await;
+        let second = commit(1);
+        first.await.expect("committed");
+        second.await.expect("committed");
+        let stats = journal.stats();
+        assert_eq!(stats.passes, 5, "the two entries share one pass: {stats:?}");
+        assert_eq!(stats.records, 7);
+        assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+        journal.close().await;
+    });
+}
+
+/// After a pass that carried several entries the committer waits for company even when entries are queued
+/// already (they came while its sync ran): those and the ones that follow share the next pass. (Taking the
+/// queued ones at once gave 16 partitions 40 % more syncs per record than one partition, whose log waits so.)
+#[test]
+fn entries_queued_during_a_sync_still_wait_for_company_after_a_pass_with_several() {
+    on_sim(|sim, storage| async move {
+        let delay_us = 200_000;
+        let journal = journal_with_delay(&storage, delay_us).await;
+        let one = committer(&storage, &journal).await;
+        let commit = || one(1);
+        sim.hold_syncs();
+        let (a, b) = (commit(), commit());
+        for _ in 0..1000 {
+            if sim.held_syncs() > 0 {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(sim.held_syncs(), 1, "a and b's pass is syncing");
+        // c is queued while that sync runs; d comes once its pass is answered.
+        let c = commit();
+        futures_lite::future::yield_now().await;
+        sim.release_syncs();
+        for _ in 0..1000 {
+            if journal.stats().passes > 0 {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(journal.stats().passes, 1);
+        let d = commit();
+        for task in [a, b, c, d] {
+            task.await.expect("committed");
+        }
+        let stats = journal.stats();
+        assert_eq!(stats.passes, 2, "c waited for d: {stats:?}");
+        assert_eq!(stats.records, 4);
+        journal.close().await;
+    });
+}
+
+/// The journal's counters count what it did: each pass, entry, record and byte, and under fsync `always` one
+/// sync per pass; under `interval:MS`, `sync_now` syncs (and counts) once.
+#[test]
+fn the_counters_count_each_pass_entry_record_byte_and_sync() {
+    on_sim_disk(|storage| async move {
+        let journal = journal_with_delay(&storage, 0).await;
+        let commit = committer(&storage, &journal).await;
+        let start = journal.stats();
+        assert_eq!(start, JournalStats::default(), "nothing counted at open");
+        commit(3).await.expect("committed");
+        let one = journal.stats();
+        let entry_bytes = one.bytes;
+        assert!((HEADER_LEN as u64..4096).contains(&entry_bytes), "{one:?}");
+        assert_eq!(
+            (one.passes, one.entries, one.records, one.syncs),
+            (1, 1, 3, 1)
+        );
+        for _ in 0..4 {
+            commit(2).await.expect("committed");
+        }
+        let five = journal.stats();
+        assert_eq!(
+            (five.passes, five.entries, five.records, five.syncs),
+            (5, 5, 11, 5),
+            "{five:?}"
+        );
+        assert_eq!(five.bytes, 5 * entry_bytes, "{five:?}");
+        journal.close().await;
+
+        let interval = Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            Path::new("/sim/journal-interval"),
+            0,
+            JournalOptions {
+                fsync: FsyncPolicy::IntervalMs(3_600_000),
+                file_bytes: 1 << 20,
+                commit_delay_us: 0,
+            },
+            no_frontiers(),
+        )
+        .await
+        .expect("journal opens");
+        let commit = committer(&storage, &interval).await;
+        commit(1).await.expect("committed");
+        assert_eq!(interval.stats().syncs, 0, "interval: no sync per pass");
+        interval.sync_now().await.expect("synced");
+        assert_eq!(interval.stats().syncs, 1);
+        interval.close().await;
+    });
+}
+
+/// Partition `partition` of topic `t`, its appends made durable by `journal`, its frames written to the segment
+/// in pieces of `write_behind_bytes` (0: batch by batch).
+async fn log_on(
+    storage: &Rc<dyn Storage>,
+    journal: &Rc<Journal>,
+    partition: u32,
+    write_behind_bytes: u32,
+) -> Rc<super::super::log::Log> {
+    use super::super::log::{JournalLink, Log, LogOptions};
+    Log::open_with(
+        storage.clone(),
+        Rc::new(crate::clock::RealClock),
+        &Path::new("/sim/topics/t").join(partition.to_string()),
+        LogOptions {
+            segment_bytes: 1 << 20,
+            max_payload: 1 << 16,
+            fsync: FsyncPolicy::Always,
+            tail_cache_bytes: 0,
+            write_behind_bytes,
+        },
+        Some(JournalLink {
+            journal: journal.clone(),
+            topic: "t".into(),
+            topic_id: 1,
+            partition,
+        }),
+    )
+    .await
+    .expect("log opens")
+}
+
+/// A batch the journal refuses is taken back from the log's write-behind buffer: no flush (the journal's close
+/// here) ever writes it to the segment, so a reopened log ends where the acknowledged records end.
+#[test]
+fn a_batch_the_journal_refuses_never_reaches_the_segment_from_behind() {
+    on_sim(|sim, storage| async move {
+        let journal = journal_with_delay(&storage, 0).await;
+        let log = log_on(&storage, &journal, 0, 4096).await;
+        assert_eq!(spawn_append(&log, b"kept").await.expect("appended"), 0);
+        // The next write is the journal's pass (the segment's frames wait behind).
+        sim.fail_writes(libc::EIO, 1);
+        assert!(spawn_append(&log, b"refused").await.is_err());
+        assert!(!journal.is_poisoned());
+        log.close().await;
+        journal.close().await;
+        assert_eq!(journal.stats().records, 1, "{:?}", journal.stats());
+        let journal = journal_with_delay(&storage, 0).await;
+        let reopened = log_on(&storage, &journal, 0, 4096).await;
+        assert_eq!(
+            reopened.end_offset(),
+            1,
+            "the refused record reached the segment"
+        );
+        assert_eq!(
+            reopened.read(0).await.expect("kept").payload,
+            bytes::Bytes::from_static(b"kept")
+        );
+        // And the next append takes its place.
+        assert_eq!(spawn_append(&reopened, b"next").await.expect("appended"), 1);
+        reopened.close().await;
+        journal.close().await;
+    });
+}
+
+/// Appends `body` to `log` in a task of its own (so several appends can be queued before any is written).
+fn spawn_append(
+    log: &Rc<super::super::log::Log>,
+    body: &'static [u8],
+) -> glommio::Task<Result<u64, AppendError>> {
+    let log = log.clone();
+    glommio::spawn_local(async move { log.append(bytes::Bytes::from_static(body)).await })
+}
+
+/// The commit delay in a partition's log: a lone appender is written at once, batch after batch; after a batch
+/// that gathered several appends, the log waits for company, and appends made meanwhile share one batch.
+#[test]
+fn a_log_whose_batch_gathered_several_appends_waits_for_company_and_a_lone_one_never_does() {
+    on_sim_disk(|storage| async move {
+        let delay_us = 200_000;
+        let journal = journal_with_delay(&storage, delay_us).await;
+        let log = log_on(&storage, &journal, 0, 0).await;
+        let append = |body: &'static [u8]| spawn_append(&log, body);
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            append(b"lone").await.expect("appended");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_micros(delay_us),
+            "a lone appender waited for the commit delay"
+        );
+        assert_eq!(log.io_counts().0, 3);
+        // Two appends queued together share a batch; from then on appenders are concurrent.
+        let (a, b) = (append(b"a"), append(b"b"));
+        a.await.expect("appended");
+        b.await.expect("appended");
+        assert_eq!(log.io_counts().0, 4);
+        // The writer now waits: appends made one after the other meanwhile share one batch.
+        let company = std::time::Instant::now();
+        let c = append(b"c");
+        futures_lite::future::yield_now().await;
+        let d = append(b"d");
+        assert_eq!(c.await.expect("appended"), 5);
+        assert_eq!(d.await.expect("appended"), 6);
+        assert_eq!(log.io_counts().0, 5, "c and d share one batch");
+        assert!(company.elapsed() >= std::time::Duration::from_micros(delay_us));
+        log.close().await;
+        journal.close().await;
+    });
+}
+
+/// One wait per commit path: when the journal's last pass carried several partitions' entries, the journal's own
+/// delay gathers them, and a log whose batch gathered several appends does not add a delay of its own. It
+/// builds its next batch when the journal's delay ends, so the appends made during that delay ride the very
+/// next pass together. (Queuing the next batch at once left the appends that came during the delay to the pass
+/// after: with wrk at 64 connections on 16 partitions, 31 records per sync against 45 on one partition.)
+#[test]
+fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_ends() {
+    on_sim_disk(|storage| async move {
+        let journal = journal_with_delay(&storage, 200_000).await;
+        let (one, two) = (
+            log_on(&storage, &journal, 0, 0).await,
+            log_on(&storage, &journal, 1, 0).await,
+        );
+        // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
+        let (a, b, c) = (
+            spawn_append(&one, b"a"),
+            spawn_append(&one, b"b"),
+            spawn_append(&two, b"c"),
+        );
+        a.await.expect("appended");
+        b.await.expect("appended");
+        c.await.expect("appended");
+        assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
+        assert_eq!(journal.last_pass_entries(), 2);
+        assert_eq!(one.io_counts().0, 1);
+        // The journal is in its delay: appends made one after the other meanwhile form one batch, built when the
+        // delay ends, and that batch is the next pass.
+        let started = std::time::Instant::now();
+        let d = spawn_append(&one, b"d");
+        futures_lite::future::yield_now().await;
+        let e = spawn_append(&one, b"e");
+        assert_eq!(d.await.expect("appended"), 2);
+        assert_eq!(e.await.expect("appended"), 3);
+        assert_eq!(one.io_counts().0, 2, "d and e share one batch");
+        let stats = journal.stats();
+        assert_eq!(
+            stats.passes, 2,
+            "d and e ride the pass after the delay: {stats:?}"
+        );
+        assert_eq!(stats.records, 5);
+        // They waited for the delay (begun just before `started`, so the bound has room).
+        assert!(started.elapsed() >= std::time::Duration::from_millis(100));
+        one.close().await;
+        two.close().await;
+        journal.close().await;
+    });
+}
