@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A three-node berth cluster on this machine, for trying cluster mode by hand (design/api.md, "Cluster mode").
+# A three-node berth cluster on this machine, for trying cluster mode by hand (docs/api.md, "Cluster mode").
 #
 #   scripts/cluster.sh [start]   etcd on 127.0.0.1:2379 (data in a temp dir) and nodes n1..n3 from
 #                                target/release/berth: client ports 7071-7073, peer ports 7171-7173, one core each

@@ -1,4 +1,4 @@
-//! Duration parameters as api.md spells them (`250ms`, `10s`, `5m`, `2h`, `7d`, a bare integer = seconds).
+//! Duration parameters as docs/api.md spells them (`250ms`, `10s`, `5m`, `2h`, `7d`, a bare integer = seconds).
 //! Shared by the HTTP edge, the config file and the command line so all three accept the same text.
 
 /// Why a duration string was refused.

@@ -13,14 +13,14 @@ use std::rc::Rc;
 
 /// Most partitions a topic may have.
 pub const MAX_PARTITIONS: u32 = 4096;
-/// Visibility bounds of api.md.
+/// Visibility bounds of docs/api.md.
 pub const MIN_VISIBILITY_MS: u64 = 1000;
 pub const MAX_VISIBILITY_MS: u64 = 12 * 3600 * 1000;
 /// Bounds on the per-partition caps (a cap of 0 would wedge the topic; above 1M defeats the memory bound).
 pub const MAX_CAP: usize = 1 << 20;
 /// Retention bounds: 1 s to 10 years.
 pub const MAX_RETENTION_MS: u64 = 3650 * 24 * 3600 * 1000;
-/// Longest redelivery delay (api.md: `delay` 0 to 12 h).
+/// Longest redelivery delay (docs/api.md: `delay` 0 to 12 h).
 pub const MAX_DELAY_MS: u64 = 12 * 3600 * 1000;
 /// Most groups a topic may be configured to hold.
 pub const MAX_GROUPS_LIMIT: usize = 4096;
@@ -109,7 +109,7 @@ pub struct TopicConfig {
 }
 
 impl TopicConfig {
-    /// api.md's defaults.
+    /// docs/api.md's defaults.
     pub fn with_defaults(name: &str) -> TopicConfig {
         TopicConfig {
             format: TOPIC_FORMAT,

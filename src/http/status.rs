@@ -1,4 +1,4 @@
-//! The one place where an error becomes an HTTP status and an error code (api.md's words). Every layer's errors
+//! The one place where an error becomes an HTTP status and an error code (docs/api.md's words). Every layer's errors
 //! arrive here wrapped in `OpError`.
 
 use super::response::Response;

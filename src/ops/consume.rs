@@ -10,7 +10,7 @@ use crate::partition::{ByteBudget, Delivery, Stop};
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
-/// Longest long-poll a consume may ask for (api.md: 0 to 60 s).
+/// Longest long-poll a consume may ask for (docs/api.md: 0 to 60 s).
 pub const MAX_WAIT_MS: u64 = 60_000;
 
 /// A queue-style consume as the client sent it.

@@ -110,7 +110,7 @@ impl Settings {
         }
     }
 
-    /// The settings of a new topic named `name`: api.md's defaults, then these.
+    /// The settings of a new topic named `name`: docs/api.md's defaults, then these.
     pub fn new_topic(&self, name: &str) -> TopicConfig {
         let mut config = TopicConfig::with_defaults(name);
         if let Some(p) = self.partitions {

@@ -60,7 +60,7 @@ impl Protocol {
     }
 }
 
-/// The server's default `max_batch_records` (api.md, Batches): the largest `--batch`.
+/// The server's default `max_batch_records` (docs/api.md, "Produce": a batch): the largest `--batch`.
 pub const MAX_BATCH_RECORDS: usize = 1000;
 /// The server's default `max_batch_bytes`: a produce batch's frames must fit.
 pub const MAX_BATCH_BYTES: usize = 16 << 20;

@@ -4,7 +4,7 @@
 //! follow task and the copy live on core 0; other cores get `Arc<Snapshot>`s from it.
 //!
 //! The copy may lag etcd. A topic it does not know may exist already: `lookup_topic` asks etcd before answering
-//! "not found" (api.md: no `404` for a topic the cluster knows).
+//! "not found" (docs/api.md: no `404` for a topic the cluster knows).
 
 use super::keys::TopicRecord;
 use super::snapshot::{Change, Snapshot};
