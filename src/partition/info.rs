@@ -1,0 +1,173 @@
+//! What describe, `/stats` and `/metrics` see of a partition: a snapshot of its log and each group's frontier,
+//! leases and counters.
+
+use super::*;
+
+/// One group's state on one partition, as describe and metrics show it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupInfo {
+    pub group: String,
+    pub committed: u64,
+    /// The frontier known durable (in its file or the core's journal): a crash keeps every settle below it.
+    pub durable: u64,
+    pub in_flight: usize,
+    pub delayed: usize,
+    pub acked_ahead: usize,
+    pub corrupt_skipped: u64,
+    /// delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered, retention_skipped.
+    pub counters: [u64; 9],
+}
+
+/// What `GET /topics/{topic}` shows per partition (the default group's state at the top level, as in version 1),
+/// and what `/metrics` exports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    pub core: usize,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    pub committed: u64,
+    pub durable: u64,
+    pub in_flight: usize,
+    pub acked_ahead: usize,
+    pub corrupt_skipped: u64,
+    #[serde(skip_serializing)]
+    pub groups: Vec<GroupInfo>,
+    /// produced, read_errors.
+    #[serde(skip_serializing)]
+    pub counters: [u64; 2],
+    /// (append batches, fdatasyncs) of its log.
+    #[serde(skip_serializing)]
+    pub io_counts: (u64, u64),
+}
+
+/// `PartitionInfo` whole, every field included, for node RPC: its own `Serialize` leaves out what describe's JSON
+/// does not show. Use as `#[serde(with = "crate::partition::whole_infos")]` on a `Vec<PartitionInfo>`.
+pub mod whole_infos {
+    use super::{GroupInfo, PartitionInfo};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(remote = "PartitionInfo")]
+    struct Whole {
+        partition: u32,
+        core: usize,
+        start_offset: u64,
+        end_offset: u64,
+        committed: u64,
+        durable: u64,
+        in_flight: usize,
+        acked_ahead: usize,
+        corrupt_skipped: u64,
+        groups: Vec<GroupInfo>,
+        counters: [u64; 2],
+        io_counts: (u64, u64),
+    }
+
+    /// One `PartitionInfo`, whole.
+    #[derive(Serialize, Deserialize)]
+    pub struct WholeInfo(#[serde(with = "Whole")] pub PartitionInfo);
+
+    struct WholeRef<'a>(&'a PartitionInfo);
+
+    impl Serialize for WholeRef<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            Whole::serialize(self.0, s)
+        }
+    }
+
+    pub fn serialize<S: Serializer>(infos: &[PartitionInfo], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(infos.iter().map(WholeRef))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PartitionInfo>, D::Error> {
+        let infos = Vec::<WholeInfo>::deserialize(d)?;
+        Ok(infos.into_iter().map(|w| w.0).collect())
+    }
+
+    /// The same for `(topic, PartitionInfo)` pairs (a core's stats).
+    pub mod named {
+        use super::{PartitionInfo, WholeInfo, WholeRef};
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(
+            infos: &[(String, PartitionInfo)],
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.collect_seq(infos.iter().map(|(t, p)| (t, WholeRef(p))))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<(String, PartitionInfo)>, D::Error> {
+            let infos = Vec::<(String, WholeInfo)>::deserialize(d)?;
+            Ok(infos.into_iter().map(|(t, w)| (t, w.0)).collect())
+        }
+    }
+}
+
+impl Partition {
+    /// A snapshot for describe and metrics (loads the shards: describe counts as a touch). A partition whose
+    /// frontier cannot be read shows the durable frontiers it knows of and no leases.
+    pub async fn info(&self) -> PartitionInfo {
+        let _ = self.ensure_loaded().await;
+        let lost = self.lost_below_frontier.get();
+        let groups: Vec<GroupInfo> = self
+            .groups
+            .borrow()
+            .values()
+            .map(|g| {
+                let (committed, in_flight, delayed, acked_ahead, corrupt) = g
+                    .with_loaded(|s| {
+                        (
+                            s.committed(),
+                            s.in_flight(),
+                            s.delayed(),
+                            s.acked_ahead(),
+                            s.corrupt_skipped_total(),
+                        )
+                    })
+                    .unwrap_or((g.frontier.flushed.get(), 0, 0, 0, 0));
+                let c = &g.counters;
+                GroupInfo {
+                    group: g.name.clone(),
+                    committed,
+                    durable: g.frontier.durable(),
+                    in_flight,
+                    delayed,
+                    acked_ahead,
+                    corrupt_skipped: corrupt + lost,
+                    counters: [
+                        c.delivered.get(),
+                        c.redelivered.get(),
+                        c.acked.get(),
+                        c.nacked.get(),
+                        c.extended.get(),
+                        c.expired.get(),
+                        c.lease_gone.get(),
+                        c.dead_lettered.get(),
+                        c.retention_skipped.get(),
+                    ],
+                }
+            })
+            .collect();
+        let default = groups.iter().find(|g| g.group == DEFAULT_GROUP);
+        PartitionInfo {
+            partition: self.id,
+            core: self.core,
+            start_offset: self.log.start_offset(),
+            end_offset: self.log.end_offset(),
+            committed: default.map_or(0, |g| g.committed),
+            durable: default.map_or(0, |g| g.durable),
+            in_flight: default.map_or(0, |g| g.in_flight),
+            acked_ahead: default.map_or(0, |g| g.acked_ahead),
+            corrupt_skipped: default.map_or(lost, |g| g.corrupt_skipped),
+            counters: [
+                self.counters.produced.get(),
+                self.counters.read_errors.get(),
+            ],
+            io_counts: self.log.io_counts(),
+            groups,
+        }
+    }
+}
