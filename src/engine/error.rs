@@ -1,5 +1,5 @@
 //! The engine layer's errors: topics, ownership and admin on one core, wrapping the partition layer's. Plain data
-//! (it crosses cores and nodes inside replies); `ops::OpError` wraps it and `http::status` maps it to a status.
+//! (it crosses cores and nodes inside replies); `ops::OpError` wraps it and `ops::status` maps it to a status.
 
 use crate::partition::PartitionError;
 use serde::{Deserialize, Serialize};

@@ -2,6 +2,7 @@
 //! source; repeat until the requested number moved or nothing is left. At-least-once: if the process dies between
 //! an append and its ack, the message is in both topics.
 
+use crate::ops::receipt::ReceiptHandle;
 use super::Front;
 use crate::ops::consume::ConsumeParams;
 use crate::ops::produce::{ClientRecord, ProduceParams, Target};
@@ -78,10 +79,8 @@ impl Front {
                 .zip(&appended)
                 .filter(|(_, r)| r.is_ok())
                 .map(|(d, _)| {
-                    (
-                        format!("{}:{}:{}", d.partition, d.offset, d.nonce),
-                        Ok((d.partition as u64, d.offset, d.nonce)),
-                    )
+                    let handle = ReceiptHandle::of(d);
+                    (handle.to_string(), Ok(handle))
                 })
                 .collect::<Vec<_>>();
             let written = handles.len() as u64;

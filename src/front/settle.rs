@@ -1,6 +1,7 @@
 //! Settles at the front: the handles of a request split by partition, each partition's share settled in one pass at
 //! its owner (in parallel), the results merged back in request order.
 
+use crate::ops::receipt::ReceiptHandle;
 use super::Front;
 use crate::engine::EngineError;
 use crate::join::join_all;
@@ -17,7 +18,15 @@ impl Front {
         let engine = self.engine();
         let topic = engine.topic(&params.topic)?;
         let count = topic.partition_count() as u64;
-        if let [(_, Ok((p, o, n)))] = params.handles[..] {
+        if let [(
+            _,
+            Ok(ReceiptHandle {
+                partition: p,
+                offset: o,
+                nonce: n,
+            }),
+        )] = params.handles[..]
+        {
             if p < count {
                 // One handle (every version 1 settle): no grouping by partition, no lists of jobs and indexes.
                 let partition = p as u32;
@@ -50,17 +59,17 @@ impl Front {
             results.push(Ok(()));
             match parsed {
                 Err(e) => results[i] = Err(e.clone()),
-                Ok((p, _, _)) if *p >= count => {
+                Ok(h) if h.partition >= count => {
                     results[i] = Err(EngineError::PartitionNotFound {
                         topic: params.topic.clone(),
-                        partition: *p,
+                        partition: h.partition,
                     }
                     .into())
                 }
-                Ok((p, o, n)) => by_partition
-                    .entry(*p as u32)
+                Ok(h) => by_partition
+                    .entry(h.partition as u32)
                     .or_default()
-                    .push((i, (*o, *n))),
+                    .push((i, (h.offset, h.nonce))),
             }
         }
         let mut jobs: Vec<_> = by_partition

@@ -1,5 +1,5 @@
 //! The operation layer's errors: what a request can fail with, from parsing to the owner's answer. Wraps the engine
-//! (and through it the partition) layer's errors; `http::status` maps each to a status code in one place. Plain data
+//! (and through it the partition) layer's errors; `ops::status` maps each to a status code in one place. Plain data
 //! (it crosses cores inside replies, and nodes over RPC).
 
 use crate::engine::EngineError;

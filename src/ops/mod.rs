@@ -9,9 +9,12 @@ pub mod error;
 pub mod groups;
 pub mod params;
 pub mod produce;
+pub mod receipt;
 pub mod redrive;
 pub mod replay;
+pub mod response;
 pub mod settle;
+pub mod status;
 pub mod topics;
 pub mod validate;
 

@@ -169,20 +169,6 @@ fn pair_value<'q>(pair: &'q str, key_len: usize, name: &str) -> Option<Cow<'q, s
     (key == name).then_some(value)
 }
 
-/// `partition:offset:nonce`, three unsigned decimal integers.
-pub fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
-    let mut parts = text.split(':');
-    let mut next = || -> Option<u64> {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        part.parse().ok()
-    };
-    let handle = (next()?, next()?, next()?);
-    parts.next().is_none().then_some(handle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,29 +215,6 @@ mod tests {
                     "{q:?} {name:?}"
                 );
             }
-        }
-    }
-
-    #[test]
-    fn receipt_handles_are_three_unsigned_integers() {
-        assert_eq!(parse_receipt_handle("0:41:881"), Some((0, 41, 881)));
-        assert_eq!(
-            parse_receipt_handle("18446744073709551615:0:1"),
-            Some((u64::MAX, 0, 1))
-        );
-        for bad in [
-            "",
-            "1:2",
-            "1:2:3:4",
-            "-1:2:3",
-            "a:b:c",
-            "1::3",
-            " 1:2:3",
-            "1:2:3 ",
-            "18446744073709551616:0:0",
-            "+1:2:3",
-        ] {
-            assert_eq!(parse_receipt_handle(bad), None, "{bad}");
         }
     }
 

@@ -3,7 +3,8 @@
 //! pass over its lease shard (an ack batch advances the frontier once); and the per-handle results.
 
 use super::error::{OpError, OpResult};
-use super::params::{parse_receipt_handle, BatchLimits, Query};
+use super::params::{BatchLimits, Query};
+use super::receipt::ReceiptHandle;
 use crate::engine::topic::{MAX_DELAY_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::Engine;
 use crate::partition::{PartitionError, SettleOp};
@@ -19,7 +20,7 @@ pub enum Verb {
 }
 
 /// A receipt handle as sent, and its (partition, offset, nonce), or why it is not one.
-pub type ParsedHandle = (String, Result<(u64, u64, u64), OpError>);
+pub type ParsedHandle = (String, Result<ReceiptHandle, OpError>);
 
 /// A settle as the client sent it.
 #[derive(Debug, Clone)]
@@ -100,8 +101,8 @@ pub fn parse(
     })
 }
 
-fn handle(text: &str) -> Result<(u64, u64, u64), OpError> {
-    parse_receipt_handle(text)
+fn handle(text: &str) -> Result<ReceiptHandle, OpError> {
+    ReceiptHandle::parse(text)
         .ok_or_else(|| OpError::InvalidReceiptHandle(text.chars().take(100).collect()))
 }
 
@@ -167,7 +168,7 @@ mod tests {
     fn a_batch_keeps_bad_lines_as_per_handle_errors_and_a_single_bad_handle_is_400() {
         let p = parse(Verb::Ack, &query("topic=t"), b"0:1:2\n\nnope\n", &LIMITS).unwrap();
         assert!(p.batch);
-        assert_eq!(p.handles[0].1, Ok((0, 1, 2)));
+        assert_eq!(p.handles[0].1, Ok(ReceiptHandle { partition: 0, offset: 1, nonce: 2 }));
         assert!(matches!(
             p.handles[1].1,
             Err(OpError::InvalidReceiptHandle(_))
@@ -213,8 +214,8 @@ mod tests {
             &LIMITS,
         )
         .unwrap();
-        assert_eq!(p.handles[0].1, Ok((1, 1, 1)));
-        assert_eq!(p.handles[1].1, Ok((2, 2, 2)));
+        assert_eq!(p.handles[0].1, Ok(ReceiptHandle { partition: 1, offset: 1, nonce: 1 }));
+        assert_eq!(p.handles[1].1, Ok(ReceiptHandle { partition: 2, offset: 2, nonce: 2 }));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The partition layer's errors: what can go wrong with one partition's log, leases or frontier files. Plain data
-//! (it crosses cores and nodes inside replies); `ops::OpError` wraps it and `http::status` maps it to a status.
+//! (it crosses cores and nodes inside replies); `ops::OpError` wraps it and `ops::status` maps it to a status.
 
 use crate::storage::log::AppendError;
 use serde::{Deserialize, Serialize};

@@ -217,12 +217,12 @@ pub(super) async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut
         let mut still = Vec::new();
         for (topic, topic_id, g, d) in pending {
             let front = world.front(rng);
-            let handle = format!("{}:{}:{}", d.partition, d.offset, d.nonce);
+            let handle = crate::ops::receipt::ReceiptHandle::of(&d).to_string();
             let params = SettleParams {
                 topic: topic.to_string(),
                 group: g.to_string(),
                 op: SettleOp::Ack,
-                handles: vec![(handle, Ok((d.partition as u64, d.offset, d.nonce)))],
+                handles: vec![(handle, Ok(crate::ops::receipt::ReceiptHandle::of(&d)))],
                 batch: false,
             };
             let result = world

@@ -110,7 +110,7 @@ async fn consume_some(world: &World, topic: &'static str) -> Vec<Delivery> {
 
 async fn nack(world: &World, topic: &'static str, d: &Delivery) {
     let front = world.fronts[0].clone();
-    let handle = (d.partition as u64, d.offset, d.nonce);
+    let handle = crate::ops::receipt::ReceiptHandle::of(d);
     let result = world
         .complete(async move {
             front

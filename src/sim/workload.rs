@@ -190,7 +190,7 @@ pub(super) fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &m
                     4 => SettleOp::Nack(None),
                     _ => SettleOp::Extend(Some(1000)),
                 };
-                let handle = format!("{}:{}:{}", d.partition, d.offset, d.nonce);
+                let handle = crate::ops::receipt::ReceiptHandle::of(&d).to_string();
                 if matches!(op, SettleOp::Nack(_)) {
                     let key = (topic_id, group.to_string(), d.partition, d.offset);
                     oracle
@@ -202,7 +202,7 @@ pub(super) fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &m
                         topic: topic.to_string(),
                         group: group.to_string(),
                         op,
-                        handles: vec![(handle, Ok((d.partition as u64, d.offset, d.nonce)))],
+                        handles: vec![(handle, Ok(crate::ops::receipt::ReceiptHandle::of(&d)))],
                         batch: false,
                     })
                     .await
@@ -376,7 +376,11 @@ pub(super) fn spawn_stale_settle(world: &World, oracle: &Rc<RefCell<Oracle>>, rn
                 op,
                 handles: vec![(
                     format!("{}:{}:{nonce}", d.partition, d.offset),
-                    Ok((d.partition as u64, d.offset, nonce)),
+                    Ok(crate::ops::receipt::ReceiptHandle {
+                        partition: d.partition.into(),
+                        offset: d.offset,
+                        nonce,
+                    }),
                 )],
                 batch: false,
             })

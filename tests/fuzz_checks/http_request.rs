@@ -51,7 +51,7 @@ fn check_one(buf: &[u8], limits: &Limits) -> Option<usize> {
                 req.path
             );
             for (k, v) in query_pairs(&req.query) {
-                let _ = berth::ops::params::parse_receipt_handle(&v);
+                let _ = berth::ops::receipt::ReceiptHandle::parse(&v);
                 let _ = berth::duration::parse_duration_ms(&v);
                 let _ = berth::engine::topic::validate_name(&k);
             }

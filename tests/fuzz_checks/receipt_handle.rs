@@ -1,7 +1,11 @@
 //! The checks of the `receipt_handle` fuzz target, shared by `fuzz/fuzz_targets/receipt_handle.rs` (libFuzzer, nightly) and
 //! `tests/fuzz_corpus_replay.rs` (the corpus replayed on stable in CI).
 
-use berth::ops::params::parse_receipt_handle;
+use berth::ops::receipt::ReceiptHandle;
+
+fn parse_receipt_handle(text: &str) -> Option<(u64, u64, u64)> {
+    ReceiptHandle::parse(text).map(|h| (h.partition, h.offset, h.nonce))
+}
 
 pub fn check(data: &[u8]) {
     check_text(&String::from_utf8_lossy(data));
@@ -20,7 +24,13 @@ fn check_text(text: &str) {
     let Some((p, o, n)) = parse_receipt_handle(text) else {
         return;
     };
-    let again = format!("{p}:{o}:{n}");
+    let again = ReceiptHandle {
+        partition: p,
+        offset: o,
+        nonce: n,
+    }
+    .to_string();
+    assert_eq!(again, format!("{p}:{o}:{n}"));
     assert_eq!(
         parse_receipt_handle(&again),
         Some((p, o, n)),
