@@ -2,10 +2,10 @@
 //! source; repeat until the requested number moved or nothing is left. At-least-once: if the process dies between
 //! an append and its ack, the message is in both topics.
 
-use crate::ops::receipt::ReceiptHandle;
 use super::Front;
 use crate::ops::consume::ConsumeParams;
 use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::receipt::ReceiptHandle;
 use crate::ops::redrive::RedriveParams;
 use crate::ops::settle::SettleParams;
 use crate::ops::OpResult;

@@ -1,10 +1,10 @@
 //! Settles at the front: the handles of a request split by partition, each partition's share settled in one pass at
 //! its owner (in parallel), the results merged back in request order.
 
-use crate::ops::receipt::ReceiptHandle;
 use super::Front;
 use crate::engine::EngineError;
 use crate::join::join_all;
+use crate::ops::receipt::ReceiptHandle;
 use crate::ops::settle::{Settle, SettleParams};
 use crate::ops::{OpError, OpResult, Reply, Request};
 use std::collections::BTreeMap;

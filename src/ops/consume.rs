@@ -4,9 +4,13 @@
 
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};
+use super::params::{FRAMES, NDJSON};
+use super::receipt::ReceiptHandle;
+use super::response::Response;
 use crate::engine::topic::{MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::{Engine, EngineError};
 use crate::partition::{ByteBudget, Delivery, Stop};
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
@@ -236,6 +240,154 @@ pub fn give_back(engine: &Rc<Engine>, req: GiveBack) {
     for (partition, offset, nonce) in req.leases {
         if let Some(p) = t.owned_partition(partition) {
             p.give_back(&req.group, &[(offset, nonce)]);
+        }
+    }
+}
+
+// ---- The reply ----
+
+/// The answer to a queue consume: `204` when nothing came; one delivery as its raw bytes with its receipt handle in
+/// headers (no `Accept`, version 1); a batch as ndjson or length-prefixed frames (`Accept`).
+pub fn render(media: Option<Media>, deliveries: Vec<Delivery>) -> Response {
+    if deliveries.is_empty() {
+        return Response::empty(204);
+    }
+    match media {
+        None => single_delivery(deliveries),
+        Some(Media::Frames) => frames_reply(&deliveries),
+        Some(_) => ndjson_reply(&deliveries),
+    }
+}
+
+fn single_delivery(deliveries: Vec<Delivery>) -> Response {
+    let d = deliveries
+        .into_iter()
+        .next()
+        .expect("a non-empty delivery list");
+    let handle = ReceiptHandle::of(&d);
+    Response::bytes(200, "application/octet-stream", d.payload)
+        .with_header("receipt-handle", handle)
+        .with_header("partition", d.partition)
+        .with_header("offset", d.offset)
+        .with_header("delivery-count", d.delivery_count)
+}
+
+/// A delivery's JSON fields after the body's, written by hand (a `serde_json::Map` per delivery — a BTreeMap of four
+/// owned keys — was ~15 % of a core in the batched cycle). The keys come in the order serde_json's map gives them
+/// (sorted), so the bytes are those of the map; `delivery_fields_match_serde_json` checks that.
+fn push_delivery_fields(out: &mut Vec<u8>, d: &Delivery) {
+    use std::io::Write;
+    let _ = write!(
+        out,
+        "\"delivery_count\":{},\"offset\":{},\"partition\":{},\"receipt_handle\":\"{}\"}}",
+        d.delivery_count,
+        d.offset,
+        d.partition,
+        ReceiptHandle::of(d)
+    );
+}
+
+/// `{"delivery_count":..,"offset":..,"partition":..,"receipt_handle":".."}`: a frame's header.
+fn push_delivery_header(out: &mut Vec<u8>, d: &Delivery) {
+    out.push(b'{');
+    push_delivery_fields(out, d);
+}
+
+fn ndjson_reply(deliveries: &[Delivery]) -> Response {
+    let mut out = Vec::with_capacity(deliveries.iter().map(|d| d.payload.len() + 128).sum());
+    for d in deliveries {
+        match std::str::from_utf8(&d.payload) {
+            Ok(text) => {
+                out.extend_from_slice(b"{\"body\":");
+                serde_json::to_writer(&mut out, text).expect("a string serialises");
+            }
+            Err(_) => {
+                out.extend_from_slice(b"{\"body_base64\":\"");
+                out.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(&d.payload)
+                        .as_bytes(),
+                );
+                out.push(b'"');
+            }
+        }
+        out.push(b',');
+        push_delivery_fields(&mut out, d);
+        out.push(b'\n');
+    }
+    Response::bytes(200, NDJSON, out.into())
+}
+
+fn frames_reply(deliveries: &[Delivery]) -> Response {
+    let mut out = Vec::with_capacity(deliveries.iter().map(|d| d.payload.len() + 128).sum());
+    for d in deliveries {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        push_delivery_header(&mut out, d);
+        let header_len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&header_len.to_le_bytes());
+        out.extend_from_slice(&(d.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&d.payload);
+    }
+    Response::bytes(200, FRAMES, out.into())
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The hand-written delivery JSON is byte for byte what a serde_json map of the same fields gives.
+    #[test]
+    fn delivery_fields_match_serde_json() {
+        use base64::Engine as _;
+        let deliveries = [
+            (0u32, 0u64, 1u64, 1u32, &b"hello"[..]),
+            (
+                7,
+                u64::MAX,
+                u64::MAX,
+                u32::MAX,
+                b"quote \" backslash \\ newline \n tab \t \x01 \xc3\xa9",
+            ),
+            (3, 42, 459798116743936001, 2, b"\xff\x00binary"),
+            (1, 1, 1, 1, b""),
+        ];
+        for (partition, offset, nonce, delivery_count, payload) in deliveries {
+            let d = Delivery {
+                partition,
+                offset,
+                nonce,
+                delivery_count,
+                expires_at_ms: 0,
+                payload: bytes::Bytes::copy_from_slice(payload),
+            };
+            let mut m = serde_json::Map::new();
+            m.insert("partition".into(), json!(partition));
+            m.insert("offset".into(), json!(offset));
+            m.insert(
+                "receipt_handle".into(),
+                json!(format!("{partition}:{offset}:{nonce}")),
+            );
+            m.insert("delivery_count".into(), json!(delivery_count));
+            let mut header = Vec::new();
+            push_delivery_header(&mut header, &d);
+            assert_eq!(
+                String::from_utf8(header).unwrap(),
+                serde_json::to_string(&m).unwrap()
+            );
+            match std::str::from_utf8(payload) {
+                Ok(text) => m.insert("body".into(), json!(text)),
+                Err(_) => m.insert(
+                    "body_base64".into(),
+                    json!(base64::engine::general_purpose::STANDARD.encode(payload)),
+                ),
+            };
+            let line = ndjson_reply(std::slice::from_ref(&d)).body;
+            assert_eq!(
+                String::from_utf8(line.to_vec()).unwrap(),
+                serde_json::to_string(&m).unwrap() + "\n"
+            );
         }
     }
 }

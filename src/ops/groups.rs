@@ -4,7 +4,11 @@
 
 use super::error::{OpError, OpResult};
 use super::params::Query;
+use super::response::Response;
+use crate::engine::topic::TopicConfig;
 use crate::engine::Engine;
+use crate::partition::{GroupInfo, PartitionInfo};
+use serde_json::json;
 use std::rc::Rc;
 
 /// Where a new group starts.
@@ -26,6 +30,60 @@ pub async fn create(engine: &Rc<Engine>, topic: &str, group: &str, latest: bool)
 /// Deletes a group (core 0).
 pub async fn delete(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<()> {
     Ok(engine.delete_group(topic, group).await?)
+}
+
+// ---- The replies ----
+
+/// A group's state on one partition, as both the topic description and the group listing show it (the counters in
+/// `GroupInfo::counters` order: delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered,
+/// retention_skipped).
+pub fn group_state_json(g: &GroupInfo) -> serde_json::Value {
+    json!({
+        "committed": g.committed,
+        "durable": g.durable,
+        "in_flight": g.in_flight,
+        "delayed": g.delayed,
+        "acked_ahead": g.acked_ahead,
+        "redelivered": g.counters[1],
+        "dead_lettered": g.counters[7],
+        "retention_skipped": g.counters[8],
+    })
+}
+
+/// Every group of a topic with its state on every partition.
+pub fn groups_json(config: &TopicConfig, partitions: &[PartitionInfo]) -> serde_json::Value {
+    let groups: Vec<serde_json::Value> = config
+        .all_groups()
+        .iter()
+        .map(|g| group_json(g, partitions))
+        .collect();
+    json!(groups)
+}
+
+pub fn group_json(group: &str, partitions: &[PartitionInfo]) -> serde_json::Value {
+    let parts: Vec<serde_json::Value> = partitions
+        .iter()
+        .filter_map(|p| {
+            let g = p.groups.iter().find(|g| g.group == group)?;
+            let mut v = group_state_json(g);
+            v["partition"] = json!(p.partition);
+            v["corrupt_skipped"] = json!(g.corrupt_skipped);
+            v["delivered"] = json!(g.counters[0]);
+            v["acked"] = json!(g.counters[2]);
+            v["nacked"] = json!(g.counters[3]);
+            v["expired"] = json!(g.counters[5]);
+            Some(v)
+        })
+        .collect();
+    json!({"group": group, "partitions": parts})
+}
+
+/// The answer to `PUT /topics/T/groups/G`: `201` when created, `200` when it existed.
+pub fn render_created(topic: &str, group: &str, created: bool) -> Response {
+    Response::json(
+        if created { 201 } else { 200 },
+        &json!({"topic": topic, "group": group, "created": created}),
+    )
 }
 
 #[cfg(test)]

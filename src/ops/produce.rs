@@ -4,6 +4,8 @@
 
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};
+use super::response::{json_reply, Response};
+use super::status::status_of;
 use crate::engine::Engine;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -202,6 +204,73 @@ pub async fn apply(engine: &Rc<Engine>, req: Produce) -> OpResult<Produced> {
     Ok(Produced { first_offset })
 }
 
+// ---- The reply ----
+
+/// The answer to a produce: a single one's `200 {"offset":N,"partition":P}` (or its error), a batch's
+/// `{"failed":F,"results":[...]}` with each record's offset or error.
+pub fn render(batch: bool, results: Vec<OpResult<(u32, u64)>>) -> OpResult<Response> {
+    if !batch {
+        let (partition, offset) = results
+            .into_iter()
+            .next()
+            .expect("a single produce has one result")?;
+        return Ok(written_reply(partition, offset));
+    }
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let results: Vec<ProduceResult> = results
+        .iter()
+        .map(|r| match r {
+            Ok((partition, offset)) => ProduceResult::Written {
+                offset: *offset,
+                partition: *partition,
+            },
+            Err(e) => ProduceResult::Failed {
+                error: status_of(e).1,
+                message: e.to_string(),
+            },
+        })
+        .collect();
+    Ok(json_reply(&ProduceResults { failed, results }))
+}
+
+/// A single produce's `200`: `{"offset":N,"partition":P}`, the bytes `serde_json` gives for
+/// [`ProduceResult::Written`] (checked by a test), in a body of exactly its length (one allocation, where the
+/// serialiser took two and its machinery).
+fn written_reply(partition: u32, offset: u64) -> Response {
+    use super::response::{decimal_len, push_decimal};
+    const HEAD: &[u8] = b"{\"offset\":";
+    const MIDDLE: &[u8] = b",\"partition\":";
+    let len = HEAD.len() + decimal_len(offset) + MIDDLE.len() + decimal_len(partition.into()) + 1;
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(HEAD);
+    push_decimal(&mut body, offset);
+    body.extend_from_slice(MIDDLE);
+    push_decimal(&mut body, partition.into());
+    body.push(b'}');
+    Response::bytes(200, "application/json", body.into())
+}
+
+/// One record's result in a produce answer. As for [`SettleResult`], fields come in the sorted order a `serde_json`
+/// map gives, so the bytes are those of the `json!` maps this replaced (checked by a test).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ProduceResult {
+    Written {
+        offset: u64,
+        partition: u32,
+    },
+    Failed {
+        error: &'static str,
+        message: String,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct ProduceResults {
+    failed: usize,
+    results: Vec<ProduceResult>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +394,57 @@ mod tests {
         assert!(!p.batch);
         assert_eq!(p.records.len(), 1);
         assert_eq!(&p.records[0].body[..], b"a\nb");
+    }
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A produce answer is byte for byte what the `json!` maps gave.
+    #[test]
+    fn produce_results_match_serde_json_maps() {
+        let single = serde_json::to_string(&ProduceResult::Written {
+            offset: 7,
+            partition: 3,
+        })
+        .unwrap();
+        assert_eq!(single, json!({"partition": 3, "offset": 7}).to_string());
+        for (partition, offset) in [
+            (0, 0),
+            (3, 7),
+            (9, 10),
+            (10, 9),
+            (u32::MAX, u64::MAX),
+            (1, 99_999),
+        ] {
+            let want =
+                serde_json::to_string(&ProduceResult::Written { offset, partition }).unwrap();
+            let reply = written_reply(partition, offset);
+            assert_eq!(reply.body, want.as_bytes(), "{partition} {offset}");
+            assert_eq!(
+                (reply.status, reply.content_type),
+                (200, "application/json")
+            );
+        }
+        let batch = ProduceResults {
+            failed: 1,
+            results: vec![
+                ProduceResult::Written {
+                    offset: u64::MAX,
+                    partition: 0,
+                },
+                ProduceResult::Failed {
+                    error: "message_too_large",
+                    message: "record 1 is \"big\"".into(),
+                },
+            ],
+        };
+        let want = json!({"results": [
+            {"partition": 0, "offset": u64::MAX},
+            {"error": "message_too_large", "message": "record 1 is \"big\""},
+        ], "failed": 1});
+        assert_eq!(serde_json::to_string(&batch).unwrap(), want.to_string());
     }
 }

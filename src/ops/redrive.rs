@@ -4,7 +4,9 @@
 
 use super::error::{OpError, OpResult};
 use super::params::Query;
+use super::response::Response;
 use crate::engine::topic::validate_name;
+use serde_json::json;
 
 /// A redrive as the client asked for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,13 @@ pub fn parse(from: &str, query: &Query) -> OpResult<RedriveParams> {
         group: query.group()?,
         max: query.number("max", 1, u64::MAX)?,
     })
+}
+
+// ---- The reply ----
+
+/// The answer to a redrive: how many records it moved.
+pub fn render(moved: u64) -> Response {
+    Response::json(200, &json!({ "moved": moved }))
 }
 
 #[cfg(test)]

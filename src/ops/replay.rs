@@ -2,6 +2,7 @@
 //! lease, nonce or frontier; waits up to `wait` for an offset not written yet.
 
 use super::error::OpResult;
+use super::response::Response;
 use crate::engine::Engine;
 use crate::storage::log::Record;
 use serde::{Deserialize, Serialize};
@@ -55,4 +56,16 @@ pub async fn apply(engine: &Rc<Engine>, req: Replay) -> OpResult<Replayed> {
         )
         .await;
     }
+}
+
+// ---- The reply ----
+
+/// The answer to a replay: the record's bytes with its partition and offset in headers, or `204` past the end.
+pub fn render(partition: u64, record: Option<Record>) -> Response {
+    let Some(record) = record else {
+        return Response::empty(204);
+    };
+    Response::bytes(200, "application/octet-stream", record.payload)
+        .with_header("partition", partition)
+        .with_header("offset", record.offset)
 }

@@ -152,6 +152,12 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// A `200` with `value` as its JSON body.
+pub fn json_reply(value: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_vec(value).expect("an answer serialises");
+    Response::bytes(200, "application/json", body.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,8 @@
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Query};
 use super::receipt::ReceiptHandle;
+use super::response::{json_reply, Response};
+use super::status::status_of;
 use crate::engine::topic::{MAX_DELAY_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::Engine;
 use crate::partition::{PartitionError, SettleOp};
@@ -150,6 +152,60 @@ pub async fn apply(engine: &Rc<Engine>, req: Settle) -> OpResult<Settled> {
     Ok(Settled { results })
 }
 
+// ---- The reply ----
+
+/// The answer to a settle: a single one's empty `200` (or its error); a batch's `{"results":[...]}`, one entry per
+/// handle in request order with its status and, if it failed, its error code and message. `handles` are the
+/// handles' text as sent (a batch's only).
+pub fn render(batch: bool, handles: &[String], results: Vec<OpResult<()>>) -> OpResult<Response> {
+    if !batch {
+        results
+            .into_iter()
+            .next()
+            .expect("a single settle has one result")?;
+        return Ok(Response::empty(200));
+    }
+    let results: Vec<SettleResult> = handles
+        .iter()
+        .zip(results.iter())
+        .map(|(h, r)| match r {
+            Ok(()) => SettleResult {
+                error: None,
+                message: None,
+                receipt_handle: h,
+                status: 200,
+            },
+            Err(e) => {
+                let (status, code) = status_of(e);
+                SettleResult {
+                    error: Some(code),
+                    message: Some(e.to_string()),
+                    receipt_handle: h,
+                    status,
+                }
+            }
+        })
+        .collect();
+    Ok(json_reply(&SettleResults { results }))
+}
+
+/// One handle's result in a batch settle's answer. Fields in the order a `serde_json` map would give them (sorted):
+/// the answer's bytes are what they were when it was built as a map per handle, at a fraction of the cost.
+#[derive(serde::Serialize)]
+struct SettleResult<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    receipt_handle: &'a str,
+    status: u16,
+}
+
+#[derive(serde::Serialize)]
+struct SettleResults<'a> {
+    results: Vec<SettleResult<'a>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,7 +224,14 @@ mod tests {
     fn a_batch_keeps_bad_lines_as_per_handle_errors_and_a_single_bad_handle_is_400() {
         let p = parse(Verb::Ack, &query("topic=t"), b"0:1:2\n\nnope\n", &LIMITS).unwrap();
         assert!(p.batch);
-        assert_eq!(p.handles[0].1, Ok(ReceiptHandle { partition: 0, offset: 1, nonce: 2 }));
+        assert_eq!(
+            p.handles[0].1,
+            Ok(ReceiptHandle {
+                partition: 0,
+                offset: 1,
+                nonce: 2
+            })
+        );
         assert!(matches!(
             p.handles[1].1,
             Err(OpError::InvalidReceiptHandle(_))
@@ -214,8 +277,22 @@ mod tests {
             &LIMITS,
         )
         .unwrap();
-        assert_eq!(p.handles[0].1, Ok(ReceiptHandle { partition: 1, offset: 1, nonce: 1 }));
-        assert_eq!(p.handles[1].1, Ok(ReceiptHandle { partition: 2, offset: 2, nonce: 2 }));
+        assert_eq!(
+            p.handles[0].1,
+            Ok(ReceiptHandle {
+                partition: 1,
+                offset: 1,
+                nonce: 1
+            })
+        );
+        assert_eq!(
+            p.handles[1].1,
+            Ok(ReceiptHandle {
+                partition: 2,
+                offset: 2,
+                nonce: 2
+            })
+        );
     }
 
     #[test]
@@ -245,5 +322,38 @@ mod tests {
             ),
             Err(OpError::InvalidDuration(_))
         ));
+    }
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A batch settle's answer is byte for byte what the map-per-handle `json!` form gave.
+    #[test]
+    fn settle_results_match_serde_json_maps() {
+        let results = vec![
+            SettleResult {
+                error: None,
+                message: None,
+                receipt_handle: "0:1:2",
+                status: 200,
+            },
+            SettleResult {
+                error: Some("invalid_receipt_handle"),
+                message: Some("bad \"handle\"".into()),
+                receipt_handle: "x\\y",
+                status: 400,
+            },
+        ];
+        let want = json!({"results": [
+            {"receipt_handle": "0:1:2", "status": 200},
+            {"receipt_handle": "x\\y", "status": 400, "error": "invalid_receipt_handle", "message": "bad \"handle\""},
+        ]});
+        assert_eq!(
+            serde_json::to_string(&SettleResults { results }).unwrap(),
+            want.to_string()
+        );
     }
 }

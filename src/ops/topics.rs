@@ -4,6 +4,8 @@
 
 use super::error::{OpError, OpResult};
 use super::params::Query;
+use super::response::Response;
+use crate::duration::format_ms;
 use crate::engine::topic::{
     self, BackoffKind, TopicConfig, MAX_CAP, MAX_DELAY_MS, MAX_DELIVERIES_LIMIT, MAX_GROUPS_LIMIT,
     MAX_PARTITIONS, MAX_RETENTION_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS,
@@ -11,6 +13,7 @@ use crate::engine::topic::{
 use crate::engine::{Engine, EngineError};
 use crate::partition::PartitionInfo;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::rc::Rc;
 
 /// Settings a request sets (None: not given).
@@ -161,6 +164,77 @@ pub async fn describe(engine: &Rc<Engine>, name: &str) -> OpResult<Vec<Partition
         out.push(p.info().await);
     }
     Ok(out)
+}
+
+// ---- The replies ----
+
+pub fn config_json(c: &TopicConfig) -> serde_json::Value {
+    json!({
+        "partitions": c.partitions,
+        "visibility": format_ms(c.visibility_ms),
+        "visibility_ms": c.visibility_ms,
+        "max_in_flight": c.max_in_flight,
+        "max_acked_ahead": c.max_acked_ahead,
+        "retention": format_ms(c.retention_ms),
+        "retention_ms": c.retention_ms,
+        "redelivery_delay": format_ms(c.redelivery_delay_ms),
+        "redelivery_delay_ms": c.redelivery_delay_ms,
+        "redelivery_backoff": c.redelivery_backoff,
+        "redelivery_delay_max": format_ms(c.redelivery_delay_max_ms),
+        "redelivery_delay_max_ms": c.redelivery_delay_max_ms,
+        "max_deliveries": c.max_deliveries,
+        "dead_letter": c.dead_letter,
+        "max_groups": c.max_groups,
+    })
+}
+
+/// The answer to `PUT /topics/T`: `201` with the new topic, or `200` with the existing one's settings.
+pub fn render_created(created: bool, config: &TopicConfig) -> Response {
+    let body = json!({"name": config.name, "created": created, "config": config_json(config)});
+    Response::json(if created { 201 } else { 200 }, &body)
+}
+
+/// The answer to `PATCH /topics/T`: the settings now.
+pub fn render_changed(config: &TopicConfig) -> Response {
+    Response::json(
+        200,
+        &json!({"name": config.name, "config": config_json(config)}),
+    )
+}
+
+/// The answer to `GET /topics/T`: settings, groups, and each partition with its groups' state; in cluster mode
+/// each partition names its node (`node_of`).
+pub fn render_described(
+    config: &TopicConfig,
+    partitions: &[PartitionInfo],
+    node_of: impl Fn(u32) -> Option<String>,
+) -> Response {
+    let parts: Vec<serde_json::Value> = partitions
+        .iter()
+        .map(|p| {
+            let mut v = serde_json::to_value(p).expect("partition info serialises");
+            if let Some(node) = node_of(p.partition) {
+                v["node"] = json!(node);
+            }
+            v["groups"] = json!(p
+                .groups
+                .iter()
+                .map(|g| {
+                    let mut v = super::groups::group_state_json(g);
+                    v["group"] = json!(g.group);
+                    v
+                })
+                .collect::<Vec<_>>());
+            v
+        })
+        .collect();
+    let body = json!({
+        "name": config.name,
+        "config": config_json(config),
+        "partitions": parts,
+        "groups": config.all_groups(),
+    });
+    Response::json(200, &body)
 }
 
 #[cfg(test)]
