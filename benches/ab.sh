@@ -2,7 +2,8 @@
 # A/B of two berth builds (or two configurations of one), interleaved, on this machine: each round starts build A's
 # server, drives it, stops it, then does the same for B, so slow and fast phases of a shared machine hit both alike;
 # the summary quotes medians. Servers run `serve --cores 1` on CPU 0 with a fresh data directory; the load generator
-# (build B's `berth bench --server`) runs on the last CPU.
+# (build B's `berth-bench --server`, the binary beside BIN_B; an older build's `berth bench` when it has no
+# berth-bench) runs on the last CPU.
 #
 #   benches/ab.sh --a BIN_A --b BIN_B [--a-config A.toml] [--b-config B.toml] [--rounds 5] [--duration 4s]
 #                 [--partitions 1] [--fsync always|never|interval:MS] [--workload cycle|produce|consume]
@@ -59,8 +60,9 @@ side() {  # side NAME BIN CONFIG ROUND
   for _ in $(seq 100); do curl -fs "127.0.0.1:$port/health" > /dev/null 2>&1 && break; sleep 0.1; done
   curl -fs -XPUT "127.0.0.1:$port/topics/ab?partitions=$partitions&max_in_flight=100000&max_acked_ahead=100000" \
     > /dev/null
-  local bench=("$b" --server "http://127.0.0.1:$port" bench --topic ab --workload "$workload" --batch "$batch"
-    --connections "$connections" --client-cpus "$last")
+  local bench=("${b%/*}/berth-bench" --server "http://127.0.0.1:$port")
+  [ -x "${bench[0]}" ] || bench=("$b" --server "http://127.0.0.1:$port" bench)
+  bench+=(--topic ab --workload "$workload" --batch "$batch" --connections "$connections" --client-cpus "$last")
   "${bench[@]}" --duration 1s > /dev/null 2>&1
   t0=$(awk '{print $14, $15}' "/proc/$pid/stat")
   "${bench[@]}" --duration "$duration" > "$out/$name-r$round.txt" 2>&1

@@ -46,6 +46,8 @@ command -v curl >/dev/null || die "curl is needed"
 command -v python3 >/dev/null || die "python3 is needed"
 cargo build --release -q
 berth=target/release/berth
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
 mkdir -p "$out"
 : >"$out/topics.txt"
 
@@ -155,7 +157,7 @@ drop_topic() { curl -fs -o /dev/null -X DELETE "${urls[0]}/topics/$1" || true; }
 bench() {  # bench NAME SERVERS bench-args...
   local name=$1 servers=$2
   shift 2
-  if ! "$berth" --server "$servers" bench --client-cpus "$client_cpu" --server-pid "$all_pids" \
+  if ! "$berth_bench" --server "$servers" --client-cpus "$client_cpu" --server-pid "$all_pids" \
     --duration "$duration" --json "$out/$name.json" "$@" >"$out/$name.txt" 2>"$tmp/$name.err"; then
     cat "$tmp/$name.err" >&2
     die "bench $name failed"
@@ -165,7 +167,7 @@ bench() {  # bench NAME SERVERS bench-args...
 
 fill() {  # fill TOPIC: pre-fill through the owner for as long as a run lasts, 100k messages/s in batches of 100
   # (more than a drain takes, and not the several times more an unpaced fill would write)
-  if ! "$berth" --server "$owner" bench --topic "$1" --workload produce --batch 100 --connections 4 --rate 1000 \
+  if ! "$berth_bench" --server "$owner" --topic "$1" --workload produce --batch 100 --connections 4 --rate 1000 \
     --client-cpus "$client_cpu" --duration "$duration" >"$tmp/$1-fill.log" 2>&1; then
     tail -20 "$tmp/$1-fill.log" >&2
     die "pre-fill of $1 failed"

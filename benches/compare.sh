@@ -17,10 +17,12 @@ done
 mkdir -p "$out"
 cargo build --release -q
 berth=target/release/berth
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
 last=$(( $(nproc) - 1 ))
 bench() {  # bench NAME [global args --] bench args...
   local name="$1"; shift
-  "$berth" bench --duration "$duration" --client-cpus "$last" --json "$out/$name.json" "$@" > "$out/$name.txt" 2>/dev/null
+  "$berth_bench" --duration "$duration" --client-cpus "$last" --json "$out/$name.json" "$@" > "$out/$name.txt" 2>/dev/null
   echo "  $name done"
 }
 if command -v beanstalkd >/dev/null; then
@@ -29,7 +31,7 @@ if command -v beanstalkd >/dev/null; then
   for c in 1 16; do
     for p in "" "--pipeline"; do
       name="beanstalkd-cycle-c$c${p:+-pipelined}"
-      "$berth" --server http://127.0.0.1:11399 bench --protocol beanstalkd --server-pid "$bpid" --workload cycle \
+      "$berth_bench" --server http://127.0.0.1:11399 --protocol beanstalkd --server-pid "$bpid" --workload cycle \
         --connections "$c" $p --duration "$duration" --client-cpus "$last" --json "$out/$name.json" > "$out/$name.txt" 2>/dev/null
       echo "  $name done"
     done

@@ -33,13 +33,15 @@ wrk_rounds=${wrk_rounds:-$rounds}
 mkdir -p "$out"
 cargo build --release -q
 berth=target/release/berth
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
 last=$(( $(nproc) - 1 ))
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
 run() {  # run NAME bench-args...
   local name="$1"; shift
-  "$berth" bench --duration "$duration" --client-cpus "$last" --json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1
+  "$berth_bench" --duration "$duration" --client-cpus "$last" --json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1
   echo "  $name done"
 }
 
@@ -49,7 +51,7 @@ for r in $(seq "$rounds"); do
     taskset -c 0 redis-server --port 16399 --bind 127.0.0.1 --dir "$tmp/redis" --save "" \
       --appendonly yes --appendfsync always > "$tmp/redis.log" 2>&1 & rpid=$!
     for _ in $(seq 50); do redis-cli -p 16399 ping >/dev/null 2>&1 && break; sleep 0.1; done
-    "$berth" --server 127.0.0.1:16399 bench --protocol redis --server-pid "$rpid" --workload cycle --connections 16 \
+    "$berth_bench" --server 127.0.0.1:16399 --protocol redis --server-pid "$rpid" --workload cycle --connections 16 \
       --duration "$duration" --client-cpus "$last" --json "$out/redis-always-cycle-r$r.json" > "$out/redis-always-cycle-r$r.txt" 2>&1
     echo "  redis-always-cycle-r$r done"
     kill "$rpid"; wait "$rpid" 2>/dev/null || true

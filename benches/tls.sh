@@ -23,6 +23,8 @@ while [ $# -gt 0 ]; do
 done
 cargo build --release -q
 berth=target/release/berth
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
 last=$(( $(nproc) - 1 ))
 mkdir -p "$out"
 tmp=$(mktemp -d)
@@ -44,12 +46,12 @@ serve() {  # serve PORT [FLAGS...] -> pid on stdout
 
 for round in $(seq "$rounds"); do
   pid=$(serve 17501); wait_port 17501
-  "$berth" --server "http://127.0.0.1:17501" bench --server-pid "$pid" --workload cycle --connections 16 \
+  "$berth_bench" --server "http://127.0.0.1:17501" --server-pid "$pid" --workload cycle --connections 16 \
     --duration "$duration" --client-cpus "$last" --json "$out/plain-$round.json" > "$out/plain-$round.txt" 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$tmp/d17501"
 
   pid=$(serve 17502 --tls-cert-file "$tmp/cert.pem" --tls-key-file "$tmp/key.pem"); wait_port 17502
-  "$berth" --server "https://127.0.0.1:17502" --cacert "$tmp/cert.pem" bench --server-pid "$pid" --workload cycle \
+  "$berth_bench" --server "https://127.0.0.1:17502" --cacert "$tmp/cert.pem" --server-pid "$pid" --workload cycle \
     --connections 16 --duration "$duration" --client-cpus "$last" --json "$out/tls-$round.json" \
     > "$out/tls-$round.txt" 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$tmp/d17502"

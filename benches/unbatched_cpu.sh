@@ -27,6 +27,8 @@ while [ $# -gt 0 ]; do
 done
 cargo build --release -q
 berth=target/release/berth
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
 last=$(( $(nproc) - 1 ))
 mkdir -p "$out"
 tmp=$(mktemp -d)
@@ -43,7 +45,7 @@ wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 run() {  # run NAME ROUND PROTOCOL PORT PID
   local name="$1" round="$2" protocol="$3" port="$4" pid="$5" server
   if [ "$protocol" = berth ]; then server="http://127.0.0.1:$port"; else server="127.0.0.1:$port"; fi
-  "$berth" --server "$server" bench --protocol "$protocol" --server-pid "$pid" --workload cycle --connections 16 \
+  "$berth_bench" --server "$server" --protocol "$protocol" --server-pid "$pid" --workload cycle --connections 16 \
     --duration "$duration" --client-cpus "$last" --json "$out/$name-$round.json" > "$out/$name-$round.txt" 2>&1
 }
 

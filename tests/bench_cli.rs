@@ -1,10 +1,22 @@
-//! `berth bench` end to end: a short run against its embedded server prints a row per client core and operation,
+//! `berth-bench` (the load generator, `bench/`) end to end: a short run against its embedded server prints a row per client core and operation,
 //! writes JSON, .hgrm files and an SVG, and the JSON agrees with the table; against two servers it reports each
 //! node too.
 
 mod common;
 
 use std::process::Command;
+
+/// The load generator's binary: built beside `berth` (both are default members of the workspace, so
+/// `cargo test --release` builds it before any test runs).
+fn berth_bench() -> Command {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_berth")).with_file_name("berth-bench");
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo build --release -p berth-bench",
+        path.display()
+    );
+    Command::new(path)
+}
 
 #[test]
 fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
@@ -13,9 +25,8 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
     let json = dir.path().join("out.json");
     let hgrm = dir.path().join("hgrm");
     let svg = dir.path().join("plot.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+    let out = berth_bench()
         .args([
-            "bench",
             "--workload",
             "cycle",
             "--connections",
@@ -30,7 +41,7 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
         .arg("--svg")
         .arg(&svg)
         .output()
-        .expect("run berth bench");
+        .expect("run berth-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -119,14 +130,14 @@ fn several_servers_get_per_node_results() {
     let servers = format!("{},{}", a.url(), b.url());
     let pids = format!("{},{}", a.pid().unwrap(), b.pid().unwrap());
     let run = |workload: &str, extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["--server", &servers, "bench", "--topic", "spread"])
+        let out = berth_bench()
+            .args(["--server", &servers, "--topic", "spread"])
             .args(["--workload", workload, "--connections", "4"])
             .args(["--duration", "1500ms", "--json"])
             .arg(&json)
             .args(extra)
             .output()
-            .expect("run berth bench");
+            .expect("run berth-bench");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),

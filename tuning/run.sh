@@ -26,7 +26,9 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$out"
 berth="$root/target/release/berth"
-[ -x "$berth" ] || (cd "$root" && cargo build --release) || exit 1
+# The load generator, a binary of its own (bench/), built beside the server.
+berth_bench="${berth%/*}/berth-bench"
+{ [ -x "$berth" ] && [ -x "$berth_bench" ]; } || (cd "$root" && cargo build --release) || exit 1
 
 # ---- revert journal: every change is recorded as a command that undoes it, run in reverse order at the end ----
 journal="$out/.revert"
@@ -104,7 +106,7 @@ for profile in $profiles; do
   printf '%s\n' "$ENGINE_TOML" > "$out/$profile.engine.toml"
   if [ -n "$ENGINE_TOML" ]; then note "engine" applied "$(echo "$ENGINE_TOML" | tr '\n' ' ')"; fi
   # shellcheck disable=SC2086
-  "$berth" bench $bench_args --duration "$duration" --server-config "$out/$profile.engine.toml" \
+  "$berth_bench" $bench_args --duration "$duration" --server-config "$out/$profile.engine.toml" \
       --json "$out/$profile.json" --hgrm-dir "$out/$profile-hgrm" --svg "$out/$profile.svg" \
       > "$out/$profile.txt" 2> "$out/$profile.stderr" || echo "  bench failed for $profile (see $out/$profile.stderr)"
   sed -n '1,40p' "$out/$profile.txt" | sed 's/^/    /'

@@ -1,7 +1,5 @@
-//! The command line: `berth serve` runs the broker; `berth bench` is the load generator; the other commands are a
-//! client for people at a terminal. Part of the binary only: the server library links none of it.
-
-pub mod bench;
+//! The command line: `berth serve` runs the broker; the other commands are a client for people at a terminal (the
+//! load generator is its own binary, `berth-bench`, in `bench/`). Part of the binary only: the server library links none of it.
 
 use berth::client::{enc, Answer, Client};
 use berth::config::{Config, FsyncPolicy};
@@ -19,8 +17,7 @@ const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
     about = "A thread-per-core message-queue broker with leases"
 )]
 struct Cli {
-    /// Server to talk to [default http://127.0.0.1:7070; for bench: an embedded server]. bench takes several, comma
-    /// separated (berth only): each client core spreads its connections over them round robin.
+    /// Server to talk to [default http://127.0.0.1:7070].
     #[arg(long, global = true, env = "BERTH_SERVER")]
     server: Option<String>,
     /// Bearer token for a server started with --auth-token-file.
@@ -34,6 +31,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of its largest variant (serve's settings) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the broker.
@@ -128,8 +127,6 @@ enum Command {
         #[arg(long)]
         delay: Option<String>,
     },
-    /// The load generator: per-core HDR histograms per operation.
-    Bench(crate::cli::bench::BenchArgs),
     /// Extend a lease to now + visibility.
     Extend {
         topic: String,
@@ -326,9 +323,6 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Bench(args) => {
-            crate::cli::bench::run(&args, cli.server.as_deref(), cli.cacert.as_deref()).map(|_| 0)
-        }
         other => {
             let client = Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER))
                 .with_token(cli.auth_token);
@@ -487,7 +481,7 @@ fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
 
 fn client_command(client: &Client, command: Command) -> Result<i32, String> {
     match command {
-        Command::Serve(_) | Command::Bench(_) => unreachable!("handled by main"),
+        Command::Serve(_) => unreachable!("handled by main"),
         Command::Topic(t) => topic_command(client, t),
         Command::Group(g) => group_command(client, g),
         Command::Cluster(ClusterCommand::Status) => {

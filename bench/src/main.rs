@@ -1,4 +1,4 @@
-//! `berth bench`: the load generator. One pinned glommio executor per client CPU, each driving its connections in a
+//! `berth-bench`: berth's load generator, a crate and binary of its own (the server binary holds the server). One pinned glommio executor per client CPU, each driving its connections in a
 //! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation and the messages
 //! they carried; then a table, JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core
 //! histograms from `/metrics`. The same loop drives berth (HTTP, single messages or `--batch N`), beanstalkd and
@@ -69,9 +69,65 @@ const DEFAULT_TOPIC_CAP: usize = 1024;
 /// berth's upper bound on those caps.
 const MAX_TOPIC_CAP: usize = 1 << 20;
 
-/// `berth bench` options.
+/// The command line: where the server is, then the run's options.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "berth-bench",
+    version,
+    about = "berth's load generator: per-core HDR histograms of produce, consume and ack against berth, beanstalkd or Redis Streams"
+)]
+struct Cli {
+    /// Server(s) to load [default: an embedded `berth serve` on --server-cpus, with a temp data dir]. berth only:
+    /// several, comma separated, and each client core spreads its connections over them round robin. beanstalkd
+    /// and redis: HOST:PORT of a running server.
+    #[arg(long, env = "BERTH_SERVER")]
+    server: Option<String>,
+    /// HTTPS: trust only the CA certificate(s) in this PEM file (as curl's --cacert), for a server started with
+    /// --tls-cert-file.
+    #[arg(long, env = "BERTH_CACERT")]
+    cacert: Option<PathBuf>,
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() {
+    use clap::Parser as _;
+    let cli = Cli::parse();
+    if let Err(e) = run(&cli.args, cli.server.as_deref(), cli.cacert.as_deref()) {
+        eprintln!("berth-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// mimalloc, as in the server: the client's request loop allocates small buffers on every core.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The `berth` binary an embedded server runs: `--berth-bin`, else the `berth` beside this binary (both are built
+/// into the same target directory).
+fn berth_binary(given: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(path) = given {
+        return Ok(path.to_path_buf());
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let beside = me.with_file_name("berth");
+    if beside.is_file() {
+        Ok(beside)
+    } else {
+        Err(format!(
+            "no berth binary beside {} for the embedded server: build it (cargo build --release), pass --berth-bin PATH, or load a running one with --server URL",
+            me.display()
+        ))
+    }
+}
+
+/// The run's options.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct BenchArgs {
+    /// The `berth` binary the embedded server runs [default: the one beside berth-bench].
+    #[arg(long, env = "BERTH_BIN")]
+    #[serde(skip)]
+    pub berth_bin: Option<PathBuf>,
     /// produce | consume | cycle.
     #[arg(long, value_enum, default_value = "cycle")]
     pub workload: Workload,
@@ -270,7 +326,8 @@ impl BenchArgs {
     }
 }
 
-/// An embedded server: this binary's `serve`, as a child process on the server CPUs, with a temp data dir.
+/// An embedded server: `berth serve` (the `berth` binary beside this one, or `--berth-bin`), as a child process on
+/// the server CPUs, with a temp data dir.
 struct Embedded {
     child: std::process::Child,
     dir: PathBuf,
@@ -285,8 +342,8 @@ impl Embedded {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let dir = std::env::temp_dir().join(format!("berth-bench-{}-{port}", std::process::id()));
         let cpus: Vec<String> = plan.server_cpus.iter().map(|c| c.to_string()).collect();
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let child = std::process::Command::new(exe)
+        let exe = berth_binary(plan.args.berth_bin.as_deref())?;
+        let child = std::process::Command::new(&exe)
             .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
             .arg(&dir)
             .args(["--cpus", &cpus.join(","), "--fsync", &plan.args.fsync])
@@ -299,7 +356,7 @@ impl Embedded {
             .env("BERTH_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start the embedded server: {e}"))?;
+            .map_err(|e| format!("cannot start the embedded server {}: {e}", exe.display()))?;
         let embedded = Embedded { child, dir };
         let client = berth::client::Client::new(&format!("http://{addr}"));
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -886,7 +943,7 @@ pub struct Pipelined<H> {
 
 /// One connection of a protocol, in the load generator's terms. Each call is one request (berth), or one write of
 /// pipelined commands (beanstalkd, redis), and returns when every answer is in.
-pub trait Driver {
+pub(crate) trait Driver {
     /// What acks a delivered message.
     type Handle;
     /// Produces `n` messages (at most the batch): how many the server accepted.
