@@ -4,7 +4,7 @@
 mod cli;
 
 /// mimalloc instead of glibc's malloc: the request path allocates small, short-lived buffers on every core, and
-/// glibc's arenas showed as 6-7 % of a core in the unbatched cycle's profile (malloc, free, consolidation).
+/// glibc's arenas showed in the unbatched cycle's profile (docs/benchmark-history.md, "Design measurements").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -272,8 +272,8 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         .with_header("delivery-count", d.delivery_count)
 }
 
-/// A delivery's JSON fields after the body's, written by hand (a `serde_json::Map` per delivery — a BTreeMap of four
-/// owned keys — was ~15 % of a core in the batched cycle). The keys come in the order serde_json's map gives them
+/// A delivery's JSON fields after the body's, written by hand (a `serde_json::Map` per delivery, a BTreeMap of four
+/// owned keys, showed in the batched cycle's profile: docs/benchmark-history.md, "Design measurements"). The keys come in the order serde_json's map gives them
 /// (sorted), so the bytes are those of the map; `delivery_fields_match_serde_json` checks that.
 fn push_delivery_fields(out: &mut Vec<u8>, d: &Delivery) {
     use std::io::Write;

@@ -88,7 +88,7 @@ impl Request {
 pub async fn apply(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
     // The data-path operations are awaited in place; the rest are boxed, so this future (and every future that
     // awaits it: the router's, the front's, a connection's) is as large as a produce, probe or settle, not as large
-    // as a topic creation: moving a future copies all of it (it was 4.5 KiB, a memcpy showing in the profile).
+    // as a topic creation: moving a future copies all of it (a memcpy that showed in the profile).
     Ok(match request {
         Request::Produce(r) => Reply::Produced(produce::apply(engine, r).await?),
         Request::Probe(r) => Reply::Probed(consume::apply(engine, r).await?),
@@ -186,8 +186,8 @@ mod future_sizes {
     }
 
     /// Every await of a data-path request moves its future at least once, copying all of it: administration stays
-    /// boxed (`apply_cold`), so apply's future is about as large as the largest data-path operation's (it was 4.5 KiB
-    /// with topic creation inline).
+    /// boxed (`apply_cold`), so apply's future is about as large as the largest data-path operation's, not as large
+    /// as topic creation's.
     #[test]
     fn the_data_path_future_is_not_as_large_as_administration() {
         let hot = size(produce::apply)

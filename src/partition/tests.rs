@@ -424,3 +424,33 @@ fn a_take_stops_at_its_byte_budget_and_gives_back_what_it_reserved_past_it() {
         assert!(taken.deliveries.iter().all(|d| d.delivery_count == 1));
     });
 }
+
+/// A frontier file beyond the recovered log end (the log's tail was lost, its frontier was not): the log continues at
+/// the frontier (no offset a consumer may have settled is reused) and exactly the offsets it lacks count as
+/// corrupt-skipped. (`tests/storage_faults.rs` shows the same through the real binary; this one runs in `--lib`, where
+/// mutation testing looks.)
+#[test]
+fn a_frontier_beyond_the_log_end_counts_exactly_the_offsets_the_log_lacks() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["a", "b", "c"])).await.unwrap();
+        p.close().await;
+        drop(p);
+        let storage = SimStorage(sim.clone());
+        super::frontier::write(
+            &storage,
+            &dir().join(super::frontier::file_name(DEFAULT_GROUP)),
+            1_000,
+        )
+        .await
+        .unwrap();
+        let p = open(&sim, &clock).await;
+        let info = p.info().await;
+        assert_eq!(info.end_offset, 1_000, "the log continues at the frontier");
+        let g = &info.groups[0];
+        assert_eq!((g.committed, g.corrupt_skipped), (1_000, 1_000 - 3));
+        assert_eq!(info.corrupt_skipped, 1_000 - 3);
+    });
+}

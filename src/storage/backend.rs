@@ -63,12 +63,11 @@ pub trait Storage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SyncVia {
-    /// fdatasync(2) called by the core itself: the core waits for the device (~100 µs here), but requests that
-    /// arrive meanwhile are served in one batch afterwards. Measured on this 2-core VM at 64 connections: 86k fsynced
-    /// produces/s at 9.8 µs of server CPU each.
+    /// fdatasync(2) called by the core itself: the core waits for the device, but requests that arrive meanwhile are
+    /// served in one batch afterwards. The three ways measured against each other: docs/benchmark-history.md, "Design measurements".
     Inline,
     /// IORING_OP_FSYNC: the core keeps serving while an io-wq kernel worker syncs. The worker shares the core, and
-    /// the hand-off costs context switches and interrupts: measured 47k/s at 17.5 µs each on the same setup.
+    /// the hand-off costs context switches and interrupts.
     IoUring,
     /// fdatasync(2) on a thread of glommio's blocking pool (bound to this core's CPU): the core keeps serving while
     /// the thread sleeps on the device, and is told by an eventfd when it returns.
@@ -343,8 +342,8 @@ struct DiskFile(BufferedFile, SyncVia);
 
 impl SegmentFile for DiskFile {
     /// pwrite from the owning core: a page-cache write of one batch takes microseconds, while an io_uring
-    /// buffered write is punted to an io-wq worker that inherits this core's affinity and competes with it
-    /// (measured: 60 µs to 1.3 ms per batch that way).
+    /// buffered write is punted to an io-wq worker that inherits this core's affinity and competes with it (far
+    /// slower: docs/benchmark-history.md, "Design measurements").
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         let fd = self.0.as_raw_fd();
         let mut done = 0usize;

@@ -25,8 +25,8 @@ use std::rc::Rc;
 use tracing::{error, info, warn};
 
 /// The active segment is kept zero-filled ahead of its last frame, so most batches overwrite blocks that are
-/// already allocated and sized and their fdatasync flushes data without a journal commit for the file size
-/// (measured here: ~90 µs instead of ~140 µs per sync). The zeros are a torn tail to recovery and are cut at
+/// already allocated and sized and their fdatasync flushes data without a journal commit for the file size (a
+/// cheaper sync: docs/benchmark-history.md, "Design measurements"). The zeros are a torn tail to recovery and are cut at
 /// restart and when the segment is sealed. The reserve grows with what the segment holds, from `PREZERO_MIN_BYTES`
 /// (a partition that received one record costs 4 KiB, not a megabyte) to `PREZERO_MAX_BYTES` for a hot one, and is
 /// trimmed back to at most `PREZERO_IDLE_BYTES` once the partition has been idle (see `Log::trim_idle_reserve`).
@@ -461,10 +461,10 @@ impl Log {
             self.write_batch(batch).await;
             // Appenders are concurrent (this batch gathered several): give the next batch the journal's commit
             // delay to fill, so one sync serves more of them. A lone appender never waits. A log whose journal's
-            // last pass carried several partitions' entries adds no delay of its own (two stacked waits left the core
-            // idle: wrk's 16-partition produce went 54.7k -> 60.0k requests/s without): it builds its next batch when
-            // the journal's delay ends (`Journal::next_pass`). (Ending the wait as soon as as many appends as last time are queued was tried: batches
-            // shrink pass after pass, and at 16 partitions syncs rose by a fifth and cycles fell by 12 %.)
+            // last pass carried several partitions' entries adds no delay of its own (two stacked waits leave the core
+            // idle): it builds its next batch when the journal's delay ends (`Journal::next_pass`). Ending the wait as
+            // soon as as many appends as last time are queued was tried and lost: batches shrink pass after pass.
+            // Both measured: docs/benchmark-history.md, "Design measurements".
             if company > 1 && !self.closed.get() {
                 if let Some(link) = self.journal.as_ref() {
                     if link.journal.last_pass_entries() <= 1 {
