@@ -40,6 +40,11 @@ fn dir() -> PathBuf {
 
 /// A partition of one group on the simulated disk, with a manual clock.
 async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
+    open_waking(sim, clock, Rc::new(|_, _| {})).await
+}
+
+/// The same, telling `wake` of what becomes deliverable.
+async fn open_waking(sim: &Rc<Sim>, clock: &Rc<ManualClock>, wake: super::Wake) -> Rc<Partition> {
     Partition::open(PartitionSetup {
         storage: Rc::new(SimStorage(sim.clone())),
         clock: clock.clone(),
@@ -61,7 +66,7 @@ async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
         },
         redelivery: Redelivery::default(),
         groups: vec![DEFAULT_GROUP.to_string()],
-        wake: Rc::new(|_, _| {}),
+        wake,
     })
     .await
     .expect("open the partition")
@@ -452,5 +457,40 @@ fn a_frontier_beyond_the_log_end_counts_exactly_the_offsets_the_log_lacks() {
         let g = &info.groups[0];
         assert_eq!((g.committed, g.corrupt_skipped), (1_000, 1_000 - 3));
         assert_eq!(info.corrupt_skipped, 1_000 - 3);
+    });
+}
+
+/// Leases given back (their probe's reply never reached the consumer) are deliverable again at once, and the group's
+/// parked consumers are told how many; leases not given back (a stale nonce) wake nobody.
+#[test]
+fn leases_given_back_wake_the_group_with_their_count() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken: Rc<std::cell::RefCell<Vec<(Option<String>, usize)>>> = Rc::default();
+        let w = woken.clone();
+        let wake: super::Wake =
+            Rc::new(move |group, n| w.borrow_mut().push((group.map(str::to_string), n)));
+        let p = open_waking(&sim, &clock, wake).await;
+        p.append(bodies(&["a", "b", "c"])).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 2, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0, 1]);
+        woken.borrow_mut().clear();
+        let stale: Vec<(u64, u64)> = taken
+            .deliveries
+            .iter()
+            .map(|d| (d.offset, d.nonce + 1))
+            .collect();
+        p.give_back(DEFAULT_GROUP, &stale);
+        assert_eq!(*woken.borrow(), vec![], "nothing was given back");
+        let items: Vec<(u64, u64)> = taken
+            .deliveries
+            .iter()
+            .map(|d| (d.offset, d.nonce))
+            .collect();
+        p.give_back(DEFAULT_GROUP, &items);
+        assert_eq!(*woken.borrow(), vec![(Some(DEFAULT_GROUP.to_string()), 2)]);
+        let again = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&again), vec![0, 1, 2], "deliverable again at once");
     });
 }
