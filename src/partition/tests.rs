@@ -467,7 +467,8 @@ fn leases_given_back_wake_the_group_with_their_count() {
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
-        let woken: Rc<std::cell::RefCell<Vec<(Option<String>, usize)>>> = Rc::default();
+        type Woken = Vec<(Option<String>, usize)>;
+        let woken: Rc<std::cell::RefCell<Woken>> = Rc::default();
         let w = woken.clone();
         let wake: super::Wake =
             Rc::new(move |group, n| w.borrow_mut().push((group.map(str::to_string), n)));
