@@ -1,6 +1,11 @@
 //! Consume: `GET /consume`. The client's request (queue style with `wait`, `visibility`, `max`, `group`; or a replay
 //! with `partition` and `offset`, see `ops::replay`), and the owner-side probe: lease up to `max` messages from the
 //! partitions of a topic this core owns, in one pass per partition's lease shard.
+//!
+//! Read in order: `parse`, then `front/consume.rs` (a probe of each owning core, parking in `engine/waiters.rs` when
+//! nothing is deliverable, dead letters diverted), `apply` here on the owner (`Probe`: leases taken), and `render`
+//! (one delivery with its receipt handle in headers, or a batch as ndjson or frames). Leases whose reply never
+//! reached the consumer come back through `GiveBack`. Route: `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};

@@ -1,6 +1,9 @@
 //! Consumer groups: `PUT /topics/T/groups/G[?start=earliest|latest]` (create), `DELETE /topics/T/groups/G`, and
 //! `GET /topics/T/groups` (list, with per-partition state). Core 0 applies creations and deletions (every core
 //! writes its partitions' frontier files first); a consume naming a group that does not exist creates it too.
+//!
+//! Read in order: `parse_start`, then `front/admin.rs` and `engine/admin.rs` (core 0, then every core), and the
+//! replies here (`render_created`, `groups_json`, `group_json`). Route: `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::Query;

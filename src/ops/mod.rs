@@ -1,5 +1,7 @@
 //! The operation layer: one file per operation, each holding its parameters parsed from HTTP into a plain request
-//! value, the owner-side request it becomes, the function that applies that on the owning core, and its reply. Here,
+//! value, the owner-side request it becomes, the function that applies that on the owning core, and its reply
+//! rendered (`render`); each file's header names the rest of its path (the fan-out in `front/`, the route in
+//! `http/routes.rs`). Receipt handles are `receipt.rs`; the one error -> status mapping is `status.rs`. Here,
 //! the one enum of owner-side requests and replies and the one `apply` every transport ends in: a direct call on
 //! this core, the mesh from another core, node RPC from another node; so a remote owner applies exactly what a local
 //! one would. Requests are data: the reply channel belongs to the transport's envelope.

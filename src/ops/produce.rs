@@ -1,6 +1,10 @@
 //! Produce: `POST /produce`. The client's request (one raw message, or a batch in `application/x-ndjson` or
 //! `application/vnd.berth.frames`) parsed into plain records; the owner-side request that appends one partition's
 //! records in one write and one sync; and its reply.
+//!
+//! Read in order: `parse` (HTTP to `ProduceParams`), then `front/produce.rs` (records split by owning partition and
+//! core, sent as `Produce` requests), `apply` here on the owner (the log append), and `render` (the reply). Route:
+//! `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};

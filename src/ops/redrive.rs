@@ -1,6 +1,9 @@
 //! Redrive: `POST /topics/D/redrive?to=T[&max=N][&group=G]` moves up to N messages (default: those available when
 //! it starts) from topic D, consumed in group G, to topic T: each is appended to T before it is acked in D
 //! (at-least-once: a crash between the two leaves a copy in both). The front runs it (`front::redrive`).
+//!
+//! Read in order: `parse`, then `front/redrive.rs` (consume from D, produce to T, ack in D, in rounds), and `render`.
+//! Route: `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::Query;

@@ -1,5 +1,8 @@
 //! Replay: `GET /consume?topic=T&partition=P&offset=O[&wait=D]`. A read at the partition's owner that touches no
 //! lease, nonce or frontier; waits up to `wait` for an offset not written yet.
+//!
+//! Read in order: `ops::consume::parse` (a consume with `offset`), `front/consume.rs` (`Front::replay`: one owner),
+//! `apply` here, `render`. Route: `http/routes.rs`.
 
 use super::error::OpResult;
 use super::response::Response;

@@ -1,6 +1,10 @@
 //! Settle: `POST /ack`, `/nack`, `/extend`. The client's request (one `receipt_handle` in the query, or a
 //! `text/plain` body of handles, one per line); the owner-side request that settles one partition's handles in one
 //! pass over its lease shard (an ack batch advances the frontier once); and the per-handle results.
+//!
+//! Read in order: `parse` (handles as `ops::receipt::ReceiptHandle`), then `front/settle.rs` (handles split by
+//! partition, one `Settle` per owner), `apply` here on the owner, and `render` (a single settle's empty `200`, a
+//! batch's per-handle results). Route: `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Query};

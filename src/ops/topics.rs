@@ -1,6 +1,9 @@
 //! Topic administration: `PUT /topics/T` (create), `PATCH /topics/T` (change settings), `DELETE /topics/T`,
 //! `GET /topics/T` (describe) and `GET /topics`. Settings are parsed here; core 0 applies creations, changes and
 //! deletions (`engine::admin`), every core describes its own partitions.
+//!
+//! Read in order: `parse_settings`, then `front/admin.rs` (to core 0, which runs the change on every core:
+//! `engine/admin.rs`), and the `render_*` replies here. Route: `http/routes.rs`.
 
 use super::error::{OpError, OpResult};
 use super::params::Query;
