@@ -60,8 +60,12 @@ side() {  # side NAME BIN CONFIG ROUND
   for _ in $(seq 100); do curl -fs "127.0.0.1:$port/health" > /dev/null 2>&1 && break; sleep 0.1; done
   curl -fs -XPUT "127.0.0.1:$port/topics/ab?partitions=$partitions&max_in_flight=100000&max_acked_ahead=100000" \
     > /dev/null
-  local bench=("${b%/*}/berth-bench" --server "http://127.0.0.1:$port")
-  [ -x "${bench[0]}" ] || bench=("$b" --server "http://127.0.0.1:$port" bench)
+  local bench=("$(dirname "$b")/berth-bench" --server "http://127.0.0.1:$port")
+  if [ ! -x "${bench[0]}" ]; then
+    # An older build: the load generator was its `berth bench`.
+    "$b" bench --help > /dev/null 2>&1 || { echo "no berth-bench beside $b, and $b has no bench subcommand" >&2; exit 2; }
+    bench=("$b" --server "http://127.0.0.1:$port" bench)
+  fi
   bench+=(--topic ab --workload "$workload" --batch "$batch" --connections "$connections" --client-cpus "$last")
   "${bench[@]}" --duration 1s > /dev/null 2>&1
   t0=$(awk '{print $14, $15}' "/proc/$pid/stat")

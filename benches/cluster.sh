@@ -4,7 +4,7 @@
 # when there are enough, else every node on CPU 0; the load generator, etcd and the wake client on the last CPU.
 # Every topic has one partition, so it lives on one node (its owner, read from GET /topics/T), and each figure is
 # taken through the owner (local) and through another node (remote), with the same load generator:
-#   - probe: `berth bench --workload consume` draining a pre-filled topic (consume, then ack), and the
+#   - probe: `berth-bench --workload consume` draining a pre-filled topic (consume, then ack), and the
 #     produce -> consume -> ack cycle, at 1 and 16 connections. Through a non-owner every consume is a probe of the
 #     owner over node RPC (and every ack and produce is forwarded to it). CPU per operation is that of all nodes.
 #     Each pair is run --repeat times (local and remote in turn; the order alternates), and the table gives the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The headline comparison, in one run on this machine: berth (fsync always) and beanstalkd (in memory), both driven
-# by the same load generator (`berth bench`) on the last CPU, servers on CPU 0; cycle = produce -> consume -> ack
+# by the same load generator (`berth-bench`) on the last CPU, servers on CPU 0; cycle = produce -> consume -> ack
 # (put -> reserve -> delete), 100-byte messages; then fsynced produce at 1, 16 and 64 connections.
 #   benches/compare.sh [--duration 10s] [--out DIR]
 set -euo pipefail

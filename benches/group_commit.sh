@@ -2,7 +2,7 @@
 # Durable throughput in one run on this machine (the group-commit issue's figures), servers on CPU 0, load on the
 # last CPU, 100-byte messages, every produce fsynced:
 #   - cycle (produce -> consume -> ack), 16 connections: Redis Streams with `appendfsync always` (XADD, XREADGROUP,
-#     XACK, driven by the same `berth bench --protocol redis`), then berth at 1, 16 and 256 partitions;
+#     XACK, driven by the same `berth-bench --protocol redis`), then berth at 1, 16 and 256 partitions;
 #   - the same cycle batched, 100 messages per request, and batched produce alone;
 #   - fsynced produce at 64 connections with wrk (epoll client, keyless POST /produce) on 1 and 16 partitions, and
 #     two references beside it: berth with --fsync never, and the floor server of benches/floor/floor.c (canned

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What TLS costs per request: the same build served over plain HTTP and over HTTPS (--tls-cert-file), driven by
-# this tree's `berth bench` (with --cacert for HTTPS) through the unbatched cycle (produce -> consume -> ack of
+# this tree's `berth-bench` (with --cacert for HTTPS) through the unbatched cycle (produce -> consume -> ack of
 # 100-byte messages, 16 keep-alive connections), server pinned to CPU 0 and the load generator to the last CPU.
 # Rounds interleave plain and TLS so the machine's drift hits both alike; the table gives medians and the per-round
 # TLS/plain ratios. Connections are opened once per run, so this is the per-request cost (record encryption and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The unbatched cycle's server CPU, before and after, in one run: produce -> consume -> ack of 100-byte messages,
 # 16 connections, fsync never (in memory), every server pinned to CPU 0 and driven by the same load generator (this
-# tree's `berth bench`) on the last CPU: beanstalkd (the peer), an earlier berth build (BEFORE) and this build.
+# tree's `berth-bench`) on the last CPU: beanstalkd (the peer), an earlier berth build (BEFORE) and this build.
 # Rounds are interleaved so that the machine's drift hits every server alike; the table gives medians, with the
 # server's CPU split into user and kernel time as /proc/PID/stat counts them.
 # A fourth server, `floor` (benches/floor/floor.c, built here with cc when one is installed), answers the same requests

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tuning lab runner: for each profile, record the host's current settings, apply the profile's knobs (skipping
-# and reporting every one the host refuses), run the same `berth bench` workload, revert everything, and finally
+# and reporting every one the host refuses), run the same `berth-bench` workload, revert everything, and finally
 # write a side-by-side comparison (markdown + JSON) and an overlaid latency plot.
 #
 #   tuning/run.sh [--profiles "baseline low-latency throughput"] [--duration 10s] [--out tuning/results/DATE]

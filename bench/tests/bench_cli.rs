@@ -2,25 +2,114 @@
 //! writes JSON, .hgrm files and an SVG, and the JSON agrees with the table; against two servers it reports each
 //! node too.
 
-mod common;
+use berth::client::{Answer, Client};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use std::process::Command;
-
-/// The load generator's binary: built beside `berth` (both are default members of the workspace, so
-/// `cargo test --release` builds it before any test runs).
 fn berth_bench() -> Command {
-    let path = std::path::Path::new(env!("CARGO_BIN_EXE_berth")).with_file_name("berth-bench");
+    Command::new(env!("CARGO_BIN_EXE_berth-bench"))
+}
+
+/// The `berth` binary beside berth-bench: the embedded server of the first test runs it, the second starts two.
+/// `cargo test --release` at the root builds it before any test runs (the server crate's own integration tests need
+/// it).
+fn berth() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_berth-bench")).with_file_name("berth");
     assert!(
         path.is_file(),
-        "{} is missing: cargo build --release -p berth-bench",
+        "{} is missing: cargo build --release (the workspace builds both)",
         path.display()
     );
-    Command::new(path)
+    path
+}
+
+/// One test at a time: both start servers and measure.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `berth serve` on a free loopback port with a temp data directory, stopped when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(cores: usize, extra: &[&str]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let child = Command::new(berth())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--cores"])
+            .arg(cores.to_string())
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .env("BERTH_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn berth");
+        let client = Client::new(&format!("http://127.0.0.1:{port}"));
+        let mut server = Server {
+            child,
+            port,
+            client,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while server.get("/health").status != 200 {
+            assert!(
+                server.child.try_wait().ok().flatten().is_none(),
+                "berth exited during start"
+            );
+            assert!(Instant::now() < deadline, "berth not healthy after 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> Option<u32> {
+        Some(self.child.id())
+    }
+
+    fn get(&self, path: &str) -> Answer {
+        self.client.call("GET", path, &[]).unwrap_or(Answer {
+            status: 0,
+            headers: Vec::new(),
+            body: Vec::new(),
+        })
+    }
+
+    fn create_topic(&self, name: &str, query: &str) {
+        let a = self
+            .client
+            .call("PUT", &format!("/topics/{name}?{query}"), &[])
+            .expect("PUT");
+        assert_eq!(a.status, 201, "create {name}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 #[test]
 fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
-    let _g = common::serial();
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let hgrm = dir.path().join("hgrm");
@@ -119,9 +208,9 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
 /// merged ones; server CPU is the sum over `--server-pid P1,P2`, and is not measured without a pid per node.
 #[test]
 fn several_servers_get_per_node_results() {
-    let _g = common::serial();
-    let a = common::Server::start(1, &["--fsync", "never"]);
-    let b = common::Server::start(1, &["--fsync", "never"]);
+    let _g = serial();
+    let a = Server::start(1, &["--fsync", "never"]);
+    let b = Server::start(1, &["--fsync", "never"]);
     for s in [&a, &b] {
         s.create_topic("spread", "partitions=2");
     }
