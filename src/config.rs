@@ -198,6 +198,10 @@ pub struct Config {
     /// start by `fit_fd_limit`; not a config key).
     #[serde(skip)]
     pub partition_budget: usize,
+    /// The data directory's incarnation id, 32 hex digits (`storage::incarnation`; read or written at start, not a
+    /// config key): published in the node's cluster record.
+    #[serde(skip)]
+    pub incarnation: String,
 }
 
 /// The longest cluster secret: it travels in the node RPC hello, which is read with a small fixed limit (4 KiB).
@@ -244,6 +248,7 @@ impl Default for Config {
             insecure: false,
             auth_token: None,
             peer_token: None,
+            incarnation: String::new(),
             tls_cert_file: None,
             tls_key_file: None,
             max_tls_handshakes_per_core: 128,

@@ -459,6 +459,24 @@ fn topic_created_on_one_node_is_served_by_all() {
             assert!(v.alive);
         }
     }
+    // Each node shows its own data directory's incarnation: the id in DATA/incarnation (docs/format.md).
+    for (i, node) in c.nodes().iter().enumerate() {
+        let file = std::fs::read(node.data_dir.join("incarnation")).expect("DATA/incarnation");
+        assert_eq!(file.len(), 20);
+        let want = format!(
+            "{:032x}",
+            u128::from_le_bytes(file[..16].try_into().unwrap())
+        );
+        let j = c.node(i).get("/cluster").json();
+        let me = j["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["self"] == true)
+            .unwrap_or_else(|| panic!("no self entry: {j}"))
+            .clone();
+        assert_eq!(me["incarnation"], want.as_str(), "{}: {j}", node.id);
+    }
 
     create_topic(c.node(1), "spread", 6);
     // Every node serves it at once (a lagging replica asks etcd before answering 404), with the same placement.

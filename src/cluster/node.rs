@@ -334,6 +334,7 @@ pub async fn join(
         advertise: settings.advertise.clone(),
         peer_addr: peer_addr.to_string(),
         cores: engine.cores() as u32,
+        incarnation: config.incarnation.clone(),
     };
     // A node restarted right after a crash finds its old session still alive in etcd until the lease runs out.
     let deadline = std::time::Instant::now() + Duration::from_secs(settings.node_ttl_s + 5);
@@ -762,6 +763,7 @@ mod tests {
                     advertise: "n1.local:8080".into(),
                     peer_addr: "n1.local:9090".into(),
                     cores: 2,
+                    incarnation: String::new(),
                 })
                 .await
                 .unwrap();

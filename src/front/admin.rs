@@ -122,19 +122,25 @@ impl Front {
                 "advertise": config.listen.to_string(),
                 "alive": true,
                 "partitions": owned.get(&0).copied().unwrap_or(0),
+                "incarnation": config.incarnation,
             }]});
         }
         let nodes: Vec<serde_json::Value> = view
             .nodes
             .iter()
             .map(|n| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "id": n.id,
                     "advertise": n.advertise,
                     "alive": engine.node_alive(n.index),
                     "partitions": owned.get(&n.index).copied().unwrap_or(0),
                     "self": n.index == view.node,
-                })
+                });
+                // Its own data directory's incarnation (others' are in their `nodes/<id>` records in etcd).
+                if n.index == view.node {
+                    v["incarnation"] = serde_json::json!(engine.config().incarnation);
+                }
+                v
             })
             .collect();
         // Topics of the cluster this node could not open (its caps, a failure on some core): retried by core 0.

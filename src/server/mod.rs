@@ -42,6 +42,25 @@ pub fn run(mut config: Config) -> Result<(), String> {
     // path given must not change meaning later.
     config.data_dir = std::fs::canonicalize(&config.data_dir).map_err(unusable)?;
     let _lock = lock_data_dir(&config.data_dir)?;
+    let incarnation =
+        crate::storage::incarnation::load_or_create(&config.data_dir).map_err(|e| {
+            format!(
+                "data directory {} is unusable: its incarnation file: {e}",
+                config.data_dir.display()
+            )
+        })?;
+    match incarnation {
+        crate::storage::incarnation::Found::Kept(id) => {
+            info!(incarnation = %id, "data directory incarnation")
+        }
+        crate::storage::incarnation::Found::New(id) => {
+            info!(incarnation = %id, "new data directory incarnation (a new or wiped data directory, or one from an older build)")
+        }
+        crate::storage::incarnation::Found::Replaced(id) => {
+            tracing::error!(incarnation = %id, "the data directory's incarnation file failed its check: wrote a new one; this node counts as a new disk")
+        }
+    }
+    config.incarnation = incarnation.id().to_string();
     config.listen = check_listen_address(config.listen)?;
     let fd_limit = raise_fd_limit();
     config.fit_fd_limit(fd_limit);

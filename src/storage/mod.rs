@@ -7,6 +7,7 @@ pub mod behind;
 pub mod error;
 pub mod frame;
 pub mod frontier;
+pub mod incarnation;
 pub mod journal;
 pub mod log;
 pub mod runs;

@@ -124,6 +124,10 @@ pub struct MemberRecord {
     /// Executor cores, so every node can compute every partition's `Location.core`.
     #[serde(default = "one")]
     pub cores: u32,
+    /// The node's data directory incarnation (`storage::incarnation`, 32 hex digits); empty in records written
+    /// before it existed. A node that registers with another one lost what its data directory held.
+    #[serde(default)]
+    pub incarnation: String,
 }
 
 /// `alive/<id>`, attached to the node's session lease. The value is for people reading etcd; the lease id that
@@ -335,6 +339,7 @@ mod tests {
             advertise: "a:1".into(),
             peer_addr: "a:2".into(),
             cores: 2,
+            incarnation: String::new(),
         };
         let value = encode_member(&member);
         assert_eq!(

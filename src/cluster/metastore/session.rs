@@ -33,6 +33,8 @@ pub struct NodeSpec {
     pub peer_addr: String,
     /// Executor cores of this node.
     pub cores: u32,
+    /// The data directory's incarnation id (`storage::incarnation`), empty where none is known (tests).
+    pub incarnation: String,
 }
 
 /// Where a session stands.
@@ -223,6 +225,9 @@ fn plan(
             });
         }
         (Some((m, revision)), _) => {
+            if !m.incarnation.is_empty() && m.incarnation != spec.incarnation {
+                warn!(node = %spec.id, was = %m.incarnation, now = %spec.incarnation, "metastore: this node's data directory is a new incarnation (a replaced or wiped disk): what it held before is gone from it");
+            }
             compares.push(Compare::mod_revision_is(member_key.clone(), revision));
             m.index
         }
@@ -249,6 +254,7 @@ fn plan(
         advertise: spec.advertise.clone(),
         peer_addr: spec.peer_addr.clone(),
         cores: spec.cores,
+        incarnation: spec.incarnation.clone(),
     };
     ops.push(TxnOp::put(member_key, encode_member(&record), None));
     Ok((index, compares, ops))
@@ -444,6 +450,7 @@ mod tests {
             advertise: "a:1".into(),
             peer_addr: "a:2".into(),
             cores: 4,
+            incarnation: String::new(),
         }
     }
 
@@ -498,6 +505,7 @@ mod tests {
             advertise: "old:1".into(),
             peer_addr: "old:2".into(),
             cores: 1,
+            incarnation: String::new(),
         };
         let garbage = KeyValue {
             value: b"?".to_vec(),

@@ -263,6 +263,7 @@ mod tests {
             advertise: format!("{id}:80"),
             peer_addr: format!("{id}:81"),
             cores: 2,
+            incarnation: String::new(),
         })
     }
 

@@ -36,6 +36,7 @@ fn spec(id: &str) -> NodeSpec {
         advertise: format!("{id}.local:8080"),
         peer_addr: format!("{id}.local:9090"),
         cores: 2,
+        incarnation: String::new(),
     }
 }
 
