@@ -42,6 +42,9 @@ pub fn run(mut config: Config) -> Result<(), String> {
     // path given must not change meaning later.
     config.data_dir = std::fs::canonicalize(&config.data_dir).map_err(unusable)?;
     let _lock = lock_data_dir(&config.data_dir)?;
+    config.listen = check_listen_address(config.listen)?;
+    // After the listen check: a start that fails there writes nothing new into the data directory and prints only
+    // its one-line reason.
     let incarnation =
         crate::storage::incarnation::load_or_create(&config.data_dir).map_err(|e| {
             format!(
@@ -61,7 +64,6 @@ pub fn run(mut config: Config) -> Result<(), String> {
         }
     }
     config.incarnation = incarnation.id().to_string();
-    config.listen = check_listen_address(config.listen)?;
     let fd_limit = raise_fd_limit();
     config.fit_fd_limit(fd_limit);
     replay_journal(&config)?;
