@@ -495,3 +495,56 @@ fn leases_given_back_wake_the_group_with_their_count() {
         assert_eq!(offsets(&again), vec![0, 1, 2], "deliverable again at once");
     });
 }
+
+/// A journal checkpoint and a close wait out a frontier write already running, then report every file written: a
+/// checkpoint that did not wait would find the write still running and keep the journal file for nothing, and a
+/// close that did not wait would report a file behind (so the journal stays for the replay) or let the write land
+/// after the partition closed, when its directory may belong to a new topic of the same name.
+#[test]
+fn a_checkpoint_and_a_close_wait_out_a_running_frontier_write() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["a", "b"])).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        let d = &taken.deliveries[0];
+        let acked = p
+            .settle(DEFAULT_GROUP, &[(d.offset, d.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        assert!(acked.iter().all(|r| r.is_ok()));
+        sim.hold_syncs();
+        let flushing = p.clone();
+        let flush = glommio::spawn_local(async move { flushing.flush_frontiers().await });
+        while sim.held_syncs() == 0 {
+            futures_lite::future::yield_now().await;
+        }
+        let done = Rc::new(std::cell::Cell::new(0));
+        let (checkpointing, counter) = (p.clone(), done.clone());
+        let checkpoint = glommio::spawn_local(async move {
+            let written = checkpointing.write_frontier_files().await;
+            counter.set(counter.get() + 1);
+            written
+        });
+        let (closing, counter) = (p.clone(), done.clone());
+        let close = glommio::spawn_local(async move {
+            let written = closing.close().await;
+            counter.set(counter.get() + 1);
+            written
+        });
+        for _ in 0..100 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            done.get(),
+            0,
+            "a checkpoint or a close returned while a frontier write was still running"
+        );
+        sim.release_syncs();
+        assert!(checkpoint.await, "the checkpoint reports a file behind");
+        assert!(close.await, "the close reports a file behind");
+        assert_eq!(flush.await.len(), 1, "the running write completed");
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(1));
+    });
+}

@@ -55,16 +55,20 @@ fn simulated_crashes_power_cuts_and_faults_lose_nothing_acknowledged() {
     }
 }
 
-/// One core, the simulation's topics, nothing else going on: for the two-step operations' own tests.
-async fn quiet_world(sim: Rc<Sim>) -> World {
-    let plan = Plan {
+fn quiet_plan() -> Plan {
+    Plan {
         cores: 1,
         fsync: FsyncPolicy::Always,
         steps: 0,
         net_depth: 64,
         partitions: [1, 1, 1, 1],
         power_cuts: false,
-    };
+    }
+}
+
+/// One core, the simulation's topics, nothing else going on: for the two-step operations' own tests.
+async fn quiet_world(sim: Rc<Sim>) -> World {
+    let plan = quiet_plan();
     let world = World::boot(&plan, sim, 1_700_000_000_000, 1).await;
     create_topics(&world, &plan, &Rc::new(RefCell::new(Oracle::default()))).await;
     world
@@ -90,13 +94,17 @@ async fn produce_one(world: &World, topic: &'static str, body: &'static str) {
 }
 
 async fn consume_some(world: &World, topic: &'static str) -> Vec<Delivery> {
+    consume_in(world, topic, DEFAULT_GROUP).await
+}
+
+async fn consume_in(world: &World, topic: &'static str, group: &'static str) -> Vec<Delivery> {
     let front = world.fronts[0].clone();
     world
         .complete(async move {
             front
                 .consume(ConsumeParams {
                     topic: topic.to_string(),
-                    group: DEFAULT_GROUP.to_string(),
+                    group: group.to_string(),
                     wait_ms: 0,
                     visibility_ms: Some(1000),
                     max: 10,
@@ -109,6 +117,16 @@ async fn consume_some(world: &World, topic: &'static str) -> Vec<Delivery> {
 }
 
 async fn nack(world: &World, topic: &'static str, d: &Delivery) {
+    settle_in(world, topic, DEFAULT_GROUP, d, SettleOp::Nack(None)).await;
+}
+
+async fn settle_in(
+    world: &World,
+    topic: &'static str,
+    group: &'static str,
+    d: &Delivery,
+    op: SettleOp,
+) {
     let front = world.fronts[0].clone();
     let handle = crate::ops::receipt::ReceiptHandle::of(d);
     let result = world
@@ -116,8 +134,8 @@ async fn nack(world: &World, topic: &'static str, d: &Delivery) {
             front
                 .settle(SettleParams {
                     topic: topic.to_string(),
-                    group: DEFAULT_GROUP.to_string(),
-                    op: SettleOp::Nack(None),
+                    group: group.to_string(),
+                    op,
                     handles: vec![(String::new(), Ok(handle))],
                     batch: false,
                 })
@@ -218,6 +236,131 @@ fn a_redrive_whose_append_fails_acks_nothing_in_the_source() {
                 .map(|d| d.payload.to_vec())
                 .collect();
             assert_eq!(moved, vec![b"d1".to_vec(), b"d2".to_vec()]);
+            world.shut_down().await;
+        });
+}
+
+/// Crashes the world's process (kill -9: what it wrote stays, in the page cache) and boots the next one on its disk.
+async fn crash_and_reboot(world: World) -> World {
+    let image = world.sim.process_crash();
+    world.shut_down().await;
+    World::boot(&quiet_plan(), image, 1_700_000_100_000, 1).await
+}
+
+/// An acked frontier is journaled at the next flush tick, once: a crash after it redelivers nothing acked (the
+/// frontier file itself is written only at the journal's next checkpoint, which these few records never reach),
+/// and a frontier that did not move is not journaled again.
+#[test]
+fn an_acked_frontier_is_journaled_once_at_the_flush_tick_and_survives_a_crash() {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async {
+            let sim = Sim::new();
+            let world = quiet_world(sim.clone()).await;
+            for body in ["m1", "m2", "m3"] {
+                produce_one(&world, PLAIN, body).await;
+            }
+            let got = consume_some(&world, PLAIN).await;
+            assert_eq!(got.len(), 3);
+            for d in &got {
+                settle_in(&world, PLAIN, DEFAULT_GROUP, d, SettleOp::Ack).await;
+            }
+            let partition = || {
+                let t = world.engines[0].topic(PLAIN).expect("topic");
+                let p = t.owned_partitions().next().expect("partition 0").clone();
+                p
+            };
+            let moved = |p: &crate::partition::Partition| {
+                let mut records = Vec::new();
+                p.moved_frontiers(&mut records);
+                records
+                    .iter()
+                    .map(|r| (r.group.clone(), r.committed))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(moved(&partition()), vec![(DEFAULT_GROUP.to_string(), 3)]);
+            world
+                .clock
+                .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
+            world.settle().await;
+            assert_eq!(partition().durable_frontier(DEFAULT_GROUP), Some(3));
+            assert_eq!(
+                moved(&partition()),
+                vec![],
+                "a journaled frontier that did not move is journaled again"
+            );
+            let world = crash_and_reboot(world).await;
+            assert_eq!(
+                consume_some(&world, PLAIN).await.len(),
+                0,
+                "messages acked and journaled before the crash delivered again"
+            );
+            world.shut_down().await;
+        });
+}
+
+/// A group's start is durable before its creation is answered: created at `latest`, it sees none of the older
+/// messages; deleted and created again (from the oldest), it starts over even across a crash, though the journal
+/// still holds the frontier of the group of the same name that was deleted (the start record tells the replay to
+/// leave those out).
+#[test]
+fn a_group_starts_where_its_creation_said_even_when_recreated_and_crashed() {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async {
+            let sim = Sim::new();
+            let world = quiet_world(sim.clone()).await;
+            for body in ["m1", "m2", "m3"] {
+                produce_one(&world, PLAIN, body).await;
+            }
+            async fn admin(world: &World, create: bool, group: &'static str, latest: bool) {
+                let front = world.fronts[0].clone();
+                let done = world
+                    .complete(async move {
+                        if create {
+                            front
+                                .create_group(PLAIN.to_string(), group.to_string(), latest)
+                                .await
+                                .map(|created| assert!(created))
+                        } else {
+                            front
+                                .delete_group(PLAIN.to_string(), group.to_string())
+                                .await
+                        }
+                    })
+                    .await;
+                assert!(done.is_ok(), "{done:?}");
+            }
+            admin(&world, true, "late", true).await;
+            assert_eq!(
+                consume_in(&world, PLAIN, "late").await.len(),
+                0,
+                "a group created at the end got older messages"
+            );
+            produce_one(&world, PLAIN, "m4").await;
+            let got = consume_in(&world, PLAIN, "late").await;
+            assert_eq!(got.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![3]);
+
+            admin(&world, true, "again", false).await;
+            let got = consume_in(&world, PLAIN, "again").await;
+            assert_eq!(got.len(), 4);
+            for d in &got {
+                settle_in(&world, PLAIN, "again", d, SettleOp::Ack).await;
+            }
+            world
+                .clock
+                .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
+            world.settle().await;
+            admin(&world, false, "again", false).await;
+            admin(&world, true, "again", false).await;
+            let world = crash_and_reboot(world).await;
+            assert_eq!(
+                consume_in(&world, PLAIN, "again").await.len(),
+                4,
+                "a recreated group was credited with the deleted one's frontier"
+            );
             world.shut_down().await;
         });
 }
