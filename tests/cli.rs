@@ -127,6 +127,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
             "3",
             "--dead-letter",
             "orders.dlq",
+            "--replicas",
+            "1",
         ],
     )
     .json();
@@ -146,6 +148,7 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "redelivery_delay_max_ms": 60_000,
         "max_deliveries": 3,
         "dead_letter": "orders.dlq",
+        "replicas": 1,
     });
     assert_eq!(created["created"], true);
     assert_eq!(created["config"], want);
@@ -197,6 +200,7 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "redelivery_delay_max_ms": 120_000,
         "max_deliveries": 5,
         "dead_letter": "orders.dlq",
+        "replicas": 1,
     });
     assert_eq!(updated, json!({"name": "orders", "config": want}));
     assert_eq!(server.get("/topics/orders").json()["config"], want);

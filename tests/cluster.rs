@@ -503,7 +503,12 @@ fn topic_created_on_one_node_is_served_by_all() {
                     .as_str()
                     .unwrap_or_else(|| panic!("no node in {e}"));
                 assert!(ids.iter().any(|id| id == owner), "unknown node {owner}");
-                owner.to_string()
+                // R = 1: the owner is the partition's one replica and its leader, at the topic's first epoch.
+                assert_eq!(e["replicas"], serde_json::json!([owner]), "{e}");
+                assert_eq!(e["leader"], owner, "{e}");
+                assert!(e["epoch"].as_u64().is_some_and(|n| n > 0), "{e}");
+                assert_eq!(j["config"]["replicas"], 1);
+                format!("{owner}@{}", e["epoch"])
             })
             .collect();
         placements.push(owners);
@@ -512,6 +517,24 @@ fn topic_created_on_one_node_is_served_by_all() {
         placements.windows(2).all(|w| w[0] == w[1]),
         "nodes disagree on placement: {placements:?}"
     );
+    let placements: Vec<Vec<String>> = placements
+        .into_iter()
+        .map(|p| {
+            p.into_iter()
+                .map(|o| o.split('@').next().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    // More replicas than live nodes, and (until replication is built) any R above 1: refused, nothing created.
+    for (query, why) in [
+        ("replicas=4", "4 but 3 nodes are live"),
+        ("replicas=2", "not in this build"),
+    ] {
+        let a = c.node(0).put(&format!("/topics/more?partitions=2&{query}"));
+        assert_eq!(a.status, 400, "{query}: {}", a.text());
+        assert!(a.text().contains(why), "{query}: {}", a.text());
+    }
+    assert_eq!(c.node(0).get("/topics/more").status, 404);
     for id in &ids {
         let n = placements[0].iter().filter(|o| *o == id).count();
         assert_eq!(

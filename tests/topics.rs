@@ -112,6 +112,7 @@ fn with_v2_defaults(mut v1: Value) -> Value {
         "max_deliveries": 0,
         "dead_letter": null,
         "max_groups": 32,
+        "replicas": 1,
     });
     for (k, v) in v2.as_object().unwrap() {
         v1[k] = v.clone();
@@ -177,6 +178,31 @@ fn custom_config_round_trips_through_describe() {
     let described = server.get("/topics/tuned").json();
     assert_eq!(described["config"], expected);
     assert_eq!(described["partitions"].as_array().unwrap().len(), 5);
+    // A single node is each partition's one replica and its leader, in its one epoch.
+    for p in described["partitions"].as_array().unwrap() {
+        assert_eq!(
+            (&p["replicas"], &p["leader"], &p["epoch"]),
+            (&json!(["local"]), &json!("local"), &json!(1)),
+            "{p}"
+        );
+    }
+    // Replicas are set at creation: 1 on a single node; a change of them is refused.
+    let a = server.put("/topics/copies?replicas=1");
+    assert_eq!(a.status, 201, "{}", a.text());
+    assert_eq!(a.json()["config"]["replicas"], 1);
+    for bad in ["replicas=2", "replicas=0", "replicas=8", "replicas=x"] {
+        let a = server.put(&format!("/topics/more?{bad}"));
+        assert_error(&a, 400, "invalid_parameter");
+    }
+    assert_error(&server.get("/topics/more"), 404, "topic_not_found");
+    assert_error(
+        &server
+            .client
+            .call("PATCH", "/topics/copies?replicas=1", &[])
+            .expect("PATCH"),
+        400,
+        "invalid_parameter",
+    );
 
     // Edge values of the documented ranges are accepted; a bare integer is seconds.
     let a = server.put("/topics/low?visibility=1s&retention=1");

@@ -283,6 +283,9 @@ enum TopicCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: u32,
+        /// Nodes holding each partition (a cluster; 1 on a single node).
+        #[arg(long)]
+        replicas: Option<u32>,
         #[command(flatten)]
         settings: TopicSettings,
     },
@@ -831,10 +834,14 @@ fn topic_command(client: &Client, command: TopicCommand) -> Result<i32, String> 
         TopicCommand::Create {
             name,
             partitions,
+            replicas,
             settings,
         } => {
+            let replicas = replicas
+                .map(|r| format!("&replicas={r}"))
+                .unwrap_or_default();
             let path = format!(
-                "/topics/{}?partitions={partitions}{}",
+                "/topics/{}?partitions={partitions}{replicas}{}",
                 enc(&name),
                 settings.query()
             );

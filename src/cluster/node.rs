@@ -13,7 +13,7 @@ use super::unopened::Retries;
 use crate::config::{ClusterSettings, Config};
 use crate::engine::cluster::{ChangeFn, ClusterView, LocalFuture, Metadata, NodeEntry, Placed};
 use crate::engine::metrics::ExtraSeries;
-use crate::engine::placement::{Location, NodeIndex};
+use crate::engine::placement::{Location, NodeIndex, PartitionState};
 use crate::engine::topic::TopicConfig;
 use crate::engine::{Engine, EngineError, EngineResult};
 use crate::ops::consume::GiveBack;
@@ -209,6 +209,12 @@ impl Metadata for EtcdMetadata {
                 .await;
             Ok(Some(as_engine(&record, &snapshot)))
         })
+    }
+
+    fn partitions(&self, name: &str) -> Option<(u64, Vec<PartitionState>)> {
+        let snapshot = self.replica.snapshot();
+        let record = snapshot.topic(name)?;
+        Some((record.id(), record.partitions.clone()))
     }
 
     fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>> {

@@ -442,6 +442,12 @@ impl Engine {
             Err(e) => return Err(e),
         }
         self.check_dead_letter(&config)?;
+        if self.metadata().is_none() && config.replicas != 1 {
+            return Err(EngineError::InvalidSetting(format!(
+                "replicas={} needs a cluster of at least that many nodes; a single node holds one replica",
+                config.replicas
+            )));
+        }
         // Cluster mode: before the metastore places it, every partition is counted as if it landed here.
         self.check_caps(config.partitions as usize)?;
         config.format = TOPIC_FORMAT;

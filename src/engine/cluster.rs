@@ -3,7 +3,7 @@
 //! through. The cluster layer (`crate::cluster`) implements [`Metadata`] over etcd and feeds the table; the engine
 //! only reads it, so it never imports the layer above it. Every core holds its own copy, changed by admin steps.
 
-use super::placement::{Location, NodeIndex};
+use super::placement::{Location, NodeIndex, PartitionState};
 use super::topic::TopicConfig;
 use super::{AdminStep, Engine, EngineResult};
 use serde::{Deserialize, Serialize};
@@ -81,6 +81,8 @@ pub trait Metadata {
         name: String,
         fresh: bool,
     ) -> LocalFuture<'_, EngineResult<Option<Placed>>>;
+    /// A topic's id and each partition's replicas, leader and epoch, from this node's replica (no etcd call).
+    fn partitions(&self, name: &str) -> Option<(u64, Vec<PartitionState>)>;
 }
 
 impl Engine {

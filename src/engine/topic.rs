@@ -106,6 +106,14 @@ pub struct TopicConfig {
     /// Groups created before this field have none. Always written, as `latest_groups`.
     #[serde(default)]
     pub group_ids: std::collections::BTreeMap<String, u64>,
+    /// Replicas per partition (R), fixed at creation; 1 (the default, and what older files mean) keeps each
+    /// partition on one node. Always written, as `latest_groups`.
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+}
+
+fn one_replica() -> u32 {
+    1
 }
 
 impl TopicConfig {
@@ -129,6 +137,7 @@ impl TopicConfig {
             groups: Vec::new(),
             latest_groups: Default::default(),
             group_ids: Default::default(),
+            replicas: 1,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use super::Front;
 use crate::engine::metrics::CoreStats;
+use crate::engine::placement::PartitionState;
 use crate::engine::topic::TopicConfig;
 use crate::join::join_all;
 use crate::ops::topics::Settings;
@@ -88,6 +89,35 @@ impl Front {
         }
         all.sort_by_key(|p| p.partition);
         Ok(((*topic.config()).clone(), all))
+    }
+
+    /// Each partition's replicas, leader and epoch: on a single node the node itself (`0`) at epoch 1 (its only
+    /// leadership); in a cluster as core 0's metastore replica has them (or, while the replica does not have this
+    /// topic yet, where this core serves each partition, at the topic's id: its first epoch).
+    pub async fn holders(&self, name: &str) -> OpResult<Vec<PartitionState>> {
+        let topic = self.engine().topic(name)?;
+        let id = topic.id();
+        let served = |epoch: u64| {
+            (0..topic.partition_count())
+                .map(|p| PartitionState::initial(topic.location(p).node, epoch))
+                .collect()
+        };
+        if !self.engine().clustered() {
+            return Ok(served(1));
+        }
+        let reply = self
+            .router()
+            .call(self.router().core(0), Request::Partitions(name.to_string()))
+            .await?;
+        Ok(match reply {
+            Reply::Partitions(Some((known, states)))
+                if known == id && states.len() == topic.partition_count() as usize =>
+            {
+                states
+            }
+            Reply::Partitions(_) => served(id),
+            other => unreachable!("a partitions request answered {other:?}"),
+        })
     }
 
     /// Cluster mode: asks core 0 to look a topic up in the metastore (and open it here); true if it exists now and

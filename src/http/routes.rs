@@ -6,6 +6,7 @@
 use super::request::{query_pairs, Request};
 use super::response::Response;
 use super::status::{error_response, lookup_first};
+use crate::engine::placement::NodeIndex;
 use crate::engine::topic::validate_name;
 use crate::front::Front;
 use crate::ops::consume::ConsumeRequest;
@@ -402,7 +403,25 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
         let node = topic.as_ref()?.location(partition).node;
         Some(engine.node_id(node).unwrap_or_else(|| node.to_string()))
     };
-    Ok(ops::topics::render_described(&config, &partitions, node_of))
+    let holders = front.holders(name).await?;
+    let id_of = |node: NodeIndex| match engine.clustered() {
+        true => engine.node_id(node).unwrap_or_else(|| node.to_string()),
+        false => "local".to_string(),
+    };
+    let holders_of = |partition: u32| {
+        let s = holders.get(partition as usize)?;
+        Some(ops::topics::Holders {
+            replicas: s.replicas.iter().map(|&n| id_of(n)).collect(),
+            leader: id_of(s.leader),
+            epoch: s.epoch,
+        })
+    };
+    Ok(ops::topics::render_described(
+        &config,
+        &partitions,
+        node_of,
+        holders_of,
+    ))
 }
 
 async fn delete_topic(front: &Front, name: &str) -> OpResult<Response> {

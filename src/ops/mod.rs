@@ -21,6 +21,7 @@ pub mod topics;
 pub mod validate;
 
 use crate::engine::metrics::CoreStats;
+use crate::engine::placement::PartitionState;
 use crate::engine::topic::TopicConfig;
 use crate::engine::{AdminStep, Engine, Signal};
 use crate::partition::PartitionInfo;
@@ -60,6 +61,8 @@ pub enum Request {
     LookupTopic(String, bool),
     /// The owner core: leases whose probe reply never reached its consumer, given back.
     GiveBack(consume::GiveBack),
+    /// Core 0, cluster mode: each partition's replicas, leader and epoch as this node's metastore replica has them.
+    Partitions(String),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -76,6 +79,8 @@ pub enum Reply {
     Described(#[serde(with = "crate::partition::whole_infos")] Vec<PartitionInfo>),
     Stats(Box<CoreStats>),
     Done,
+    /// A topic's id and each partition's replicas, leader and epoch (`None`: the replica does not have the topic).
+    Partitions(Option<(u64, Vec<PartitionState>)>),
 }
 
 impl Request {
@@ -146,6 +151,9 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         Request::LookupTopic(name, fresh) => {
             engine.lookup_topic(&name, fresh).await?;
             Reply::Done
+        }
+        Request::Partitions(name) => {
+            Reply::Partitions(engine.metadata().and_then(|m| m.partitions(&name)))
         }
         Request::Produce(_)
         | Request::Probe(_)

@@ -9,6 +9,7 @@ use super::error::{OpError, OpResult};
 use super::params::Query;
 use super::response::Response;
 use crate::duration::format_ms;
+use crate::engine::placement::MAX_REPLICAS;
 use crate::engine::topic::{
     self, BackoffKind, TopicConfig, MAX_CAP, MAX_DELAY_MS, MAX_DELIVERIES_LIMIT, MAX_GROUPS_LIMIT,
     MAX_PARTITIONS, MAX_RETENTION_MS, MAX_VISIBILITY_MS, MIN_VISIBILITY_MS,
@@ -34,6 +35,8 @@ pub struct Settings {
     /// Some(None): cleared (`dead_letter=` empty).
     pub dead_letter: Option<Option<String>>,
     pub max_groups: Option<usize>,
+    /// Replicas per partition: creation only (last: node RPC's encoding is in field order).
+    pub replicas: Option<u32>,
 }
 
 /// Parses the settings in a `PUT` or `PATCH` query.
@@ -59,6 +62,9 @@ pub fn parse_settings(query: &Query) -> OpResult<Settings> {
     Ok(Settings {
         partitions: query
             .number("partitions", 1, MAX_PARTITIONS as u64)?
+            .map(|v| v as u32),
+        replicas: query
+            .number("replicas", 1, MAX_REPLICAS as u64)?
             .map(|v| v as u32),
         visibility_ms: query.duration("visibility", MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?,
         max_in_flight: query
@@ -122,6 +128,9 @@ impl Settings {
         if let Some(p) = self.partitions {
             config.partitions = p;
         }
+        if let Some(r) = self.replicas {
+            config.replicas = r;
+        }
         self.apply_to(&mut config);
         config
     }
@@ -137,6 +146,11 @@ pub async fn change(engine: &Rc<Engine>, name: &str, settings: Settings) -> OpRe
     if settings.partitions.is_some() {
         return Err(OpError::InvalidParameter(
             "partitions cannot be changed; create a new topic".into(),
+        ));
+    }
+    if settings.replicas.is_some() {
+        return Err(OpError::InvalidParameter(
+            "replicas cannot be changed; create a new topic".into(),
         ));
     }
     Ok(engine
@@ -174,6 +188,7 @@ pub async fn describe(engine: &Rc<Engine>, name: &str) -> OpResult<Vec<Partition
 pub fn config_json(c: &TopicConfig) -> serde_json::Value {
     json!({
         "partitions": c.partitions,
+        "replicas": c.replicas,
         "visibility": format_ms(c.visibility_ms),
         "visibility_ms": c.visibility_ms,
         "max_in_flight": c.max_in_flight,
@@ -205,12 +220,21 @@ pub fn render_changed(config: &TopicConfig) -> Response {
     )
 }
 
-/// The answer to `GET /topics/T`: settings, groups, and each partition with its groups' state; in cluster mode
-/// each partition names its node (`node_of`).
+/// Who holds a partition, as `GET /topics/T` names it: its replicas' and leader's node ids and its epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holders {
+    pub replicas: Vec<String>,
+    pub leader: String,
+    pub epoch: u64,
+}
+
+/// The answer to `GET /topics/T`: settings, groups, and each partition with its groups' state and who holds it
+/// (`holders_of`); in cluster mode each partition also names its node (`node_of`: the node serving it now).
 pub fn render_described(
     config: &TopicConfig,
     partitions: &[PartitionInfo],
     node_of: impl Fn(u32) -> Option<String>,
+    holders_of: impl Fn(u32) -> Option<Holders>,
 ) -> Response {
     let parts: Vec<serde_json::Value> = partitions
         .iter()
@@ -218,6 +242,11 @@ pub fn render_described(
             let mut v = serde_json::to_value(p).expect("partition info serialises");
             if let Some(node) = node_of(p.partition) {
                 v["node"] = json!(node);
+            }
+            if let Some(h) = holders_of(p.partition) {
+                v["replicas"] = json!(h.replicas);
+                v["leader"] = json!(h.leader);
+                v["epoch"] = json!(h.epoch);
             }
             v["groups"] = json!(p
                 .groups

@@ -120,7 +120,8 @@ pub fn admit(
         | Request::DeleteGroup(..)
         | Request::Stats
         | Request::Admin(_)
-        | Request::LookupTopic(..) => Err(OpError::InvalidParameter(format!(
+        | Request::LookupTopic(..)
+        | Request::Partitions(_) => Err(OpError::InvalidParameter(format!(
             "{} is not accepted over node RPC",
             kind(request)
         ))),
@@ -194,6 +195,7 @@ pub enum Expected {
     Described,
     Stats,
     Done,
+    Partitions,
 }
 
 /// The reply `request` must get.
@@ -208,6 +210,7 @@ pub fn expect(request: &Request) -> Expected {
         Request::CreateGroup(..) => Expected::GroupCreated,
         Request::Describe(_) => Expected::Described,
         Request::Stats => Expected::Stats,
+        Request::Partitions(_) => Expected::Partitions,
         Request::DeleteTopic(_)
         | Request::DeleteGroup(..)
         | Request::Admin(_)
@@ -245,6 +248,7 @@ pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
         | (Expected::GroupCreated, Reply::GroupCreated(_))
         | (Expected::Described, Reply::Described(_))
         | (Expected::Stats, Reply::Stats(_))
+        | (Expected::Partitions, Reply::Partitions(_))
         | (Expected::Done, Reply::Done) => true,
         _ => false,
     };
@@ -267,6 +271,7 @@ fn reply_kind(reply: &Reply) -> &'static str {
         Reply::Described(_) => "Described",
         Reply::Stats(_) => "Stats",
         Reply::Done => "Done",
+        Reply::Partitions(_) => "Partitions",
     }
 }
 
@@ -288,6 +293,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::Signal(_) => "Signal",
         Request::LookupTopic(..) => "LookupTopic",
         Request::GiveBack(_) => "GiveBack",
+        Request::Partitions(_) => "Partitions",
     }
 }
 

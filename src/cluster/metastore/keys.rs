@@ -5,6 +5,7 @@
 use super::MetaError;
 use crate::cluster::etcd::KeyValue;
 use crate::engine::placement::NodeIndex;
+pub use crate::engine::placement::{PartitionState, MAX_REPLICAS};
 use crate::engine::topic::{validate_name, TopicConfig, MAX_PARTITIONS, TOPIC_FORMAT};
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +16,7 @@ const NODE_COUNTER: &str = "node-counter";
 const NODES: &str = "nodes/";
 const ALIVE: &str = "alive/";
 const TOPICS: &str = "topics/";
+const PARTITIONS: &str = "partitions/";
 
 /// The keys of one cluster, all under one prefix (ending in `/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub enum KeyKind {
     Alive(String),
     /// `topics/<name>`
     Topic(String),
+    /// `partitions/<topic>/<p>`
+    Partition(String, u32),
 }
 
 impl Keys {
@@ -76,6 +80,17 @@ impl Keys {
         format!("{}{TOPICS}{name}", self.prefix).into_bytes()
     }
 
+    /// `partitions/<topic>/<p>`: partition `p`'s replica set, leader and epoch, once they differ from the ones its
+    /// topic record implies.
+    pub fn partition(&self, topic: &str, p: u32) -> Vec<u8> {
+        format!("{}{PARTITIONS}{topic}/{p}", self.prefix).into_bytes()
+    }
+
+    /// Prefix of every partition key of `topic`.
+    pub fn partitions_of(&self, topic: &str) -> Vec<u8> {
+        format!("{}{PARTITIONS}{topic}/", self.prefix).into_bytes()
+    }
+
     /// Prefix of every member key.
     pub fn members(&self) -> Vec<u8> {
         format!("{}{NODES}", self.prefix).into_bytes()
@@ -101,6 +116,12 @@ impl Keys {
             Some(KeyKind::Member(id))
         } else if let Some(id) = named(ALIVE) {
             Some(KeyKind::Alive(id))
+        } else if let Some(rest) = rest.strip_prefix(PARTITIONS) {
+            let (topic, p) = rest.rsplit_once('/')?;
+            validate_name(topic).ok()?;
+            // The canonical decimal only: "007" or "+7" would be a second key for the same partition.
+            let p: u32 = p.parse().ok().filter(|n: &u32| n.to_string() == p)?;
+            (p < MAX_PARTITIONS).then(|| KeyKind::Partition(topic.to_string(), p))
         } else {
             named(TOPICS).map(KeyKind::Topic)
         }
@@ -140,16 +161,36 @@ pub struct AliveRecord {
     pub since_ms: u64,
 }
 
-/// A topic as the metastore holds it: settings and the node of every partition.
+/// A topic as the metastore holds it: settings, the node each partition was placed on, and each partition's
+/// replica set, leader and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicRecord {
     /// The settings. `config.id` is the revision that created the key: unique per creation, so a topic created
     /// again under the same name never shares the old one's id.
     pub config: TopicConfig,
-    /// The node of partition `p` is `placement[p]`.
+    /// The node partition `p` was placed on at creation is `placement[p]`.
     pub placement: Vec<NodeIndex>,
-    /// Revision of the last write (what a change compares against).
+    /// Partition `p`'s replicas, leader and epoch: its `partitions/<topic>/<p>` key when one of this topic exists,
+    /// otherwise the ones the creation implies ([`PartitionState::initial`]).
+    pub partitions: Vec<PartitionState>,
+    /// Revision of the last write of `topics/<name>` (what a change compares against).
     pub mod_revision: i64,
+}
+
+/// `partitions/<topic>/<p>`: a partition's state, for the topic created at `topic_id` (a key left by a deleted
+/// topic of the same name names another id and is ignored). Its epoch is the key's mod revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRecord {
+    pub topic_id: u64,
+    pub state: PartitionState,
+}
+
+/// The stored form of a partition key (the epoch is not stored: it is the revision that wrote the key).
+#[derive(Serialize, Deserialize)]
+struct StoredPartition {
+    topic_id: u64,
+    replicas: Vec<NodeIndex>,
+    leader: NodeIndex,
 }
 
 impl TopicRecord {
@@ -212,10 +253,59 @@ pub fn decode_topic(name: &str, kv: &KeyValue) -> Result<TopicRecord, MetaError>
         return Err(corrupt(kv, "no create revision"));
     }
     config.id = kv.create_revision as u64;
+    let partitions = stored
+        .placement
+        .iter()
+        .map(|&node| PartitionState::initial(node, config.id))
+        .collect();
     Ok(TopicRecord {
         config,
         placement: stored.placement,
+        partitions,
         mod_revision: kv.mod_revision,
+    })
+}
+
+/// The value of `partitions/<topic>/<p>` for `topic_id`, `replicas` and `leader`.
+pub fn encode_partition(topic_id: u64, replicas: &[NodeIndex], leader: NodeIndex) -> Vec<u8> {
+    serde_json::to_vec(&StoredPartition {
+        topic_id,
+        replicas: replicas.to_vec(),
+        leader,
+    })
+    .expect("a partition record serialises")
+}
+
+/// Decodes `partitions/<topic>/<p>`: one to [`MAX_REPLICAS`] distinct replicas, the leader one of them, a topic id;
+/// the epoch is the key's mod revision.
+pub fn decode_partition(kv: &KeyValue) -> Result<PartitionRecord, MetaError> {
+    let stored: StoredPartition = serde_json::from_slice(&kv.value).map_err(|e| corrupt(kv, e))?;
+    let replicas = stored.replicas;
+    let mut distinct = replicas.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if replicas.is_empty() || replicas.len() > MAX_REPLICAS || distinct.len() != replicas.len() {
+        return Err(corrupt(
+            kv,
+            format!("replicas {replicas:?}: 1 to {MAX_REPLICAS} distinct nodes"),
+        ));
+    }
+    if !replicas.contains(&stored.leader) {
+        return Err(corrupt(
+            kv,
+            format!("leader {} is not one of {replicas:?}", stored.leader),
+        ));
+    }
+    if stored.topic_id == 0 || kv.mod_revision <= 0 {
+        return Err(corrupt(kv, "no topic id or no mod revision"));
+    }
+    Ok(PartitionRecord {
+        topic_id: stored.topic_id,
+        state: PartitionState {
+            replicas,
+            leader: stored.leader,
+            epoch: kv.mod_revision as u64,
+        },
     })
 }
 
@@ -281,6 +371,28 @@ mod tests {
             Some(KeyKind::Topic("t.1".into()))
         );
         assert_eq!(k.classify(&k.node_counter()), Some(KeyKind::NodeCounter));
+        assert_eq!(
+            k.classify(&k.partition("t.1", 4095)),
+            Some(KeyKind::Partition("t.1".into(), 4095))
+        );
+        assert!(k.partition("t", 3).starts_with(&k.partitions_of("t")));
+        assert!(!k.partition("tt", 3).starts_with(&k.partitions_of("t")));
+        for other in [
+            &b"/berth/prod/partitions/t/4096"[..],
+            b"/berth/prod/partitions/t/007",
+            b"/berth/prod/partitions/t/+7",
+            b"/berth/prod/partitions/t/",
+            b"/berth/prod/partitions/t",
+            b"/berth/prod/partitions//1",
+            b"/berth/prod/partitions/a/b/1",
+        ] {
+            assert_eq!(
+                k.classify(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
         for other in [
             &b"/berth/other/topics/t"[..],
             b"/berth/prod/topics/a/b",
@@ -310,6 +422,12 @@ mod tests {
         assert_eq!(rec.id(), 7);
         assert_eq!(rec.mod_revision, 9);
         assert_eq!(rec.placement, [0, 1, 0]);
+        assert_eq!(
+            rec.partitions,
+            [0, 1, 0].map(|n| PartitionState::initial(n, 7)),
+            "no partition key: each partition alone on its node, at the topic's creation"
+        );
+        assert_eq!(rec.partitions[1].epoch, 7);
         config.id = 7;
         assert_eq!(rec.config, config);
     }
@@ -348,9 +466,41 @@ mod tests {
         );
         assert!(decode_member("n2", &kv(b"k", &value, 1, 1)).is_err());
         assert!(decode_counter(&kv(b"k", b"-1", 1, 1)).is_err());
+        let value = encode_partition(5, &[2, 0, 1], 0);
         assert_eq!(
-            decode_counter(&kv(b"k", &encode_counter(4), 1, 1)).unwrap(),
-            4
+            std::str::from_utf8(&value).unwrap(),
+            r#"{"topic_id":5,"replicas":[2,0,1],"leader":0}"#
         );
+        assert_eq!(
+            decode_partition(&kv(b"k", &value, 3, 9)).unwrap(),
+            PartitionRecord {
+                topic_id: 5,
+                state: PartitionState {
+                    replicas: vec![2, 0, 1],
+                    leader: 0,
+                    epoch: 9,
+                },
+            },
+            "the epoch is the revision of the key's last write"
+        );
+        for bad in [
+            &br#"{"topic_id":5,"replicas":[],"leader":0}"#[..],
+            br#"{"topic_id":5,"replicas":[0,0],"leader":0}"#,
+            br#"{"topic_id":5,"replicas":[1,2],"leader":0}"#,
+            br#"{"topic_id":0,"replicas":[0],"leader":0}"#,
+            br#"{"topic_id":5,"replicas":[0,1,2,3,4,5,6,7],"leader":0}"#,
+            br#"{"topic_id":5,"leader":0}"#,
+            b"[",
+        ] {
+            assert!(
+                matches!(
+                    decode_partition(&kv(b"k", bad, 1, 1)),
+                    Err(MetaError::Corrupt { .. })
+                ),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(decode_partition(&kv(b"k", &value, 0, 0)).is_err());
     }
 }

@@ -31,7 +31,7 @@ mod watched;
 #[cfg(test)]
 mod tests;
 
-pub use keys::{Keys, MemberRecord, TopicRecord};
+pub use keys::{Keys, MemberRecord, PartitionRecord, PartitionState, TopicRecord, MAX_REPLICAS};
 pub use placement::{locations, spread};
 pub use replica::{Changes, Replica, ReplicaStatus};
 pub use session::{NodeSpec, Session, SessionState};

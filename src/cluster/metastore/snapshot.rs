@@ -4,7 +4,10 @@
 //! of changes between them, so a subscriber that wakes late (or after a full re-read) still learns everything that
 //! differs.
 
-use super::keys::{decode_member, decode_topic, KeyKind, Keys, MemberRecord, TopicRecord};
+use super::keys::{
+    decode_member, decode_partition, decode_topic, KeyKind, Keys, MemberRecord, PartitionRecord,
+    PartitionState, TopicRecord,
+};
 use super::placement;
 use crate::cluster::etcd::{Event, EventKind, KeyValue};
 use crate::engine::placement::{Location, NodeIndex};
@@ -51,6 +54,11 @@ pub struct Snapshot {
     members: BTreeMap<String, MemberRecord>,
     /// Node id → session lease, from the alive keys.
     sessions: BTreeMap<String, i64>,
+    /// Topic records as their `topics/<name>` keys hold them (each partition where the creation put it).
+    stored: BTreeMap<String, Arc<TopicRecord>>,
+    /// `partitions/<topic>/<p>` keys, decoded, by topic then partition.
+    partition_keys: BTreeMap<String, BTreeMap<u32, PartitionRecord>>,
+    /// The topics as everyone reads them: `stored` with the partition keys of the same topic id applied.
     topics: BTreeMap<String, Arc<TopicRecord>>,
 }
 
@@ -94,17 +102,77 @@ impl Snapshot {
             Some(KeyKind::Alive(id)) => {
                 self.sessions.insert(id, kv.lease);
             }
-            Some(KeyKind::Topic(name)) => match decode_topic(&name, kv) {
-                Ok(topic) => {
-                    self.topics.insert(name, Arc::new(topic));
+            Some(KeyKind::Topic(name)) => {
+                match decode_topic(&name, kv) {
+                    Ok(topic) => {
+                        self.stored.insert(name.clone(), Arc::new(topic));
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "metastore: ignoring a topic record");
+                        self.stored.remove(&name);
+                    }
                 }
-                Err(e) => {
-                    warn!(error = %e, "metastore: ignoring a topic record");
-                    self.topics.remove(&name);
+                self.merge(&name);
+            }
+            Some(KeyKind::Partition(topic, p)) => {
+                match decode_partition(kv) {
+                    Ok(record) => {
+                        self.partition_keys
+                            .entry(topic.clone())
+                            .or_default()
+                            .insert(p, record);
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "metastore: ignoring a partition record");
+                        self.remove_partition(&topic, p);
+                    }
                 }
-            },
+                self.merge(&topic);
+            }
             Some(KeyKind::NodeCounter) | None => {}
         }
+    }
+
+    fn remove_partition(&mut self, topic: &str, p: u32) {
+        if let Some(keys) = self.partition_keys.get_mut(topic) {
+            keys.remove(&p);
+            if keys.is_empty() {
+                self.partition_keys.remove(topic);
+            }
+        }
+    }
+
+    /// Brings `topics[name]` up to date with its stored record and partition keys.
+    fn merge(&mut self, name: &str) {
+        let Some(stored) = self.stored.get(name) else {
+            self.topics.remove(name);
+            return;
+        };
+        let mut merged = TopicRecord::clone(stored);
+        merged.partitions = self.partition_states(stored);
+        if self.topics.get(name).is_none_or(|now| **now != merged) {
+            self.topics.insert(name.to_string(), Arc::new(merged));
+        }
+    }
+
+    /// Each partition's replicas, leader and epoch: its partition key here, or where the creation put it. A key
+    /// applies only to the topic id it names and to a partition the topic has (one left by a deleted topic of the
+    /// same name is ignored). `topic` may be newer than this snapshot (just written by a change): its partitions
+    /// still take the keys known here.
+    pub fn partition_states(&self, topic: &TopicRecord) -> Vec<PartitionState> {
+        let mut states: Vec<PartitionState> = topic
+            .placement
+            .iter()
+            .map(|&node| PartitionState::initial(node, topic.id()))
+            .collect();
+        for (&p, key) in self.partition_keys.get(topic.name()).into_iter().flatten() {
+            if key.topic_id == topic.id() {
+                if let Some(state) = states.get_mut(p as usize) {
+                    *state = key.state.clone();
+                }
+            }
+        }
+        states
     }
 
     fn remove(&mut self, keys: &Keys, key: &[u8]) {
@@ -116,7 +184,12 @@ impl Snapshot {
                 self.sessions.remove(&id);
             }
             Some(KeyKind::Topic(name)) => {
-                self.topics.remove(&name);
+                self.stored.remove(&name);
+                self.merge(&name);
+            }
+            Some(KeyKind::Partition(topic, p)) => {
+                self.remove_partition(&topic, p);
+                self.merge(&topic);
             }
             Some(KeyKind::NodeCounter) | None => {}
         }
@@ -174,19 +247,31 @@ impl Snapshot {
         live
     }
 
-    /// Where each partition of `topic` lives, cores included (a node not known here counts as one core).
+    /// Where each partition of `topic` is served: its leader, and the core of the leader that owns it (a node not
+    /// known here counts as one core).
     pub fn locations(&self, topic: &TopicRecord) -> Vec<Location> {
-        placement::locations(topic.name(), &topic.placement, |node| {
+        let leaders: Vec<NodeIndex> = self
+            .partition_states(topic)
+            .iter()
+            .map(|s| s.leader)
+            .collect();
+        placement::locations(topic.name(), &leaders, |node| {
             self.node_by_index(node).map_or(1, |n| n.cores as usize)
         })
     }
 
-    /// Number of partitions placed on node `index`, over every topic (`GET /cluster`).
-    pub fn partitions_on(&self, index: NodeIndex) -> usize {
-        self.topics
-            .values()
-            .map(|t| t.placement.iter().filter(|&&n| n == index).count())
-            .sum()
+    /// Number of partitions node `index` leads, and of those it is a replica of without leading, over every topic.
+    pub fn partitions_on(&self, index: NodeIndex) -> (usize, usize) {
+        let mut leads = 0;
+        let mut follows = 0;
+        for s in self.topics.values().flat_map(|t| &t.partitions) {
+            if s.leader == index {
+                leads += 1;
+            } else if s.replicas.contains(&index) {
+                follows += 1;
+            }
+        }
+        (leads, follows)
     }
 
     /// What differs from `old` to `self`: node changes first, then topic deletions, then creations and changes.
@@ -214,7 +299,10 @@ impl Snapshot {
         for (name, now) in &self.topics {
             match old.topics.get(name) {
                 Some(before) if before.id() == now.id() => {
-                    if before.config != now.config || before.placement != now.placement {
+                    if before.config != now.config
+                        || before.placement != now.placement
+                        || before.partitions != now.partitions
+                    {
                         changes.push(Change::TopicChanged(now.clone()));
                     }
                 }
@@ -292,7 +380,7 @@ mod tests {
         assert_eq!(s.live_nodes(), [0]);
         assert_eq!(s.nodes().len(), 2);
         assert!(!s.node("b").unwrap().alive);
-        assert_eq!(s.partitions_on(1), 2);
+        assert_eq!(s.partitions_on(1), (2, 0));
         let before = s.clone();
 
         for ev in [
@@ -331,5 +419,82 @@ mod tests {
         assert!(s.topic("v").is_none(), "an undecodable topic is absent");
         assert!(s.changes_since(&s).is_empty());
         assert_eq!(s.locations(s.topic("t").unwrap()).len(), 2);
+    }
+
+    /// A partition key moves the partition's leader (and so where it is served) for the topic id it names; a key of
+    /// a deleted topic of the same name, or for a partition the topic does not have, changes nothing.
+    #[test]
+    fn partition_keys_move_leaders_for_their_topic_id_only() {
+        use super::super::keys::encode_partition;
+        let k = Keys::for_cluster("c").unwrap();
+        let mut s = Snapshot::default();
+        for ev in [
+            put(k.member("a"), member("a", 0), 2, 2, 0),
+            put(k.member("b"), member("b", 1), 3, 3, 0),
+            // Left by an older topic "t" (id 1): ignored.
+            put(k.partition("t", 0), encode_partition(1, &[1], 1), 3, 3, 0),
+            put(k.topic("t"), topic("t", 5000), 4, 4, 0),
+        ] {
+            s.apply(&k, &ev);
+        }
+        let t = s.topic("t").unwrap().clone();
+        assert_eq!(t.partitions[0], PartitionState::initial(0, 4));
+        assert_eq!(t.partitions[1], PartitionState::initial(1, 4));
+        assert_eq!(
+            s.locations(&t).iter().map(|l| l.node).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        let before = s.clone();
+
+        s.apply(
+            &k,
+            &put(
+                k.partition("t", 0),
+                encode_partition(4, &[0, 1], 1),
+                6,
+                6,
+                0,
+            ),
+        );
+        s.apply(
+            &k,
+            &put(k.partition("t", 7), encode_partition(4, &[0], 0), 7, 7, 0),
+        );
+        let t = s.topic("t").unwrap().clone();
+        assert_eq!(t.partitions[0].leader, 1);
+        assert_eq!(t.partitions[0].epoch, 6);
+        assert_eq!(
+            s.locations(&t).iter().map(|l| l.node).collect::<Vec<_>>(),
+            [1, 1]
+        );
+        let stored = s.stored.get("t").unwrap().clone();
+        assert_eq!(
+            s.locations(&stored)
+                .iter()
+                .map(|l| l.node)
+                .collect::<Vec<_>>(),
+            [1, 1],
+            "a record as a change wrote it is located by the partition keys known"
+        );
+        assert_eq!((s.partitions_on(0), s.partitions_on(1)), ((0, 1), (2, 0)));
+        assert!(
+            matches!(&s.changes_since(&before)[..], [Change::TopicChanged(t)] if t.partitions[0].leader == 1),
+            "a leader move is a change of the topic"
+        );
+
+        // Deleted: the topic's partitions go back to where the creation put them.
+        let moved = s.clone();
+        s.apply(&k, &delete(k.partition("t", 0), 8));
+        assert_eq!(
+            s.topic("t").unwrap().partitions[0],
+            PartitionState::initial(0, 4)
+        );
+        assert_eq!(s.changes_since(&moved).len(), 1);
+        // An undecodable key is absent.
+        s.apply(&k, &put(k.partition("t", 1), b"{".to_vec(), 9, 9, 0));
+        assert_eq!(
+            s.topic("t").unwrap().partitions[1],
+            PartitionState::initial(1, 4)
+        );
     }
 }

@@ -159,6 +159,112 @@ fn two_replicas_see_a_topic_created_by_a_third_party() {
     });
 }
 
+/// A partition's leader and replicas move by a conditional write of its key, one epoch at a time: the write
+/// names the epoch it replaces, a second write naming the same one loses, every replica routes the partition to its
+/// new leader, and the keys go with their topic (a topic created again under the name starts where its own
+/// creation puts it).
+#[test]
+fn partition_keys_move_leaders_once_per_epoch_and_go_with_their_topic() {
+    let Some(p) = start_etcd("partition_keys_move_leaders_once_per_epoch_and_go_with_their_topic")
+    else {
+        return;
+    };
+    run(async {
+        let store = store(&p.url);
+        let a = store.register(spec("n1")).await.unwrap();
+        let other = store_with_ttl(&p.url, DEFAULT_LEASE_TTL_S);
+        let b = other.register(spec("n2")).await.unwrap();
+        let replica = store.replica().await.unwrap();
+        let (_, record) = store.create_topic(topic("orders", 2)).await.unwrap();
+        let id = record.id();
+        assert_eq!(
+            record.partitions[0].epoch, id,
+            "no key yet: the epoch is the topic's creation"
+        );
+        let first = record.placement[0];
+        let next = if first == a.index() {
+            b.index()
+        } else {
+            a.index()
+        };
+
+        let moved = store
+            .set_partition(&record, 0, id, &[first, next], next)
+            .await
+            .unwrap()
+            .expect("the first move from the creation's epoch");
+        assert!(moved.epoch > id);
+        assert_eq!(
+            (moved.leader, moved.replicas.clone()),
+            (next, vec![first, next])
+        );
+        assert_eq!(
+            store
+                .set_partition(&record, 0, id, &[first], first)
+                .await
+                .unwrap(),
+            None,
+            "a second move from the same epoch loses"
+        );
+        assert!(matches!(
+            store
+                .set_partition(&record, 0, moved.epoch, &[first], next)
+                .await,
+            Err(MetaError::Invalid(_))
+        ));
+        assert!(matches!(
+            store
+                .set_partition(&record, 2, moved.epoch, &[first], first)
+                .await,
+            Err(MetaError::Invalid(_))
+        ));
+        let snapshot = until(&replica, "partition 0 led by its new leader", |s| {
+            s.topic("orders").is_some_and(|t| t.partitions[0] == moved)
+        })
+        .await;
+        let t = snapshot.topic("orders").unwrap();
+        assert_eq!(snapshot.locations(t)[0].node, next);
+        assert_eq!(
+            snapshot.locations(&record)[0].node,
+            next,
+            "the record as created is located by its keys too"
+        );
+        let back = store
+            .set_partition(&record, 0, moved.epoch, &[first], first)
+            .await
+            .unwrap()
+            .expect("a move from the current epoch");
+        assert!(back.epoch > moved.epoch);
+
+        store.delete_topic("orders").await.unwrap();
+        let prefix = store.keys.partitions_of("orders");
+        let end = crate::cluster::etcd::prefix_range_end(&prefix);
+        let keys = store.etcd.range(&prefix, Some(&end)).await.unwrap();
+        assert!(
+            keys.kvs.is_empty(),
+            "the partition keys went with their topic"
+        );
+        assert_eq!(
+            store
+                .set_partition(&record, 0, back.epoch, &[first], first)
+                .await
+                .unwrap(),
+            None,
+            "a deleted topic's partition does not move"
+        );
+        let (_, again) = store.create_topic(topic("orders", 2)).await.unwrap();
+        let snapshot = until(&replica, "orders created again", |s| {
+            s.topic("orders").is_some_and(|t| t.id() == again.id())
+        })
+        .await;
+        let t = snapshot.topic("orders").unwrap();
+        assert_eq!(
+            t.partitions[0],
+            PartitionState::initial(again.placement[0], again.id())
+        );
+    });
+}
+
 #[test]
 fn creating_an_existing_topic_returns_it_unchanged() {
     let Some(p) = start_etcd("creating_an_existing_topic_returns_it_unchanged") else {
@@ -593,7 +699,7 @@ fn placement_spreads_over_live_nodes_and_skips_dead_ones() {
             .iter()
             .all(|i| v.placement.iter().filter(|&&x| x == *i).count() == 2));
         let snapshot = admin.read_all().await.unwrap();
-        assert_eq!(snapshot.partitions_on(dead), 2);
+        assert_eq!(snapshot.partitions_on(dead).0, 2);
         assert_eq!(snapshot.nodes().len(), 4);
     });
 }

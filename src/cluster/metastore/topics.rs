@@ -1,11 +1,17 @@
 //! Topic records in etcd: creation with its placement (one txn, only if absent), changes of settings (compare and
 //! swap on the key's mod revision, retried), deletion, and direct reads. Called on core 0.
 
-use super::keys::{decode_topic, encode_topic, TopicRecord};
+use super::keys::{
+    decode_partition, decode_topic, encode_partition, encode_topic, PartitionState, TopicRecord,
+    MAX_REPLICAS,
+};
 use super::placement::spread;
 use super::snapshot::Snapshot;
 use super::{ranges, MetaError, Metastore, MAX_TXN_ATTEMPTS};
-use crate::cluster::etcd::{prefix_range_end, Compare, KeyValue, TxnOp, TxnOpResponse};
+use crate::cluster::etcd::{
+    prefix_range_end, Compare, CompareOp, CompareTarget, KeyValue, TxnOp, TxnOpResponse,
+};
+use crate::engine::placement::NodeIndex;
 use crate::engine::topic::{validate_name, TopicConfig, MAX_PARTITIONS};
 use tracing::{info, warn};
 
@@ -17,6 +23,15 @@ fn check_name(name: &str) -> Result<(), MetaError> {
 fn range_prefix(prefix: Vec<u8>) -> TxnOp {
     let range_end = prefix_range_end(&prefix);
     TxnOp::Range {
+        key: prefix,
+        range_end: Some(range_end),
+    }
+}
+
+/// Deletes every key under `prefix` in a transaction.
+fn delete_prefix(prefix: Vec<u8>) -> TxnOp {
+    let range_end = prefix_range_end(&prefix);
+    TxnOp::Delete {
         key: prefix,
         range_end: Some(range_end),
     }
@@ -68,16 +83,35 @@ impl Metastore {
             }
             let nodes =
                 Snapshot::from_kvs(&self.keys, read.revision, r[1].kvs.iter().chain(&r[2].kvs));
-            let placement = spread(&config.name, config.partitions, &nodes.live_nodes());
+            let live = nodes.live_nodes();
+            let placement = spread(&config.name, config.partitions, &live);
             if placement.is_empty() {
                 return Err(MetaError::NoLiveNodes);
             }
+            if config.replicas as usize > live.len() {
+                return Err(MetaError::Invalid(format!(
+                    "replicas={} but {} nodes are live",
+                    config.replicas,
+                    live.len()
+                )));
+            }
+            if config.replicas != 1 {
+                return Err(MetaError::Invalid(format!(
+                    "replicas={}: replication is not in this build yet (docs/replication.md); use replicas=1",
+                    config.replicas
+                )));
+            }
             let value = encode_topic(&config, &placement);
+            // Partition keys left by a deleted topic of this name (a deletion before they were deleted with it)
+            // go with the new topic's creation.
             let t = self
                 .etcd
                 .txn(
                     &[Compare::absent(key.clone())],
-                    &[TxnOp::put(key.clone(), value.clone(), None)],
+                    &[
+                        TxnOp::put(key.clone(), value.clone(), None),
+                        delete_prefix(self.keys.partitions_of(&config.name)),
+                    ],
                     &[TxnOp::get(key.clone())],
                 )
                 .await?;
@@ -162,13 +196,22 @@ impl Metastore {
         Err(MetaError::Contended("change_topic").into())
     }
 
-    /// Deletes a topic. Returns what was deleted (`None`: there was no such topic, or its record did not decode).
+    /// Deletes a topic, and its partition keys with it. Returns what was deleted (`None`: there was no such topic,
+    /// or its record did not decode).
     pub async fn delete_topic(&self, name: &str) -> Result<Option<TopicRecord>, MetaError> {
         check_name(name)?;
         let key = self.keys.topic(name);
         let t = self
             .etcd
-            .txn(&[], &[TxnOp::get(key.clone()), TxnOp::delete(key)], &[])
+            .txn(
+                &[],
+                &[
+                    TxnOp::get(key.clone()),
+                    TxnOp::delete(key),
+                    delete_prefix(self.keys.partitions_of(name)),
+                ],
+                &[],
+            )
             .await?;
         let deleted = match t.responses.first() {
             Some(TxnOpResponse::Range(r)) => r.kvs.first().cloned(),
@@ -187,5 +230,69 @@ impl Metastore {
                 Ok(None)
             }
         }
+    }
+
+    /// Gives partition `p` of `topic` a new replica set and leader, at a new epoch (the revision of this write),
+    /// only if it is still at `epoch` (its key's mod revision; the topic's id while it has no key) and the topic is
+    /// still the one created at `topic.id()`: one leadership per epoch, decided once for everyone, as the election
+    /// and the replica moves of the replication plan (`docs/replication.md`) need. Returns the new state, or `None`
+    /// when the partition or its topic moved on first (read again and decide again).
+    pub async fn set_partition(
+        &self,
+        topic: &TopicRecord,
+        p: u32,
+        epoch: u64,
+        replicas: &[NodeIndex],
+        leader: NodeIndex,
+    ) -> Result<Option<PartitionState>, MetaError> {
+        let mut distinct = replicas.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if p >= topic.config.partitions
+            || replicas.is_empty()
+            || replicas.len() > MAX_REPLICAS
+            || distinct.len() != replicas.len()
+            || !replicas.contains(&leader)
+        {
+            return Err(MetaError::Invalid(format!(
+                "partition {p} of '{}': {replicas:?} led by {leader} (1 to {MAX_REPLICAS} distinct replicas, the \
+                 leader one of them)",
+                topic.name()
+            )));
+        }
+        let key = self.keys.partition(topic.name(), p);
+        let unchanged = if epoch == topic.id() {
+            Compare::absent(key.clone())
+        } else {
+            Compare::mod_revision_is(key.clone(), epoch as i64)
+        };
+        let same_topic = Compare::new(
+            self.keys.topic(topic.name()),
+            CompareOp::Equal,
+            CompareTarget::CreateRevision(topic.id() as i64),
+        );
+        let value = encode_partition(topic.id(), replicas, leader);
+        let t = self
+            .etcd
+            .txn(
+                &[same_topic, unchanged],
+                &[TxnOp::put(key.clone(), value.clone(), None)],
+                &[],
+            )
+            .await?;
+        if !t.succeeded {
+            return Ok(None);
+        }
+        let written = KeyValue {
+            key,
+            value,
+            create_revision: t.revision,
+            mod_revision: t.revision,
+            version: 0,
+            lease: 0,
+        };
+        let record = decode_partition(&written)?;
+        info!(topic = %topic.name(), partition = p, replicas = ?record.state.replicas, leader, epoch = record.state.epoch, "metastore: partition moved");
+        Ok(Some(record.state))
     }
 }

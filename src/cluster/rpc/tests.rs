@@ -131,6 +131,7 @@ fn every_request() -> Vec<Request> {
                 max_deliveries: Some(3),
                 dead_letter: Some(None),
                 max_groups: Some(8),
+                replicas: None,
             },
         ),
         Request::DeleteTopic(topic()),
@@ -171,6 +172,7 @@ fn every_request() -> Vec<Request> {
             group: "billing".into(),
             leases: vec![(1, 2, 3), (4, 5, 6)],
         }),
+        Request::Partitions(topic()),
     ]
 }
 
@@ -243,6 +245,15 @@ fn every_reply() -> Vec<ReplyBody> {
         Ok(Reply::Described(vec![info_value(), info_value()])),
         Ok(Reply::Stats(Box::new(stats))),
         Ok(Reply::Done),
+        Ok(Reply::Partitions(Some((
+            77,
+            vec![crate::engine::placement::PartitionState {
+                replicas: vec![2, 0, 1],
+                leader: 0,
+                epoch: 91,
+            }],
+        )))),
+        Ok(Reply::Partitions(None)),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
         Err(OpError::Engine(EngineError::TopicExists {
@@ -276,6 +287,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Signal(_) => 12,
         Request::LookupTopic(..) => 13,
         Request::GiveBack(_) => 14,
+        Request::Partitions(_) => 15,
     }
 }
 
@@ -291,6 +303,7 @@ fn reply_variant(r: &Reply) -> usize {
         Reply::Described(_) => 7,
         Reply::Stats(_) => 8,
         Reply::Done => 9,
+        Reply::Partitions(_) => 10,
     }
 }
 
@@ -299,7 +312,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..15).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..16).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
@@ -307,7 +320,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
         .map(reply_variant)
         .collect();
     seen.dedup();
-    assert_eq!(seen, (0..10).collect::<Vec<_>>(), "every reply variant");
+    assert_eq!(seen, (0..11).collect::<Vec<_>>(), "every reply variant");
 
     let mut wire = Vec::new();
     for (i, request) in requests.iter().enumerate() {
