@@ -543,10 +543,11 @@ fn topic_created_on_one_node_is_served_by_all() {
             placements[0]
         );
     }
-    // GET /cluster counts them (each replica, once it caught up).
+    // GET /cluster counts them (each replica, once it caught up): 2 served and led per node, none followed (R = 1).
     for i in 0..c.len() {
-        c.wait_view(i, "2 partitions per node", |v| {
-            v.iter().all(|n| n.partitions == 2)
+        c.wait_view(i, "2 partitions per node, each led by it", |v| {
+            v.iter()
+                .all(|n| n.partitions == 2 && n.leads == 2 && n.follows == 0)
         });
     }
     // GET /topics lists it everywhere.

@@ -64,12 +64,17 @@ fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) 
         nodes: snapshot
             .nodes()
             .into_iter()
-            .map(|n| NodeEntry {
-                index: n.index,
-                id: n.id,
-                advertise: n.advertise,
-                peer_addr: n.peer_addr,
-                alive: n.alive,
+            .map(|n| {
+                let (leads, follows) = snapshot.partitions_on(n.index);
+                NodeEntry {
+                    index: n.index,
+                    id: n.id,
+                    advertise: n.advertise,
+                    peer_addr: n.peer_addr,
+                    alive: n.alive,
+                    leads: leads as u64,
+                    follows: follows as u64,
+                }
             })
             .collect(),
         fenced,
@@ -610,7 +615,8 @@ async fn follow(
                 }
             }
         }
-        if nodes_changed || retries.borrow().listed() != listed_before {
+        // Topic changes move the partitions each node leads and follows (`GET /cluster`) too.
+        if nodes_changed || !done.is_empty() || retries.borrow().listed() != listed_before {
             let view = view_of(&snapshot, me, fenced.get(), &retries.borrow());
             if let Err(e) = engine.publish_cluster_view(view).await {
                 warn!(error = %e, "cannot publish the node table");

@@ -26,6 +26,9 @@ pub struct NodeEntry {
     /// Node RPC address (`--peer-listen`).
     pub peer_addr: String,
     pub alive: bool,
+    /// Partitions it leads, and partitions it holds a replica of without leading (`GET /cluster`).
+    pub leads: u64,
+    pub follows: u64,
 }
 
 /// The cluster view a core holds, replaced whole by an admin step.

@@ -152,6 +152,8 @@ impl Front {
                 "advertise": config.listen.to_string(),
                 "alive": true,
                 "partitions": owned.get(&0).copied().unwrap_or(0),
+                "leads": owned.get(&0).copied().unwrap_or(0),
+                "follows": 0,
                 "incarnation": config.incarnation,
             }]});
         }
@@ -164,6 +166,8 @@ impl Front {
                     "advertise": n.advertise,
                     "alive": engine.node_alive(n.index),
                     "partitions": owned.get(&n.index).copied().unwrap_or(0),
+                    "leads": n.leads,
+                    "follows": n.follows,
                     "self": n.index == view.node,
                 });
                 // Its own data directory's incarnation (others' are in their `nodes/<id>` records in etcd).

@@ -608,6 +608,9 @@ pub struct NodeView {
     pub advertise: String,
     pub alive: bool,
     pub partitions: u64,
+    /// Partitions it leads, and holds a replica of without leading, per the metastore.
+    pub leads: u64,
+    pub follows: u64,
 }
 
 /// etcd plus N berth nodes in cluster mode (api.md "Cluster mode"), on one test's own cluster name.
@@ -1018,6 +1021,8 @@ impl Cluster {
                     advertise: n["advertise"].as_str().unwrap_or_default().to_string(),
                     alive: n["alive"].as_bool().ok_or("node without alive")?,
                     partitions: n["partitions"].as_u64().unwrap_or(0),
+                    leads: n["leads"].as_u64().unwrap_or(0),
+                    follows: n["follows"].as_u64().unwrap_or(0),
                 })
             })
             .collect::<Result<Vec<_>, &str>>()
