@@ -123,7 +123,7 @@ durability_res=(
   # in-flight leases: reserve, lease, ack/nack/extend (live checks, nonces), expiry, frontier advance
   'InFlight::(reserve|reserve_batch|lease_next|next_deliverable|ack|ack_batch|ack_dead_letter|nack|nack_batch|nack_live|extend|extend_batch|extend_live|give_back_batch|purge_expired|release|make_deliverable|is_live|issue_nonce|settle_at_frontier|advance_frontier|catch_up_frontier|skip_corrupt|skip_corrupt_run|advance_to)\b'
   # partition: settling, dead letters, frontier flushes and journaling, replay, taking leases
-  'Partition::(take|settle|dead_lettered|give_back|purge|flush_frontiers|flush_group|frontier_moved|frontier_file_behind|write_frontier_files|frontiers_journaled|moved_frontiers|replay|append|load_shards|write_start)\b'
+  'Partition::(take|settle|dead_lettered|give_back|purge|flush_frontiers|flush_group|frontier_file_behind|write_frontier_files|frontiers_journaled|moved_frontiers|replay|append|load_shards|write_start)\b'
   'FrontierState::(durable|wait_flush)\b'
   # settle ops, dead-letter diversion and redrive
   '^src/ops/settle\.rs:.* (in|replace) apply\b'

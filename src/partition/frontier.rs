@@ -183,15 +183,6 @@ impl Partition {
         lags
     }
 
-    /// Whether some group's frontier moved past its durable value (in its file or the journal).
-    pub fn frontier_moved(&self) -> bool {
-        self.groups.borrow().values().any(|g| {
-            !g.frontier.flushing.get()
-                && g.with_loaded(|s| s.committed())
-                    .is_some_and(|c| c > g.frontier.durable())
-        })
-    }
-
     /// Whether some group's frontier file is behind its frontier (a checkpoint must write it).
     pub fn frontier_file_behind(&self) -> bool {
         self.groups.borrow().values().any(|g| {
