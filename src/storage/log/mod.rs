@@ -14,10 +14,12 @@ use crate::storage::runs::Runs;
 use crate::storage::FsyncPolicy;
 pub use read::{ReadAhead, ReadError, Record, READ_AHEAD_BYTES};
 
+mod follow;
 mod read;
 use crate::clock::Clock;
 use bytes::Bytes;
 use event_listener::Event;
+pub use follow::{FollowError, ShipHook};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -152,6 +154,24 @@ struct LogState {
     dirty: bool,
 }
 
+/// A batch's frames, built for the end of the active segment and not yet written (see `Log::write_built`).
+struct Built {
+    /// With a journal, a whole journal entry whose frames start at `frames_at`; without, the frames alone.
+    buf: Vec<u8>,
+    frames_at: usize,
+    /// The active segment, its base offset, and where the frames go in it.
+    file: Rc<dyn SegmentFile>,
+    base: u64,
+    start_pos: u64,
+    /// The segment's frame count and zero-filled size before the batch (for the checks and the rollback).
+    old_positions: usize,
+    zeroed_to: u64,
+    /// The batch's first offset, the position of each frame, and their timestamp.
+    first: u64,
+    positions: Vec<u32>,
+    timestamp_ms: u64,
+}
+
 /// An append of one or more records (one request's batch, for one partition) waiting for the writer. Its records
 /// are written together, so they get consecutive offsets.
 struct Pending {
@@ -189,6 +209,10 @@ pub struct Log {
     syncs: Cell<u64>,
     writer_done: Cell<bool>,
     writer_done_event: Event,
+    /// Leader side: told of every durable batch (`follow.rs`).
+    on_ship: RefCell<Option<follow::ShipHook>>,
+    /// Follower side: a shipped batch is being written.
+    following: Cell<bool>,
     /// The core's journal, when appends are made durable through it.
     journal: Option<JournalLink>,
 }
@@ -323,6 +347,8 @@ impl Log {
             syncs: Cell::new(0),
             writer_done: Cell::new(false),
             writer_done_event: Event::new(),
+            on_ship: RefCell::new(None),
+            following: Cell::new(false),
             journal,
         });
         glommio::spawn_local(log.clone().run_writer()).detach();
@@ -620,7 +646,44 @@ impl Log {
             positions.push((start_pos + (buf.len() - frames_at) as u64) as u32);
             frame::encode(first + i as u64, timestamp_ms, payload, &mut buf);
         }
-        let end = start_pos + batch_bytes;
+        self.write_built(Built {
+            buf,
+            frames_at,
+            file,
+            start_pos,
+            old_positions,
+            zeroed_to,
+            base,
+            first,
+            positions,
+            timestamp_ms,
+        })
+        .await
+    }
+
+    /// Writes a batch of frames built at the end of the active segment (by an append, or shipped by a leader and
+    /// checked: `follow.rs`), makes it durable per policy, and assigns its offsets; on failure leaves no trace.
+    async fn write_built(&self, built: Built) -> Result<u64, AppendError> {
+        let Built {
+            buf,
+            frames_at,
+            file,
+            start_pos,
+            old_positions,
+            zeroed_to,
+            base,
+            first,
+            positions,
+            timestamp_ms,
+        } = built;
+        let records = positions.len();
+        let end = start_pos + (buf.len() - frames_at) as u64;
+        // A leader ships the frames once durable (the buffer itself goes to the journal below).
+        let shipped = self
+            .on_ship
+            .borrow()
+            .is_some()
+            .then(|| buf[frames_at..].to_vec());
         // Into the tail now (the entry moves to the journal below): see `Tail` for why this is safe before the
         // batch is durable.
         self.tail.borrow_mut().push(
@@ -733,6 +796,23 @@ impl Log {
         active.last_timestamp_ms = timestamp_ms;
         st.next_offset = first + records as u64;
         st.dirty = true;
+        drop(st);
+        if let (Some(frames), Some(ship)) = (shipped, self.on_ship.borrow().as_ref()) {
+            let (topic, topic_id, partition) = match &self.journal {
+                Some(link) => (link.topic.clone(), link.topic_id, link.partition),
+                None => (String::new(), 0, 0),
+            };
+            let head = EntryHead {
+                topic,
+                topic_id,
+                partition,
+                segment_base: base,
+                position: start_pos,
+                first_offset: first,
+                count: records as u32,
+            };
+            ship(&head, &frames);
+        }
         Ok(first)
     }
 
