@@ -548,3 +548,44 @@ fn a_checkpoint_and_a_close_wait_out_a_running_frontier_write() {
         assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(1));
     });
 }
+
+/// A journal checkpoint's frontier pass reports exactly whether every file now holds its group's frontier: true
+/// after it wrote the files behind, false when a write failed (the journal file must then stay: it holds the only
+/// durable copy of the newer frontier), and true again once a retry wrote it.
+#[test]
+fn a_checkpoint_reports_whether_every_frontier_file_was_written() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["a", "b", "c"])).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+        let ack = |i: usize| {
+            let d = &taken.deliveries[i];
+            let p = p.clone();
+            let item = (d.offset, d.nonce);
+            async move {
+                let acked = p
+                    .settle(DEFAULT_GROUP, &[item], SettleOp::Ack)
+                    .await
+                    .unwrap();
+                assert!(acked.iter().all(|r| r.is_ok()));
+            }
+        };
+        ack(0).await;
+        assert!(
+            p.write_frontier_files().await,
+            "the file behind was written"
+        );
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(1));
+        ack(1).await;
+        sim.fail_writes(libc::EIO, 1);
+        assert!(
+            !p.write_frontier_files().await,
+            "a failed frontier write reported as written"
+        );
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(1));
+        assert!(p.write_frontier_files().await, "the retry wrote it");
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(2));
+    });
+}
