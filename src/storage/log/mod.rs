@@ -211,8 +211,8 @@ pub struct Log {
     writer_done_event: Event,
     /// Leader side: told of every durable batch (`follow.rs`).
     on_ship: RefCell<Option<follow::ShipHook>>,
-    /// Follower side: a shipped batch is being written.
-    following: Cell<bool>,
+    /// Follower side: shipped batches waiting for the writer task (`follow.rs`), which alone writes.
+    ships: RefCell<std::collections::VecDeque<follow::ShipJob>>,
     /// The core's journal, when appends are made durable through it.
     journal: Option<JournalLink>,
 }
@@ -348,7 +348,7 @@ impl Log {
             writer_done: Cell::new(false),
             writer_done_event: Event::new(),
             on_ship: RefCell::new(None),
-            following: Cell::new(false),
+            ships: RefCell::new(std::collections::VecDeque::new()),
             journal,
         });
         glommio::spawn_local(log.clone().run_writer()).detach();
@@ -448,6 +448,12 @@ impl Log {
         loop {
             let batch = loop {
                 let listener = self.queue_event.listen();
+                // A follower's shipped batches: each on its own, in arrival order (`follow.rs`).
+                let ship = self.ships.borrow_mut().pop_front();
+                if let Some(job) = ship {
+                    self.run_ship(job).await;
+                    continue;
+                }
                 if let Some(batch) = self.take_batch() {
                     break batch;
                 }
@@ -678,11 +684,9 @@ impl Log {
         } = built;
         let records = positions.len();
         let end = start_pos + (buf.len() - frames_at) as u64;
-        // A leader ships the frames once durable (the buffer itself goes to the journal below).
-        let shipped = self
-            .on_ship
-            .borrow()
-            .is_some()
+        // A leader ships the frames once durable (the buffer itself goes to the journal below); only a log with a
+        // journal ships (its link names the partition; a follower writes through its own journal).
+        let shipped = (self.journal.is_some() && self.on_ship.borrow().is_some())
             .then(|| buf[frames_at..].to_vec());
         // Into the tail now (the entry moves to the journal below): see `Tail` for why this is safe before the
         // batch is durable.
@@ -797,15 +801,13 @@ impl Log {
         st.next_offset = first + records as u64;
         st.dirty = true;
         drop(st);
-        if let (Some(frames), Some(ship)) = (shipped, self.on_ship.borrow().as_ref()) {
-            let (topic, topic_id, partition) = match &self.journal {
-                Some(link) => (link.topic.clone(), link.topic_id, link.partition),
-                None => (String::new(), 0, 0),
-            };
+        if let (Some(frames), Some(ship), Some(link)) =
+            (shipped, self.on_ship.borrow().as_ref(), &self.journal)
+        {
             let head = EntryHead {
-                topic,
-                topic_id,
-                partition,
+                topic: link.topic.clone(),
+                topic_id: link.topic_id,
+                partition: link.partition,
                 segment_base: base,
                 position: start_pos,
                 first_offset: first,

@@ -6,6 +6,7 @@ use super::super::{JournalLink, Log, LogOptions};
 use super::FollowError;
 use crate::clock::RealClock;
 use crate::storage::backend::Storage;
+use crate::storage::frame;
 use crate::storage::journal::{self, EntryHead, Journal, JournalOptions};
 use crate::storage::sim::{Sim, SimStorage};
 use crate::storage::FsyncPolicy;
@@ -224,18 +225,51 @@ fn a_shipped_batch_that_does_not_continue_the_log_changes_nothing() {
         let (lj, leader, shipped) = leader(&sa).await;
         let (fj, follower) = open(&sb).await;
         let mut rng = Rng(3);
-        produce(&leader, &mut rng, 3).await;
+        produce(&leader, &mut rng, 12).await;
         let batches = std::mem::take(&mut *shipped.borrow_mut());
-        assert!(batches.len() >= 3);
-        let (head, frames) = &batches[0];
+        assert!(batches.len() >= 6);
+        // The refusals are tried at a batch that starts a new segment (the leader rolled before it), with the ones
+        // before it applied.
+        let roll = batches
+            .iter()
+            .position(|(h, _)| h.position == 0 && h.first_offset > 0)
+            .expect("the leader rolled");
+        for (head, frames) in &batches[..roll] {
+            follower.apply_shipped(head, frames).await.expect("applied");
+        }
+        let end = follower.end_offset();
+        let (head, frames) = &batches[roll];
         let before = files(&b);
         let refused = |r: Result<(), FollowError>| match r {
             Err(FollowError::Gap { .. }) | Err(FollowError::Mismatch(_)) => {}
             other => panic!("applied or refused for another reason: {other:?}"),
         };
         // Not the next batch: a gap, and the follower's end to resend from.
-        match follower.apply_shipped(&batches[1].0, &batches[1].1).await {
-            Err(FollowError::Gap { end: 0 }) => {}
+        match follower
+            .apply_shipped(&batches[roll + 1].0, &batches[roll + 1].1)
+            .await
+        {
+            Err(FollowError::Gap { end: e }) if e == end => {}
+            other => panic!("{other:?}"),
+        }
+        // Bytes between two frames (the scan would resync over them), or before the first.
+        let first_len = frame::decode_header(frames, 1 << 12).unwrap().frame_len();
+        if head.count > 1 {
+            let mut gap = frames[..first_len].to_vec();
+            gap.extend_from_slice(&[0u8; 8]);
+            gap.extend_from_slice(&frames[first_len..]);
+            refused(follower.apply_shipped(head, &gap).await);
+        }
+        let mut prefixed = vec![0u8; 40];
+        prefixed.extend_from_slice(frames);
+        refused(follower.apply_shipped(head, &prefixed).await);
+        // A batch past the end of its segment, and one larger than any a leader writes.
+        let mut far = head.clone();
+        far.segment_base = batches[roll - 1].0.segment_base;
+        far.position = 4000;
+        refused(follower.apply_shipped(&far, frames).await);
+        match follower.apply_shipped(head, &vec![0u8; 5 << 20]).await {
+            Err(FollowError::Mismatch(_)) => {}
             other => panic!("{other:?}"),
         }
         // A flipped byte in a frame, a frame too few or too many, another place or another topic.
@@ -260,10 +294,10 @@ fn a_shipped_batch_that_does_not_continue_the_log_changes_nothing() {
         let mut rolled = head.clone();
         rolled.segment_base += 5;
         refused(follower.apply_shipped(&rolled, frames).await);
-        assert_eq!(follower.end_offset(), 0);
+        assert_eq!(follower.end_offset(), end);
         assert_eq!(files(&b), before, "a refused batch wrote nothing");
         // The real ones still apply, in order.
-        for (head, frames) in &batches {
+        for (head, frames) in &batches[roll..] {
             follower.apply_shipped(head, frames).await.expect("applied");
         }
         assert_eq!(follower.end_offset(), leader.end_offset());
@@ -272,5 +306,47 @@ fn a_shipped_batch_that_does_not_continue_the_log_changes_nothing() {
             journal.close().await;
         }
         assert_eq!(files(&a), files(&b));
+    });
+}
+
+/// A shipped batch is the writer task's job once queued: a caller that stops waiting leaves it applied, not half
+/// done, and a close waits for it.
+#[test]
+fn a_shipped_batch_whose_caller_stops_waiting_is_applied_and_a_close_waits_for_it() {
+    run(async {
+        let (a, b) = (Sim::new(), Sim::new());
+        let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
+            Rc::new(SimStorage(a.clone())),
+            Rc::new(SimStorage(b.clone())),
+        );
+        let (lj, leader, shipped) = leader(&sa).await;
+        let (fj, follower) = open(&sb).await;
+        let mut rng = Rng(9);
+        produce(&leader, &mut rng, 4).await;
+        let batches = std::mem::take(&mut *shipped.borrow_mut());
+        assert!(batches.len() >= 3);
+        // Asked, then abandoned at once.
+        {
+            let mut abandoned = Box::pin(follower.apply_shipped(&batches[0].0, &batches[0].1));
+            assert!(futures_lite::future::poll_once(&mut abandoned)
+                .await
+                .is_none());
+        }
+        follower
+            .apply_shipped(&batches[1].0, &batches[1].1)
+            .await
+            .expect("the next batch applies: the abandoned one was applied");
+        // Queued, then the log closes: the close waits for it.
+        let mut last = Box::pin(follower.apply_shipped(&batches[2].0, &batches[2].1));
+        assert!(futures_lite::future::poll_once(&mut last).await.is_none());
+        follower.close().await;
+        assert_eq!(
+            follower.end_offset(),
+            batches[2].0.first_offset + u64::from(batches[2].0.count)
+        );
+        assert!(last.await.is_ok());
+        leader.close().await;
+        lj.close().await;
+        fj.close().await;
     });
 }
