@@ -27,7 +27,9 @@ pub struct NodeEntry {
     pub peer_addr: String,
     pub alive: bool,
     /// Partitions it leads, and partitions it holds a replica of without leading (`GET /cluster`).
+    #[serde(default)]
     pub leads: u64,
+    #[serde(default)]
     pub follows: u64,
 }
 

@@ -589,3 +589,61 @@ fn a_checkpoint_reports_whether_every_frontier_file_was_written() {
         assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(2));
     });
 }
+
+/// One write of a group's frontier file at a time: a flush that finds one running leaves the file to it (and to the
+/// next tick), so two writes of the same file never race (the older one's rename landing last would put a lower
+/// frontier on disk).
+#[test]
+fn a_flush_never_starts_a_second_write_of_a_frontier_file() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.append(bodies(&["a", "b", "c"])).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+        let ack = |i: usize| {
+            let d = &taken.deliveries[i];
+            let p = p.clone();
+            let item = (d.offset, d.nonce);
+            async move {
+                let acked = p
+                    .settle(DEFAULT_GROUP, &[item], SettleOp::Ack)
+                    .await
+                    .unwrap();
+                assert!(acked.iter().all(|r| r.is_ok()));
+            }
+        };
+        ack(0).await;
+        sim.hold_syncs();
+        let first = p.clone();
+        let first = glommio::spawn_local(async move { first.flush_frontiers().await });
+        while sim.held_syncs() == 0 {
+            futures_lite::future::yield_now().await;
+        }
+        ack(1).await;
+        let second = p.clone();
+        let second = glommio::spawn_local(async move { second.flush_frontiers().await });
+        for _ in 0..100 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            sim.held_syncs(),
+            1,
+            "a second write of the frontier file started"
+        );
+        sim.release_syncs();
+        assert_eq!(first.await.len(), 1);
+        assert_eq!(
+            second.await.len(),
+            0,
+            "the second flush left the file to the running one"
+        );
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(1));
+        assert_eq!(
+            p.flush_frontiers().await.len(),
+            1,
+            "the next tick writes the newer frontier"
+        );
+        assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(2));
+    });
+}
