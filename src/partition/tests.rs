@@ -549,6 +549,16 @@ fn a_checkpoint_and_a_close_wait_out_a_running_frontier_write() {
     });
 }
 
+/// Acks the `i`th delivery of `taken` in the default group.
+async fn ack_one(p: &Partition, taken: &Taken, i: usize) {
+    let d = &taken.deliveries[i];
+    let acked = p
+        .settle(DEFAULT_GROUP, &[(d.offset, d.nonce)], SettleOp::Ack)
+        .await
+        .unwrap();
+    assert!(acked.iter().all(|r| r.is_ok()));
+}
+
 /// A journal checkpoint's frontier pass reports exactly whether every file now holds its group's frontier: true
 /// after it wrote the files behind, false when a write failed (the journal file must then stay: it holds the only
 /// durable copy of the newer frontier), and true again once a retry wrote it.
@@ -560,18 +570,7 @@ fn a_checkpoint_reports_whether_every_frontier_file_was_written() {
         let p = open(&sim, &clock).await;
         p.append(bodies(&["a", "b", "c"])).await.unwrap();
         let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
-        let ack = |i: usize| {
-            let d = &taken.deliveries[i];
-            let p = p.clone();
-            let item = (d.offset, d.nonce);
-            async move {
-                let acked = p
-                    .settle(DEFAULT_GROUP, &[item], SettleOp::Ack)
-                    .await
-                    .unwrap();
-                assert!(acked.iter().all(|r| r.is_ok()));
-            }
-        };
+        let ack = |i: usize| ack_one(&p, &taken, i);
         ack(0).await;
         assert!(
             p.write_frontier_files().await,
@@ -601,18 +600,7 @@ fn a_flush_never_starts_a_second_write_of_a_frontier_file() {
         let p = open(&sim, &clock).await;
         p.append(bodies(&["a", "b", "c"])).await.unwrap();
         let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
-        let ack = |i: usize| {
-            let d = &taken.deliveries[i];
-            let p = p.clone();
-            let item = (d.offset, d.nonce);
-            async move {
-                let acked = p
-                    .settle(DEFAULT_GROUP, &[item], SettleOp::Ack)
-                    .await
-                    .unwrap();
-                assert!(acked.iter().all(|r| r.is_ok()));
-            }
-        };
+        let ack = |i: usize| ack_one(&p, &taken, i);
         ack(0).await;
         sim.hold_syncs();
         let first = p.clone();

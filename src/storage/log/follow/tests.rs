@@ -68,6 +68,18 @@ async fn open(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Log>) {
     (journal, log)
 }
 
+type Disks = (Rc<Sim>, Rc<Sim>, Rc<dyn Storage>, Rc<dyn Storage>);
+
+/// The leader's and the follower's simulated disks, and their storage.
+fn two_disks() -> Disks {
+    let (a, b) = (Sim::new(), Sim::new());
+    let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
+        Rc::new(SimStorage(a.clone())),
+        Rc::new(SimStorage(b.clone())),
+    );
+    (a, b, sa, sb)
+}
+
 type Shipped = Rc<RefCell<Vec<(EntryHead, Vec<u8>)>>>;
 
 /// The leader's log, shipping into the returned queue.
@@ -142,11 +154,7 @@ async fn apply_all(follower: &Log, shipped: &Shipped) {
 fn a_follower_fed_every_shipped_batch_holds_the_leaders_segments_byte_for_byte() {
     run(async {
         for seed in 1..=5u64 {
-            let (a, b) = (Sim::new(), Sim::new());
-            let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
-                Rc::new(SimStorage(a.clone())),
-                Rc::new(SimStorage(b.clone())),
-            );
+            let (a, b, sa, sb) = two_disks();
             let (lj, leader, shipped) = leader(&sa).await;
             let (fj, follower) = open(&sb).await;
             let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
@@ -186,11 +194,7 @@ fn a_follower_fed_every_shipped_batch_holds_the_leaders_segments_byte_for_byte()
 #[test]
 fn a_shipped_batch_applied_survives_a_power_cut_of_the_follower() {
     run(async {
-        let (a, b) = (Sim::new(), Sim::new());
-        let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
-            Rc::new(SimStorage(a.clone())),
-            Rc::new(SimStorage(b.clone())),
-        );
+        let (_a, b, sa, sb) = two_disks();
         let (_lj, leader, shipped) = leader(&sa).await;
         let (_fj, follower) = open(&sb).await;
         let mut rng = Rng(42);
@@ -217,11 +221,7 @@ fn a_shipped_batch_applied_survives_a_power_cut_of_the_follower() {
 #[test]
 fn a_shipped_batch_that_does_not_continue_the_log_changes_nothing() {
     run(async {
-        let (a, b) = (Sim::new(), Sim::new());
-        let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
-            Rc::new(SimStorage(a.clone())),
-            Rc::new(SimStorage(b.clone())),
-        );
+        let (a, b, sa, sb) = two_disks();
         let (lj, leader, shipped) = leader(&sa).await;
         let (fj, follower) = open(&sb).await;
         let mut rng = Rng(3);
@@ -314,11 +314,7 @@ fn a_shipped_batch_that_does_not_continue_the_log_changes_nothing() {
 #[test]
 fn a_shipped_batch_whose_caller_stops_waiting_is_applied_and_a_close_waits_for_it() {
     run(async {
-        let (a, b) = (Sim::new(), Sim::new());
-        let (sa, sb): (Rc<dyn Storage>, Rc<dyn Storage>) = (
-            Rc::new(SimStorage(a.clone())),
-            Rc::new(SimStorage(b.clone())),
-        );
+        let (_a, _b, sa, sb) = two_disks();
         let (lj, leader, shipped) = leader(&sa).await;
         let (fj, follower) = open(&sb).await;
         let mut rng = Rng(9);
