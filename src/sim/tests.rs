@@ -66,6 +66,14 @@ fn quiet_plan() -> Plan {
     }
 }
 
+/// Runs a targeted scenario on an executor of its own.
+fn on_executor(f: impl std::future::Future<Output = ()>) {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(f)
+}
+
 /// One core, the simulation's topics, nothing else going on: for the two-step operations' own tests.
 async fn quiet_world(sim: Rc<Sim>) -> World {
     let plan = quiet_plan();
@@ -156,88 +164,82 @@ fn committed(world: &World, topic: &str) -> Option<u64> {
 /// topic once appends work again.
 #[test]
 fn a_dead_letter_copy_that_cannot_be_appended_settles_nothing() {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .make()
-        .expect("executor")
-        .run(async {
-            let sim = Sim::new();
-            let world = quiet_world(sim.clone()).await;
-            produce_one(&world, SOURCE, "m").await;
-            for _ in 0..MAX_DELIVERIES {
-                let got = consume_some(&world, SOURCE).await;
-                assert_eq!(got.len(), 1);
-                nack(&world, SOURCE, &got[0]).await;
-            }
-            sim.fail_writes(libc::EIO, 1);
-            assert!(consume_some(&world, SOURCE).await.is_empty());
-            assert_eq!(
-                committed(&world, SOURCE),
-                Some(0),
-                "settled in its topic although its dead-letter copy failed"
-            );
-            sim.fail_writes(libc::EIO, 0);
-            world
-                .clock
-                .advance(crate::front::consume::DEAD_LETTER_RETRY_MS + 1);
-            world.settle().await;
-            assert!(consume_some(&world, SOURCE).await.is_empty());
-            assert_eq!(committed(&world, SOURCE), Some(1));
-            let copies = consume_some(&world, DLQ).await;
-            assert_eq!(copies.len(), 1);
-            assert_eq!(&copies[0].payload[..], b"m");
-            world.shut_down().await;
-        });
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        produce_one(&world, SOURCE, "m").await;
+        for _ in 0..MAX_DELIVERIES {
+            let got = consume_some(&world, SOURCE).await;
+            assert_eq!(got.len(), 1);
+            nack(&world, SOURCE, &got[0]).await;
+        }
+        sim.fail_writes(libc::EIO, 1);
+        assert!(consume_some(&world, SOURCE).await.is_empty());
+        assert_eq!(
+            committed(&world, SOURCE),
+            Some(0),
+            "settled in its topic although its dead-letter copy failed"
+        );
+        sim.fail_writes(libc::EIO, 0);
+        world
+            .clock
+            .advance(crate::front::consume::DEAD_LETTER_RETRY_MS + 1);
+        world.settle().await;
+        assert!(consume_some(&world, SOURCE).await.is_empty());
+        assert_eq!(committed(&world, SOURCE), Some(1));
+        let copies = consume_some(&world, DLQ).await;
+        assert_eq!(copies.len(), 1);
+        assert_eq!(&copies[0].payload[..], b"m");
+        world.shut_down().await;
+    });
 }
 
 /// A redrive is two steps too: the batch appended to the target, then acked in the source. An append that fails
 /// acks nothing in the source; the messages move once appends work again (after the redrive's lease).
 #[test]
 fn a_redrive_whose_append_fails_acks_nothing_in_the_source() {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .make()
-        .expect("executor")
-        .run(async {
-            let sim = Sim::new();
-            let world = quiet_world(sim.clone()).await;
-            produce_one(&world, DLQ, "d1").await;
-            produce_one(&world, DLQ, "d2").await;
-            async fn redrive(world: &World) -> crate::ops::OpResult<u64> {
-                let front = world.fronts[0].clone();
-                world
-                    .complete(async move {
-                        front
-                            .redrive(crate::ops::redrive::RedriveParams {
-                                from: DLQ.to_string(),
-                                to: REDRIVEN.to_string(),
-                                group: DEFAULT_GROUP.to_string(),
-                                max: None,
-                            })
-                            .await
-                    })
-                    .await
-            }
-            sim.fail_writes(libc::EIO, 1);
-            assert!(redrive(&world).await.is_err());
-            assert_eq!(
-                committed(&world, DLQ),
-                Some(0),
-                "acked in the source without a copy"
-            );
-            sim.fail_writes(libc::EIO, 0);
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        produce_one(&world, DLQ, "d1").await;
+        produce_one(&world, DLQ, "d2").await;
+        async fn redrive(world: &World) -> crate::ops::OpResult<u64> {
+            let front = world.fronts[0].clone();
             world
-                .clock
-                .advance(crate::front::redrive::REDRIVE_VISIBILITY_MS + 1);
-            world.settle().await;
-            assert_eq!(redrive(&world).await.ok(), Some(2));
-            assert_eq!(committed(&world, DLQ), Some(2));
-            let moved: Vec<Vec<u8>> = consume_some(&world, REDRIVEN)
+                .complete(async move {
+                    front
+                        .redrive(crate::ops::redrive::RedriveParams {
+                            from: DLQ.to_string(),
+                            to: REDRIVEN.to_string(),
+                            group: DEFAULT_GROUP.to_string(),
+                            max: None,
+                        })
+                        .await
+                })
                 .await
-                .iter()
-                .map(|d| d.payload.to_vec())
-                .collect();
-            assert_eq!(moved, vec![b"d1".to_vec(), b"d2".to_vec()]);
-            world.shut_down().await;
-        });
+        }
+        sim.fail_writes(libc::EIO, 1);
+        assert!(redrive(&world).await.is_err());
+        assert_eq!(
+            committed(&world, DLQ),
+            Some(0),
+            "acked in the source without a copy"
+        );
+        sim.fail_writes(libc::EIO, 0);
+        world
+            .clock
+            .advance(crate::front::redrive::REDRIVE_VISIBILITY_MS + 1);
+        world.settle().await;
+        assert_eq!(redrive(&world).await.ok(), Some(2));
+        assert_eq!(committed(&world, DLQ), Some(2));
+        let moved: Vec<Vec<u8>> = consume_some(&world, REDRIVEN)
+            .await
+            .iter()
+            .map(|d| d.payload.to_vec())
+            .collect();
+        assert_eq!(moved, vec![b"d1".to_vec(), b"d2".to_vec()]);
+        world.shut_down().await;
+    });
 }
 
 /// Crashes the world's process (kill -9: what it wrote stays, in the page cache) and boots the next one on its disk.
@@ -252,52 +254,49 @@ async fn crash_and_reboot(world: World) -> World {
 /// and a frontier that did not move is not journaled again.
 #[test]
 fn an_acked_frontier_is_journaled_once_at_the_flush_tick_and_survives_a_crash() {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .make()
-        .expect("executor")
-        .run(async {
-            let sim = Sim::new();
-            let world = quiet_world(sim.clone()).await;
-            for body in ["m1", "m2", "m3"] {
-                produce_one(&world, PLAIN, body).await;
-            }
-            let got = consume_some(&world, PLAIN).await;
-            assert_eq!(got.len(), 3);
-            for d in &got {
-                settle_in(&world, PLAIN, DEFAULT_GROUP, d, SettleOp::Ack).await;
-            }
-            let partition = || {
-                let t = world.engines[0].topic(PLAIN).expect("topic");
-                let p = t.owned_partitions().next().expect("partition 0").clone();
-                p
-            };
-            let moved = |p: &crate::partition::Partition| {
-                let mut records = Vec::new();
-                p.moved_frontiers(&mut records);
-                records
-                    .iter()
-                    .map(|r| (r.group.clone(), r.committed))
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(moved(&partition()), vec![(DEFAULT_GROUP.to_string(), 3)]);
-            world
-                .clock
-                .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
-            world.settle().await;
-            assert_eq!(partition().durable_frontier(DEFAULT_GROUP), Some(3));
-            assert_eq!(
-                moved(&partition()),
-                vec![],
-                "a journaled frontier that did not move is journaled again"
-            );
-            let world = crash_and_reboot(world).await;
-            assert_eq!(
-                consume_some(&world, PLAIN).await.len(),
-                0,
-                "messages acked and journaled before the crash delivered again"
-            );
-            world.shut_down().await;
-        });
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        for body in ["m1", "m2", "m3"] {
+            produce_one(&world, PLAIN, body).await;
+        }
+        let got = consume_some(&world, PLAIN).await;
+        assert_eq!(got.len(), 3);
+        for d in &got {
+            settle_in(&world, PLAIN, DEFAULT_GROUP, d, SettleOp::Ack).await;
+        }
+        let partition = || {
+            let t = world.engines[0].topic(PLAIN).expect("topic");
+            let p = t.owned_partitions().next().expect("partition 0").clone();
+            p
+        };
+        let moved = |p: &crate::partition::Partition| {
+            let mut records = Vec::new();
+            p.moved_frontiers(&mut records);
+            records
+                .iter()
+                .map(|r| (r.group.clone(), r.committed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(moved(&partition()), vec![(DEFAULT_GROUP.to_string(), 3)]);
+        world
+            .clock
+            .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
+        world.settle().await;
+        assert_eq!(partition().durable_frontier(DEFAULT_GROUP), Some(3));
+        assert_eq!(
+            moved(&partition()),
+            vec![],
+            "a journaled frontier that did not move is journaled again"
+        );
+        let world = crash_and_reboot(world).await;
+        assert_eq!(
+            consume_some(&world, PLAIN).await.len(),
+            0,
+            "messages acked and journaled before the crash delivered again"
+        );
+        world.shut_down().await;
+    });
 }
 
 /// A group's start is durable before its creation is answered: created at `latest`, it sees none of the older
@@ -306,63 +305,60 @@ fn an_acked_frontier_is_journaled_once_at_the_flush_tick_and_survives_a_crash() 
 /// leave those out).
 #[test]
 fn a_group_starts_where_its_creation_said_even_when_recreated_and_crashed() {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .make()
-        .expect("executor")
-        .run(async {
-            let sim = Sim::new();
-            let world = quiet_world(sim.clone()).await;
-            for body in ["m1", "m2", "m3"] {
-                produce_one(&world, PLAIN, body).await;
-            }
-            async fn admin(world: &World, create: bool, group: &'static str, latest: bool) {
-                let front = world.fronts[0].clone();
-                let done = world
-                    .complete(async move {
-                        if create {
-                            front
-                                .create_group(PLAIN.to_string(), group.to_string(), latest)
-                                .await
-                                .map(|created| assert!(created))
-                        } else {
-                            front
-                                .delete_group(PLAIN.to_string(), group.to_string())
-                                .await
-                        }
-                    })
-                    .await;
-                assert!(done.is_ok(), "{done:?}");
-            }
-            admin(&world, true, "late", true).await;
-            assert_eq!(
-                consume_in(&world, PLAIN, "late").await.len(),
-                0,
-                "a group created at the end got older messages"
-            );
-            produce_one(&world, PLAIN, "m4").await;
-            let got = consume_in(&world, PLAIN, "late").await;
-            assert_eq!(got.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![3]);
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        for body in ["m1", "m2", "m3"] {
+            produce_one(&world, PLAIN, body).await;
+        }
+        async fn admin(world: &World, create: bool, group: &'static str, latest: bool) {
+            let front = world.fronts[0].clone();
+            let done = world
+                .complete(async move {
+                    if create {
+                        front
+                            .create_group(PLAIN.to_string(), group.to_string(), latest)
+                            .await
+                            .map(|created| assert!(created))
+                    } else {
+                        front
+                            .delete_group(PLAIN.to_string(), group.to_string())
+                            .await
+                    }
+                })
+                .await;
+            assert!(done.is_ok(), "{done:?}");
+        }
+        admin(&world, true, "late", true).await;
+        assert_eq!(
+            consume_in(&world, PLAIN, "late").await.len(),
+            0,
+            "a group created at the end got older messages"
+        );
+        produce_one(&world, PLAIN, "m4").await;
+        let got = consume_in(&world, PLAIN, "late").await;
+        assert_eq!(got.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![3]);
 
-            admin(&world, true, "again", false).await;
-            let got = consume_in(&world, PLAIN, "again").await;
-            assert_eq!(got.len(), 4);
-            for d in &got {
-                settle_in(&world, PLAIN, "again", d, SettleOp::Ack).await;
-            }
-            world
-                .clock
-                .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
-            world.settle().await;
-            admin(&world, false, "again", false).await;
-            admin(&world, true, "again", false).await;
-            let world = crash_and_reboot(world).await;
-            assert_eq!(
-                consume_in(&world, PLAIN, "again").await.len(),
-                4,
-                "a recreated group was credited with the deleted one's frontier"
-            );
-            world.shut_down().await;
-        });
+        admin(&world, true, "again", false).await;
+        let got = consume_in(&world, PLAIN, "again").await;
+        assert_eq!(got.len(), 4);
+        for d in &got {
+            settle_in(&world, PLAIN, "again", d, SettleOp::Ack).await;
+        }
+        world
+            .clock
+            .advance(world.engines[0].config().frontier_flush_interval_ms + 1);
+        world.settle().await;
+        admin(&world, false, "again", false).await;
+        admin(&world, true, "again", false).await;
+        let world = crash_and_reboot(world).await;
+        assert_eq!(
+            consume_in(&world, PLAIN, "again").await.len(),
+            4,
+            "a recreated group was credited with the deleted one's frontier"
+        );
+        world.shut_down().await;
+    });
 }
 
 /// A simulated process that ends leaves nothing behind: no task, no descriptor (so seeds can run by the
