@@ -6,7 +6,8 @@
 #
 #   scripts/mutants.sh [--list] [--subset all|durability|core] [--file GLOB]... [--re REGEX]... [--exclude-re REGEX]...
 #                      [--budget MIN] [--timeout S] [--build-timeout S] [--jobs N] [--shard K/N] [--rev REV]
-#                      [--opt-level N] [--target-dir DIR] [--out DIR] [--keep-logs] [--summarize DIR]
+#                      [--opt-level N] [--target-dir DIR] [--out DIR] [--keep-logs] [--skip-tested]
+#                      [--summarize DIR]
 #                      [-- CARGO-MUTANTS-ARGS...]
 #
 # What is mutated: --subset all (the default; ~1,580 mutants) takes src/storage/** (log, journal, frontier, backend,
@@ -46,6 +47,9 @@
 #   --list            list the mutants in scope (counts per file, then every name) and stop: builds nothing.
 #   --summarize DIR   only (re)write DIR/summary.md from DIR/mutants.out (e.g. after editing harmless.tsv).
 #   --rev REV         mutate the tree of commit REV (git archive) instead of the working tree.
+#   --skip-tested     leave out every mutant a committed run under benches/results/mutants/ already built and tested
+#                     (any outcome; matched by file, function and replacement, not by line, which moves): continues
+#                     a large subset across runs without --shard, whose slices move whenever the filters change.
 #   --                everything after is passed to cargo mutants as is (e.g. -- --iterate, -- --in-diff FILE).
 #
 # Caveat (cargo-mutants 27.1): --re, --exclude-re and exclude_re do not filter the "delete field X from struct Y
@@ -72,6 +76,7 @@ opt_level=1
 target_dir=""
 out=""
 keep_logs=0
+skip_tested=0
 list=0
 summarize=""
 extra=()
@@ -96,6 +101,7 @@ while [ $# -gt 0 ]; do
     --target-dir) target_dir="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --keep-logs) keep_logs=1; shift ;;
+    --skip-tested) skip_tested=1; shift ;;
     --summarize) summarize="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -325,6 +331,22 @@ fi
 args=(--dir "$src_dir" --config "$repo/.cargo/mutants.toml")
 for f in "${files[@]}"; do args+=(--file "$f"); done
 for r in "${res[@]}"; do args+=(--re "$r"); done
+if [ "$skip_tested" = 1 ]; then
+  # One anchored regex per mutant already tested: "src/x.rs:LINE:COL: replace A with B" with the position wildcarded.
+  while IFS= read -r r; do exclude_res+=("$r"); done < <(python3 - "$repo/benches/results/mutants" <<'PY'
+import glob, json, os, re, sys
+seen = set()
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "mutants.out", "outcomes.json"))):
+    for o in json.load(open(path)).get("outcomes", []):
+        s = o.get("scenario")
+        if isinstance(s, dict) and "Mutant" in s:
+            m = re.match(r"^([^:]+):\d+:\d+: (.*)$", s["Mutant"]["name"])
+            if m:
+                seen.add("^" + re.escape(m.group(1)) + r":\d+:\d+: " + re.escape(m.group(2)) + "$")
+print("\n".join(sorted(seen)))
+PY
+  )
+fi
 for r in "${exclude_res[@]}"; do args+=(--exclude-re "$r"); done
 [ -z "$shard" ] || args+=(--shard "$shard")
 
