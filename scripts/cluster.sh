@@ -11,7 +11,8 @@
 # per node, default 1), BERTH_CLUSTER_NAME (default: default), BERTH_CLUSTER_STATE (where the pid files and
 # the temp dir's path are kept, default /tmp/berth-cluster.state), BERTH_CLUSTER_KEEP=1 (stop keeps the data),
 # BERTH_ETCD_PORT (default 2379; etcd's peer port is the next one), BERTH_PORT_BASE (default 7070: node i
-# serves clients on BASE+i and node RPC on BASE+100+i).
+# serves clients on BASE+i and node RPC on BASE+100+i), BERTH_SERVE_ARGS (more `berth serve` options for every
+# node, e.g. --replication-preview).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +24,7 @@ STATE=${BERTH_CLUSTER_STATE:-/tmp/berth-cluster.state}
 NODES=(1 2 3)
 ETCD_PORT=${BERTH_ETCD_PORT:-2379}
 BASE=${BERTH_PORT_BASE:-7070}
+EXTRA_ARGS=${BERTH_SERVE_ARGS:-}
 ETCD_URL=http://127.0.0.1:$ETCD_PORT
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -45,7 +47,7 @@ launch() {
   local dir=$1 i=$2
   "$BERTH" serve --listen 127.0.0.1:$((BASE + i)) --data-dir "$dir/n$i" --cores "$CORES" \
     --cluster "$ETCD_URL" --cluster-name "$NAME" --node-id n$i \
-    --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) >>"$dir/n$i.log" 2>&1 &
+    --advertise 127.0.0.1:$((BASE + i)) --peer-listen 127.0.0.1:$((BASE + 100 + i)) $EXTRA_ARGS >>"$dir/n$i.log" 2>&1 &
   echo $! >"$STATE/n$i.pid"
 }
 

@@ -52,6 +52,11 @@ pub struct ClusterSettings {
     /// CA (each node presents its own when it connects). Default false (the cluster secret authenticates peers).
     #[serde(default)]
     pub peer_tls_client_auth: bool,
+    /// Topics may be created with `replicas` > 1. Replication is being built (docs/replication.md): followers
+    /// receive every batch, but produces are answered at the leader's durability and there is no failover yet, so
+    /// this is for trying it, not for data that must survive a node. Default false. Every node should agree.
+    #[serde(default)]
+    pub replication_preview: bool,
 }
 
 fn default_cluster_name() -> String {
@@ -514,6 +519,7 @@ mod tests {
             peer_tls_cert_file: None,
             peer_tls_key_file: None,
             peer_tls_client_auth: false,
+            replication_preview: false,
         });
         (config, dir)
     }

@@ -114,7 +114,7 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             Request::DeleteTopic("t".into()),
             Request::CreateGroup("t".into(), "g2".into(), false),
             Request::DeleteGroup("t".into(), "default".into()),
-            Request::Admin(AdminStep::Drop("t".into())),
+            Request::Admin(Box::new(AdminStep::Drop("t".into()))),
             Request::LookupTopic("t".into(), true),
             Request::Stats,
         ] {
@@ -178,6 +178,45 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
         refused(peer.call(0, elsewhere), "a probe with another node's waker"),
         OpError::InvalidParameter(_)
     ));
+    // A shipped batch (replication): as another node than the sender, empty, or for a partition this node holds no
+    // follower replica of (the topic is not replicated; ids a peer could guess), with garbage for frames.
+    let ship = |leader: u32, topic_id: u64, partition: u32, frames: &'static [u8]| {
+        Request::Replicate(berth::ops::replicate::Replicate {
+            topic: "t".into(),
+            topic_id,
+            partition,
+            leader,
+            segment_base: 0,
+            position: 0,
+            first_offset: 0,
+            count: 1,
+            frames: bytes::Bytes::from_static(frames),
+        })
+    };
+    assert!(matches!(
+        refused(peer.call(0, ship(3, 0, 0, b"xx")), "a batch shipped as node 3"),
+        OpError::InvalidParameter(ref m) if m.contains("as node 3")
+    ));
+    assert!(matches!(
+        refused(peer.call(0, ship(7, 0, 0, b"")), "an empty shipped batch"),
+        OpError::InvalidRecord(_)
+    ));
+    for topic_id in 0..200 {
+        for partition in [0, 1, 2, 3, 4, u32::MAX] {
+            let e = refused(
+                peer.call(partition % 2, ship(7, topic_id, partition, &[0xff; 64])),
+                "a garbage batch for a partition this node leads",
+            );
+            assert!(
+                matches!(
+                    e,
+                    OpError::PartitionUnavailable(_)
+                        | OpError::Engine(berth::engine::EngineError::TopicNotFound(_))
+                ),
+                "{e:?}"
+            );
+        }
+    }
     // A well-formed request from the same peer is still served: the connection was not dropped.
     assert!(matches!(
         peer.call(1, Request::Describe("t".into())),

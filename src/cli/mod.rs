@@ -195,6 +195,10 @@ struct ServeArgs {
     /// Cluster mode: the cluster secret nodes present to each other's node RPC (a file; not the client token).
     #[arg(long)]
     peer_token_file: Option<PathBuf>,
+    /// Cluster mode: allow topics with replicas > 1 (replication is unfinished: no failover, produces answered at
+    /// the leader's durability; docs/replication.md).
+    #[arg(long)]
+    replication_preview: bool,
     /// HTTPS: the certificate chain (PEM) the listener presents; with --tls-key-file it speaks HTTPS only.
     #[arg(long)]
     tls_cert_file: Option<PathBuf>,
@@ -412,6 +416,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 peer_tls_cert_file: None,
                 peer_tls_key_file: None,
                 peer_tls_client_auth: false,
+                replication_preview: false,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;
@@ -443,6 +448,9 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if args.peer_tls_client_auth {
             cluster.peer_tls_client_auth = true;
         }
+        if args.replication_preview {
+            cluster.replication_preview = true;
+        }
         config.cluster = Some(cluster);
     } else if args.node_id.is_some()
         || args.advertise.is_some()
@@ -453,9 +461,11 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         || args.peer_tls_cert_file.is_some()
         || args.peer_tls_key_file.is_some()
         || args.peer_tls_client_auth
+        || args.replication_preview
     {
         return Err(
-            "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace and --peer-tls-* need --cluster"
+            "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace, --peer-tls-* and \
+             --replication-preview need --cluster"
                 .into(),
         );
     }

@@ -50,11 +50,19 @@ impl From<MetaError> for EngineError {
     }
 }
 
-/// A topic as the engine takes it: settings with the metastore's id, and where each partition lives.
-fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> (TopicConfig, Vec<Location>) {
+/// A topic as the engine takes it: settings with the metastore's id, where each partition lives, and each
+/// partition's followers (none when it is not replicated).
+fn as_engine(
+    record: &TopicRecord,
+    snapshot: &Snapshot,
+) -> (TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>) {
     let mut config = record.config.clone();
     config.id = record.id();
-    (config, snapshot.locations(record))
+    (
+        config,
+        snapshot.locations(record),
+        crate::engine::placement::followers(&record.partitions),
+    )
 }
 
 /// The node table, fencing and the topics not opened here, as every core holds them.
@@ -74,6 +82,7 @@ fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) 
                     alive: n.alive,
                     leads: leads as u64,
                     follows: follows as u64,
+                    cores: n.cores,
                 }
             })
             .collect(),
@@ -97,8 +106,8 @@ async fn learn(
     retries: &RefCell<Retries>,
     now_ms: u64,
 ) {
-    let (config, locations) = as_engine(record, snapshot);
-    match engine.learn_topic(config, locations).await {
+    let (config, locations, followers) = as_engine(record, snapshot);
+    match engine.learn_topic(config, locations, followers).await {
         Ok(()) => {
             if retries.borrow_mut().clear(record.name()) {
                 info!(topic = %record.name(), "opened a topic of the cluster that could not be opened before");
@@ -171,7 +180,7 @@ impl Metadata for EtcdMetadata {
                 });
             }
             let snapshot = caught_up(&self.replica, record.mod_revision).await?;
-            let (config, locations) = as_engine(&record, &snapshot);
+            let (config, locations, _) = as_engine(&record, &snapshot);
             Ok((created, config, locations))
         })
     }
@@ -187,7 +196,8 @@ impl Metadata for EtcdMetadata {
                 .change_topic::<EngineError>(&name, |c| change(c))
                 .await?;
             let snapshot = caught_up(&self.replica, record.mod_revision).await?;
-            Ok(as_engine(&record, &snapshot))
+            let (config, locations, _) = as_engine(&record, &snapshot);
+            Ok((config, locations))
         })
     }
 
@@ -212,7 +222,8 @@ impl Metadata for EtcdMetadata {
                     self.replica.snapshot()
                 })
                 .await;
-            Ok(Some(as_engine(&record, &snapshot)))
+            let (config, locations, _) = as_engine(&record, &snapshot);
+            Ok(Some((config, locations)))
         })
     }
 
@@ -338,6 +349,7 @@ pub async fn join(
         .map_err(|e| format!("--cluster: {e}"))?;
     meta_config.lease_ttl_s = settings.node_ttl_s as i64;
     meta_config.grace = Duration::from_secs(settings.etcd_grace_s);
+    meta_config.replication_preview = settings.replication_preview;
     let meta = Metastore::new(meta_config).map_err(|e| format!("--cluster: {e}"))?;
     let peer_addr = settings.peer_addr(config.listen);
     let spec = NodeSpec {

@@ -2,8 +2,8 @@
 //! and deleting them (core 0 serialises these and has every core apply them through `Peers`), and the trash that
 //! deleted data goes through. Runs on the core that owns the engine.
 
-use super::placement::{self, Location};
-use super::topic::{new_topic_id, Topic, TopicConfig, TOPIC_FORMAT};
+use super::placement::{self, Location, NodeIndex};
+use super::topic::{new_topic_id, Replicas, Topic, TopicConfig, TOPIC_FORMAT};
 use super::{AdminStep, Engine, EngineError, EngineResult};
 use crate::partition::{Partition, PartitionSetup};
 use crate::storage::backend::Storage;
@@ -46,11 +46,14 @@ impl Engine {
         }
     }
 
-    /// Learns a topic and opens the partitions this core owns (recovery runs inside `Partition::open`).
+    /// Learns a topic and opens the partitions this core owns (recovery runs inside `Partition::open`), and, in a
+    /// replicated topic, this node's follower replicas that live on this core (`followers[p]`: partition `p`'s
+    /// replicas other than its leader; empty when the topic is not replicated).
     pub async fn apply_topic(
         self: &Rc<Self>,
         config: TopicConfig,
         locations: Vec<Location>,
+        followers: Vec<Vec<NodeIndex>>,
     ) -> EngineResult<()> {
         if let Some(existing) = self.topics.borrow().get(&config.name) {
             if existing.id() == config.id {
@@ -68,62 +71,59 @@ impl Engine {
                 return Ok(());
             }
         }
-        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
-        let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mine = Location {
             node: self.node.get(),
             core: self.id as u32,
         };
+        let mut partitions = Vec::with_capacity(config.partitions as usize);
+        let mut followed = Vec::with_capacity(followers.len());
+        let mut opened_all = Ok(());
         for (p, location) in locations.iter().enumerate() {
-            if *location != mine {
-                partitions.push(None);
-                continue;
-            }
-            let wake: crate::partition::Wake = {
-                let engine = Rc::downgrade(self);
-                let name = config.name.clone();
-                let partition = p as u32;
-                Rc::new(move |group, n| {
-                    if let Some(engine) = engine.upgrade() {
-                        if let Ok(topic) = engine.topic(&name) {
-                            topic.mark_ready(group, partition);
+            let p = p as u32;
+            let follows_here =
+                placement::follower_core(&config.name, &followers, mine.node, p, self.cores)
+                    == Some(mine.core);
+            if *location == mine {
+                match self.open_partition(&config, p, true).await {
+                    Ok(partition) => {
+                        if followers.get(p as usize).is_some_and(|f| !f.is_empty()) {
+                            // Its followers get every batch once it is durable here.
+                            let engine = Rc::downgrade(self);
+                            partition.log.set_on_ship(Box::new(move |head, frames| {
+                                if let Some(engine) = engine.upgrade() {
+                                    engine.ship(head, frames);
+                                }
+                            }));
                         }
-                        engine.deliverable(&name, group, n);
+                        partitions.push(Some(partition));
                     }
-                })
-            };
-            let opened = Partition::open(PartitionSetup {
-                storage: self.storage.clone(),
-                clock: self.clock.clone(),
-                dir: dir.join(p.to_string()),
-                id: p as u32,
-                core: self.id,
-                log_options: self.log_options(),
-                journal: self
-                    .journal()
-                    .map(|journal| crate::storage::log::JournalLink {
-                        journal,
-                        topic: config.name.clone(),
-                        topic_id: config.id,
-                        partition: p as u32,
-                    }),
-                limits: config.limits(),
-                redelivery: config.redelivery(),
-                groups: config.all_groups(),
-                wake,
-            })
-            .await;
-            match opened {
-                Ok(partition) => partitions.push(Some(partition)),
-                Err(e) => {
-                    error!(topic = %config.name, partition = p, error = %e, "cannot open partition");
-                    // Close what this core opened of the topic: nothing half-open stays behind.
-                    for opened in partitions.iter().flatten() {
-                        opened.close_deleted().await;
+                    Err(e) => {
+                        opened_all = Err((p, e));
+                        break;
                     }
-                    return Err(EngineError::Storage(e.to_string()));
                 }
+            } else {
+                partitions.push(None);
             }
+            if follows_here {
+                match self.open_partition(&config, p, false).await {
+                    Ok(partition) => followed.push(Some(partition)),
+                    Err(e) => {
+                        opened_all = Err((p, e));
+                        break;
+                    }
+                }
+            } else if !followers.is_empty() {
+                followed.push(None);
+            }
+        }
+        if let Err((p, e)) = opened_all {
+            error!(topic = %config.name, partition = p, error = %e, "cannot open partition");
+            // Close what this core opened of the topic: nothing half-open stays behind.
+            for opened in partitions.iter().chain(&followed).flatten() {
+                opened.close_deleted().await;
+            }
+            return Err(EngineError::Storage(e.to_string()));
         }
         let name = config.name.clone();
         let topic = Rc::new(Topic::new(
@@ -132,9 +132,59 @@ impl Engine {
             partitions,
             self.id,
             self.node.get(),
+            Replicas {
+                followers,
+                followed,
+            },
         ));
         self.topics.borrow_mut().insert(name, topic);
         Ok(())
+    }
+
+    /// Opens partition `p` of a topic on this core: as its leader (`leads`: it serves consumers, wakes them as
+    /// records arrive) or as a follower replica (its log takes what the leader ships; nothing is served from it).
+    async fn open_partition(
+        self: &Rc<Self>,
+        config: &TopicConfig,
+        p: u32,
+        leads: bool,
+    ) -> std::io::Result<Rc<Partition>> {
+        let wake: crate::partition::Wake = if leads {
+            let engine = Rc::downgrade(self);
+            let name = config.name.clone();
+            Rc::new(move |group, n| {
+                if let Some(engine) = engine.upgrade() {
+                    if let Ok(topic) = engine.topic(&name) {
+                        topic.mark_ready(group, p);
+                    }
+                    engine.deliverable(&name, group, n);
+                }
+            })
+        } else {
+            Rc::new(|_, _| {})
+        };
+        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        Partition::open(PartitionSetup {
+            storage: self.storage.clone(),
+            clock: self.clock.clone(),
+            dir: dir.join(p.to_string()),
+            id: p,
+            core: self.id,
+            log_options: self.log_options(),
+            journal: self
+                .journal()
+                .map(|journal| crate::storage::log::JournalLink {
+                    journal,
+                    topic: config.name.clone(),
+                    topic_id: config.id,
+                    partition: p,
+                }),
+            limits: config.limits(),
+            redelivery: config.redelivery(),
+            groups: config.all_groups(),
+            wake,
+        })
+        .await
     }
 
     /// Forgets a topic: wakes its parked consumers, closes its partitions here without writing to their files.
@@ -162,7 +212,7 @@ impl Engine {
         self.pending_wakes
             .borrow_mut()
             .retain(|(_, t, _), _| t != name);
-        for p in topic.owned_partitions() {
+        for p in topic.owned_partitions().chain(topic.followed_partitions()) {
             p.close_deleted().await;
         }
         Ok(())
@@ -231,7 +281,9 @@ impl Engine {
     /// Applies an admin step on this core.
     pub async fn apply_step(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
         match step {
-            AdminStep::Apply(config, locations) => self.apply_topic(config, locations).await,
+            AdminStep::Apply(config, locations, followers) => {
+                self.apply_topic(config, locations, followers).await
+            }
             AdminStep::Drop(name) => self.drop_topic(&name).await,
             AdminStep::Update(config) => self.update_topic(config).await,
             AdminStep::PrepareGroup {
@@ -308,7 +360,7 @@ impl Engine {
             };
             let locations =
                 placement::on_node(&config.name, config.partitions, self.node.get(), self.cores);
-            if let Err(e) = self.apply_topic(config, locations).await {
+            if let Err(e) = self.apply_topic(config, locations, Vec::new()).await {
                 failed.push((name, e.to_string()));
             }
         }
@@ -453,7 +505,9 @@ impl Engine {
         config.format = TOPIC_FORMAT;
         if let Some(metadata) = self.metadata() {
             let (created, config, locations) = metadata.create_topic(config).await?;
-            self.materialise(config.clone(), locations).await?;
+            let followers = self.followers_of(&config.name, config.id);
+            self.materialise(config.clone(), locations, followers)
+                .await?;
             if created {
                 info!(topic = %config.name, partitions = config.partitions, "topic created in the cluster");
             }
@@ -475,7 +529,7 @@ impl Engine {
             placement::on_node(&config.name, config.partitions, self.node.get(), self.cores);
         let applied = match written {
             Ok(()) => {
-                self.everywhere(AdminStep::Apply(config.clone(), locations))
+                self.everywhere(AdminStep::Apply(config.clone(), locations, Vec::new()))
                     .await
             }
             Err(e) => Err(e),
@@ -549,7 +603,9 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config.clone(), locations).await?;
+            let followers = self.followers_of(&config.name, config.id);
+            self.materialise(config.clone(), locations, followers)
+                .await?;
             info!(topic = %name, "topic settings changed in the cluster");
             return Ok(config);
         }
@@ -599,7 +655,8 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config, locations).await?;
+            let followers = self.followers_of(&config.name, config.id);
+            self.materialise(config, locations, followers).await?;
             if created.get() {
                 info!(topic = %name, group = %group, "consumer group created in the cluster");
             }
@@ -659,7 +716,8 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config, locations).await?;
+            let followers = self.followers_of(&config.name, config.id);
+            self.materialise(config, locations, followers).await?;
             info!(topic = %name, group = %group, "consumer group deleted in the cluster");
             return Ok(());
         }
@@ -726,9 +784,10 @@ impl Engine {
         self: &Rc<Self>,
         config: TopicConfig,
         locations: Vec<Location>,
+        followers: Vec<Vec<NodeIndex>>,
     ) -> EngineResult<()> {
         let _permit = self.admin_permit().await?;
-        self.materialise(config, locations).await
+        self.materialise(config, locations, followers).await
     }
 
     /// Cluster mode (core 0): forgets a topic the metastore no longer has (deleted through another node).
@@ -747,6 +806,7 @@ impl Engine {
         self: &Rc<Self>,
         mut config: TopicConfig,
         locations: Vec<Location>,
+        followers: Vec<Vec<NodeIndex>>,
     ) -> EngineResult<()> {
         config.format = TOPIC_FORMAT;
         let known = self.topic(&config.name).ok();
@@ -805,7 +865,7 @@ impl Engine {
                     .await
                     .map_err(storage)?;
                 let applied = self
-                    .everywhere(AdminStep::Apply(opening.clone(), locations))
+                    .everywhere(AdminStep::Apply(opening.clone(), locations, followers))
                     .await;
                 if let Err(e) = applied {
                     // All or nothing, so that a retry opens it anew on every core (the data stays on disk).
@@ -825,7 +885,7 @@ impl Engine {
                     // Another node came back with another core count: its partitions are on other cores now.
                     info!(topic = %config.name, "partitions of another node moved to other cores of it");
                     let current = (*topic.config()).clone();
-                    self.everywhere(AdminStep::Apply(current, locations))
+                    self.everywhere(AdminStep::Apply(current, locations, followers))
                         .await?;
                 }
                 let old = topic.config();

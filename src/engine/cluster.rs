@@ -31,6 +31,9 @@ pub struct NodeEntry {
     pub leads: u64,
     #[serde(default)]
     pub follows: u64,
+    /// Its core count (where its follower replicas are: `placement::follower_core`).
+    #[serde(default)]
+    pub cores: u32,
 }
 
 /// The cluster view a core holds, replaced whole by an admin step.
@@ -122,6 +125,31 @@ impl Engine {
         view.nodes.iter().any(|n| n.index == index && n.alive)
     }
 
+    /// The core count of node `index` (0 when unknown).
+    pub fn node_cores(&self, index: NodeIndex) -> u32 {
+        if !self.clustered() || index == self.node() {
+            return self.cores as u32;
+        }
+        self.view
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.index == index)
+            .map_or(0, |n| n.cores)
+    }
+
+    /// The followers of each partition of a topic (core 0, cluster mode): its replicas other than its leader, as
+    /// this node's metastore replica has them for this topic id; empty when it is not replicated (or unknown).
+    pub(crate) fn followers_of(&self, name: &str, id: u64) -> Vec<Vec<NodeIndex>> {
+        let Some((topic_id, states)) = self.metadata().and_then(|m| m.partitions(name)) else {
+            return Vec::new();
+        };
+        if topic_id != id {
+            return Vec::new();
+        }
+        super::placement::followers(&states)
+    }
+
     /// The id of node `index`, if known.
     pub fn node_id(&self, index: NodeIndex) -> Option<String> {
         self.view
@@ -161,7 +189,8 @@ impl Engine {
         match metadata.lookup_topic(name.to_string(), fresh).await? {
             Some((config, locations)) => {
                 self.missing.borrow_mut().remove(name);
-                self.learn_topic(config, locations).await
+                let followers = self.followers_of(&config.name, config.id);
+                self.learn_topic(config, locations, followers).await
             }
             None => {
                 let mut missing = self.missing.borrow_mut();

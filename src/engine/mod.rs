@@ -57,8 +57,9 @@ pub enum Signal {
 /// A step of a topic change that every core applies.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum AdminStep {
-    /// Learn a topic and open the partitions this core owns.
-    Apply(TopicConfig, Vec<Location>),
+    /// Learn a topic and open the partitions this core owns, and its follower replicas here (each partition's
+    /// replicas other than its leader; empty when the topic is not replicated).
+    Apply(TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>),
     /// Forget a topic and close its partitions here.
     Drop(String),
     /// New settings (or groups) for a known topic.
@@ -74,6 +75,10 @@ pub enum AdminStep {
         latest: bool,
     },
 }
+
+/// Takes each durable batch (its journal entry head and frames) of the replicated partitions a core leads, to ship
+/// them to their followers (`front::replicate`). Called on the core, in log order per partition; never waits.
+pub type ShipSink = Rc<dyn Fn(&crate::storage::journal::EntryHead, &[u8])>;
 
 /// What the engine needs of the other cores, provided by the transport layer above it.
 pub trait Peers {
@@ -118,6 +123,8 @@ pub struct Engine {
     view: RefCell<Rc<cluster::ClusterView>>,
     /// Cluster mode, core 0: where topic changes are decided.
     metadata: RefCell<Option<Rc<dyn cluster::Metadata>>>,
+    /// Cluster mode: where the durable batches of the replicated partitions this core leads go (the shipper).
+    ship_sink: RefCell<Option<ShipSink>>,
     /// Cluster mode, core 0: topic names the metastore did not have, until when (ms): a negative cache.
     missing: RefCell<std::collections::HashMap<String, u64>>,
     config: Rc<Config>,
@@ -170,6 +177,7 @@ impl Engine {
             node: Cell::new(0),
             view: RefCell::new(Rc::default()),
             metadata: RefCell::new(None),
+            ship_sink: RefCell::new(None),
             missing: RefCell::new(Default::default()),
             config,
             clock,
@@ -301,6 +309,29 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// Cluster mode: sets where the durable batches of the replicated partitions this core leads go (once, before
+    /// serving).
+    pub fn set_ship_sink(&self, sink: ShipSink) {
+        *self.ship_sink.borrow_mut() = Some(sink);
+    }
+
+    /// A durable batch of a replicated partition this core leads, for its followers.
+    pub(crate) fn ship(&self, head: &crate::storage::journal::EntryHead, frames: &[u8]) {
+        let sink = self.ship_sink.borrow().clone();
+        if let Some(sink) = sink {
+            sink(head, frames);
+        }
+    }
+
+    /// Every follower replica this core holds (replicated topics).
+    pub fn followed_partitions(&self) -> Vec<Rc<Partition>> {
+        let topics = self.topics.borrow();
+        topics
+            .values()
+            .flat_map(|t| t.followed_partitions().cloned())
+            .collect()
     }
 
     // ---- long-poll wiring ----
@@ -620,6 +651,9 @@ impl Engine {
     pub async fn close_all(&self) {
         let mut frontiers_written = true;
         for (_, p) in self.owned_partitions() {
+            frontiers_written &= p.close().await;
+        }
+        for p in self.followed_partitions() {
             frontiers_written &= p.close().await;
         }
         let journal = self.journal.borrow().clone();

@@ -46,6 +46,44 @@ pub fn core_of(topic: &str, partition: u32, cores: usize) -> usize {
     ((crc32c::crc32c(topic.as_bytes()) as usize) + partition as usize) % cores
 }
 
+/// Each partition's replicas other than its leader; empty when no partition has more than one replica (the topic is
+/// not replicated).
+pub fn followers(states: &[PartitionState]) -> Vec<Vec<NodeIndex>> {
+    if states.iter().all(|s| s.replicas.len() <= 1) {
+        return Vec::new();
+    }
+    states
+        .iter()
+        .map(|s| {
+            s.replicas
+                .iter()
+                .copied()
+                .filter(|&n| n != s.leader)
+                .collect()
+        })
+        .collect()
+}
+
+/// The core of node `node` that holds its follower replica of partition `p` (`followers[p]` names it), given its
+/// core count: the partitions a node follows are ranked in partition order and the rank picks the core, as for the
+/// partitions it leads. Both ends compute it: the follower to open the replica, the leader to address it.
+pub fn follower_core(
+    topic: &str,
+    followers: &[Vec<NodeIndex>],
+    node: NodeIndex,
+    p: u32,
+    cores: usize,
+) -> Option<u32> {
+    if !followers.get(p as usize)?.contains(&node) {
+        return None;
+    }
+    let rank = followers[..p as usize]
+        .iter()
+        .filter(|f| f.contains(&node))
+        .count() as u32;
+    Some(core_of(topic, rank, cores.max(1)) as u32)
+}
+
 /// Locations of every partition of a topic placed on `node` alone (a single node).
 pub fn on_node(topic: &str, partitions: u32, node: NodeIndex, cores: usize) -> Vec<Location> {
     (0..partitions)
@@ -59,6 +97,23 @@ pub fn on_node(topic: &str, partitions: u32, node: NodeIndex, cores: usize) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn followed_partitions_spread_over_every_core_and_only_their_followers_have_one() {
+        let followers = vec![vec![1, 2], vec![2, 0], vec![0, 1], vec![1, 2]];
+        assert_eq!(follower_core("t", &followers, 0, 0, 2), None);
+        // Node 1 follows partitions 0, 2 and 3 (ranks 0, 1, 2): consecutive ranks, consecutive cores.
+        let cores: Vec<u32> = [0, 2]
+            .iter()
+            .map(|&p| follower_core("t", &followers, 1, p, 2).unwrap())
+            .collect();
+        assert_ne!(
+            cores[0], cores[1],
+            "node 1's two followed partitions share a core"
+        );
+        assert_eq!(follower_core("t", &followers, 9, 0, 2), None);
+        assert_eq!(follower_core("t", &followers, 1, 7, 2), None);
+    }
 
     #[test]
     fn partitions_spread_over_every_core() {

@@ -322,11 +322,22 @@ pub struct Topic {
     cursor: Cell<usize>,
     /// Set when the topic is deleted; parked consumers notice and leave.
     deleted: Cell<bool>,
+    /// A replicated topic: each partition's followers, and the follower replicas this core holds.
+    replicas: Replicas,
     /// Per group: the partitions owned here that may have something to deliver, so that a probe over many
     /// partitions looks at the few with messages (`ops::consume::apply`). Kept by the partitions' wake-ups; a
     /// partition found with nothing leaves it; a periodic full scan covers anything that became deliverable
     /// without a wake-up.
     ready: RefCell<std::collections::HashMap<String, Ready>>,
+}
+
+/// A replicated topic's replicas as one core sees them.
+#[derive(Default)]
+pub struct Replicas {
+    /// Per partition, its replicas other than its leader (empty: the topic is not replicated).
+    pub followers: Vec<Vec<NodeIndex>>,
+    /// Some(partition) for the follower replicas this core holds (empty: none).
+    pub followed: Vec<Option<Rc<Partition>>>,
 }
 
 /// A group's may-have-something partitions on this core, and when they were last all scanned.
@@ -349,6 +360,7 @@ impl Topic {
         partitions: Vec<Option<Rc<Partition>>>,
         start: usize,
         node: NodeIndex,
+        replicas: Replicas,
     ) -> Topic {
         let owned = partitions
             .iter()
@@ -373,7 +385,31 @@ impl Topic {
             cursor: Cell::new(start),
             deleted: Cell::new(false),
             ready: RefCell::new(Default::default()),
+            replicas,
         }
+    }
+
+    /// Partition `p`'s followers (empty when the topic is not replicated).
+    pub fn followers(&self, p: u32) -> &[NodeIndex] {
+        self.replicas
+            .followers
+            .get(p as usize)
+            .map_or(&[], |f| f.as_slice())
+    }
+
+    /// Every partition's followers (empty when the topic is not replicated).
+    pub fn all_followers(&self) -> &[Vec<NodeIndex>] {
+        &self.replicas.followers
+    }
+
+    /// This core's follower replica of partition `p`, if it holds one.
+    pub fn followed_partition(&self, p: u32) -> Option<Rc<Partition>> {
+        self.replicas.followed.get(p as usize).cloned().flatten()
+    }
+
+    /// Every follower replica this core holds.
+    pub fn followed_partitions(&self) -> impl Iterator<Item = &Rc<Partition>> {
+        self.replicas.followed.iter().flatten()
     }
 
     /// The current settings.

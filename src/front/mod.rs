@@ -7,6 +7,7 @@ pub mod admin;
 pub mod consume;
 pub mod produce;
 pub mod redrive;
+pub mod replicate;
 pub mod settle;
 
 use crate::engine::Engine;

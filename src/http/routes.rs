@@ -421,6 +421,7 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
         &partitions,
         node_of,
         holders_of,
+        id_of,
     ))
 }
 

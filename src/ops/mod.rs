@@ -14,6 +14,7 @@ pub mod produce;
 pub mod receipt;
 pub mod redrive;
 pub mod replay;
+pub mod replicate;
 pub mod response;
 pub mod settle;
 pub mod status;
@@ -52,8 +53,8 @@ pub enum Request {
     Describe(String),
     /// This core's counters and latency histogram.
     Stats,
-    /// A step of a topic change every core applies.
-    Admin(AdminStep),
+    /// A step of a topic change every core applies (boxed: the largest variant by far, and rare).
+    Admin(Box<AdminStep>),
     /// A one-way long-poll signal.
     Signal(Signal),
     /// Core 0, cluster mode: look a topic up in the metastore and open it here (`Done`, or `TopicNotFound`); with
@@ -63,6 +64,8 @@ pub enum Request {
     GiveBack(consume::GiveBack),
     /// Core 0, cluster mode: each partition's replicas, leader and epoch as this node's metastore replica has them.
     Partitions(String),
+    /// A leader's durable batch for this node's follower replica of the partition, on the core that holds it.
+    Replicate(replicate::Replicate),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -81,6 +84,7 @@ pub enum Reply {
     Done,
     /// A topic's id and each partition's replicas, leader and epoch (`None`: the replica does not have the topic).
     Partitions(Option<(u64, Vec<PartitionState>)>),
+    Replicated(replicate::Replicated),
 }
 
 impl Request {
@@ -124,6 +128,9 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
     }
     Ok(match request {
         Request::Replay(r) => Reply::Replayed(replay::apply(engine, r).await?),
+        // With the cold path (boxed): a follower's apply holds the log's shipped-batch future, larger than a
+        // client operation's, and comes once per shipped batch, not per message.
+        Request::Replicate(r) => Reply::Replicated(replicate::apply(engine, r).await?),
         Request::CreateTopic(config) => {
             let (created, config) = topics::create(engine, config).await?;
             Reply::Created(created, config)
@@ -145,7 +152,7 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         Request::Describe(name) => Reply::Described(topics::describe(engine, &name).await?),
         Request::Stats => Reply::Stats(Box::new(engine.stats().await)),
         Request::Admin(step) => {
-            engine.apply_step(step).await?;
+            engine.apply_step(*step).await?;
             Reply::Done
         }
         Request::LookupTopic(name, fresh) => {

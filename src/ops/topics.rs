@@ -235,6 +235,7 @@ pub fn render_described(
     partitions: &[PartitionInfo],
     node_of: impl Fn(u32) -> Option<String>,
     holders_of: impl Fn(u32) -> Option<Holders>,
+    id_of: impl Fn(u32) -> String,
 ) -> Response {
     let parts: Vec<serde_json::Value> = partitions
         .iter()
@@ -247,6 +248,14 @@ pub fn render_described(
                 v["replicas"] = json!(h.replicas);
                 v["leader"] = json!(h.leader);
                 v["epoch"] = json!(h.epoch);
+            }
+            if !p.followers.is_empty() {
+                // A replicated partition's leader: how far each follower has it.
+                v["followers"] = json!(p
+                    .followers
+                    .iter()
+                    .map(|f| json!({"node": id_of(f.node), "end_offset": f.end, "lagging": f.lagging}))
+                    .collect::<Vec<_>>());
             }
             v["groups"] = json!(p
                 .groups

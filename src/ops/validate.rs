@@ -97,6 +97,21 @@ pub fn admit(
             Ok(())
         }
         Request::Settle(r) => settle(r, limits),
+        Request::Replicate(r) => {
+            validate_name(&r.topic)?;
+            if r.leader != peer {
+                return Err(OpError::InvalidParameter(format!(
+                    "node {peer} shipped a batch as node {}",
+                    r.leader
+                )));
+            }
+            if r.count == 0 || r.frames.is_empty() {
+                return Err(OpError::InvalidRecord(
+                    "a shipped batch of no records".into(),
+                ));
+            }
+            Ok(())
+        }
         Request::Replay(r) => {
             validate_name(&r.topic)?;
             within("wait", r.wait_ms, 0, super::consume::MAX_WAIT_MS)
@@ -196,6 +211,7 @@ pub enum Expected {
     Stats,
     Done,
     Partitions,
+    Replicated,
 }
 
 /// The reply `request` must get.
@@ -211,6 +227,7 @@ pub fn expect(request: &Request) -> Expected {
         Request::Describe(_) => Expected::Described,
         Request::Stats => Expected::Stats,
         Request::Partitions(_) => Expected::Partitions,
+        Request::Replicate(_) => Expected::Replicated,
         Request::DeleteTopic(_)
         | Request::DeleteGroup(..)
         | Request::Admin(_)
@@ -249,6 +266,7 @@ pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
         | (Expected::Described, Reply::Described(_))
         | (Expected::Stats, Reply::Stats(_))
         | (Expected::Partitions, Reply::Partitions(_))
+        | (Expected::Replicated, Reply::Replicated(_))
         | (Expected::Done, Reply::Done) => true,
         _ => false,
     };
@@ -272,6 +290,7 @@ fn reply_kind(reply: &Reply) -> &'static str {
         Reply::Stats(_) => "Stats",
         Reply::Done => "Done",
         Reply::Partitions(_) => "Partitions",
+        Reply::Replicated(_) => "Replicated",
     }
 }
 
@@ -294,6 +313,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::LookupTopic(..) => "LookupTopic",
         Request::GiveBack(_) => "GiveBack",
         Request::Partitions(_) => "Partitions",
+        Request::Replicate(_) => "Replicate",
     }
 }
 
@@ -355,7 +375,7 @@ mod tests {
             Request::DeleteGroup("t".into(), "g".into()),
             Request::ChangeTopic("t".into(), Default::default()),
             Request::Stats,
-            Request::Admin(crate::engine::AdminStep::Drop("t".into())),
+            Request::Admin(Box::new(crate::engine::AdminStep::Drop("t".into()))),
             Request::LookupTopic("t".into(), true),
         ];
         for r in refused {

@@ -18,6 +18,29 @@ pub struct GroupInfo {
     pub counters: [u64; 9],
 }
 
+/// How far a follower replica has a partition, as its leader knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowerInfo {
+    /// The follower's node index.
+    pub node: u32,
+    /// The follower's log end as it last answered: every offset below it is durable there.
+    pub end: u64,
+    /// It fell behind what the leader keeps to resend (or answered out of line): it gets nothing until it is
+    /// caught up from the segments (docs/replication.md, step 5).
+    pub lagging: bool,
+}
+
+impl Partition {
+    /// The leader's record of follower `info.node`'s progress.
+    pub fn set_follower(&self, info: FollowerInfo) {
+        let mut followers = self.followers.borrow_mut();
+        match followers.iter_mut().find(|f| f.node == info.node) {
+            Some(f) => *f = info,
+            None => followers.push(info),
+        }
+    }
+}
+
 /// What `GET /topics/{topic}` shows per partition (the default group's state at the top level, as in version 1),
 /// and what `/metrics` exports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,12 +62,15 @@ pub struct PartitionInfo {
     /// (append batches, fdatasyncs) of its log.
     #[serde(skip_serializing)]
     pub io_counts: (u64, u64),
+    /// A replicated partition's followers as its leader knows them (`GET /topics/T` renders them with node ids).
+    #[serde(skip_serializing)]
+    pub followers: Vec<FollowerInfo>,
 }
 
 /// `PartitionInfo` whole, every field included, for node RPC: its own `Serialize` leaves out what describe's JSON
 /// does not show. Use as `#[serde(with = "crate::partition::whole_infos")]` on a `Vec<PartitionInfo>`.
 pub mod whole_infos {
-    use super::{GroupInfo, PartitionInfo};
+    use super::{FollowerInfo, GroupInfo, PartitionInfo};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize, Deserialize)]
@@ -62,6 +88,7 @@ pub mod whole_infos {
         groups: Vec<GroupInfo>,
         counters: [u64; 2],
         io_counts: (u64, u64),
+        followers: Vec<FollowerInfo>,
     }
 
     /// One `PartitionInfo`, whole.
@@ -167,6 +194,7 @@ impl Partition {
                 self.counters.read_errors.get(),
             ],
             io_counts: self.log.io_counts(),
+            followers: self.followers.borrow().clone(),
             groups,
         }
     }

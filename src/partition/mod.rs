@@ -13,7 +13,7 @@ use crate::storage::log::{Log, ReadAhead, ReadError, Record};
 use bytes::Bytes;
 pub use error::PartitionError;
 use inflight::{InFlight, Lease, Limits, Redelivery, ReserveStop};
-pub use info::{whole_infos, GroupInfo, PartitionInfo};
+pub use info::{whole_infos, FollowerInfo, GroupInfo, PartitionInfo};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -184,6 +184,8 @@ pub struct Partition {
     wake: Wake,
     /// Monotonic counters.
     pub counters: Counters,
+    /// A replicated partition's leader: how far each follower has it (kept by the shipper, `front/replicate.rs`).
+    followers: RefCell<Vec<FollowerInfo>>,
 }
 
 /// Everything a partition needs to open.
@@ -303,6 +305,7 @@ impl Partition {
             next_nonce_seed: Cell::new(0),
             wake: setup.wake,
             counters: Counters::default(),
+            followers: RefCell::new(Vec::new()),
         });
         let weak = Rc::downgrade(&partition);
         partition.log.set_on_append(Box::new(move |n| {

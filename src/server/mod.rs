@@ -315,6 +315,7 @@ async fn core_main(
     // Cluster mode: core 0 joins (registers, opens the cluster's topics on every core, starts node RPC) before any
     // core listens; every core gets its node RPC clients.
     let mut membership = None;
+    let mut shipper = None;
     if let Some(settings) = &config.cluster {
         if id == 0 {
             match crate::cluster::node::join(&core, &router, &config, settings).await {
@@ -339,6 +340,11 @@ async fn core_main(
         }
         let nodes = crate::cluster::node::RpcNodes::new(core.clone(), &config, settings);
         router.set_node_link(nodes.clone());
+        // The sink holds the shipper weakly (the engine must not own what owns the engine): it lives as long as
+        // this core serves.
+        let s = crate::front::replicate::Shipper::new(router.clone());
+        core.set_ship_sink(s.sink());
+        shipper = Some(s);
         let server = membership.as_ref().map(|m| m.rpc.clone());
         let engine = Rc::downgrade(&core);
         core.set_extra_stats(Rc::new(move || {
@@ -388,6 +394,7 @@ async fn core_main(
     // Other cores may still forward work here until they drain too.
     stop.drained_and_wait().await;
     core.close_all().await;
+    drop(shipper);
     // Cluster mode, core 0: give the session's lease back (docs/cluster.md, "Liveness"), so a node stopped and
     // started again is not refused its own id for a TTL.
     if let Some(membership) = membership.take() {

@@ -190,7 +190,10 @@ impl Peers for RouterPeers {
                     let router = router.clone();
                     let step = step.clone();
                     async move {
-                        match router.call(router.core(c), Request::Admin(step)).await {
+                        match router
+                            .call(router.core(c), Request::Admin(Box::new(step)))
+                            .await
+                        {
                             Ok(_) => Ok(()),
                             Err(OpError::Engine(e)) => Err(e),
                             Err(other) => Err(EngineError::Storage(other.to_string())),

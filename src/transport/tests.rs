@@ -152,7 +152,10 @@ fn a_probe_whose_asker_went_away_has_its_lease_released_at_once() {
                     let clock = ManualClock::new(WALL_MS);
                     let router = boot_core(id, 2, &sim, &clock, Rc::new(Mesh::new(senders)));
                     let engine = router.engine().clone();
-                    engine.apply_topic(config.clone(), locations).await.unwrap();
+                    engine
+                        .apply_topic(config.clone(), locations, Vec::new())
+                        .await
+                        .unwrap();
                     if id == 1 {
                         // The owner.
                         let p = engine.topic(&topic).unwrap().owned_partition(0).unwrap();

@@ -170,6 +170,9 @@ pub struct TopicRecord {
     pub config: TopicConfig,
     /// The node partition `p` was placed on at creation is `placement[p]`.
     pub placement: Vec<NodeIndex>,
+    /// Replicated topics (`replicas` > 1): the other nodes the creation gave partition `p` a replica on are
+    /// `followers[p]`, R - 1 of them. Empty for R = 1 (and in every record written before replication).
+    pub followers: Vec<Vec<NodeIndex>>,
     /// Partition `p`'s replicas, leader and epoch: its `partitions/<topic>/<p>` key when one of this topic exists,
     /// otherwise the ones the creation implies ([`PartitionState::initial`]).
     pub partitions: Vec<PartitionState>,
@@ -201,6 +204,23 @@ impl TopicRecord {
     pub fn id(&self) -> u64 {
         self.config.id
     }
+
+    /// Each partition as the creation left it: led by the node it was placed on, at the topic's creation
+    /// revision, with the followers the creation chose (none for R = 1: exactly where partitions were before
+    /// partition keys existed).
+    pub fn initial_states(&self) -> Vec<PartitionState> {
+        self.placement
+            .iter()
+            .enumerate()
+            .map(|(p, &node)| {
+                let mut state = PartitionState::initial(node, self.id());
+                if let Some(followers) = self.followers.get(p) {
+                    state.replicas.extend_from_slice(followers);
+                }
+                state
+            })
+            .collect()
+    }
 }
 
 /// The stored form of a topic.
@@ -208,6 +228,9 @@ impl TopicRecord {
 struct StoredTopic {
     config: TopicConfig,
     placement: Vec<NodeIndex>,
+    /// Absent for R = 1, so that such a record reads and writes as before replication.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    followers: Vec<Vec<NodeIndex>>,
 }
 
 fn corrupt(kv: &KeyValue, reason: impl std::fmt::Display) -> MetaError {
@@ -217,14 +240,20 @@ fn corrupt(kv: &KeyValue, reason: impl std::fmt::Display) -> MetaError {
     }
 }
 
-/// The value of `topics/<name>`: the settings with `id` 0 (the id is the key's create revision) and the placement.
-pub fn encode_topic(config: &TopicConfig, placement: &[NodeIndex]) -> Vec<u8> {
+/// The value of `topics/<name>`: the settings with `id` 0 (the id is the key's create revision), the placement, and
+/// for a replicated topic each partition's followers.
+pub fn encode_topic(
+    config: &TopicConfig,
+    placement: &[NodeIndex],
+    followers: &[Vec<NodeIndex>],
+) -> Vec<u8> {
     let mut config = config.clone();
     config.id = 0;
     config.format = TOPIC_FORMAT;
     serde_json::to_vec(&StoredTopic {
         config,
         placement: placement.to_vec(),
+        followers: followers.to_vec(),
     })
     .expect("a topic serialises")
 }
@@ -252,18 +281,41 @@ pub fn decode_topic(name: &str, kv: &KeyValue) -> Result<TopicRecord, MetaError>
     if kv.create_revision <= 0 {
         return Err(corrupt(kv, "no create revision"));
     }
+    // A replicated topic's followers: R - 1 distinct nodes per partition, none of them its placement's node.
+    if !stored.followers.is_empty() || config.replicas != 1 {
+        let want = (config.replicas as usize).saturating_sub(1);
+        let bad = config.replicas as usize > MAX_REPLICAS
+            || stored.followers.len() != stored.placement.len()
+            || stored
+                .followers
+                .iter()
+                .zip(&stored.placement)
+                .any(|(f, node)| {
+                    let mut distinct = f.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    f.len() != want || distinct.len() != want || f.contains(node)
+                });
+        if bad {
+            return Err(corrupt(
+                kv,
+                format!(
+                    "replicas={} with followers {:?} for placement {:?}",
+                    config.replicas, stored.followers, stored.placement
+                ),
+            ));
+        }
+    }
     config.id = kv.create_revision as u64;
-    let partitions = stored
-        .placement
-        .iter()
-        .map(|&node| PartitionState::initial(node, config.id))
-        .collect();
-    Ok(TopicRecord {
+    let mut record = TopicRecord {
         config,
         placement: stored.placement,
-        partitions,
+        followers: stored.followers,
+        partitions: Vec::new(),
         mod_revision: kv.mod_revision,
-    })
+    };
+    record.partitions = record.initial_states();
+    Ok(record)
 }
 
 /// The value of `partitions/<topic>/<p>` for `topic_id`, `replicas` and `leader`.
@@ -417,7 +469,7 @@ mod tests {
         let mut config = TopicConfig::with_defaults("orders");
         config.partitions = 3;
         config.id = 99;
-        let value = encode_topic(&config, &[0, 1, 0]);
+        let value = encode_topic(&config, &[0, 1, 0], &[]);
         let rec = decode_topic("orders", &kv(b"k", &value, 7, 9)).unwrap();
         assert_eq!(rec.id(), 7);
         assert_eq!(rec.mod_revision, 9);
@@ -436,8 +488,8 @@ mod tests {
     fn inconsistent_values_are_errors_not_panics() {
         let mut config = TopicConfig::with_defaults("orders");
         config.partitions = 2;
-        let short = encode_topic(&config, &[0]);
-        let good = encode_topic(&config, &[0, 1]);
+        let short = encode_topic(&config, &[0], &[]);
+        let good = encode_topic(&config, &[0, 1], &[]);
         for (name, value, create) in [
             ("orders", &short[..], 5),
             ("other", &good[..], 5),

@@ -127,6 +127,9 @@ pub struct MetaConfig {
     /// acknowledged (never less than the TTL): `docs/cluster.md`, "Riding out an etcd outage". Default
     /// [`DEFAULT_GRACE`].
     pub grace: std::time::Duration,
+    /// Topics may be created with `replicas` > 1 (`--replication-preview`): replication is not finished
+    /// (docs/replication.md, step plan), so this is off unless asked for.
+    pub replication_preview: bool,
 }
 
 impl MetaConfig {
@@ -138,6 +141,7 @@ impl MetaConfig {
             lease_ttl_s: DEFAULT_LEASE_TTL_S,
             etcd: EtcdConfig::default(),
             grace: DEFAULT_GRACE,
+            replication_preview: false,
         })
     }
 }
@@ -150,6 +154,7 @@ pub struct Metastore {
     keys: Keys,
     lease_ttl_s: i64,
     grace: std::time::Duration,
+    replication_preview: bool,
 }
 
 impl Metastore {
@@ -167,6 +172,7 @@ impl Metastore {
             grace: config
                 .grace
                 .max(std::time::Duration::from_secs(config.lease_ttl_s as u64)),
+            replication_preview: config.replication_preview,
         }))
     }
 

@@ -20,6 +20,33 @@ pub fn spread(topic: &str, partitions: u32, live: &[NodeIndex]) -> Vec<NodeIndex
         .collect()
 }
 
+/// A replicated topic's followers: for each partition, the `replicas - 1` live nodes after its placement's node in
+/// index order (wrapping), so followed partitions spread over the nodes like led ones. Empty for `replicas` <= 1;
+/// the caller checks that enough nodes are live (fewer give fewer followers).
+pub fn followers(
+    placement: &[NodeIndex],
+    live: &[NodeIndex],
+    replicas: usize,
+) -> Vec<Vec<NodeIndex>> {
+    if replicas <= 1 {
+        return Vec::new();
+    }
+    let mut nodes = live.to_vec();
+    nodes.sort_unstable();
+    nodes.dedup();
+    placement
+        .iter()
+        .map(|node| {
+            let at = nodes.iter().position(|n| n == node).unwrap_or(0);
+            (1..nodes.len())
+                .map(|i| nodes[(at + i) % nodes.len()])
+                .filter(|n| n != node)
+                .take(replicas - 1)
+                .collect()
+        })
+        .collect()
+}
+
 /// The location of every partition. A node's partitions are numbered in order (its first, its second, ...) and
 /// that rank picks the core, so a node's share of a topic is spread over all of its cores whatever the number of
 /// nodes (hashing the partition number itself would put every partition of a node on one core whenever the node
@@ -64,6 +91,16 @@ mod tests {
             assert!(p.iter().all(|n| [2, 5, 7].contains(n)));
         }
         assert!(spread("orders", 4, &[]).is_empty());
+    }
+
+    #[test]
+    fn followers_are_the_next_live_nodes_and_never_the_leader() {
+        assert!(followers(&[0, 1], &[0, 1, 2], 1).is_empty());
+        assert_eq!(
+            followers(&[0, 1, 2], &[2, 0, 1], 3),
+            [vec![1, 2], vec![2, 0], vec![0, 1]]
+        );
+        assert_eq!(followers(&[5, 9], &[9, 5, 7], 2), [vec![7], vec![5]]);
     }
 
     #[test]

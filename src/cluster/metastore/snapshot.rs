@@ -160,11 +160,7 @@ impl Snapshot {
     /// same name is ignored). `topic` may be newer than this snapshot (just written by a change): its partitions
     /// still take the keys known here.
     pub fn partition_states(&self, topic: &TopicRecord) -> Vec<PartitionState> {
-        let mut states: Vec<PartitionState> = topic
-            .placement
-            .iter()
-            .map(|&node| PartitionState::initial(node, topic.id()))
-            .collect();
+        let mut states = topic.initial_states();
         for (&p, key) in self.partition_keys.get(topic.name()).into_iter().flatten() {
             if key.topic_id == topic.id() {
                 if let Some(state) = states.get_mut(p as usize) {
@@ -359,7 +355,7 @@ mod tests {
         let mut c = TopicConfig::with_defaults(name);
         c.partitions = 2;
         c.visibility_ms = visibility_ms;
-        encode_topic(&c, &[0, 1])
+        encode_topic(&c, &[0, 1], &[])
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::keys::{
     decode_partition, decode_topic, encode_partition, encode_topic, PartitionState, TopicRecord,
     MAX_REPLICAS,
 };
-use super::placement::spread;
+use super::placement::{followers, spread};
 use super::snapshot::Snapshot;
 use super::{ranges, MetaError, Metastore, MAX_TXN_ATTEMPTS};
 use crate::cluster::etcd::{
@@ -95,13 +95,15 @@ impl Metastore {
                     live.len()
                 )));
             }
-            if config.replicas != 1 {
+            if config.replicas != 1 && !self.replication_preview {
                 return Err(MetaError::Invalid(format!(
-                    "replicas={}: replication is not in this build yet (docs/replication.md); use replicas=1",
+                    "replicas={}: replication is not finished in this build (docs/replication.md); use replicas=1, \
+                     or start every node with --replication-preview to try it",
                     config.replicas
                 )));
             }
-            let value = encode_topic(&config, &placement);
+            let followers = followers(&placement, &live, config.replicas as usize);
+            let value = encode_topic(&config, &placement, &followers);
             // Partition keys left by a deleted topic of this name (a deletion before they were deleted with it)
             // go with the new topic's creation.
             let t = self
@@ -170,7 +172,7 @@ impl Metastore {
             if config == current.config {
                 return Ok(current);
             }
-            let value = encode_topic(&config, &current.placement);
+            let value = encode_topic(&config, &current.placement, &current.followers);
             let t = self
                 .etcd
                 .txn(

@@ -14,8 +14,10 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// The protocol version this code speaks: in every header, and in the hello. 2: `TopicConfig` gained `group_ids`
 /// (version 1 peers could not decode its settings, so they are refused at the handshake instead). 3: `Probe` gained
 /// `max_bytes` and `taken_any` (a consume's byte budget); a version 2 peer would fail to decode every probe. 4:
-/// `TopicConfig` gained `replicas` (and `Request`/`Reply` a `Partitions` variant).
-pub const VERSION: u8 = 4;
+/// `TopicConfig` gained `replicas` (and `Request`/`Reply` a `Partitions` variant). 5: `Request::Replicate` and
+/// `Reply::Replicated` (a leader ships its durable batches to its followers), and `AdminStep::Apply` names each
+/// partition's followers.
+pub const VERSION: u8 = 5;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -78,6 +78,11 @@ fn info_value() -> PartitionInfo {
         }],
         counters: [11, 12],
         io_counts: (13, 14),
+        followers: vec![crate::partition::FollowerInfo {
+            node: 2,
+            end: 15,
+            lagging: true,
+        }],
     }
 }
 
@@ -139,18 +144,19 @@ fn every_request() -> Vec<Request> {
         Request::DeleteGroup(topic(), "audit".into()),
         Request::Describe(topic()),
         Request::Stats,
-        Request::Admin(AdminStep::Apply(
+        Request::Admin(Box::new(AdminStep::Apply(
             config_value(),
             vec![Location { node: 1, core: 0 }, Location { node: 2, core: 3 }],
-        )),
-        Request::Admin(AdminStep::Drop(topic())),
-        Request::Admin(AdminStep::Update(config_value())),
-        Request::Admin(AdminStep::PrepareGroup {
+            vec![vec![2], vec![1]],
+        ))),
+        Request::Admin(Box::new(AdminStep::Drop(topic()))),
+        Request::Admin(Box::new(AdminStep::Update(config_value()))),
+        Request::Admin(Box::new(AdminStep::PrepareGroup {
             topic: topic(),
             topic_id: 77,
             group: "audit".into(),
             latest: false,
-        }),
+        })),
         Request::Signal(Signal::Interest {
             topic: topic(),
             group: "billing".into(),
@@ -173,6 +179,17 @@ fn every_request() -> Vec<Request> {
             leases: vec![(1, 2, 3), (4, 5, 6)],
         }),
         Request::Partitions(topic()),
+        Request::Replicate(crate::ops::replicate::Replicate {
+            topic: topic(),
+            topic_id: 77,
+            partition: 1,
+            leader: 2,
+            segment_base: 4096,
+            position: 300,
+            first_offset: 4100,
+            count: 2,
+            frames: Bytes::from_static(&[0xff, 0, 7, 0x80]),
+        }),
     ]
 }
 
@@ -254,6 +271,10 @@ fn every_reply() -> Vec<ReplyBody> {
             }],
         )))),
         Ok(Reply::Partitions(None)),
+        Ok(Reply::Replicated(crate::ops::replicate::Replicated {
+            end: 4102,
+            applied: false,
+        })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
         Err(OpError::Engine(EngineError::TopicExists {
@@ -288,6 +309,7 @@ fn request_variant(r: &Request) -> usize {
         Request::LookupTopic(..) => 13,
         Request::GiveBack(_) => 14,
         Request::Partitions(_) => 15,
+        Request::Replicate(_) => 16,
     }
 }
 
@@ -304,6 +326,7 @@ fn reply_variant(r: &Reply) -> usize {
         Reply::Stats(_) => 8,
         Reply::Done => 9,
         Reply::Partitions(_) => 10,
+        Reply::Replicated(_) => 11,
     }
 }
 
@@ -312,7 +335,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..16).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..17).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
@@ -320,7 +343,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
         .map(reply_variant)
         .collect();
     seen.dedup();
-    assert_eq!(seen, (0..11).collect::<Vec<_>>(), "every reply variant");
+    assert_eq!(seen, (0..12).collect::<Vec<_>>(), "every reply variant");
 
     let mut wire = Vec::new();
     for (i, request) in requests.iter().enumerate() {

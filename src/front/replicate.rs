@@ -1,0 +1,393 @@
+//! The leader's shipper (`docs/replication.md`, step 2): each durable batch of a replicated partition this core
+//! leads goes to each of the partition's followers as a `Replicate` request (`ops/replicate.rs`), in log order,
+//! several in flight per follower. What a follower answers is its log's end: the leader records it
+//! (`Partition::set_follower`, shown by `GET /topics/T`) and resends from there when the follower missed a batch
+//! (a lost connection, a reordered arrival, a follower restarted).
+//!
+//! The leader keeps the batches not yet on every follower in memory, up to `WINDOW_BYTES` per partition: a follower
+//! further behind than that (down for long, or lost its disk), or one whose log does not line up with the leader's,
+//! is marked lagging and gets nothing more until it is caught up from the segments (step 5, not built yet). Nothing
+//! here waits on the data path: the sink only queues, and each follower has its own task.
+//!
+//! Not built yet (steps 3-5): produces are answered at the leader's durability, not a majority's; no epoch fencing;
+//! no catch-up of a lagging follower.
+
+use crate::engine::placement::{follower_core, Location, NodeIndex};
+use crate::engine::{Engine, ShipSink};
+use crate::ops::replicate::{Replicate, Replicated};
+use crate::ops::{Reply, Request};
+use crate::partition::FollowerInfo;
+use crate::storage::journal::EntryHead;
+use crate::transport::Router;
+use bytes::Bytes;
+use event_listener::Event;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Bytes of batches a leader keeps per partition for followers that have not acknowledged them.
+pub const WINDOW_BYTES: usize = 64 << 20;
+/// `Replicate` requests in flight per follower and partition.
+pub const MAX_IN_FLIGHT: usize = 8;
+/// After a failed call, a follower is tried again after this long, doubling up to `MAX_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const MAX_RETRY: Duration = Duration::from_secs(1);
+/// A follower's task with nothing to do looks this often whether its topic is still there.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// One core's shipper.
+pub struct Shipper {
+    router: Rc<Router>,
+    streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
+}
+
+/// A batch kept for the followers.
+struct Batch {
+    head: EntryHead,
+    frames: Bytes,
+    end: u64,
+}
+
+/// One replicated partition this core leads.
+struct Stream {
+    topic: String,
+    topic_id: u64,
+    partition: u32,
+    batches: RefCell<VecDeque<Rc<Batch>>>,
+    bytes: Cell<usize>,
+    followers: Vec<Rc<Follower>>,
+    closed: Cell<bool>,
+}
+
+/// One follower of a stream.
+struct Follower {
+    node: NodeIndex,
+    /// Its log's end as it last answered.
+    acked: Cell<u64>,
+    /// The first offset not sent yet.
+    next: Cell<u64>,
+    lagging: Cell<bool>,
+    in_flight: Cell<usize>,
+    /// Set after a failed call: no send before the retry.
+    backoff: Cell<Option<Duration>>,
+    wake: Event,
+}
+
+impl Shipper {
+    pub fn new(router: Rc<Router>) -> Rc<Shipper> {
+        Rc::new(Shipper {
+            router,
+            streams: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// The sink the engine calls with each durable batch of a replicated partition led here.
+    pub fn sink(self: &Rc<Self>) -> ShipSink {
+        let shipper = Rc::downgrade(self);
+        Rc::new(move |head: &EntryHead, frames: &[u8]| {
+            if let Some(shipper) = shipper.upgrade() {
+                shipper.ship(head, frames);
+            }
+        })
+    }
+
+    fn engine(&self) -> &Rc<Engine> {
+        self.router.engine()
+    }
+
+    fn ship(self: &Rc<Self>, head: &EntryHead, frames: &[u8]) {
+        let key = (head.topic.clone(), head.partition);
+        let existing = self.streams.borrow().get(&key).cloned();
+        let stream = match existing {
+            Some(s) if s.topic_id == head.topic_id && !s.closed.get() => s,
+            old => {
+                if let Some(old) = old {
+                    old.close();
+                }
+                let Some(stream) = self.open_stream(head) else {
+                    return;
+                };
+                self.streams.borrow_mut().insert(key, stream.clone());
+                stream
+            }
+        };
+        let batch = Rc::new(Batch {
+            head: head.clone(),
+            frames: Bytes::copy_from_slice(frames),
+            end: head.first_offset + u64::from(head.count),
+        });
+        stream.bytes.set(stream.bytes.get() + frames.len());
+        stream.batches.borrow_mut().push_back(batch);
+        // Over the window: the oldest batches go, and a follower that still needed one is lagging.
+        while stream.bytes.get() > WINDOW_BYTES && stream.batches.borrow().len() > 1 {
+            let dropped = stream
+                .batches
+                .borrow_mut()
+                .pop_front()
+                .expect("more than one");
+            stream.bytes.set(stream.bytes.get() - dropped.frames.len());
+            for f in &stream.followers {
+                if f.acked.get() < dropped.end && !f.lagging.get() {
+                    warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower fell behind the leader's window: it gets nothing until it is caught up");
+                    f.lagging.set(true);
+                    self.report(&stream, f);
+                }
+            }
+        }
+        for f in &stream.followers {
+            f.wake.notify(1);
+        }
+    }
+
+    /// A stream for a partition whose first batch this is: its followers as the topic has them, each with a task.
+    fn open_stream(self: &Rc<Self>, head: &EntryHead) -> Option<Rc<Stream>> {
+        let topic = self.engine().topic(&head.topic).ok()?;
+        if topic.id() != head.topic_id {
+            return None;
+        }
+        let followers = topic.followers(head.partition);
+        if followers.is_empty() {
+            return None;
+        }
+        let stream = Rc::new(Stream {
+            topic: head.topic.clone(),
+            topic_id: head.topic_id,
+            partition: head.partition,
+            batches: RefCell::new(VecDeque::new()),
+            bytes: Cell::new(0),
+            followers: followers
+                .iter()
+                .map(|&node| {
+                    Rc::new(Follower {
+                        node,
+                        // Assumed to have what came before the first batch shipped here: a follower that does
+                        // not says so in its first answer (its end), and is resent from there or found lagging.
+                        acked: Cell::new(head.first_offset),
+                        next: Cell::new(head.first_offset),
+                        lagging: Cell::new(false),
+                        in_flight: Cell::new(0),
+                        backoff: Cell::new(None),
+                        wake: Event::new(),
+                    })
+                })
+                .collect(),
+            closed: Cell::new(false),
+        });
+        for f in &stream.followers {
+            glommio::spawn_local(run_follower(self.clone(), stream.clone(), f.clone())).detach();
+        }
+        Some(stream)
+    }
+
+    /// Records a follower's progress on the partition (`GET /topics/T`).
+    fn report(&self, stream: &Stream, f: &Follower) {
+        let partition = self
+            .engine()
+            .topic(&stream.topic)
+            .ok()
+            .filter(|t| t.id() == stream.topic_id)
+            .and_then(|t| t.owned_partition(stream.partition));
+        if let Some(p) = partition {
+            p.set_follower(FollowerInfo {
+                node: f.node,
+                end: f.acked.get(),
+                lagging: f.lagging.get(),
+            });
+        }
+    }
+
+    /// The topic still exists with this id, and this core still leads the partition.
+    fn still_leads(&self, stream: &Stream) -> bool {
+        self.engine()
+            .topic(&stream.topic)
+            .ok()
+            .filter(|t| t.id() == stream.topic_id)
+            .and_then(|t| t.owned_partition(stream.partition))
+            .is_some()
+    }
+
+    /// Where follower `node` holds its replica of the stream's partition.
+    fn follower_location(&self, stream: &Stream, node: NodeIndex) -> Option<Location> {
+        let engine = self.engine();
+        let topic = engine.topic(&stream.topic).ok()?;
+        let cores = engine.node_cores(node) as usize;
+        if cores == 0 {
+            return None;
+        }
+        let core = follower_core(
+            &stream.topic,
+            topic.all_followers(),
+            node,
+            stream.partition,
+            cores,
+        )?;
+        Some(Location { node, core })
+    }
+}
+
+impl Stream {
+    fn close(&self) {
+        self.closed.set(true);
+        self.batches.borrow_mut().clear();
+        self.bytes.set(0);
+        for f in &self.followers {
+            f.wake.notify(usize::MAX);
+        }
+    }
+
+    /// The kept batch that starts at `offset`, or why there is none: `Err(true)` when `offset` is below what is
+    /// kept (the follower needs a catch-up), `Err(false)` when it has not been written yet.
+    fn batch_at(&self, offset: u64) -> Result<Rc<Batch>, bool> {
+        let batches = self.batches.borrow();
+        let Some(first) = batches.front() else {
+            return Err(false);
+        };
+        if offset < first.head.first_offset {
+            return Err(true);
+        }
+        // Batches are contiguous: a binary search by first offset.
+        let i = batches.partition_point(|b| b.head.first_offset < offset);
+        match batches.get(i) {
+            Some(b) if b.head.first_offset == offset => Ok(b.clone()),
+            Some(_) => Err(true),
+            None if batches.back().is_some_and(|b| b.end > offset) => Err(true),
+            None => Err(false),
+        }
+    }
+
+    /// Drops the batches every follower that is not lagging has.
+    fn trim(&self) {
+        let low = self
+            .followers
+            .iter()
+            .filter(|f| !f.lagging.get())
+            .map(|f| f.acked.get())
+            .min();
+        let mut batches = self.batches.borrow_mut();
+        while let Some(b) = batches.front() {
+            if low.is_none_or(|low| b.end <= low) {
+                self.bytes.set(self.bytes.get() - b.frames.len());
+                batches.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+/// One follower's task: sends the kept batches from its `next` offset, up to `MAX_IN_FLIGHT` at once.
+async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>) {
+    loop {
+        if stream.closed.get() || shipper.engine().is_stopping() {
+            break;
+        }
+        let listener = f.wake.listen();
+        if let Some(wait) = f.backoff.get() {
+            glommio::timer::sleep(wait).await;
+            f.backoff.set(None);
+            continue;
+        }
+        if f.lagging.get() || f.in_flight.get() >= MAX_IN_FLIGHT {
+            idle(listener).await;
+            if !shipper.still_leads(&stream) {
+                break;
+            }
+            continue;
+        }
+        match stream.batch_at(f.next.get()) {
+            Ok(batch) => {
+                let Some(to) = shipper.follower_location(&stream, f.node) else {
+                    fail(&f, "its core count is not known");
+                    continue;
+                };
+                f.next.set(batch.end);
+                f.in_flight.set(f.in_flight.get() + 1);
+                glommio::spawn_local(send(shipper.clone(), stream.clone(), f.clone(), to, batch))
+                    .detach();
+            }
+            Err(true) => {
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader no longer keeps: it gets nothing until it is caught up");
+                f.lagging.set(true);
+                shipper.report(&stream, &f);
+            }
+            Err(false) => {
+                idle(listener).await;
+                if !shipper.still_leads(&stream) {
+                    break;
+                }
+            }
+        }
+    }
+    // The partition is gone from this core (or the topic, or the server): so is its stream.
+    let mut streams = shipper.streams.borrow_mut();
+    let key = (stream.topic.clone(), stream.partition);
+    if streams.get(&key).is_some_and(|s| Rc::ptr_eq(s, &stream)) {
+        streams.remove(&key);
+    }
+    stream.close();
+}
+
+/// Waits for a wake-up, at most `IDLE_CHECK`.
+async fn idle(listener: event_listener::EventListener) {
+    futures_lite::future::or(listener, glommio::timer::sleep(IDLE_CHECK)).await;
+}
+
+/// A call failed: everything not acknowledged is sent again after a backoff.
+fn fail(f: &Follower, why: &str) {
+    let wait = f
+        .backoff
+        .get()
+        .map_or(FIRST_RETRY, |w| (w * 2).min(MAX_RETRY));
+    debug!(follower = f.node, why, "replicate: retrying after {wait:?}");
+    f.backoff.set(Some(wait));
+    f.next.set(f.acked.get());
+    f.wake.notify(1);
+}
+
+/// Sends one batch to a follower and takes its answer.
+async fn send(
+    shipper: Rc<Shipper>,
+    stream: Rc<Stream>,
+    f: Rc<Follower>,
+    to: Location,
+    batch: Rc<Batch>,
+) {
+    let request = Request::Replicate(Replicate {
+        topic: stream.topic.clone(),
+        topic_id: stream.topic_id,
+        partition: stream.partition,
+        leader: shipper.engine().node(),
+        segment_base: batch.head.segment_base,
+        position: batch.head.position,
+        first_offset: batch.head.first_offset,
+        count: batch.head.count,
+        frames: batch.frames.clone(),
+    });
+    let result = shipper.router.call(to, request).await;
+    f.in_flight.set(f.in_flight.get() - 1);
+    match result {
+        Ok(Reply::Replicated(Replicated { end, applied })) => {
+            f.backoff.set(None);
+            if applied || end >= batch.end {
+                f.acked.set(f.acked.get().max(end));
+            } else if end <= batch.head.first_offset {
+                // It missed earlier batches (or lost them): resend from its end.
+                f.acked.set(f.acked.get().max(end));
+                f.next.set(f.next.get().min(end));
+            } else {
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, first = batch.head.first_offset, "a follower's log ends inside a batch: it gets nothing until it is caught up");
+                f.lagging.set(true);
+            }
+            stream.trim();
+            shipper.report(&stream, &f);
+        }
+        Ok(other) => {
+            warn!(follower = f.node, reply = ?std::mem::discriminant(&other), "replicate: an answer out of protocol");
+            fail(&f, "an answer out of protocol");
+        }
+        Err(e) => fail(&f, &e.to_string()),
+    }
+    f.wake.notify(1);
+}
