@@ -509,3 +509,6 @@ impl Storage for Disk {
         }
     }
 }
+
+#[cfg(test)]
+mod disk_tests;
