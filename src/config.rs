@@ -468,6 +468,14 @@ impl Config {
         if self.tail_cache_bytes > 16 << 20 {
             return Err("tail_cache_bytes must be 0 to 16777216".into());
         }
+        if self.fsync == crate::storage::FsyncPolicy::Never
+            && self.cluster.as_ref().is_some_and(|c| c.replication_preview)
+        {
+            // Replicas are written through the core's journal, which `fsync never` does not run.
+            return Err(
+                "--replication-preview needs --fsync always or interval:MS, not never".into(),
+            );
+        }
         if self.write_behind_bytes > 16 << 20 {
             return Err("write_behind_bytes must be 0 to 16777216".into());
         }

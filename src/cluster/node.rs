@@ -52,10 +52,7 @@ impl From<MetaError> for EngineError {
 
 /// A topic as the engine takes it: settings with the metastore's id, where each partition lives, and each
 /// partition's followers (none when it is not replicated).
-fn as_engine(
-    record: &TopicRecord,
-    snapshot: &Snapshot,
-) -> (TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>) {
+fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> Placed {
     let mut config = record.config.clone();
     config.id = record.id();
     (
@@ -166,10 +163,7 @@ struct EtcdMetadata {
 }
 
 impl Metadata for EtcdMetadata {
-    fn create_topic(
-        &self,
-        config: TopicConfig,
-    ) -> LocalFuture<'_, EngineResult<(bool, TopicConfig, Vec<Location>)>> {
+    fn create_topic(&self, config: TopicConfig) -> LocalFuture<'_, EngineResult<(bool, Placed)>> {
         Box::pin(async move {
             let partitions = config.partitions;
             let (created, record) = self.meta.create_topic(config).await?;
@@ -180,8 +174,7 @@ impl Metadata for EtcdMetadata {
                 });
             }
             let snapshot = caught_up(&self.replica, record.mod_revision).await?;
-            let (config, locations, _) = as_engine(&record, &snapshot);
-            Ok((created, config, locations))
+            Ok((created, as_engine(&record, &snapshot)))
         })
     }
 
@@ -196,8 +189,7 @@ impl Metadata for EtcdMetadata {
                 .change_topic::<EngineError>(&name, |c| change(c))
                 .await?;
             let snapshot = caught_up(&self.replica, record.mod_revision).await?;
-            let (config, locations, _) = as_engine(&record, &snapshot);
-            Ok((config, locations))
+            Ok(as_engine(&record, &snapshot))
         })
     }
 
@@ -222,8 +214,7 @@ impl Metadata for EtcdMetadata {
                     self.replica.snapshot()
                 })
                 .await;
-            let (config, locations, _) = as_engine(&record, &snapshot);
-            Ok(Some((config, locations)))
+            Ok(Some(as_engine(&record, &snapshot)))
         })
     }
 
@@ -815,7 +806,7 @@ mod tests {
             // The change is in the metastore: once the replica follows again, the same request answers it
             // (created by the first call, so `false`) with the placement.
             replica.hold(false);
-            let (created, placed, locations) = metadata.create_topic(config).await.unwrap();
+            let (created, (placed, locations, _)) = metadata.create_topic(config).await.unwrap();
             assert!(!created);
             assert_eq!(placed.partitions, 2);
             assert_eq!(locations.len(), 2);

@@ -429,7 +429,11 @@ impl Engine {
         self.topics
             .borrow()
             .values()
-            .map(|t| t.locations().iter().filter(|l| l.node == me).count())
+            .map(|t| {
+                let led = t.locations().iter().filter(|l| l.node == me).count();
+                let followed = t.all_followers().iter().filter(|f| f.contains(&me)).count();
+                led + followed
+            })
             .sum()
     }
 
@@ -504,8 +508,7 @@ impl Engine {
         self.check_caps(config.partitions as usize)?;
         config.format = TOPIC_FORMAT;
         if let Some(metadata) = self.metadata() {
-            let (created, config, locations) = metadata.create_topic(config).await?;
-            let followers = self.followers_of(&config.name, config.id);
+            let (created, (config, locations, followers)) = metadata.create_topic(config).await?;
             self.materialise(config.clone(), locations, followers)
                 .await?;
             if created {
@@ -594,7 +597,7 @@ impl Engine {
             // The requested change is made to the settings just read from etcd, never to this node's copy: that
             // may lack a change made through another node a moment ago, which writing it back would undo.
             let engine = self.clone();
-            let (config, locations) = metadata
+            let (config, locations, followers) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -603,7 +606,6 @@ impl Engine {
                     }),
                 )
                 .await?;
-            let followers = self.followers_of(&config.name, config.id);
             self.materialise(config.clone(), locations, followers)
                 .await?;
             info!(topic = %name, "topic settings changed in the cluster");
@@ -638,7 +640,7 @@ impl Engine {
             let add = group.to_string();
             let created = Rc::new(Cell::new(false));
             let added = created.clone();
-            let (config, locations) = metadata
+            let (config, locations, followers) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -655,7 +657,6 @@ impl Engine {
                     }),
                 )
                 .await?;
-            let followers = self.followers_of(&config.name, config.id);
             self.materialise(config, locations, followers).await?;
             if created.get() {
                 info!(topic = %name, group = %group, "consumer group created in the cluster");
@@ -701,7 +702,7 @@ impl Engine {
             // Whether the group exists is decided on the settings etcd holds, on every compare-and-set round.
             let remove = group.to_string();
             let topic_name = name.to_string();
-            let (config, locations) = metadata
+            let (config, locations, followers) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -716,7 +717,6 @@ impl Engine {
                     }),
                 )
                 .await?;
-            let followers = self.followers_of(&config.name, config.id);
             self.materialise(config, locations, followers).await?;
             info!(topic = %name, group = %group, "consumer group deleted in the cluster");
             return Ok(());
@@ -819,7 +819,8 @@ impl Engine {
         match known {
             None => {
                 let me = self.node.get();
-                self.check_caps(locations.iter().filter(|l| l.node == me).count())?;
+                let followed = followers.iter().filter(|f| f.contains(&me)).count();
+                self.check_caps(locations.iter().filter(|l| l.node == me).count() + followed)?;
                 let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
                 let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
                 // What this node's disk holds of the topic from before: at every start in cluster mode, each

@@ -61,8 +61,9 @@ pub struct Unopened {
     pub attempts: u32,
 }
 
-/// A topic's settings and where each of its partitions lives.
-pub type Placed = (TopicConfig, Vec<Location>);
+/// A topic's settings, where each of its partitions lives (its leader), and each partition's followers (its other
+/// replicas; empty when the topic is not replicated).
+pub type Placed = (TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>);
 
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -73,10 +74,7 @@ pub type ChangeFn = Box<dyn FnMut(&mut TopicConfig) -> EngineResult<()>>;
 /// node. Each answers with the topic as stored (its id, and where its partitions are).
 pub trait Metadata {
     /// Creates the topic unless it exists (then returns the existing one, `false`).
-    fn create_topic(
-        &self,
-        config: TopicConfig,
-    ) -> LocalFuture<'_, EngineResult<(bool, TopicConfig, Vec<Location>)>>;
+    fn create_topic(&self, config: TopicConfig) -> LocalFuture<'_, EngineResult<(bool, Placed)>>;
     /// Changes a topic's settings.
     fn change_topic(&self, name: String, change: ChangeFn)
         -> LocalFuture<'_, EngineResult<Placed>>;
@@ -138,18 +136,6 @@ impl Engine {
             .map_or(0, |n| n.cores)
     }
 
-    /// The followers of each partition of a topic (core 0, cluster mode): its replicas other than its leader, as
-    /// this node's metastore replica has them for this topic id; empty when it is not replicated (or unknown).
-    pub(crate) fn followers_of(&self, name: &str, id: u64) -> Vec<Vec<NodeIndex>> {
-        let Some((topic_id, states)) = self.metadata().and_then(|m| m.partitions(name)) else {
-            return Vec::new();
-        };
-        if topic_id != id {
-            return Vec::new();
-        }
-        super::placement::followers(&states)
-    }
-
     /// The id of node `index`, if known.
     pub fn node_id(&self, index: NodeIndex) -> Option<String> {
         self.view
@@ -187,9 +173,8 @@ impl Engine {
             return Err(super::EngineError::TopicNotFound(name.to_string()));
         }
         match metadata.lookup_topic(name.to_string(), fresh).await? {
-            Some((config, locations)) => {
+            Some((config, locations, followers)) => {
                 self.missing.borrow_mut().remove(name);
-                let followers = self.followers_of(&config.name, config.id);
                 self.learn_topic(config, locations, followers).await
             }
             None => {

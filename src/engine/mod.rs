@@ -325,12 +325,12 @@ impl Engine {
         }
     }
 
-    /// Every follower replica this core holds (replicated topics).
-    pub fn followed_partitions(&self) -> Vec<Rc<Partition>> {
+    /// Every follower replica this core holds (replicated topics), with its topic.
+    pub fn followed_partitions(&self) -> Vec<(Rc<Topic>, Rc<Partition>)> {
         let topics = self.topics.borrow();
         topics
             .values()
-            .flat_map(|t| t.followed_partitions().cloned())
+            .flat_map(|t| t.followed_partitions().map(move |p| (t.clone(), p.clone())))
             .collect()
     }
 
@@ -653,7 +653,7 @@ impl Engine {
         for (_, p) in self.owned_partitions() {
             frontiers_written &= p.close().await;
         }
-        for p in self.followed_partitions() {
+        for (_, p) in self.followed_partitions() {
             frontiers_written &= p.close().await;
         }
         let journal = self.journal.borrow().clone();

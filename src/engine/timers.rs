@@ -49,7 +49,9 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
         };
         if now >= next_sweep {
             next_sweep = now + interval_ms;
-            for (topic, p) in &partitions {
+            // Follower replicas too: retention goes by the records' own times, so each replica drops the same
+            // whole segments.
+            for (topic, p) in partitions.iter().chain(&engine.followed_partitions()) {
                 p.apply_retention(topic.config().retention_ms).await;
             }
         }

@@ -15,7 +15,7 @@
 use crate::engine::placement::{follower_core, Location, NodeIndex};
 use crate::engine::{Engine, ShipSink};
 use crate::ops::replicate::{Replicate, Replicated};
-use crate::ops::{Reply, Request};
+use crate::ops::{OpError, Reply, Request};
 use crate::partition::FollowerInfo;
 use crate::storage::journal::EntryHead;
 use crate::transport::Router;
@@ -27,8 +27,11 @@ use std::rc::Rc;
 use std::time::Duration;
 use tracing::{debug, warn};
 
-/// Bytes of batches a leader keeps per partition for followers that have not acknowledged them.
+/// Bytes of batches a leader keeps per partition for followers that have not acknowledged them...
 pub const WINDOW_BYTES: usize = 64 << 20;
+/// ...and per core, all partitions together (a follower down for long must not hold 64 MiB of every partition
+/// the core leads).
+pub const CORE_WINDOW_BYTES: usize = 256 << 20;
 /// `Replicate` requests in flight per follower and partition.
 pub const MAX_IN_FLIGHT: usize = 8;
 /// After a failed call, a follower is tried again after this long, doubling up to `MAX_RETRY`.
@@ -41,6 +44,8 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 pub struct Shipper {
     router: Rc<Router>,
     streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
+    /// Bytes kept by all streams.
+    kept: Rc<Cell<usize>>,
 }
 
 /// A batch kept for the followers.
@@ -57,6 +62,8 @@ struct Stream {
     partition: u32,
     batches: RefCell<VecDeque<Rc<Batch>>>,
     bytes: Cell<usize>,
+    /// The shipper's count of bytes kept by every stream of the core.
+    kept: Rc<Cell<usize>>,
     followers: Vec<Rc<Follower>>,
     closed: Cell<bool>,
 }
@@ -72,6 +79,8 @@ struct Follower {
     in_flight: Cell<usize>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
+    /// The next retry's wait: doubled by each failure, back to `FIRST_RETRY` after an answer.
+    delay: Cell<Duration>,
     wake: Event,
 }
 
@@ -80,6 +89,7 @@ impl Shipper {
         Rc::new(Shipper {
             router,
             streams: RefCell::new(HashMap::new()),
+            kept: Rc::new(Cell::new(0)),
         })
     }
 
@@ -118,23 +128,15 @@ impl Shipper {
             frames: Bytes::copy_from_slice(frames),
             end: head.first_offset + u64::from(head.count),
         });
-        stream.bytes.set(stream.bytes.get() + frames.len());
-        stream.batches.borrow_mut().push_back(batch);
-        // Over the window: the oldest batches go, and a follower that still needed one is lagging.
-        while stream.bytes.get() > WINDOW_BYTES && stream.batches.borrow().len() > 1 {
-            let dropped = stream
-                .batches
-                .borrow_mut()
-                .pop_front()
-                .expect("more than one");
-            stream.bytes.set(stream.bytes.get() - dropped.frames.len());
-            for f in &stream.followers {
-                if f.acked.get() < dropped.end && !f.lagging.get() {
-                    warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower fell behind the leader's window: it gets nothing until it is caught up");
-                    f.lagging.set(true);
-                    self.report(&stream, f);
-                }
-            }
+        stream.push(batch);
+        // What every follower has goes (all of it when every follower lags: nobody will take it).
+        stream.trim();
+        // Over the window (the partition's, or the core's): the oldest batches go. A follower that still needed
+        // one finds it gone when it asks for it (`batch_at`), and lags; one that has it in flight is not harmed.
+        while (stream.bytes.get() > WINDOW_BYTES || self.kept.get() > CORE_WINDOW_BYTES)
+            && stream.batches.borrow().len() > 1
+        {
+            stream.pop_front();
         }
         for f in &stream.followers {
             f.wake.notify(1);
@@ -157,6 +159,7 @@ impl Shipper {
             partition: head.partition,
             batches: RefCell::new(VecDeque::new()),
             bytes: Cell::new(0),
+            kept: self.kept.clone(),
             followers: followers
                 .iter()
                 .map(|&node| {
@@ -169,6 +172,7 @@ impl Shipper {
                         lagging: Cell::new(false),
                         in_flight: Cell::new(0),
                         backoff: Cell::new(None),
+                        delay: Cell::new(FIRST_RETRY),
                         wake: Event::new(),
                     })
                 })
@@ -228,10 +232,24 @@ impl Shipper {
 }
 
 impl Stream {
+    fn push(&self, batch: Rc<Batch>) {
+        self.bytes.set(self.bytes.get() + batch.frames.len());
+        self.kept.set(self.kept.get() + batch.frames.len());
+        self.batches.borrow_mut().push_back(batch);
+    }
+
+    fn pop_front(&self) {
+        if let Some(b) = self.batches.borrow_mut().pop_front() {
+            self.bytes.set(self.bytes.get() - b.frames.len());
+            self.kept.set(self.kept.get() - b.frames.len());
+        }
+    }
+
     fn close(&self) {
         self.closed.set(true);
-        self.batches.borrow_mut().clear();
-        self.bytes.set(0);
+        while !self.batches.borrow().is_empty() {
+            self.pop_front();
+        }
         for f in &self.followers {
             f.wake.notify(usize::MAX);
         }
@@ -265,14 +283,16 @@ impl Stream {
             .filter(|f| !f.lagging.get())
             .map(|f| f.acked.get())
             .min();
-        let mut batches = self.batches.borrow_mut();
-        while let Some(b) = batches.front() {
-            if low.is_none_or(|low| b.end <= low) {
-                self.bytes.set(self.bytes.get() - b.frames.len());
-                batches.pop_front();
-            } else {
+        loop {
+            let drop = self
+                .batches
+                .borrow()
+                .front()
+                .is_some_and(|b| low.is_none_or(|low| b.end <= low));
+            if !drop {
                 break;
             }
+            self.pop_front();
         }
     }
 }
@@ -287,6 +307,9 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
         if let Some(wait) = f.backoff.get() {
             glommio::timer::sleep(wait).await;
             f.backoff.set(None);
+            if !shipper.still_leads(&stream) {
+                break;
+            }
             continue;
         }
         if f.lagging.get() || f.in_flight.get() >= MAX_IN_FLIGHT {
@@ -299,6 +322,9 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
         match stream.batch_at(f.next.get()) {
             Ok(batch) => {
                 let Some(to) = shipper.follower_location(&stream, f.node) else {
+                    if !shipper.still_leads(&stream) {
+                        break;
+                    }
                     fail(&f, "its core count is not known");
                     continue;
                 };
@@ -334,14 +360,15 @@ async fn idle(listener: event_listener::EventListener) {
     futures_lite::future::or(listener, glommio::timer::sleep(IDLE_CHECK)).await;
 }
 
-/// A call failed: everything not acknowledged is sent again after a backoff.
+/// A call failed: everything not acknowledged is sent again after a backoff. The calls in flight with it fail
+/// too (a lost connection fails them all): only the first failure while no retry is pending grows the backoff.
 fn fail(f: &Follower, why: &str) {
-    let wait = f
-        .backoff
-        .get()
-        .map_or(FIRST_RETRY, |w| (w * 2).min(MAX_RETRY));
-    debug!(follower = f.node, why, "replicate: retrying after {wait:?}");
-    f.backoff.set(Some(wait));
+    if f.backoff.get().is_none() {
+        let wait = f.delay.get();
+        debug!(follower = f.node, why, "replicate: retrying after {wait:?}");
+        f.backoff.set(Some(wait));
+        f.delay.set((wait * 2).min(MAX_RETRY));
+    }
     f.next.set(f.acked.get());
     f.wake.notify(1);
 }
@@ -369,7 +396,7 @@ async fn send(
     f.in_flight.set(f.in_flight.get() - 1);
     match result {
         Ok(Reply::Replicated(Replicated { end, applied })) => {
-            f.backoff.set(None);
+            f.delay.set(FIRST_RETRY);
             if applied || end >= batch.end {
                 f.acked.set(f.acked.get().max(end));
             } else if end <= batch.head.first_offset {
@@ -386,6 +413,14 @@ async fn send(
         Ok(other) => {
             warn!(follower = f.node, reply = ?std::mem::discriminant(&other), "replicate: an answer out of protocol");
             fail(&f, "an answer out of protocol");
+        }
+        Err(OpError::InvalidParameter(why) | OpError::BatchTooLarge(why)) => {
+            // The follower refused the batch itself (`Mismatch`: its log does not line up with the leader's, or
+            // its settings differ): sending it again cannot help.
+            warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, why, "a follower refused a shipped batch: it gets nothing until it is caught up");
+            f.lagging.set(true);
+            stream.trim();
+            shipper.report(&stream, &f);
         }
         Err(e) => fail(&f, &e.to_string()),
     }

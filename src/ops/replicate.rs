@@ -93,5 +93,6 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
             r.partition, r.topic
         ))),
         Err(FollowError::Append(e)) => Err(crate::partition::PartitionError::from(e).into()),
+        Err(FollowError::Busy) => Err(OpError::Engine(crate::engine::EngineError::Overloaded)),
     }
 }

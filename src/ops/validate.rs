@@ -110,6 +110,18 @@ pub fn admit(
                     "a shipped batch of no records".into(),
                 ));
             }
+            // No larger than a batch this node's leaders write: their log batches up to 4 MiB, or one produce's
+            // records when larger (framed: a 32-byte header each).
+            let header = crate::storage::frame::HEADER_LEN;
+            let most = (4usize << 20)
+                .max(limits.max_batch_bytes + limits.max_batch_records * header)
+                .max(limits.max_message_bytes + header);
+            if r.frames.len() > most {
+                return Err(OpError::BatchTooLarge(format!(
+                    "a shipped batch of {} bytes: more than {most}",
+                    r.frames.len()
+                )));
+            }
             Ok(())
         }
         Request::Replay(r) => {
@@ -517,6 +529,42 @@ mod tests {
             expires_at_ms: 0,
             payload: Bytes::new(),
         }
+    }
+
+    #[test]
+    fn a_shipped_batch_is_admitted_only_from_its_leader_and_no_larger_than_a_leaders_batch() {
+        let ship = |leader: u32, len: usize| {
+            Request::Replicate(crate::ops::replicate::Replicate {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                leader,
+                segment_base: 0,
+                position: 0,
+                first_offset: 0,
+                count: 1,
+                frames: Bytes::from(vec![0u8; len]),
+            })
+        };
+        assert!(admit(&ship(3, 64), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&ship(4, 64), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("as node 4")
+        ));
+        assert!(matches!(
+            admit(&ship(3, 0), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidRecord(_))
+        ));
+        // With these tiny limits a leader's batch is at most the log's 4 MiB.
+        assert!(admit(&ship(3, 4 << 20), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&ship(3, (4 << 20) + 1), 3, 0, 2, &LIMITS),
+            Err(OpError::BatchTooLarge(_))
+        ));
+        assert!(matches!(
+            admit(&ship(3, 64), 3, 2, 2, &LIMITS),
+            Err(OpError::InvalidParameter(_))
+        ));
     }
 
     #[test]

@@ -40,7 +40,13 @@ pub enum FollowError {
     /// The write or its sync failed, or the log is closed or has no journal (`Poisoned`, `Closed`, `Io`,
     /// `NoSpace` as for an append).
     Append(AppendError),
+    /// `MAX_QUEUED_SHIPS` batches already wait for this log's writer: nothing was queued (the leader retries).
+    Busy,
 }
+
+/// Shipped batches that may wait for a log's writer task at once: a leader keeps at most 8 in flight per follower
+/// and partition (`front::replicate::MAX_IN_FLIGHT`); a peer that sends more is refused, not queued.
+pub const MAX_QUEUED_SHIPS: usize = 16;
 
 impl From<AppendError> for FollowError {
     fn from(e: AppendError) -> FollowError {
@@ -75,6 +81,9 @@ impl Log {
                 "{} bytes: larger than any batch a leader writes",
                 frames.len()
             )));
+        }
+        if self.ships.borrow().len() >= MAX_QUEUED_SHIPS {
+            return Err(FollowError::Busy);
         }
         let (tx, rx) = oneshot::channel();
         self.ships.borrow_mut().push_back(ShipJob {
