@@ -43,6 +43,11 @@ fn segment_writes_land_where_they_are_written_and_every_sync_way_succeeds() {
             assert!(bytes[10..4096].iter().all(|&b| b == 0), "{via:?}");
             assert!(bytes[4096..].iter().all(|&b| b == 7), "{via:?}");
             assert_eq!(file.read_at(3, 4).await.unwrap(), b"lowo", "{via:?}");
+            // A write the file system refuses (past the largest file it holds: EFBIG) is an error, not a success.
+            let e = file
+                .write_at(b"x", 1 << 62)
+                .expect_err("a write past the file system's largest file must fail");
+            assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{via:?}: {e}");
         }
     });
 }
