@@ -1302,7 +1302,8 @@ fn segments(node: &Node, topic: &str, p: u64) -> Vec<u8> {
 }
 
 #[test]
-fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_follower_crash() {
+fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_follower_crash_and_a_leader_restart(
+) {
     let _g = serial();
     let opts = Opts {
         extra: vec!["--replication-preview".into()],
@@ -1377,11 +1378,46 @@ fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_
     }
     c.restart(1);
     c.wait_all_live();
-    for n in 0..10 {
-        produce(c.node(1), "r3", "", &format!("after-{n}"));
+    // (Through it, to every partition: those it leads ship from its new process. Retried while the other nodes
+    // reconnect to it.)
+    for n in 0..12 {
+        let path = format!("/produce?topic=r3&partition={}", n % 4);
+        wait_ok(
+            c.node(1),
+            "POST",
+            &path,
+            b"after",
+            "a produce after the restart",
+        );
+    }
+    wait_replicated(c.node(0), "r3", 2);
+
+    // A leader stopped (SIGTERM) right after its last produces waits for its followers to take them: started again,
+    // it finds them at its end, and what it ships next continues their logs (nothing to catch up).
+    for p in 0..4 {
+        produce(
+            c.node(0),
+            "r3",
+            &format!("&partition={p}"),
+            &format!("last-{p}"),
+        );
+    }
+    assert!(c.terminate(0).success());
+    c.start_again(0);
+    c.wait_all_live();
+    for p in 0..4 {
+        let path = format!("/produce?topic=r3&partition={p}");
+        // (Retried while the other nodes reconnect to it.)
+        wait_ok(
+            c.node(2),
+            "POST",
+            &path,
+            b"again",
+            "a produce after the restart",
+        );
     }
     let after = wait_replicated(c.node(0), "r3", 2);
-    assert_eq!(after.iter().map(|r| r.2).sum::<u64>(), 216);
+    assert_eq!(after.iter().map(|r| r.2).sum::<u64>(), 226);
 
     // Stopped (each log's tail goes to its segment), every replica of a partition holds the leader's bytes.
     for i in 0..3 {

@@ -185,6 +185,32 @@ impl Shipper {
         Some(stream)
     }
 
+    /// At a stop, after the last produce was answered: waits (at most `within`) until every follower that is not
+    /// lagging has every batch, so that a leader stopped and started again finds its followers at its end, not
+    /// behind what it will keep; then ends every stream.
+    pub async fn drain(&self, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let streams: Vec<Rc<Stream>> = self.streams.borrow().values().cloned().collect();
+            let behind = streams.iter().filter(|s| !s.drained()).count();
+            if behind == 0 {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                warn!(
+                    partitions = behind,
+                    "stopping with followers that lack the last batches: they lag until caught up"
+                );
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        let streams: Vec<Rc<Stream>> = self.streams.borrow_mut().drain().map(|(_, s)| s).collect();
+        for s in streams {
+            s.close();
+        }
+    }
+
     /// Records a follower's progress on the partition (`GET /topics/T`).
     fn report(&self, stream: &Stream, f: &Follower) {
         let partition = self
@@ -275,6 +301,17 @@ impl Stream {
         }
     }
 
+    /// Every follower that is not lagging has every batch kept (or the stream ended).
+    fn drained(&self) -> bool {
+        let end = self.batches.borrow().back().map(|b| b.end);
+        self.closed.get()
+            || end.is_none_or(|end| {
+                self.followers
+                    .iter()
+                    .all(|f| f.lagging.get() || f.acked.get() >= end)
+            })
+    }
+
     /// Drops the batches every follower that is not lagging has.
     fn trim(&self) {
         let low = self
@@ -300,7 +337,7 @@ impl Stream {
 /// One follower's task: sends the kept batches from its `next` offset, up to `MAX_IN_FLIGHT` at once.
 async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>) {
     loop {
-        if stream.closed.get() || shipper.engine().is_stopping() {
+        if stream.closed.get() {
             break;
         }
         let listener = f.wake.listen();

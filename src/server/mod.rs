@@ -393,8 +393,12 @@ async fn core_main(
     }
     // Other cores may still forward work here until they drain too.
     stop.drained_and_wait().await;
+    // The followers get the last batches before the logs close (a bounded wait: a follower that is down too is
+    // not waited for longer).
+    if let Some(shipper) = shipper.take() {
+        shipper.drain(SHIP_DRAIN).await;
+    }
     core.close_all().await;
-    drop(shipper);
     // Cluster mode, core 0: give the session's lease back (docs/cluster.md, "Liveness"), so a node stopped and
     // started again is not refused its own id for a TTL.
     if let Some(membership) = membership.take() {
@@ -403,6 +407,9 @@ async fn core_main(
     stop.closed_and_wait().await;
     Ok(())
 }
+
+/// How long a stopping core waits for its followers to take the last batches of the partitions it leads.
+const SHIP_DRAIN: Duration = Duration::from_secs(3);
 
 /// A core that cannot start stops the whole server, and still meets the others at the shutdown barriers so they
 /// can finish.
