@@ -15,7 +15,7 @@
 use crate::engine::placement::{follower_core, Location, NodeIndex};
 use crate::engine::{Engine, ShipSink};
 use crate::ops::replicate::{Replicate, Replicated};
-use crate::ops::{OpError, Reply, Request};
+use crate::ops::{Reply, Request};
 use crate::partition::FollowerInfo;
 use crate::storage::journal::EntryHead;
 use crate::transport::Router;
@@ -46,6 +46,9 @@ pub struct Shipper {
     streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
     /// Bytes kept by all streams.
     kept: Rc<Cell<usize>>,
+    /// Set by `drain`: batches made durable after it (a log's last queued appends, written at its close) are not
+    /// shipped: no task would wait for them.
+    stopped: Cell<bool>,
 }
 
 /// A batch kept for the followers.
@@ -90,6 +93,7 @@ impl Shipper {
             router,
             streams: RefCell::new(HashMap::new()),
             kept: Rc::new(Cell::new(0)),
+            stopped: Cell::new(false),
         })
     }
 
@@ -108,6 +112,9 @@ impl Shipper {
     }
 
     fn ship(self: &Rc<Self>, head: &EntryHead, frames: &[u8]) {
+        if self.stopped.get() {
+            return;
+        }
         let key = (head.topic.clone(), head.partition);
         let existing = self.streams.borrow().get(&key).cloned();
         let stream = match existing {
@@ -133,10 +140,21 @@ impl Shipper {
         stream.trim();
         // Over the window (the partition's, or the core's): the oldest batches go. A follower that still needed
         // one finds it gone when it asks for it (`batch_at`), and lags; one that has it in flight is not harmed.
-        while (stream.bytes.get() > WINDOW_BYTES || self.kept.get() > CORE_WINDOW_BYTES)
-            && stream.batches.borrow().len() > 1
-        {
+        while stream.bytes.get() > WINDOW_BYTES && stream.batches.borrow().len() > 1 {
             stream.pop_front();
+        }
+        // Over the core's: from whichever partition keeps the most.
+        while self.kept.get() > CORE_WINDOW_BYTES {
+            let largest = self
+                .streams
+                .borrow()
+                .values()
+                .max_by_key(|s| s.bytes.get())
+                .cloned();
+            match largest {
+                Some(s) if s.batches.borrow().len() > 1 => s.pop_front(),
+                _ => break,
+            }
         }
         for f in &stream.followers {
             f.wake.notify(1);
@@ -205,6 +223,7 @@ impl Shipper {
             }
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
+        self.stopped.set(true);
         let streams: Vec<Rc<Stream>> = self.streams.borrow_mut().drain().map(|(_, s)| s).collect();
         for s in streams {
             s.close();
@@ -373,6 +392,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             Err(true) => {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader no longer keeps: it gets nothing until it is caught up");
                 f.lagging.set(true);
+                stream.trim();
                 shipper.report(&stream, &f);
             }
             Err(false) => {
@@ -432,9 +452,19 @@ async fn send(
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);
     match result {
-        Ok(Reply::Replicated(Replicated { end, applied })) => {
-            f.delay.set(FIRST_RETRY);
-            if applied || end >= batch.end {
+        Ok(Reply::Replicated(Replicated {
+            end,
+            applied,
+            refused,
+        })) => {
+            if end > f.acked.get() {
+                // Progress: the next failure starts a new incident.
+                f.delay.set(FIRST_RETRY);
+            }
+            if refused {
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, "a follower refused a shipped batch: it gets nothing until it is caught up");
+                f.lagging.set(true);
+            } else if applied || end >= batch.end {
                 f.acked.set(f.acked.get().max(end));
             } else if end <= batch.head.first_offset {
                 // It missed earlier batches (or lost them): resend from its end.
@@ -451,15 +481,17 @@ async fn send(
             warn!(follower = f.node, reply = ?std::mem::discriminant(&other), "replicate: an answer out of protocol");
             fail(&f, "an answer out of protocol");
         }
-        Err(OpError::InvalidParameter(why) | OpError::BatchTooLarge(why)) => {
-            // The follower refused the batch itself (`Mismatch`: its log does not line up with the leader's, or
-            // its settings differ): sending it again cannot help.
-            warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, why, "a follower refused a shipped batch: it gets nothing until it is caught up");
-            f.lagging.set(true);
-            stream.trim();
-            shipper.report(&stream, &f);
+        Err(e) => {
+            if !shipper.engine().node_alive(f.node) {
+                // Its node is down (its metastore session lapsed): what it misses is not kept for it.
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's node is down: it gets nothing until it is caught up");
+                f.lagging.set(true);
+                stream.trim();
+                shipper.report(&stream, &f);
+            } else {
+                fail(&f, &e.to_string());
+            }
         }
-        Err(e) => fail(&f, &e.to_string()),
     }
     f.wake.notify(1);
 }

@@ -35,11 +35,14 @@ pub struct Replicate {
 }
 
 /// The follower's answer: its log's end after the request, and whether the batch was applied (`false`: it did not
-/// start at that end, and the leader resends from there).
+/// start at that end, and the leader resends from there, unless `refused`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Replicated {
     pub end: u64,
     pub applied: bool,
+    /// The batch itself was refused (it does not continue this replica's log where it claims to, or its frames do
+    /// not verify under this node's limits): sending it again cannot help.
+    pub refused: bool,
 }
 
 impl Replicate {
@@ -83,15 +86,21 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         Ok(()) => Ok(Replicated {
             end: log.end_offset(),
             applied: true,
+            refused: false,
         }),
         Err(FollowError::Gap { end }) => Ok(Replicated {
             end,
             applied: false,
+            refused: false,
         }),
-        Err(FollowError::Mismatch(why)) => Err(OpError::InvalidParameter(format!(
-            "a shipped batch of partition {} of '{}' does not continue this replica: {why}",
-            r.partition, r.topic
-        ))),
+        Err(FollowError::Mismatch(why)) => {
+            tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch does not continue this replica: refused");
+            Ok(Replicated {
+                end: log.end_offset(),
+                applied: false,
+                refused: true,
+            })
+        }
         Err(FollowError::Append(e)) => Err(crate::partition::PartitionError::from(e).into()),
         Err(FollowError::Busy) => Err(OpError::Engine(crate::engine::EngineError::Overloaded)),
     }

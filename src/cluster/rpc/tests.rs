@@ -274,6 +274,7 @@ fn every_reply() -> Vec<ReplyBody> {
         Ok(Reply::Replicated(crate::ops::replicate::Replicated {
             end: 4102,
             applied: false,
+            refused: true,
         })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),

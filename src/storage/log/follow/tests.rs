@@ -3,7 +3,7 @@
 //! nothing.
 
 use super::super::{JournalLink, Log, LogOptions};
-use super::FollowError;
+use super::{FollowError, MAX_QUEUED_SHIPS};
 use crate::clock::RealClock;
 use crate::storage::backend::Storage;
 use crate::storage::frame;
@@ -342,6 +342,50 @@ fn a_shipped_batch_whose_caller_stops_waiting_is_applied_and_a_close_waits_for_i
         );
         assert!(last.await.is_ok());
         leader.close().await;
+        lj.close().await;
+        fj.close().await;
+    });
+}
+
+/// A peer cannot make a follower queue without bound: beyond `MAX_QUEUED_SHIPS` waiting for the writer, a shipped
+/// batch is refused (`Busy`, the leader retries) and nothing of it is queued; the queued ones still apply in order.
+#[test]
+fn a_follower_queues_at_most_max_queued_ships_batches() {
+    run(async {
+        let (_a, _b, sa, sb) = two_disks();
+        let (lj, leader, shipped) = leader(&sa).await;
+        let (fj, follower) = open(&sb).await;
+        let mut rng = Rng(3);
+        while shipped.borrow().len() <= MAX_QUEUED_SHIPS {
+            produce(&leader, &mut rng, 4).await;
+        }
+        let batches = std::mem::take(&mut *shipped.borrow_mut());
+        // Queued, each polled once (so it is in the queue) before the writer task runs.
+        let mut waiting = Vec::new();
+        for (head, frames) in &batches[..MAX_QUEUED_SHIPS] {
+            let mut f = Box::pin(follower.apply_shipped(head, frames));
+            assert!(futures_lite::future::poll_once(&mut f).await.is_none());
+            waiting.push(f);
+        }
+        let (head, frames) = &batches[MAX_QUEUED_SHIPS];
+        assert!(matches!(
+            follower.apply_shipped(head, frames).await,
+            Err(FollowError::Busy)
+        ));
+        for f in waiting {
+            f.await.expect("a queued batch applies");
+        }
+        // Refused, not lost: sent again, it applies.
+        follower
+            .apply_shipped(head, frames)
+            .await
+            .expect("the retry applies");
+        assert_eq!(
+            follower.end_offset(),
+            head.first_offset + u64::from(head.count)
+        );
+        leader.close().await;
+        follower.close().await;
         lj.close().await;
         fj.close().await;
     });
