@@ -210,7 +210,11 @@ impl Shipper {
         let deadline = std::time::Instant::now() + within;
         loop {
             let streams: Vec<Rc<Stream>> = self.streams.borrow().values().cloned().collect();
-            let behind = streams.iter().filter(|s| !s.drained()).count();
+            let engine = self.engine();
+            let behind = streams
+                .iter()
+                .filter(|s| !s.drained(|node| engine.node_alive(node)))
+                .count();
             if behind == 0 {
                 break;
             }
@@ -320,14 +324,14 @@ impl Stream {
         }
     }
 
-    /// Every follower that is not lagging has every batch kept (or the stream ended).
-    fn drained(&self) -> bool {
+    /// Every follower that is not lagging and whose node is alive has every batch kept (or the stream ended).
+    fn drained(&self, alive: impl Fn(NodeIndex) -> bool) -> bool {
         let end = self.batches.borrow().back().map(|b| b.end);
         self.closed.get()
             || end.is_none_or(|end| {
                 self.followers
                     .iter()
-                    .all(|f| f.lagging.get() || f.acked.get() >= end)
+                    .all(|f| f.lagging.get() || f.acked.get() >= end || !alive(f.node))
             })
     }
 
@@ -481,17 +485,9 @@ async fn send(
             warn!(follower = f.node, reply = ?std::mem::discriminant(&other), "replicate: an answer out of protocol");
             fail(&f, "an answer out of protocol");
         }
-        Err(e) => {
-            if !shipper.engine().node_alive(f.node) {
-                // Its node is down (its metastore session lapsed): what it misses is not kept for it.
-                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's node is down: it gets nothing until it is caught up");
-                f.lagging.set(true);
-                stream.trim();
-                shipper.report(&stream, &f);
-            } else {
-                fail(&f, &e.to_string());
-            }
-        }
+        // Retried, whatever the cause (a follower down, restarting, overloaded): it resumes from what is kept for it
+        // when it answers again (the windows bound what that costs).
+        Err(e) => fail(&f, &e.to_string()),
     }
     f.wake.notify(1);
 }
