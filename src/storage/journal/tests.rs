@@ -207,6 +207,33 @@ fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay(
     });
 }
 
+/// A clean stop leaves no journal file (the next start has nothing to replay), and closing twice is fine.
+#[test]
+fn a_clean_stop_leaves_no_journal_file() {
+    on_sim_disk(|storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/sim/journal");
+        let journal = journal_with_delay(&storage, 0).await;
+        journal
+            .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            storage.list(dir).unwrap().len(),
+            1,
+            "the journal file while open"
+        );
+        journal.close().await;
+        assert!(
+            storage.list(dir).unwrap().is_empty(),
+            "a clean stop left {:?}",
+            storage.list(dir).unwrap()
+        );
+        journal.close().await;
+    });
+}
+
 /// A damaged entry in a core's journal may have been a group's start record: that core's frontier records are
 /// not replayed (the files stay; what is above them redelivers), another core's are.
 #[test]
