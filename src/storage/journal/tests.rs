@@ -181,19 +181,26 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
     });
 }
 
+/// Partition 0 of topic `t`'s directory, the journal's, and a journal holding one frontier record (group `g` at 6).
+async fn journal_holding_a_frontier(
+    storage: &Rc<dyn Storage>,
+) -> (&'static Path, &'static Path, Rc<Journal>) {
+    let part = Path::new("/data/topics/t/0");
+    storage.create_dir_all(part).unwrap();
+    let journal = journal_with_delay(storage, 0).await;
+    journal
+        .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
+        .await
+        .unwrap();
+    (part, Path::new("/sim/journal"), journal)
+}
+
 /// A core that could not write a frontier file at its stop keeps its journal, and the next start's replay
 /// writes the file from it.
 #[test]
 fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay() {
     on_sim_disk(|storage| async move {
-        let part = Path::new("/data/topics/t/0");
-        storage.create_dir_all(part).unwrap();
-        let dir = Path::new("/sim/journal");
-        let journal = journal_with_delay(&storage, 0).await;
-        journal
-            .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
-            .await
-            .unwrap();
+        let (part, dir, journal) = journal_holding_a_frontier(&storage).await;
         journal.keep_on_close();
         journal.close().await;
         assert_eq!(storage.list(dir).unwrap().len(), 1, "the journal stays");
@@ -211,14 +218,7 @@ fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay(
 #[test]
 fn a_clean_stop_leaves_no_journal_file() {
     on_sim_disk(|storage| async move {
-        let part = Path::new("/data/topics/t/0");
-        storage.create_dir_all(part).unwrap();
-        let dir = Path::new("/sim/journal");
-        let journal = journal_with_delay(&storage, 0).await;
-        journal
-            .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
-            .await
-            .unwrap();
+        let (_, dir, journal) = journal_holding_a_frontier(&storage).await;
         assert_eq!(
             storage.list(dir).unwrap().len(),
             1,
