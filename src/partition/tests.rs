@@ -550,6 +550,16 @@ fn a_checkpoint_and_a_close_wait_out_a_running_frontier_write() {
 }
 
 /// Acks the `i`th delivery of `taken` in the default group.
+/// A partition on a simulated disk holding "a", "b" and "c", all three leased to the default group.
+async fn three_taken() -> (Rc<Sim>, Rc<Partition>, Taken) {
+    let sim = Sim::new();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let p = open(&sim, &clock).await;
+    p.append(bodies(&["a", "b", "c"])).await.unwrap();
+    let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+    (sim, p, taken)
+}
+
 async fn ack_one(p: &Partition, taken: &Taken, i: usize) {
     let d = &taken.deliveries[i];
     let acked = p
@@ -565,11 +575,7 @@ async fn ack_one(p: &Partition, taken: &Taken, i: usize) {
 #[test]
 fn a_checkpoint_reports_whether_every_frontier_file_was_written() {
     run(async {
-        let sim = Sim::new();
-        let clock = ManualClock::new(1_700_000_000_000);
-        let p = open(&sim, &clock).await;
-        p.append(bodies(&["a", "b", "c"])).await.unwrap();
-        let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+        let (sim, p, taken) = three_taken().await;
         let ack = |i: usize| ack_one(&p, &taken, i);
         ack(0).await;
         assert!(
@@ -595,11 +601,7 @@ fn a_checkpoint_reports_whether_every_frontier_file_was_written() {
 #[test]
 fn a_flush_never_starts_a_second_write_of_a_frontier_file() {
     run(async {
-        let sim = Sim::new();
-        let clock = ManualClock::new(1_700_000_000_000);
-        let p = open(&sim, &clock).await;
-        p.append(bodies(&["a", "b", "c"])).await.unwrap();
-        let taken = p.take(DEFAULT_GROUP, 3, VISIBILITY_MS).await.unwrap();
+        let (sim, p, taken) = three_taken().await;
         let ack = |i: usize| ack_one(&p, &taken, i);
         ack(0).await;
         sim.hold_syncs();
