@@ -52,11 +52,19 @@ pub struct ClusterSettings {
     /// CA (each node presents its own when it connects). Default false (the cluster secret authenticates peers).
     #[serde(default)]
     pub peer_tls_client_auth: bool,
-    /// Topics may be created with `replicas` > 1. Replication is being built (docs/replication.md): followers
-    /// receive every batch, but produces are answered at the leader's durability and there is no failover yet, so
-    /// this is for trying it, not for data that must survive a node. Default false. Every node should agree.
+    /// Topics may be created with `replicas` > 1. Replication is being built (docs/replication.md): produces are
+    /// answered once a majority of the replicas has them durable, but there is no failover yet, so this is for
+    /// trying it, not for data that must survive a node. Default false. Every node should agree.
     #[serde(default)]
     pub replication_preview: bool,
+    /// How long a produce to a replicated partition waits for a majority of its replicas to have it durable before
+    /// it is answered `503 not_enough_replicas` (1 to 600000). Default 2000.
+    #[serde(default = "default_replica_timeout")]
+    pub replica_timeout_ms: u64,
+}
+
+fn default_replica_timeout() -> u64 {
+    2000
 }
 
 fn default_cluster_name() -> String {
@@ -336,6 +344,9 @@ impl Config {
             if cluster.rpc_timeout_ms == 0 {
                 return Err("rpc_timeout_ms must be positive".into());
             }
+            if !(1..=600_000).contains(&cluster.replica_timeout_ms) {
+                return Err("replica_timeout_ms must be 1 to 600000".into());
+            }
         }
         self.resolve_tls()
     }
@@ -528,6 +539,7 @@ mod tests {
             peer_tls_key_file: None,
             peer_tls_client_auth: false,
             replication_preview: false,
+            replica_timeout_ms: 2000,
         });
         (config, dir)
     }

@@ -1439,6 +1439,102 @@ fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_
     }
 }
 
+#[test]
+fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_without_one() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "700".into(),
+        ],
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("replicated_produce_majority", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/m?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "m").remove(0);
+    let replicas: Vec<usize> = p["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| c.index_of(r.as_str().unwrap()))
+        .collect();
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let client = c.node(leader).new_client();
+
+    // All three up, then one follower paused: the leader and the other follower are a majority.
+    assert_eq!(produce(c.node(leader), "m", "", "a").1, 0);
+    c.pause(f1);
+    assert_eq!(produce(c.node(leader), "m", "", "b").1, 1);
+
+    // Both followers paused: the leader alone is no majority. The produce waits replica_timeout, then 503.
+    c.pause(f2);
+    let started = Instant::now();
+    let a = c.node(leader).post("/produce?topic=m", b"c");
+    let waited = started.elapsed();
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(a.json()["error"], "not_enough_replicas", "{}", a.text());
+    assert!(a.header("retry-after").is_some(), "{:?}", a.headers);
+    assert!(waited >= ms(700), "answered after {waited:?}");
+    // Only what a majority has is served: a and b, not c (on the leader's disk alone).
+    for want in ["a", "b"] {
+        let m = consume(&client, "m", "").unwrap_or_else(|| panic!("{want} is committed"));
+        assert_eq!(m.body, want);
+        let a = settle(c.node(leader), "ack", "m", &m.handle, "");
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert!(consume(&client, "m", "").is_none(), "c is not committed");
+    assert_eq!(
+        c.node(leader)
+            .get("/consume?topic=m&partition=0&offset=2")
+            .status,
+        204
+    );
+
+    // One follower back: it takes c, which is now on a majority and wakes the consumer parked for it (the 503
+    // said it might still become visible).
+    let parked = {
+        let client = c.node(leader).new_client();
+        std::thread::spawn(move || consume(&client, "m", "&wait=20s"))
+    };
+    std::thread::sleep(ms(200));
+    c.resume(f2);
+    let m = parked.join().unwrap().expect("c once a majority has it");
+    assert_eq!((m.body.as_str(), m.offset), ("c", 2));
+    let a = settle(c.node(leader), "ack", "m", &m.handle, "");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        c.node(leader)
+            .get("/consume?topic=m&partition=0&offset=2")
+            .status,
+        200
+    );
+    c.resume(f1);
+    // (A paused node may have lost its session: produces are retried while it rejoins.)
+    c.wait_all_live();
+    wait_ok(
+        c.node(leader),
+        "POST",
+        "/produce?topic=m",
+        b"d",
+        "a produce with every replica back",
+    );
+    wait_replicated(c.node(leader), "m", 2);
+
+    // A leader started again knows no commit offset: it serves nothing above its log's start until a majority has
+    // answered the probes it sends its followers as it opens the partition, then everything they have (d, with
+    // no produce to carry it).
+    assert!(c.terminate(leader).success());
+    c.start_again(leader);
+    c.wait_all_live();
+    let client = c.node(leader).new_client();
+    let m = consume(&client, "m", "&wait=20s").expect("d, committed before the restart");
+    assert_eq!((m.body.as_str(), m.offset), ("d", 3));
+}
+
 /// Shared by the SIGSTOP and the netns variants: node 2 loses its etcd session (`lose`), the others report it dead
 /// and answer 503 for its partition while serving the rest; after `regain` it is served again, nothing lost.
 fn session_expiry(c: &mut Cluster, lose: impl Fn(&mut Cluster), regain: impl Fn(&mut Cluster)) {

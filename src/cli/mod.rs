@@ -199,6 +199,10 @@ struct ServeArgs {
     /// the leader's durability; docs/replication.md).
     #[arg(long)]
     replication_preview: bool,
+    /// Cluster mode: milliseconds a produce to a replicated partition waits for a majority of its replicas before
+    /// it is answered 503 not_enough_replicas [default 2000].
+    #[arg(long)]
+    replica_timeout_ms: Option<u64>,
     /// HTTPS: the certificate chain (PEM) the listener presents; with --tls-key-file it speaks HTTPS only.
     #[arg(long)]
     tls_cert_file: Option<PathBuf>,
@@ -417,6 +421,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 peer_tls_key_file: None,
                 peer_tls_client_auth: false,
                 replication_preview: false,
+                replica_timeout_ms: 2000,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;
@@ -451,6 +456,9 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if args.replication_preview {
             cluster.replication_preview = true;
         }
+        if let Some(v) = args.replica_timeout_ms {
+            cluster.replica_timeout_ms = v;
+        }
         config.cluster = Some(cluster);
     } else if args.node_id.is_some()
         || args.advertise.is_some()
@@ -462,10 +470,11 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         || args.peer_tls_key_file.is_some()
         || args.peer_tls_client_auth
         || args.replication_preview
+        || args.replica_timeout_ms.is_some()
     {
         return Err(
-            "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace, --peer-tls-* and \
-             --replication-preview need --cluster"
+            "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace, --peer-tls-*, \
+             --replication-preview and --replica-timeout-ms need --cluster"
                 .into(),
         );
     }

@@ -86,7 +86,9 @@ impl Engine {
             if *location == mine {
                 match self.open_partition(&config, p, true).await {
                     Ok(partition) => {
-                        if followers.get(p as usize).is_some_and(|f| !f.is_empty()) {
+                        if let Some(f) = followers.get(p as usize).filter(|f| !f.is_empty()) {
+                            // Only what a majority has is served, and produces wait for it.
+                            partition.set_replicas(f.len() as u32 + 1);
                             // Its followers get every batch once it is durable here.
                             let engine = Rc::downgrade(self);
                             partition.log.set_on_ship(Box::new(move |head, frames| {
@@ -137,7 +139,8 @@ impl Engine {
                 followed,
             },
         ));
-        self.topics.borrow_mut().insert(name, topic);
+        self.topics.borrow_mut().insert(name, topic.clone());
+        self.probe_followers(&topic);
         Ok(())
     }
 

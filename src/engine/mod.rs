@@ -228,6 +228,16 @@ impl Engine {
         &self.config
     }
 
+    /// How long a produce to a replicated partition waits for a majority (`[cluster] replica_timeout_ms`).
+    pub fn replica_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.config
+                .cluster
+                .as_ref()
+                .map_or(2000, |c| c.replica_timeout_ms),
+        )
+    }
+
     pub fn clock(&self) -> &Rc<dyn Clock> {
         &self.clock
     }
@@ -315,6 +325,21 @@ impl Engine {
     /// serving).
     pub fn set_ship_sink(&self, sink: ShipSink) {
         *self.ship_sink.borrow_mut() = Some(sink);
+        // The topics opened at the join, before there was a sink: their followers are probed now.
+        let topics: Vec<_> = self.topics.borrow().values().cloned().collect();
+        for topic in topics {
+            self.probe_followers(&topic);
+        }
+    }
+
+    /// Asks the followers of the replicated partitions of `topic` led here where they stand, so that what a
+    /// majority has is served without waiting for the next produce.
+    pub(crate) fn probe_followers(&self, topic: &topic::Topic) {
+        for &p in topic.owned() {
+            if let Some(partition) = topic.owned_partition(p).filter(|p| p.replicated()) {
+                self.ship_probe(&topic.name(), topic.id(), p, partition.log.end_offset());
+            }
+        }
     }
 
     /// A durable batch of a replicated partition this core leads, for its followers.
@@ -323,6 +348,21 @@ impl Engine {
         if let Some(sink) = sink {
             sink(head, frames);
         }
+    }
+
+    /// A replicated partition this core leads opened with its log ending at `end`: its followers are asked for
+    /// their ends (a "batch" of no records: `front/replicate.rs`).
+    pub(crate) fn ship_probe(&self, topic: &str, topic_id: u64, partition: u32, end: u64) {
+        let head = crate::storage::journal::EntryHead {
+            topic: topic.to_string(),
+            topic_id,
+            partition,
+            segment_base: 0,
+            position: 0,
+            first_offset: end,
+            count: 0,
+        };
+        self.ship(&head, &[]);
     }
 
     /// Every follower replica this core holds (replicated topics), with its topic.

@@ -9,8 +9,11 @@
 //! is marked lagging and gets nothing more until it is caught up from the segments (step 5, not built yet). Nothing
 //! here waits on the data path: the sink only queues, and each follower has its own task.
 //!
-//! Not built yet (steps 3-5): produces are answered at the leader's durability, not a majority's; no epoch fencing;
-//! no catch-up of a lagging follower.
+//! Each answer moves the partition's commit offset (`partition/commit.rs`): what a majority of the replicas has
+//! durable is served, and the produces waiting for it are answered. A leader that opens a replicated partition
+//! probes its followers (a `Replicate` of no records) to learn their ends before any new batch.
+//!
+//! Not built yet (steps 4-5): no epoch fencing; no catch-up of a lagging follower.
 
 use crate::engine::placement::{follower_core, Location, NodeIndex};
 use crate::engine::{Engine, ShipSink};
@@ -64,6 +67,9 @@ struct Stream {
     topic_id: u64,
     partition: u32,
     batches: RefCell<VecDeque<Rc<Batch>>>,
+    /// The end of the last batch pushed (at first, the log's end when the stream opened): an offset below it that
+    /// is not kept is no longer kept.
+    end: Cell<u64>,
     bytes: Cell<usize>,
     /// The shipper's count of bytes kept by every stream of the core.
     kept: Rc<Cell<usize>>,
@@ -79,6 +85,8 @@ struct Follower {
     /// The first offset not sent yet.
     next: Cell<u64>,
     lagging: Cell<bool>,
+    /// It has answered since the stream opened: `acked` is its own word, not the leader's assumption.
+    answered: Cell<bool>,
     in_flight: Cell<usize>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
@@ -118,6 +126,8 @@ impl Shipper {
         let key = (head.topic.clone(), head.partition);
         let existing = self.streams.borrow().get(&key).cloned();
         let stream = match existing {
+            // A probe (no records) only opens a stream.
+            Some(_) if head.count == 0 => return,
             Some(s) if s.topic_id == head.topic_id && !s.closed.get() => s,
             old => {
                 if let Some(old) = old {
@@ -130,6 +140,10 @@ impl Shipper {
                 stream
             }
         };
+        if head.count == 0 {
+            // A probe: the followers' tasks ask each follower where it stands.
+            return;
+        }
         let batch = Rc::new(Batch {
             head: head.clone(),
             frames: Bytes::copy_from_slice(frames),
@@ -176,6 +190,7 @@ impl Shipper {
             topic_id: head.topic_id,
             partition: head.partition,
             batches: RefCell::new(VecDeque::new()),
+            end: Cell::new(head.first_offset),
             bytes: Cell::new(0),
             kept: self.kept.clone(),
             followers: followers
@@ -188,6 +203,7 @@ impl Shipper {
                         acked: Cell::new(head.first_offset),
                         next: Cell::new(head.first_offset),
                         lagging: Cell::new(false),
+                        answered: Cell::new(false),
                         in_flight: Cell::new(0),
                         backoff: Cell::new(None),
                         delay: Cell::new(FIRST_RETRY),
@@ -248,6 +264,9 @@ impl Shipper {
                 end: f.acked.get(),
                 lagging: f.lagging.get(),
             });
+            if f.answered.get() {
+                p.follower_acked(f.node, f.acked.get());
+            }
         }
     }
 
@@ -282,6 +301,8 @@ impl Shipper {
 
 impl Stream {
     fn push(&self, batch: Rc<Batch>) {
+        debug_assert_eq!(batch.head.first_offset, self.end.get());
+        self.end.set(batch.end);
         self.bytes.set(self.bytes.get() + batch.frames.len());
         self.kept.set(self.kept.get() + batch.frames.len());
         self.batches.borrow_mut().push_back(batch);
@@ -309,7 +330,8 @@ impl Stream {
     fn batch_at(&self, offset: u64) -> Result<Rc<Batch>, bool> {
         let batches = self.batches.borrow();
         let Some(first) = batches.front() else {
-            return Err(false);
+            // Nothing kept: what is below the stream's end is gone.
+            return Err(offset < self.end.get());
         };
         if offset < first.head.first_offset {
             return Err(true);
@@ -399,6 +421,32 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 stream.trim();
                 shipper.report(&stream, &f);
             }
+            Err(false) if !f.answered.get() && f.in_flight.get() == 0 => {
+                // Nothing to send, and its end is not known: ask (a batch of no records at the stream's end).
+                let Some(to) = shipper.follower_location(&stream, f.node) else {
+                    if !shipper.still_leads(&stream) {
+                        break;
+                    }
+                    fail(&f, "its core count is not known");
+                    continue;
+                };
+                let probe = Rc::new(Batch {
+                    head: EntryHead {
+                        topic: stream.topic.clone(),
+                        topic_id: stream.topic_id,
+                        partition: stream.partition,
+                        segment_base: 0,
+                        position: 0,
+                        first_offset: f.next.get(),
+                        count: 0,
+                    },
+                    frames: Bytes::new(),
+                    end: f.next.get(),
+                });
+                f.in_flight.set(f.in_flight.get() + 1);
+                glommio::spawn_local(send(shipper.clone(), stream.clone(), f.clone(), to, probe))
+                    .detach();
+            }
             Err(false) => {
                 idle(listener).await;
                 if !shipper.still_leads(&stream) {
@@ -461,11 +509,15 @@ async fn send(
             applied,
             refused,
         })) => {
-            if end > f.acked.get() {
+            if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
             }
-            if refused {
+            if !refused && batch.head.count == 0 {
+                // A probe's answer: its end, which the leader's kept batches (or a catch-up) continue.
+                f.acked.set(end);
+                f.next.set(f.next.get().min(end));
+            } else if refused {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, "a follower refused a shipped batch: it gets nothing until it is caught up");
                 f.lagging.set(true);
             } else if applied || end >= batch.end {
@@ -478,6 +530,7 @@ async fn send(
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, first = batch.head.first_offset, "a follower's log ends inside a batch: it gets nothing until it is caught up");
                 f.lagging.set(true);
             }
+            f.answered.set(true);
             stream.trim();
             shipper.report(&stream, &f);
         }

@@ -204,7 +204,14 @@ pub struct Produced {
 pub async fn apply(engine: &Rc<Engine>, req: Produce) -> OpResult<Produced> {
     let topic = engine.topic_of(&req.topic, req.topic_id)?;
     let partition = engine.partition(&topic, req.partition as u64)?;
+    let count = req.records.len() as u64;
     let first_offset = partition.append(req.records).await?;
+    if partition.replicated() {
+        // Answered once a majority of the replicas has the records durable (`partition/commit.rs`).
+        partition
+            .wait_committed(first_offset + count, engine.replica_timeout())
+            .await?;
+    }
     Ok(Produced { first_offset })
 }
 

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 
-/// One durable batch of a partition, as its leader wrote it.
+/// One durable batch of a partition, as its leader wrote it; or, with no records and no frames, a probe for the
+/// follower's end.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Replicate {
     pub topic: String,
@@ -82,6 +83,14 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         )));
     };
     let log = &partition.log;
+    if r.count == 0 {
+        // A probe (the leader opened the partition): where this replica's log ends.
+        return Ok(Replicated {
+            end: log.end_offset(),
+            applied: false,
+            refused: false,
+        });
+    }
     match log.apply_shipped(&r.head(), &r.frames).await {
         Ok(()) => Ok(Replicated {
             end: log.end_offset(),

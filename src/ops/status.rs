@@ -68,6 +68,7 @@ fn partition_status(e: &PartitionError) -> (u16, &'static str) {
         PartitionError::Closed => (503, "shutting_down"),
         PartitionError::Storage(_) => (500, "storage_error"),
         PartitionError::GroupNotFound(_) => (404, "group_not_found"),
+        PartitionError::NotEnoughReplicas(_) => (503, "not_enough_replicas"),
     }
 }
 
@@ -98,6 +99,9 @@ mod tests {
         assert!(error_response(&EngineError::Overloaded.into())
             .header("retry-after")
             .is_some());
+        let short = OpError::from(PartitionError::NotEnoughReplicas("1 of 3".into()));
+        assert_eq!(status_of(&short), (503, "not_enough_replicas"));
+        assert_eq!(error_response(&short).header("retry-after"), Some("1"));
         assert_eq!(
             status_of(&EngineError::Stale("gone".into()).into()),
             (404, "topic_not_found")

@@ -105,10 +105,13 @@ pub fn admit(
                     r.leader
                 )));
             }
-            if r.count == 0 || r.frames.is_empty() {
-                return Err(OpError::InvalidRecord(
-                    "a shipped batch of no records".into(),
-                ));
+            // A probe (no records, no bytes) asks for the replica's end; anything else carries both.
+            if (r.count == 0) != r.frames.is_empty() {
+                return Err(OpError::InvalidRecord(format!(
+                    "a shipped batch of {} records in {} bytes",
+                    r.count,
+                    r.frames.len()
+                )));
             }
             // No larger than a batch this node's leaders write: their log batches up to 4 MiB, or one produce's
             // records when larger (framed: a 32-byte header each).
@@ -553,6 +556,19 @@ mod tests {
         ));
         assert!(matches!(
             admit(&ship(3, 0), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidRecord(_))
+        ));
+        // A probe (no records and no bytes) is admitted; no records with bytes is not.
+        let probe = |len: usize| match ship(3, len) {
+            Request::Replicate(mut r) => {
+                r.count = 0;
+                Request::Replicate(r)
+            }
+            _ => unreachable!(),
+        };
+        assert!(admit(&probe(0), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&probe(8), 3, 0, 2, &LIMITS),
             Err(OpError::InvalidRecord(_))
         ));
         // With these tiny limits a leader's batch is at most the log's 4 MiB.

@@ -27,6 +27,9 @@ pub enum PartitionError {
     Storage(String),
     /// The consumer group does not exist on this partition (404 group_not_found).
     GroupNotFound(String),
+    /// A replicated partition's produce was not durable on a majority of its replicas within `replica_timeout`
+    /// (503 not_enough_replicas): it may still become visible, so a retry can duplicate, never lose.
+    NotEnoughReplicas(String),
 }
 
 impl std::fmt::Display for PartitionError {
@@ -57,6 +60,10 @@ impl std::fmt::Display for PartitionError {
             Self::Closed => write!(f, "the partition is closing"),
             Self::Storage(e) => write!(f, "storage error: {e}"),
             Self::GroupNotFound(g) => write!(f, "consumer group '{g}' does not exist"),
+            Self::NotEnoughReplicas(why) => write!(
+                f,
+                "not acknowledged: {why} (the records may still become visible; a retry can duplicate them)"
+            ),
         }
     }
 }

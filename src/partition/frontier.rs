@@ -82,7 +82,7 @@ impl Partition {
     pub async fn write_start(&self, group: &str, latest: bool) -> Result<(), PartitionError> {
         self.ensure_loaded().await?;
         let value = if latest {
-            self.log.end_offset()
+            self.readable_end()
         } else {
             self.log.start_offset()
         };

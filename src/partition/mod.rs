@@ -2,6 +2,7 @@
 //! core (every touch asserts it); the engine on that core calls in, other cores reach it only through requests the
 //! engine applies. Time comes from the core's `Clock`.
 
+mod commit;
 pub mod error;
 pub mod frontier;
 pub mod inflight;
@@ -186,6 +187,8 @@ pub struct Partition {
     pub counters: Counters,
     /// A replicated partition's leader: how far each follower has it (kept by the shipper, `front/replicate.rs`).
     followers: RefCell<Vec<FollowerInfo>>,
+    /// A replicated partition's leader: the commit offset and what it is computed from (`commit.rs`).
+    commit: commit::Commit,
 }
 
 /// Everything a partition needs to open.
@@ -306,12 +309,12 @@ impl Partition {
             wake: setup.wake,
             counters: Counters::default(),
             followers: RefCell::new(Vec::new()),
+            commit: commit::Commit::new(),
         });
         let weak = Rc::downgrade(&partition);
         partition.log.set_on_append(Box::new(move |n| {
             if let Some(p) = weak.upgrade() {
-                bump(&p.counters.produced, n as u64);
-                (p.wake)(None, n);
+                p.leader_appended(n);
             }
         }));
         Ok(partition)
@@ -418,6 +421,8 @@ impl Partition {
             stored.push(value);
         }
         let highest = stored.iter().copied().max().unwrap_or(0);
+        // A durable frontier covers only what was served, so committed.
+        self.committed_at_least(highest);
         let recovered_end = self.log.end_offset();
         if highest > recovered_end {
             self.log.skip_to(highest).await.map_err(|e| {
@@ -514,7 +519,7 @@ impl Partition {
         let released = g.with(|s| s.purge_expired(now));
         self.note_released(&g, released);
         while taken.deliveries.len() < max {
-            let end = self.log.end_offset();
+            let end = self.readable_end();
             let want = max - taken.deliveries.len();
             leases.clear();
             let stop = g.with(|s| s.reserve_batch(end, now, visibility_ms, want, &mut leases));
@@ -737,7 +742,7 @@ impl Partition {
         }
         // Released offsets that are deliverable now, or a capped partition with room again, wake consumers.
         let released_now = g.with(|s| s.purge_expired(now));
-        let end = self.log.end_offset();
+        let end = self.readable_end();
         let freed = at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group);
         let wake = match op {
             SettleOp::Nack(_) => released_now + usize::from(freed),
@@ -814,6 +819,10 @@ impl Partition {
     /// Reads a record for replay, without touching leases.
     pub async fn replay(&self, offset: u64) -> Result<Option<Record>, PartitionError> {
         self.assert_owner();
+        if offset >= self.readable_end() && self.replicated() {
+            // Not committed yet (or not written): as past the end.
+            return Ok(None);
+        }
         match self.log.read(offset).await {
             Ok(record) => Ok(Some(record)),
             Err(ReadError::NotYet) => Ok(None),
@@ -856,6 +865,7 @@ impl Partition {
                 .is_none_or(|c| c == g.frontier.flushed.get())
         });
         self.closed.set(true);
+        self.wake_commit_waiters();
         self.log.close().await;
         written
     }
@@ -864,13 +874,14 @@ impl Partition {
     /// starts), then the log closes.
     pub async fn close_deleted(&self) {
         self.closed.set(true);
+        self.wake_commit_waiters();
         self.wait_flushes().await;
         self.log.close().await;
     }
 
     /// Is anything deliverable to `group` right now (cheap; the shard is not loaded by this check)?
     pub fn has_deliverable(&self, group: &str) -> bool {
-        let end = self.log.end_offset();
+        let end = self.readable_end();
         let Ok(g) = self.group(group) else {
             return false;
         };
@@ -884,7 +895,7 @@ impl Partition {
     /// `Some(true)` = at its `max_in_flight`, `None` = maybe (deliverable, not loaded yet, or a lease or delay due:
     /// only a take knows). Lets a consume skip idle partitions at the cost of a map lookup.
     pub fn idle(&self, group: &str, now_ms: u64) -> Option<bool> {
-        let end = self.log.end_offset();
+        let end = self.readable_end();
         let g = self.group(group).ok()?;
         let max_in_flight = self.limits.get().max_in_flight;
         g.with_loaded(|s| {

@@ -637,3 +637,69 @@ fn a_flush_never_starts_a_second_write_of_a_frontier_file() {
         assert_eq!(p.durable_frontier(DEFAULT_GROUP), Some(2));
     });
 }
+
+#[test]
+fn a_replicated_partition_serves_and_answers_only_what_a_majority_of_its_replicas_has() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken = Rc::new(std::cell::Cell::new(0usize));
+        let w = woken.clone();
+        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
+        p.set_replicas(3);
+        assert!(p.replicated());
+        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        // On the leader's disk alone: nothing is served, nobody is woken.
+        assert_eq!((p.log.end_offset(), p.readable_end()), (3, 0));
+        assert_eq!(woken.get(), 0);
+        assert!(!p.has_deliverable(DEFAULT_GROUP));
+        let taken = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert!(taken.deliveries.is_empty(), "{:?}", offsets(&taken));
+        assert!(p.replay(0).await.unwrap().is_none());
+
+        // A produce waits for its commit: here one follower reaches 2 (a majority of 3 for a and b), then 3.
+        let waiter = {
+            let p = p.clone();
+            glommio::spawn_local(async move {
+                p.wait_committed(3, std::time::Duration::from_millis(100))
+                    .await
+            })
+        };
+        futures_lite::future::yield_now().await;
+        p.follower_acked(7, 2);
+        assert_eq!(p.readable_end(), 2);
+        assert_eq!(woken.get(), 2, "the two committed records wake consumers");
+        let taken = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0, 1]);
+        assert!(p.replay(2).await.unwrap().is_none());
+        p.follower_acked(8, 3);
+        assert_eq!(p.readable_end(), 3);
+        waiter.await.expect("committed within the timeout");
+        assert_eq!(&p.replay(2).await.unwrap().unwrap().payload[..], b"c");
+        // An end a follower answered earlier never moves the commit back.
+        p.follower_acked(7, 1);
+        assert_eq!(p.readable_end(), 3);
+
+        // No majority within the timeout: NotEnoughReplicas, and the record stays unserved.
+        assert_eq!(p.append(bodies(&["d"])).await.unwrap(), 3);
+        p.follower_acked(7, 4);
+        assert_eq!(p.readable_end(), 4);
+        assert_eq!(p.append(bodies(&["e"])).await.unwrap(), 4);
+        let waiter = {
+            let p = p.clone();
+            glommio::spawn_local(async move {
+                p.wait_committed(5, std::time::Duration::from_millis(100))
+                    .await
+            })
+        };
+        futures_lite::future::yield_now().await;
+        clock.advance(100);
+        match waiter.await {
+            Err(PartitionError::NotEnoughReplicas(why)) => {
+                assert!(why.contains("of 3 replicas"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.readable_end(), 4);
+    });
+}

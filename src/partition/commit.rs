@@ -1,0 +1,215 @@
+//! A replicated partition's commit rule (`docs/replication.md` §4 and step 3), on its leader: an offset is
+//! **committed** once a majority of the partition's R replicas (the leader included) has it durable. The leader's
+//! own durable end is its log's end; each follower's is the end it last answered to a shipped batch or a probe
+//! (`front/replicate.rs` calls [`Partition::follower_acked`]). Only committed records are served (taken, replayed,
+//! counted as deliverable, or used as a new group's `latest` start), and a produce is answered only once its records
+//! are committed ([`Partition::wait_committed`]).
+//!
+//! The commit offset lives in memory only: a leader that starts again starts at its log's start and serves nothing
+//! above it until a majority has answered (its followers are probed when the partition opens), so a record it holds
+//! alone is never served. For R = 1 nothing here applies: the readable end is the log's end, as before.
+
+use super::{bump, Partition, PartitionError};
+use std::time::Duration;
+
+/// Where a replicated partition's commit stands.
+pub(super) struct Commit {
+    /// R, the leader included (1: not replicated).
+    pub(super) replicas: std::cell::Cell<u32>,
+    /// Every offset below it is durable on a majority.
+    pub(super) end: std::cell::Cell<u64>,
+    /// Each follower's durable end, as it last answered (a follower that never answered is not here).
+    pub(super) acked: std::cell::RefCell<Vec<(u32, u64)>>,
+    /// Notified when `end` moves, and when the partition closes.
+    pub(super) moved: event_listener::Event,
+}
+
+impl Commit {
+    pub(super) fn new() -> Commit {
+        Commit {
+            replicas: std::cell::Cell::new(1),
+            end: std::cell::Cell::new(0),
+            acked: std::cell::RefCell::new(Vec::new()),
+            moved: event_listener::Event::new(),
+        }
+    }
+}
+
+/// The majority-durable end among `ends` (the leader's first), for `replicas` replicas: the `⌊R/2⌋ + 1`-th largest,
+/// or None while fewer replicas than a majority have answered.
+pub fn majority_end(replicas: u32, ends: &mut [u64]) -> Option<u64> {
+    let majority = (replicas / 2 + 1) as usize;
+    if ends.len() < majority {
+        return None;
+    }
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    Some(ends[majority - 1])
+}
+
+impl Partition {
+    /// Makes this leader's partition replicated over `replicas` replicas (itself included), before it serves anything.
+    /// From here on only committed records are served, starting from nothing above the log's start.
+    pub fn set_replicas(&self, replicas: u32) {
+        assert!(replicas >= 1, "a partition has at least its leader");
+        self.commit.replicas.set(replicas);
+        self.commit.end.set(if replicas > 1 {
+            self.log.start_offset()
+        } else {
+            0
+        });
+        self.commit.acked.borrow_mut().clear();
+    }
+
+    /// Whether produces wait for followers and consumers see only committed records.
+    pub fn replicated(&self) -> bool {
+        self.commit.replicas.get() > 1
+    }
+
+    /// The end of what may be served: the log's end, or for a replicated partition the commit offset (never above
+    /// the log's end).
+    pub fn readable_end(&self) -> u64 {
+        let end = self.log.end_offset();
+        if self.replicated() {
+            end.min(self.commit.end.get())
+        } else {
+            end
+        }
+    }
+
+    /// The commit offset (the log's end when not replicated).
+    pub fn commit_offset(&self) -> u64 {
+        self.readable_end()
+    }
+
+    /// A listener that fires when more records become readable (register before checking `readable_end`).
+    pub fn listen_readable(&self) -> event_listener::EventListener {
+        if self.replicated() {
+            self.commit.moved.listen()
+        } else {
+            self.log.listen_appended()
+        }
+    }
+
+    /// A durable frontier at `offset` was read at load: it covers only what was served, so a majority has it.
+    pub(super) fn committed_at_least(&self, offset: u64) {
+        if self.replicated() && offset > self.commit.end.get() {
+            // (Above the log's end only when the log lost records: the load moves its end up to the frontier.)
+            self.commit.end.set(offset);
+        }
+    }
+
+    /// A follower answered: every offset below `end` is durable on node `node`. Moves the commit offset when a
+    /// majority now has more, and wakes consumers for what became readable.
+    pub fn follower_acked(&self, node: u32, end: u64) {
+        if !self.replicated() {
+            return;
+        }
+        {
+            let mut acked = self.commit.acked.borrow_mut();
+            match acked.iter_mut().find(|(n, _)| *n == node) {
+                // A follower's durable end only grows (its disk lost is a new replica: step 5).
+                Some((_, e)) => *e = (*e).max(end),
+                None => acked.push((node, end)),
+            }
+        }
+        self.recompute_commit();
+    }
+
+    /// The leader's own log grew: with followers ahead of it (they cannot be, today), the commit may move.
+    pub(super) fn leader_appended(&self, n: usize) {
+        bump(&self.counters.produced, n as u64);
+        if self.replicated() {
+            self.recompute_commit();
+        } else {
+            (self.wake)(None, n);
+        }
+    }
+
+    fn recompute_commit(&self) {
+        let leader = self.log.end_offset();
+        let mut ends: Vec<u64> = std::iter::once(leader)
+            .chain(
+                self.commit
+                    .acked
+                    .borrow()
+                    .iter()
+                    .map(|&(_, e)| e.min(leader)),
+            )
+            .collect();
+        let Some(majority) = majority_end(self.commit.replicas.get(), &mut ends) else {
+            return;
+        };
+        let old = self.commit.end.get();
+        if majority > old {
+            self.commit.end.set(majority);
+            assert!(
+                self.commit.end.get() <= self.log.end_offset(),
+                "a commit offset past the leader's durable end"
+            );
+            self.commit.moved.notify(usize::MAX);
+            (self.wake)(None, (majority - old) as usize);
+        }
+    }
+
+    /// Waits until every offset below `end` is committed, at most `timeout`: `NotEnoughReplicas` after that (the
+    /// records stay in the leader's log and may still be committed later), `Closed` when the partition closes first.
+    pub async fn wait_committed(&self, end: u64, timeout: Duration) -> Result<(), PartitionError> {
+        if !self.replicated() {
+            return Ok(());
+        }
+        let deadline = self.clock.now_ms() + timeout.as_millis() as u64;
+        loop {
+            let moved = self.commit.moved.listen();
+            if self.commit.end.get() >= end {
+                return Ok(());
+            }
+            if self.closed.get() {
+                return Err(PartitionError::Closed);
+            }
+            if self.clock.now_ms() >= deadline {
+                let have = 1 + self
+                    .commit
+                    .acked
+                    .borrow()
+                    .iter()
+                    .filter(|&&(_, e)| e >= end)
+                    .count();
+                return Err(PartitionError::NotEnoughReplicas(format!(
+                    "{have} of {} replicas have the records durable after {} ms; a majority is needed",
+                    self.commit.replicas.get(),
+                    timeout.as_millis()
+                )));
+            }
+            futures_lite::future::or(moved, async {
+                self.clock.sleep_until(deadline).await;
+            })
+            .await;
+        }
+    }
+
+    /// At close: produces waiting for their commit give up.
+    pub(super) fn wake_commit_waiters(&self) {
+        self.commit.moved.notify(usize::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::majority_end;
+
+    #[test]
+    fn the_majority_end_is_the_end_a_majority_has_reached() {
+        // R = 3: the leader and the faster follower.
+        assert_eq!(majority_end(3, &mut [10, 4, 7]), Some(7));
+        assert_eq!(majority_end(3, &mut [10, 7]), Some(7));
+        assert_eq!(majority_end(3, &mut [10]), None);
+        // R = 2: both.
+        assert_eq!(majority_end(2, &mut [10, 4]), Some(4));
+        assert_eq!(majority_end(2, &mut [10]), None);
+        // R = 5: three of five.
+        assert_eq!(majority_end(5, &mut [9, 1, 8, 2, 5]), Some(5));
+        assert_eq!(majority_end(5, &mut [9, 8]), None);
+        // R = 1: the leader alone.
+        assert_eq!(majority_end(1, &mut [3]), Some(3));
+    }
+}
