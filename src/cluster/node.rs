@@ -732,8 +732,17 @@ impl NodeLink for RpcNodes {
     ) -> Pin<Box<dyn Future<Output = OpResult<Reply>>>> {
         let client = self.client(to.node);
         let expected = validate::expect(&request);
+        let call_timeout = self.config.call_timeout;
+        let replica_timeout = self.engine.replica_timeout();
         Box::pin(async move {
-            let reply = client?.call(to.core, request).await?;
+            // A produce to a replicated partition may wait up to `replica_timeout` for its commit after the append:
+            // the caller waits that much longer, so it hears the leader's answer (`503 not_enough_replicas`, or
+            // the 200 of a commit that came late) instead of timing out first.
+            let timeout = match &request {
+                Request::Produce(_) => call_timeout + replica_timeout,
+                _ => call_timeout,
+            };
+            let reply = client?.call_within(to.core, request, timeout).await?;
             // The peer's reply is untrusted input: the wrong variant or length is an error, never a panic or a
             // partial answer passed off as whole.
             validate::check_reply(expected, &reply).map_err(|why| {

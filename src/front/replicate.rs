@@ -85,8 +85,13 @@ struct Follower {
     /// The first offset not sent yet.
     next: Cell<u64>,
     lagging: Cell<bool>,
-    /// It has answered since the stream opened: `acked` is its own word, not the leader's assumption.
+    /// It has answered since the stream opened.
     answered: Cell<bool>,
+    /// What the commit may count it for (`Partition::follower_acked`): only ends it answered that hold this
+    /// leader's batches (never the leader's assumption in `acked`, nor an end past what was shipped to it).
+    credit: Cell<u64>,
+    /// The end of the furthest batch sent to it in this stream: a batch below it is a resend.
+    sent: Cell<u64>,
     in_flight: Cell<usize>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
@@ -128,7 +133,15 @@ impl Shipper {
         let stream = match existing {
             // A probe (no records) only opens a stream.
             Some(_) if head.count == 0 => return,
-            Some(s) if s.topic_id == head.topic_id && !s.closed.get() => s,
+            // A batch that does not continue the stream (the log moved its end up to a frontier, say) starts a new
+            // one, whose followers are asked where they stand.
+            Some(s)
+                if s.topic_id == head.topic_id
+                    && !s.closed.get()
+                    && s.end.get() == head.first_offset =>
+            {
+                s
+            }
             old => {
                 if let Some(old) = old {
                     old.close();
@@ -204,6 +217,8 @@ impl Shipper {
                         next: Cell::new(head.first_offset),
                         lagging: Cell::new(false),
                         answered: Cell::new(false),
+                        credit: Cell::new(0),
+                        sent: Cell::new(0),
                         in_flight: Cell::new(0),
                         backoff: Cell::new(None),
                         delay: Cell::new(FIRST_RETRY),
@@ -265,7 +280,7 @@ impl Shipper {
                 lagging: f.lagging.get(),
             });
             if f.answered.get() {
-                p.follower_acked(f.node, f.acked.get());
+                p.follower_acked(f.node, f.credit.get());
             }
         }
     }
@@ -301,7 +316,6 @@ impl Shipper {
 
 impl Stream {
     fn push(&self, batch: Rc<Batch>) {
-        debug_assert_eq!(batch.head.first_offset, self.end.get());
         self.end.set(batch.end);
         self.bytes.set(self.bytes.get() + batch.frames.len());
         self.kept.set(self.kept.get() + batch.frames.len());
@@ -412,8 +426,17 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 };
                 f.next.set(batch.end);
                 f.in_flight.set(f.in_flight.get() + 1);
-                glommio::spawn_local(send(shipper.clone(), stream.clone(), f.clone(), to, batch))
-                    .detach();
+                let resend = batch.end <= f.sent.get();
+                f.sent.set(f.sent.get().max(batch.end));
+                glommio::spawn_local(send(
+                    shipper.clone(),
+                    stream.clone(),
+                    f.clone(),
+                    to,
+                    batch,
+                    resend,
+                ))
+                .detach();
             }
             Err(true) => {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader no longer keeps: it gets nothing until it is caught up");
@@ -444,8 +467,15 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                     end: f.next.get(),
                 });
                 f.in_flight.set(f.in_flight.get() + 1);
-                glommio::spawn_local(send(shipper.clone(), stream.clone(), f.clone(), to, probe))
-                    .detach();
+                glommio::spawn_local(send(
+                    shipper.clone(),
+                    stream.clone(),
+                    f.clone(),
+                    to,
+                    probe,
+                    false,
+                ))
+                .detach();
             }
             Err(false) => {
                 idle(listener).await;
@@ -482,13 +512,15 @@ fn fail(f: &Follower, why: &str) {
     f.wake.notify(1);
 }
 
-/// Sends one batch to a follower and takes its answer.
+/// Sends one batch to a follower and takes its answer (`resend`: the batch was sent to it before in this stream,
+/// so an answer past it may mean it was applied then).
 async fn send(
     shipper: Rc<Shipper>,
     stream: Rc<Stream>,
     f: Rc<Follower>,
     to: Location,
     batch: Rc<Batch>,
+    resend: bool,
 ) {
     let request = Request::Replicate(Replicate {
         topic: stream.topic.clone(),
@@ -513,18 +545,34 @@ async fn send(
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
             }
-            if !refused && batch.head.count == 0 {
-                // A probe's answer: its end, which the leader's kept batches (or a catch-up) continue.
-                f.acked.set(end);
-                f.next.set(f.next.get().min(end));
+            if !refused && batch.head.count == 0 && end > batch.head.first_offset {
+                // A probe's answer past the leader's end: its log holds what this leader never shipped (the
+                // leader lost records). Not counted, and nothing more is sent until epochs settle it (step 4).
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, leader_end = batch.head.first_offset, "a follower's log is ahead of its leader's: it gets nothing and counts for nothing");
+                f.lagging.set(true);
+            } else if !refused && batch.head.count == 0 {
+                // A probe's answer: its end, which the leader's kept batches (or a catch-up) continue. It replaces
+                // the leader's assumption only if nothing answered first: an answer to a batch sent after the
+                // probe may have come before it, and the probe's end is older.
+                if f.answered.get() {
+                    f.acked.set(f.acked.get().max(end));
+                } else {
+                    f.acked.set(end);
+                    f.next.set(f.next.get().min(end));
+                }
+                f.credit.set(f.credit.get().max(end));
             } else if refused {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, "a follower refused a shipped batch: it gets nothing until it is caught up");
                 f.lagging.set(true);
-            } else if applied || end >= batch.end {
+            } else if applied || (resend && end >= batch.end) {
+                // Applied now, or earlier (a resend after a lost answer): it holds this batch. Counted up to the
+                // batch's end only: anything past it was not shipped by this stream.
                 f.acked.set(f.acked.get().max(end));
+                f.credit.set(f.credit.get().max(end.min(batch.end)));
             } else if end <= batch.head.first_offset {
                 // It missed earlier batches (or lost them): resend from its end.
                 f.acked.set(f.acked.get().max(end));
+                f.credit.set(f.credit.get().max(end));
                 f.next.set(f.next.get().min(end));
             } else {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, first = batch.head.first_offset, "a follower's log ends inside a batch: it gets nothing until it is caught up");

@@ -43,7 +43,8 @@ pub async fn apply(engine: &Rc<Engine>, req: Replay) -> OpResult<Replayed> {
     let clock = engine.clock().clone();
     let deadline = clock.now_ms() + req.wait_ms;
     loop {
-        let appended = partition.log.listen_appended();
+        // (A replicated partition's records become readable when committed, not when appended.)
+        let appended = partition.listen_readable();
         if let Some(record) = partition.replay(req.offset).await? {
             return Ok(Replayed {
                 record: Some(record),
