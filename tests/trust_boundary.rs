@@ -217,6 +217,41 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             );
         }
     }
+    // A probe (no records, no frames: a leader asking a follower for its end) is admitted in that shape only, and
+    // answered only for a partition this node follows of that leader: here, none.
+    let probe = |leader: u32, topic_id: u64, partition: u32, frames: &'static [u8]| match ship(
+        leader, topic_id, partition, frames,
+    ) {
+        Request::Replicate(mut r) => {
+            r.count = 0;
+            Request::Replicate(r)
+        }
+        _ => unreachable!(),
+    };
+    assert!(matches!(
+        refused(peer.call(0, probe(7, 0, 0, b"xx")), "a probe with frames"),
+        OpError::InvalidRecord(_)
+    ));
+    assert!(matches!(
+        refused(peer.call(0, probe(3, 0, 0, b"")), "a probe as node 3"),
+        OpError::InvalidParameter(ref m) if m.contains("as node 3")
+    ));
+    for topic_id in 0..50 {
+        for partition in [0, 1, 3, u32::MAX] {
+            let e = refused(
+                peer.call(partition % 2, probe(7, topic_id, partition, b"")),
+                "a probe for a partition this node does not follow",
+            );
+            assert!(
+                matches!(
+                    e,
+                    OpError::PartitionUnavailable(_)
+                        | OpError::Engine(berth::engine::EngineError::TopicNotFound(_))
+                ),
+                "{e:?}"
+            );
+        }
+    }
     // A well-formed request from the same peer is still served: the connection was not dropped.
     assert!(matches!(
         peer.call(1, Request::Describe("t".into())),
