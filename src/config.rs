@@ -61,6 +61,29 @@ pub struct ClusterSettings {
     /// it is answered `503 not_enough_replicas` (1 to 600000). Default 2000.
     #[serde(default = "default_replica_timeout")]
     pub replica_timeout_ms: u64,
+    /// Bytes of shipped batches a leader keeps per replicated partition for followers that lack them (1 MiB to
+    /// 4 GiB); a follower further behind is marked lagging. Default 64 MiB.
+    #[serde(default = "default_replica_window")]
+    pub replica_window_bytes: u64,
+    /// The same per core, all its partitions together (at least `replica_window_bytes`, at most 16 GiB): over it,
+    /// the partition keeping the most drops its oldest batch. Default 256 MiB.
+    #[serde(default = "default_replica_core_window")]
+    pub replica_core_window_bytes: u64,
+    /// Batches in flight to each follower of a partition (1 to 16, what a follower queues). Default 8.
+    #[serde(default = "default_replica_in_flight")]
+    pub replica_max_in_flight: u64,
+}
+
+fn default_replica_window() -> u64 {
+    64 << 20
+}
+
+fn default_replica_core_window() -> u64 {
+    256 << 20
+}
+
+fn default_replica_in_flight() -> u64 {
+    8
 }
 
 fn default_replica_timeout() -> u64 {
@@ -347,6 +370,25 @@ impl Config {
             if !(1..=600_000).contains(&cluster.replica_timeout_ms) {
                 return Err("replica_timeout_ms must be 1 to 600000".into());
             }
+            if !((1 << 20)..=(4 << 30)).contains(&cluster.replica_window_bytes) {
+                return Err("replica_window_bytes must be 1048576 to 4294967296".into());
+            }
+            if !(cluster.replica_window_bytes..=(16 << 30))
+                .contains(&cluster.replica_core_window_bytes)
+            {
+                return Err(
+                    "replica_core_window_bytes must be at least replica_window_bytes and at most 17179869184"
+                        .into(),
+                );
+            }
+            if !(1..=crate::storage::log::MAX_QUEUED_SHIPS as u64)
+                .contains(&cluster.replica_max_in_flight)
+            {
+                return Err(format!(
+                    "replica_max_in_flight must be 1 to {}",
+                    crate::storage::log::MAX_QUEUED_SHIPS
+                ));
+            }
         }
         self.resolve_tls()
     }
@@ -540,8 +582,37 @@ mod tests {
             peer_tls_client_auth: false,
             replication_preview: false,
             replica_timeout_ms: 2000,
+            replica_window_bytes: 64 << 20,
+            replica_core_window_bytes: 256 << 20,
+            replica_max_in_flight: 8,
         });
         (config, dir)
+    }
+
+    #[test]
+    fn the_replication_bounds_are_checked_at_start() {
+        let set = |f: &dyn Fn(&mut ClusterSettings)| {
+            let (mut c, _d) = clustered("127.0.0.1:7170", None, None);
+            f(c.cluster.as_mut().unwrap());
+            c.resolve_auth()
+        };
+        assert!(set(&|_| {}).is_ok());
+        assert!(set(&|c| c.replica_timeout_ms = 0)
+            .unwrap_err()
+            .contains("replica_timeout_ms"));
+        assert!(set(&|c| c.replica_window_bytes = 1000)
+            .unwrap_err()
+            .contains("replica_window_bytes"));
+        // The core's window holds at least one partition's.
+        assert!(set(&|c| c.replica_core_window_bytes = 32 << 20)
+            .unwrap_err()
+            .contains("replica_core_window_bytes"));
+        assert!(set(&|c| c.replica_max_in_flight = 0).is_err());
+        // No more in flight than a follower queues: it would refuse the rest.
+        assert!(set(&|c| c.replica_max_in_flight = 17)
+            .unwrap_err()
+            .contains("1 to 16"));
+        assert!(set(&|c| c.replica_max_in_flight = 16).is_ok());
     }
 
     #[test]

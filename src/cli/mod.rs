@@ -422,6 +422,9 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 peer_tls_client_auth: false,
                 replication_preview: false,
                 replica_timeout_ms: 2000,
+                replica_window_bytes: 64 << 20,
+                replica_core_window_bytes: 256 << 20,
+                replica_max_in_flight: 8,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;

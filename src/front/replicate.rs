@@ -4,7 +4,7 @@
 //! (`Partition::set_follower`, shown by `GET /topics/T`) and resends from there when the follower missed a batch
 //! (a lost connection, a reordered arrival, a follower restarted).
 //!
-//! The leader keeps the batches not yet on every follower in memory, up to `WINDOW_BYTES` per partition: a follower
+//! The leader keeps the batches not yet on every follower in memory, up to `Windows::partition_bytes` per partition: a follower
 //! further behind than that (down for long, or lost its disk), or one whose log does not line up with the leader's,
 //! is marked lagging and gets nothing more until it is caught up from the segments (step 5, not built yet). Nothing
 //! here waits on the data path: the sink only queues, and each follower has its own task.
@@ -30,13 +30,31 @@ use std::rc::Rc;
 use std::time::Duration;
 use tracing::{debug, warn};
 
-/// Bytes of batches a leader keeps per partition for followers that have not acknowledged them...
-pub const WINDOW_BYTES: usize = 64 << 20;
-/// ...and per core, all partitions together (a follower down for long must not hold 64 MiB of every partition
-/// the core leads).
-pub const CORE_WINDOW_BYTES: usize = 256 << 20;
-/// `Replicate` requests in flight per follower and partition.
-pub const MAX_IN_FLIGHT: usize = 8;
+/// The shipper's bounds (`[cluster] replica_window_bytes`, `replica_core_window_bytes`, `replica_max_in_flight`;
+/// `config.rs` checks their ranges).
+#[derive(Debug, Clone, Copy)]
+pub struct Windows {
+    /// Bytes of batches a leader keeps per partition for followers that have not acknowledged them...
+    pub partition_bytes: usize,
+    /// ...and per core, all partitions together (a follower down for long must not hold a window of every
+    /// partition the core leads).
+    pub core_bytes: usize,
+    /// `Replicate` requests in flight per follower and partition (at most what a follower queues:
+    /// `storage::log::follow::MAX_QUEUED_SHIPS`).
+    pub in_flight: usize,
+}
+
+impl Windows {
+    /// From the cluster settings (the defaults without any).
+    pub fn of(config: &crate::config::Config) -> Windows {
+        let c = config.cluster.as_ref();
+        Windows {
+            partition_bytes: c.map_or(64 << 20, |c| c.replica_window_bytes as usize),
+            core_bytes: c.map_or(256 << 20, |c| c.replica_core_window_bytes as usize),
+            in_flight: c.map_or(8, |c| c.replica_max_in_flight as usize),
+        }
+    }
+}
 /// After a failed call, a follower is tried again after this long, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
@@ -46,6 +64,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// One core's shipper.
 pub struct Shipper {
     router: Rc<Router>,
+    windows: Windows,
     streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
     /// Bytes kept by all streams.
     kept: Rc<Cell<usize>>,
@@ -102,8 +121,10 @@ struct Follower {
 
 impl Shipper {
     pub fn new(router: Rc<Router>) -> Rc<Shipper> {
+        let windows = Windows::of(router.engine().config());
         Rc::new(Shipper {
             router,
+            windows,
             streams: RefCell::new(HashMap::new()),
             kept: Rc::new(Cell::new(0)),
             stopped: Cell::new(false),
@@ -167,11 +188,12 @@ impl Shipper {
         stream.trim();
         // Over the window (the partition's, or the core's): the oldest batches go. A follower that still needed
         // one finds it gone when it asks for it (`batch_at`), and lags; one that has it in flight is not harmed.
-        while stream.bytes.get() > WINDOW_BYTES && stream.batches.borrow().len() > 1 {
+        while stream.bytes.get() > self.windows.partition_bytes && stream.batches.borrow().len() > 1
+        {
             stream.pop_front();
         }
         // Over the core's: from whichever partition keeps the most.
-        while self.kept.get() > CORE_WINDOW_BYTES {
+        while self.kept.get() > self.windows.core_bytes {
             let largest = self
                 .streams
                 .borrow()
@@ -393,7 +415,7 @@ impl Stream {
     }
 }
 
-/// One follower's task: sends the kept batches from its `next` offset, up to `MAX_IN_FLIGHT` at once.
+/// One follower's task: sends the kept batches from its `next` offset, up to `Windows::in_flight` at once.
 async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>) {
     loop {
         if stream.closed.get() {
@@ -408,7 +430,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             }
             continue;
         }
-        if f.lagging.get() || f.in_flight.get() >= MAX_IN_FLIGHT {
+        if f.lagging.get() || f.in_flight.get() >= shipper.windows.in_flight {
             idle(listener).await;
             if !shipper.still_leads(&stream) {
                 break;

@@ -44,8 +44,9 @@ pub enum FollowError {
     Busy,
 }
 
-/// Shipped batches that may wait for a log's writer task at once: a leader keeps at most 8 in flight per follower
-/// and partition (`front::replicate::MAX_IN_FLIGHT`); a peer that sends more is refused, not queued.
+/// Shipped batches that may wait for a log's writer task at once: a leader keeps at most
+/// `[cluster] replica_max_in_flight` (8 by default, 16 at most) in flight per follower and partition
+/// (`front::replicate::Windows`); a peer that sends more is refused, not queued.
 pub const MAX_QUEUED_SHIPS: usize = 16;
 
 impl From<AppendError> for FollowError {

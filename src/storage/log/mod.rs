@@ -19,7 +19,7 @@ mod read;
 use crate::clock::Clock;
 use bytes::Bytes;
 use event_listener::Event;
-pub use follow::{FollowError, ShipHook};
+pub use follow::{FollowError, ShipHook, MAX_QUEUED_SHIPS};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
