@@ -322,6 +322,48 @@ fn entries_round_trip_and_zeros_end_the_scan() {
     );
 }
 
+/// An entry whose checks pass but whose body does not hang together (written by a bug, or by anyone with access to
+/// the file: the CRC is no signature) is passed over and counted; the scan never panics and keeps what follows.
+#[test]
+fn an_entry_with_valid_checks_and_a_malformed_body_is_passed_over_without_a_panic() {
+    let sealed = |magic: [u8; 4], body: &[u8], seq: u64| {
+        let mut e = magic.to_vec();
+        e.extend_from_slice(&[0u8; HEADER_LEN - 4]);
+        e.extend_from_slice(body);
+        seal_entry(&mut e, seq);
+        e
+    };
+    // A data entry's body shorter than its fixed fields; one whose name runs past its end; a frontier entry that
+    // announces more records than it holds.
+    let mut long_name = vec![0u8; BODY_FIXED_LEN];
+    long_name[40..42].copy_from_slice(&500u16.to_le_bytes());
+    let mut file = sealed(MAGIC_BYTES, &[7u8; 10], 1);
+    file.extend(sealed(MAGIC_BYTES, &long_name, 2));
+    file.extend(sealed(FRONTIER_MAGIC_BYTES, &9u32.to_le_bytes(), 3));
+    file.extend(entry("after", 4, b"kept"));
+    let s = scan(&file);
+    assert_eq!(s.damaged, 3);
+    assert_eq!(s.entries.len(), 1);
+    assert_eq!(
+        (s.entries[0].seq, &s.entries[0].frames[..]),
+        (4, &b"kept"[..])
+    );
+}
+
+/// Sequence numbers only grow through a file: an entry whose number is not above the last one taken (a stale
+/// remnant) is not taken, nor anything after it that does not continue the sequence.
+#[test]
+fn an_entry_that_does_not_continue_the_sequence_is_not_taken() {
+    let mut file = entry("a", 5, b"five");
+    file.extend(entry("a", 3, b"stale"));
+    file.extend(entry("a", 5, b"again"));
+    file.extend(entry("a", 6, b"six"));
+    let s = scan(&file);
+    let taken: Vec<(u64, &[u8])> = s.entries.iter().map(|e| (e.seq, &e.frames[..])).collect();
+    assert_eq!(taken, vec![(5, &b"five"[..]), (6, &b"six"[..])]);
+    assert_eq!(s.damaged, 1, "the stale run is counted once");
+}
+
 #[test]
 fn a_torn_last_entry_ends_the_scan() {
     let mut file = entry("a", 1, b"first");
