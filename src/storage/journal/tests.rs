@@ -362,6 +362,13 @@ fn an_entry_that_does_not_continue_the_sequence_is_not_taken() {
     let taken: Vec<(u64, &[u8])> = s.entries.iter().map(|e| (e.seq, &e.frames[..])).collect();
     assert_eq!(taken, vec![(5, &b"five"[..]), (6, &b"six"[..])]);
     assert_eq!(s.damaged, 1, "the stale run is counted once");
+    // The same number twice in a row: the second is not taken either.
+    let mut file = entry("a", 5, b"five");
+    file.extend(entry("a", 5, b"again"));
+    file.extend(entry("a", 6, b"six"));
+    let s = scan(&file);
+    let taken: Vec<u64> = s.entries.iter().map(|e| e.seq).collect();
+    assert_eq!((taken, s.damaged), (vec![5, 6], 1));
 }
 
 #[test]
