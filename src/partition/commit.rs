@@ -76,11 +76,6 @@ impl Partition {
         }
     }
 
-    /// The commit offset (the log's end when not replicated).
-    pub fn commit_offset(&self) -> u64 {
-        self.readable_end()
-    }
-
     /// A listener that fires when more records become readable (register before checking `readable_end`).
     pub fn listen_readable(&self) -> event_listener::EventListener {
         if self.replicated() {
