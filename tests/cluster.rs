@@ -1439,6 +1439,283 @@ fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_
     }
 }
 
+/// A partition's frontier file of `group` in a node's data directory (None: there is none).
+fn frontier_file(node: &Node, topic: &str, p: u64, group: &str) -> Option<Vec<u8>> {
+    let name = if group == "default" {
+        "consumer.offset".to_string()
+    } else {
+        format!("consumer.{group}.offset")
+    };
+    let path = node
+        .data_dir
+        .join("topics")
+        .join(topic)
+        .join(p.to_string())
+        .join(name);
+    std::fs::read(path).ok()
+}
+
+/// The frontier a frontier file holds (its first 8 bytes, little-endian: `docs/format.md`).
+fn frontier_value(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+}
+
+#[test]
+fn a_replicated_topics_group_frontiers_and_group_starts_reach_its_followers_frontier_files() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec!["--replication-preview".into()],
+        cores: Some(2),
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("replicated_frontiers", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/fr?partitions=6&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    for n in 0..40 {
+        produce(c.node(n % 3), "fr", "", &format!("m-{n}"));
+    }
+    // 25 consumed and acknowledged one by one (so every frontier is exactly what its partition had acked).
+    let client = c.node(0).new_client();
+    for n in 0..25 {
+        let m = consume(&client, "fr", "&visibility=60")
+            .unwrap_or_else(|| panic!("message {n} of 40 not delivered"));
+        let a = settle(c.node(0), "ack", "fr", &m.handle, "");
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    // A group that starts at the end: its followers must start it where the leader did, not at their own ends.
+    let a = c.node(1).put("/topics/fr/groups/late?start=latest");
+    assert!(a.status == 201 || a.status == 200, "{}", a.text());
+    for n in 0..6 {
+        produce(c.node(0), "fr", "", &format!("after-{n}"));
+    }
+    // Every leader has made its frontiers durable (so they are on their way to its followers).
+    wait_for(
+        "every frontier durable on its leader",
+        Duration::from_secs(15),
+        || {
+            let parts = partitions(c.node(2), "fr");
+            let acked: u64 = parts.iter().map(|p| p["committed"].as_u64().unwrap()).sum();
+            if acked == 25 && parts.iter().all(|p| p["durable"] == p["committed"]) {
+                Ok(())
+            } else {
+                Err(format!("{parts:?}"))
+            }
+        },
+    );
+    let leaders: Vec<(u64, usize, Vec<usize>)> = partitions(c.node(0), "fr")
+        .iter()
+        .map(|p| {
+            let replicas: Vec<usize> = p["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| c.index_of(r.as_str().unwrap()))
+                .collect();
+            (p["partition"].as_u64().unwrap(), replicas[0], replicas)
+        })
+        .collect();
+    // Stopped one by one: a leader stopping waits for its running followers to take what it shipped, and each
+    // node writes its frontier files at its stop (followers from what their leaders shipped).
+    for i in 0..3 {
+        assert!(c.terminate(i).success());
+    }
+    let (mut acked, mut late, mut checked) = (0, 0, 0);
+    for (p, leader, replicas) in &leaders {
+        // (A partition nothing was acked on may have no file of the default group: its frontier is 0.)
+        let lead = frontier_file(c.node(*leader), "fr", *p, "default");
+        let lead_late = frontier_file(c.node(*leader), "fr", *p, "late")
+            .unwrap_or_else(|| panic!("partition {p} has no 'late' file on its leader"));
+        acked += lead.as_deref().map_or(0, frontier_value);
+        late += frontier_value(&lead_late);
+        // The followers still running when their leader stopped (nodes stop in index order). (No file is 0.)
+        for &f in replicas.iter().filter(|&&f| f != *leader && f > *leader) {
+            let value = |file: Option<Vec<u8>>| file.as_deref().map_or(0, frontier_value);
+            assert_eq!(
+                value(frontier_file(c.node(f), "fr", *p, "default")),
+                value(lead.clone()),
+                "partition {p}: the default group's frontier on follower {} differs from its leader's",
+                c.node(f).id
+            );
+            assert_eq!(
+                frontier_file(c.node(f), "fr", *p, "late"),
+                Some(lead_late.clone()),
+                "partition {p}: the 'late' group's start on follower {} differs from its leader's",
+                c.node(f).id
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!((acked, late), (25, 40), "{leaders:?}");
+    assert!(checked >= 4, "too few followers checked: {leaders:?}");
+}
+
+#[test]
+fn a_follower_that_missed_frontiers_gets_them_from_its_leader_started_again() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec!["--replication-preview".into()],
+        ..Opts::short_ttl()
+    };
+    let Some(mut c) = Cluster::start_with("replicated_frontiers_resent", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/fx?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let replicas: Vec<usize> = partitions(c.node(0), "fx")[0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| c.index_of(r.as_str().unwrap()))
+        .collect();
+    let (leader, missed, other) = (replicas[0], replicas[1], replicas[2]);
+    for n in 0..10 {
+        produce(c.node(leader), "fx", "", &format!("m-{n}"));
+    }
+    wait_replicated(c.node(leader), "fx", 2);
+    // One follower down while 6 are acknowledged (the leader and the other follower are a majority).
+    c.kill9(missed);
+    let client = c.node(leader).new_client();
+    for n in 0..6 {
+        let m = consume(&client, "fx", "&visibility=60")
+            .unwrap_or_else(|| panic!("message {n} not delivered"));
+        let a = settle(c.node(leader), "ack", "fx", &m.handle, "");
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    wait_for(
+        "the frontier durable on the leader",
+        Duration::from_secs(15),
+        || {
+            let p = partitions(c.node(leader), "fx").remove(0);
+            if p["committed"] == 6 && p["durable"] == 6 {
+                Ok(())
+            } else {
+                Err(format!("{p}"))
+            }
+        },
+    );
+    // The leader dies with the frontier still waiting for the missing follower; the follower comes back first.
+    c.kill9(leader);
+    c.restart(missed);
+    c.restart(leader);
+    c.wait_all_live();
+    // The leader, opening the partition again, sends its groups' durable frontiers; stopping, it waits for its
+    // followers to take them.
+    assert!(c.terminate(leader).success());
+    assert!(c.terminate(missed).success());
+    assert!(c.terminate(other).success());
+    let lead =
+        frontier_file(c.node(leader), "fx", 0, "default").expect("the leader's frontier file");
+    assert_eq!(frontier_value(&lead), 6);
+    for f in [missed, other] {
+        assert_eq!(
+            frontier_file(c.node(f), "fx", 0, "default"),
+            Some(lead.clone()),
+            "follower {}'s frontier file",
+            c.node(f).id
+        );
+    }
+}
+
+#[test]
+fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "500".into(),
+        ],
+        ..Opts::short_ttl()
+    };
+    let Some(mut c) = Cluster::start_with("replicated_catch_up", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/cu?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let replicas: Vec<usize> = partitions(c.node(0), "cu")[0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| c.index_of(r.as_str().unwrap()))
+        .collect();
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    for n in 0..5 {
+        produce(c.node(leader), "cu", "", &format!("m-{n}"));
+    }
+    wait_replicated(c.node(leader), "cu", 2);
+    // Both followers down: three records reach the leader's log alone (503 not_enough_replicas), and the leader
+    // dies before its followers get them. Started again, it keeps nothing of its old stream: its followers are
+    // behind what it keeps, and only its log can bring them up (before, they lagged for good, and with both of them
+    // lagging every produce was 503). (Killed, not paused: a paused follower would find the batches in its
+    // socket when it continues.)
+    c.kill9(f1);
+    c.kill9(f2);
+    let batch = "{\"body\":\"x-0\"}\n{\"body\":\"x-1\"}\n{\"body\":\"x-2\"}\n";
+    let a = c
+        .node(leader)
+        .client
+        .call_with(
+            "POST",
+            "/produce?topic=cu",
+            &[("content-type", "application/x-ndjson")],
+            batch.as_bytes(),
+        )
+        .expect("batch produce");
+    // (A batch answers per record.)
+    assert_eq!(
+        (a.status, a.json()["failed"].as_u64()),
+        (200, Some(3)),
+        "{}",
+        a.text()
+    );
+    assert_eq!(
+        a.json()["results"][0]["error"],
+        "not_enough_replicas",
+        "{}",
+        a.text()
+    );
+    c.kill9(leader);
+    c.restart(f1);
+    c.restart(f2);
+    c.restart(leader);
+    c.wait_all_live();
+    let r = wait_replicated(c.node(leader), "cu", 2);
+    assert_eq!(r[0].2, 8, "{r:?}");
+    wait_ok(
+        c.node(leader),
+        "POST",
+        "/produce?topic=cu",
+        b"after",
+        "a produce once the followers are caught up",
+    );
+    let r = wait_replicated(c.node(leader), "cu", 2);
+    assert_eq!(r[0].2, 9, "{r:?}");
+    // Everything is served, and the three logs are the same bytes.
+    let client = c.node(leader).new_client();
+    let mut bodies = Vec::new();
+    while let Some(m) = consume(&client, "cu", "&visibility=60") {
+        bodies.push(m.body);
+    }
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        ["after", "m-0", "m-1", "m-2", "m-3", "m-4", "x-0", "x-1", "x-2"]
+    );
+    for i in 0..3 {
+        assert!(c.terminate(i).success());
+    }
+    let lead = segments(c.node(leader), "cu", 0);
+    for f in [f1, f2] {
+        assert!(
+            segments(c.node(f), "cu", 0) == lead,
+            "{}'s segments differ from its leader's",
+            c.node(f).id
+        );
+    }
+}
+
 #[test]
 fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_without_one() {
     let _g = serial();

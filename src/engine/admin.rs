@@ -242,12 +242,21 @@ impl Engine {
             .cloned()
             .collect();
         topic.set_config(config);
-        for p in topic.owned_partitions() {
+        // Follower replicas too: their groups' frontiers come from their leaders (`Partition::follow_frontiers`).
+        for p in topic.owned_partitions().chain(topic.followed_partitions()) {
             for g in &added {
                 p.add_group(g);
             }
             for g in &removed {
                 p.remove_group(g).await;
+            }
+        }
+        for p in topic.followed_partitions() {
+            for g in &removed {
+                // (A leader's own start record does this when it prepares the new group.)
+                if let Err(e) = p.journal_group_gone(g).await {
+                    warn!(topic = %topic.name(), partition = p.id, group = %g, error = %e, "cannot record a deleted group in the journal");
+                }
             }
         }
         for g in &removed {
@@ -274,9 +283,21 @@ impl Engine {
     ) -> EngineResult<()> {
         let topic = self.topic_of(topic, topic_id)?;
         for p in topic.owned_partitions() {
-            p.write_start(group, latest)
+            let start = p
+                .write_start(group, latest)
                 .await
                 .map_err(EngineError::Partition)?;
+            if p.replicated() {
+                // Its followers start the group where this leader did (not at their own ends).
+                self.ship_frontiers(&[crate::storage::journal::FrontierRecord {
+                    topic: topic.name(),
+                    topic_id: topic.id(),
+                    partition: p.id,
+                    group: group.to_string(),
+                    committed: start,
+                    start: true,
+                }]);
+            }
         }
         Ok(())
     }

@@ -76,9 +76,18 @@ pub enum AdminStep {
     },
 }
 
-/// Takes each durable batch (its journal entry head and frames) of the replicated partitions a core leads, to ship
-/// them to their followers (`front::replicate`). Called on the core, in log order per partition; never waits.
-pub type ShipSink = Rc<dyn Fn(&crate::storage::journal::EntryHead, &[u8])>;
+/// What a core ships to the followers of a replicated partition it leads.
+pub enum Ship<'a> {
+    /// A durable batch: its journal entry head and frames (no records and no frames: a probe for the followers'
+    /// ends).
+    Batch(&'a crate::storage::journal::EntryHead, &'a [u8]),
+    /// Frontiers of its consumer groups made durable here (all of one partition), in the order they were made.
+    Frontiers(&'a [crate::storage::journal::FrontierRecord]),
+}
+
+/// Takes what the replicated partitions a core leads ship to their followers (`front::replicate`). Called on the
+/// core, in log order per partition; never waits.
+pub type ShipSink = Rc<dyn Fn(Ship<'_>)>;
 
 /// What the engine needs of the other cores, provided by the transport layer above it.
 pub trait Peers {
@@ -333,11 +342,13 @@ impl Engine {
     }
 
     /// Asks the followers of the replicated partitions of `topic` led here where they stand, so that what a
-    /// majority has is served without waiting for the next produce.
+    /// majority has is served without waiting for the next produce; and sends them its groups' durable frontiers.
     pub(crate) fn probe_followers(&self, topic: &topic::Topic) {
         for &p in topic.owned() {
             if let Some(partition) = topic.owned_partition(p).filter(|p| p.replicated()) {
                 self.ship_probe(&topic.name(), topic.id(), p, partition.log.end_offset());
+                // And its groups' durable frontiers, for a follower that missed some before this open.
+                self.ship_frontiers(&partition.durable_frontiers());
             }
         }
     }
@@ -346,7 +357,15 @@ impl Engine {
     pub(crate) fn ship(&self, head: &crate::storage::journal::EntryHead, frames: &[u8]) {
         let sink = self.ship_sink.borrow().clone();
         if let Some(sink) = sink {
-            sink(head, frames);
+            sink(Ship::Batch(head, frames));
+        }
+    }
+
+    /// Frontiers of a replicated partition this core leads, durable here, for its followers.
+    pub(crate) fn ship_frontiers(&self, records: &[crate::storage::journal::FrontierRecord]) {
+        let sink = self.ship_sink.borrow().clone();
+        if let (Some(sink), false) = (sink, records.is_empty()) {
+            sink(Ship::Frontiers(records));
         }
     }
 

@@ -86,9 +86,15 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
     let started = engine.clock().now_ms();
     let mut records = Vec::new();
     let mut marks = Vec::new();
+    // Each partition's records, for its followers when it is replicated: `records[from..to]`.
+    let mut spans = Vec::new();
     for (_, p) in engine.owned_partitions() {
+        let from = records.len();
         let moved = p.moved_frontiers(&mut records);
         if !moved.is_empty() {
+            if p.replicated() {
+                spans.push(from..records.len());
+            }
             marks.push((p, moved));
         }
     }
@@ -100,20 +106,28 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
         tracing::warn!(core = engine.id, error = ?e, "the journal refused the frontiers: writing their files instead");
         return false;
     }
-    let mut lag = engine.metrics().frontier_lag.borrow_mut();
-    for (p, moved) in &marks {
-        for lag_ms in p.frontiers_journaled(moved, started) {
-            lag.record(lag_ms * 1000);
+    {
+        let mut lag = engine.metrics().frontier_lag.borrow_mut();
+        for (p, moved) in &marks {
+            for lag_ms in p.frontiers_journaled(moved, started) {
+                lag.record(lag_ms * 1000);
+            }
         }
+    }
+    // Durable here: now to the followers (`front/replicate.rs`), so that a replica that comes to lead knows them.
+    for span in spans {
+        engine.ship_frontiers(&records[span]);
     }
     true
 }
 
-/// The core's partitions with a frontier file behind its frontier.
+/// The core's partitions with a frontier file behind its frontier (follower replicas too: behind what their
+/// leaders shipped).
 fn files_behind(engine: &Engine) -> Vec<Rc<crate::partition::Partition>> {
     engine
         .owned_partitions()
         .into_iter()
+        .chain(engine.followed_partitions())
         .filter(|(_, p)| p.frontier_file_behind())
         .map(|(_, p)| p)
         .collect()

@@ -4,20 +4,30 @@
 //! (`Partition::set_follower`, shown by `GET /topics/T`) and resends from there when the follower missed a batch
 //! (a lost connection, a reordered arrival, a follower restarted).
 //!
-//! The leader keeps the batches not yet on every follower in memory, up to `Windows::partition_bytes` per partition: a follower
-//! further behind than that (down for long, or lost its disk), or one whose log does not line up with the leader's,
-//! is marked lagging and gets nothing more until it is caught up from the segments (step 5, not built yet). Nothing
-//! here waits on the data path: the sink only queues, and each follower has its own task.
+//! The leader keeps the batches not yet on every follower in memory, up to `Windows::partition_bytes` per partition. A
+//! follower further behind than that (down for long, or behind a leader that restarted) is caught up from the
+//! leader's log (`Log::read_for_follower`: runs of whole frames, at most `CATCH_UP_BYTES` each, up to where the
+//! kept batches start, sent like batches and counted the same way). One that cannot be (it needs what retention
+//! removed, a damaged frame, or an offset the log skipped), or whose log does not line up with the leader's, is
+//! marked lagging and gets nothing more (a replica replaced from empty: step 5, not built yet). Nothing here waits on
+//! the data path: the sink only queues, and each follower has its own task.
+//!
+//! The consumer groups' frontiers go the same way: each frontier the leader made durable (`Ship::Frontiers`: a
+//! moved frontier its core's flush journaled, a group's start) waits in each follower's `frontiers` (the newest
+//! value per group; a start is never merged away) and goes as one `ReplicateFrontiers` request at a time per
+//! follower, so a group's start and its later values arrive in order. A failed call puts them back for the retry.
 //!
 //! Each answer moves the partition's commit offset (`partition/commit.rs`): what a majority of the replicas has
 //! durable is served, and the produces waiting for it are answered. A leader that opens a replicated partition
 //! probes its followers (a `Replicate` of no records) to learn their ends before any new batch.
 //!
-//! Not built yet (steps 4-5): no epoch fencing; no catch-up of a lagging follower.
+//! Not built yet (steps 4-5): no epoch fencing; no replacement of a replica that cannot be caught up from the log.
 
 use crate::engine::placement::{follower_core, Location, NodeIndex};
-use crate::engine::{Engine, ShipSink};
-use crate::ops::replicate::{Replicate, Replicated};
+use crate::engine::{Engine, Ship, ShipSink};
+use crate::ops::replicate::{
+    FrontierMark, Replicate, ReplicateFrontiers, Replicated, MAX_FRONTIER_MARKS,
+};
 use crate::ops::{Reply, Request};
 use crate::partition::FollowerInfo;
 use crate::storage::journal::EntryHead;
@@ -25,7 +35,7 @@ use crate::transport::Router;
 use bytes::Bytes;
 use event_listener::Event;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 use tracing::{debug, warn};
@@ -58,6 +68,8 @@ impl Windows {
 /// After a failed call, a follower is tried again after this long, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
+/// Bytes of the leader's log read at a time to catch a follower up (whole frames; one larger frame alone). 1 MiB.
+const CATCH_UP_BYTES: u64 = 1 << 20;
 /// A follower's task with nothing to do looks this often whether its topic is still there.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -68,6 +80,8 @@ pub struct Shipper {
     streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
     /// Bytes kept by all streams.
     kept: Rc<Cell<usize>>,
+    /// Bytes of catch-up runs read from the logs and in flight (at most `Windows::core_bytes`).
+    catching: Cell<usize>,
     /// Set by `drain`: batches made durable after it (a log's last queued appends, written at its close) are not
     /// shipped: no task would wait for them.
     stopped: Cell<bool>,
@@ -111,12 +125,95 @@ struct Follower {
     credit: Cell<u64>,
     /// The end of the furthest batch sent to it in this stream: a batch below it is a resend.
     sent: Cell<u64>,
+    /// It has shown, since the stream opened, that its log continues this leader's: it applied a batch, or a probe
+    /// found it at or below the leader's end. Until then an end it reports is not credited, unless it applied.
+    verified: Cell<bool>,
+    /// The frontiers waiting for it (kept by the next stream of the partition when this one is replaced).
+    frontiers: RefCell<Rc<FrontierQueue>>,
     in_flight: Cell<usize>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
     /// The next retry's wait: doubled by each failure, back to `FIRST_RETRY` after an answer.
     delay: Cell<Duration>,
     wake: Event,
+}
+
+/// The frontiers waiting to go to one follower of a partition, and the one request of them in flight.
+struct FrontierQueue {
+    /// Per group, the newest value and whether a start is among them.
+    waiting: RefCell<BTreeMap<String, Pending>>,
+    /// A `ReplicateFrontiers` is in flight (one at a time: a group's start must not pass its older values).
+    in_flight: Cell<bool>,
+    /// The wait before a retry after a failed call (its own: a follower that refuses frontiers does not slow its
+    /// batches).
+    delay: Cell<Duration>,
+}
+
+impl FrontierQueue {
+    fn new() -> Rc<FrontierQueue> {
+        Rc::new(FrontierQueue {
+            waiting: RefCell::new(BTreeMap::new()),
+            in_flight: Cell::new(false),
+            delay: Cell::new(FIRST_RETRY),
+        })
+    }
+
+    /// Something to send, and nothing in flight.
+    fn ready(&self) -> bool {
+        !self.in_flight.get() && !self.waiting.borrow().is_empty()
+    }
+
+    fn idle(&self) -> bool {
+        !self.in_flight.get() && self.waiting.borrow().is_empty()
+    }
+}
+
+/// What the log gives to catch a follower up.
+enum CatchUp {
+    Batch(Rc<Batch>),
+    /// The read failed: try again later.
+    Retry(String),
+    /// It cannot be caught up from the log.
+    Never,
+}
+
+/// A group's frontier waiting to go to a follower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    committed: u64,
+    /// The group started (was created) at or before this value since the last send: the follower replaces the
+    /// group with one starting at `committed`.
+    start: bool,
+}
+
+impl Pending {
+    /// `self`, then `later`: a later start replaces everything before it; a later value after a start is that
+    /// start moved on; otherwise the higher value.
+    fn then(self, later: Pending) -> Pending {
+        if later.start {
+            later
+        } else if self.start {
+            Pending {
+                committed: later.committed,
+                start: true,
+            }
+        } else {
+            Pending {
+                committed: self.committed.max(later.committed),
+                start: false,
+            }
+        }
+    }
+}
+
+/// Adds `value` for `group` to what waits, after what waits.
+fn queue_frontier(waiting: &mut BTreeMap<String, Pending>, group: &str, value: Pending) {
+    match waiting.get_mut(group) {
+        Some(p) => *p = p.then(value),
+        None => {
+            waiting.insert(group.to_string(), value);
+        }
+    }
 }
 
 impl Shipper {
@@ -127,6 +224,7 @@ impl Shipper {
             windows,
             streams: RefCell::new(HashMap::new()),
             kept: Rc::new(Cell::new(0)),
+            catching: Cell::new(0),
             stopped: Cell::new(false),
         })
     }
@@ -134,9 +232,12 @@ impl Shipper {
     /// The sink the engine calls with each durable batch of a replicated partition led here.
     pub fn sink(self: &Rc<Self>) -> ShipSink {
         let shipper = Rc::downgrade(self);
-        Rc::new(move |head: &EntryHead, frames: &[u8]| {
+        Rc::new(move |ship: Ship<'_>| {
             if let Some(shipper) = shipper.upgrade() {
-                shipper.ship(head, frames);
+                match ship {
+                    Ship::Batch(head, frames) => shipper.ship(head, frames),
+                    Ship::Frontiers(records) => shipper.ship_frontiers(records),
+                }
             }
         })
     }
@@ -164,12 +265,25 @@ impl Shipper {
                 s
             }
             old => {
-                if let Some(old) = old {
-                    old.close();
-                }
                 let Some(stream) = self.open_stream(head) else {
+                    if let Some(old) = old {
+                        old.close();
+                    }
                     return;
                 };
+                if let Some(old) = old {
+                    // The frontiers the old stream had not sent go on with the new one (the same queue: its
+                    // request in flight, if any, still goes first).
+                    if old.topic_id == stream.topic_id {
+                        for (f, new) in old.followers.iter().zip(&stream.followers) {
+                            if f.node == new.node {
+                                let queue = f.frontiers.borrow().clone();
+                                *new.frontiers.borrow_mut() = queue;
+                            }
+                        }
+                    }
+                    old.close();
+                }
                 self.streams.borrow_mut().insert(key, stream.clone());
                 stream
             }
@@ -210,6 +324,41 @@ impl Shipper {
         }
     }
 
+    /// Frontiers of one partition made durable here: queued for each of its followers (dropped when it has no
+    /// stream: the partition is not replicated, or no longer led here).
+    fn ship_frontiers(&self, records: &[crate::storage::journal::FrontierRecord]) {
+        let Some(first) = records.first() else {
+            return;
+        };
+        if self.stopped.get() {
+            return;
+        }
+        let stream = self
+            .streams
+            .borrow()
+            .get(&(first.topic.clone(), first.partition))
+            .cloned();
+        let Some(stream) = stream.filter(|s| s.topic_id == first.topic_id && !s.closed.get())
+        else {
+            debug!(topic = %first.topic, partition = first.partition, "frontiers of a partition with no stream: not shipped");
+            return;
+        };
+        for f in &stream.followers {
+            let queue = f.frontiers.borrow().clone();
+            let mut waiting = queue.waiting.borrow_mut();
+            for r in records {
+                debug_assert_eq!((&r.topic, r.partition), (&first.topic, first.partition));
+                let value = Pending {
+                    committed: r.committed,
+                    start: r.start,
+                };
+                queue_frontier(&mut waiting, &r.group, value);
+            }
+            drop(waiting);
+            f.wake.notify(1);
+        }
+    }
+
     /// A stream for a partition whose first batch this is: its followers as the topic has them, each with a task.
     fn open_stream(self: &Rc<Self>, head: &EntryHead) -> Option<Rc<Stream>> {
         let topic = self.engine().topic(&head.topic).ok()?;
@@ -241,6 +390,8 @@ impl Shipper {
                         answered: Cell::new(false),
                         credit: Cell::new(0),
                         sent: Cell::new(0),
+                        verified: Cell::new(false),
+                        frontiers: RefCell::new(FrontierQueue::new()),
                         in_flight: Cell::new(0),
                         backoff: Cell::new(None),
                         delay: Cell::new(FIRST_RETRY),
@@ -303,6 +454,47 @@ impl Shipper {
             });
             if f.answered.get() {
                 p.follower_acked(f.node, f.credit.get());
+            }
+        }
+    }
+
+    /// A batch of the leader's log from `from` for a follower behind what the stream keeps (at most
+    /// `CATCH_UP_BYTES`, ending where the kept batches start), or None when the log cannot give one.
+    async fn catch_up_batch(&self, stream: &Stream, from: u64) -> CatchUp {
+        let Some(partition) = self
+            .engine()
+            .topic(&stream.topic)
+            .ok()
+            .filter(|t| t.id() == stream.topic_id)
+            .and_then(|t| t.owned_partition(stream.partition))
+        else {
+            return CatchUp::Never;
+        };
+        let until = stream
+            .batches
+            .borrow()
+            .front()
+            .map_or(stream.end.get(), |b| b.head.first_offset);
+        match partition
+            .log
+            .read_for_follower(from, until, CATCH_UP_BYTES)
+            .await
+        {
+            Ok(Some((head, frames))) => {
+                let end = head.first_offset + u64::from(head.count);
+                debug!(topic = %stream.topic, partition = stream.partition, from, end, "catching a follower up from the log");
+                CatchUp::Batch(Rc::new(Batch {
+                    head,
+                    frames: Bytes::from(frames),
+                    end,
+                }))
+            }
+            Ok(None) => CatchUp::Never,
+            // A failed read is tried again (after the follower's backoff); what the log cannot hold is not.
+            Err(crate::storage::log::ReadError::Io(e)) => CatchUp::Retry(e.to_string()),
+            Err(e) => {
+                warn!(topic = %stream.topic, partition = stream.partition, from, error = ?e, "cannot read the log to catch a follower up");
+                CatchUp::Never
             }
         }
     }
@@ -382,14 +574,15 @@ impl Stream {
         }
     }
 
-    /// Every follower that is not lagging and whose node is alive has every batch kept (or the stream ended).
+    /// Every follower whose node is alive has every batch kept, unless it lags, and every frontier (or the stream
+    /// ended).
     fn drained(&self, alive: impl Fn(NodeIndex) -> bool) -> bool {
         let end = self.batches.borrow().back().map(|b| b.end);
         self.closed.get()
-            || end.is_none_or(|end| {
-                self.followers
-                    .iter()
-                    .all(|f| f.lagging.get() || f.acked.get() >= end || !alive(f.node))
+            || self.followers.iter().all(|f| {
+                !alive(f.node)
+                    || ((f.lagging.get() || end.is_none_or(|end| f.acked.get() >= end))
+                        && f.frontiers.borrow().idle())
             })
     }
 
@@ -430,6 +623,29 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             }
             continue;
         }
+        // Frontiers first, whether or not it lags (they do not depend on its log), one request at a time.
+        let queue = f.frontiers.borrow().clone();
+        if queue.ready() {
+            let Some(to) = shipper.follower_location(&stream, f.node) else {
+                if !shipper.still_leads(&stream) {
+                    break;
+                }
+                fail(&f, "its core count is not known");
+                continue;
+            };
+            let marks = take_frontiers(&queue);
+            queue.in_flight.set(true);
+            glommio::spawn_local(send_frontiers(
+                shipper.clone(),
+                stream.clone(),
+                f.clone(),
+                queue,
+                to,
+                marks,
+            ))
+            .detach();
+            continue;
+        }
         if f.lagging.get() || f.in_flight.get() >= shipper.windows.in_flight {
             idle(listener).await;
             if !shipper.still_leads(&stream) {
@@ -461,10 +677,65 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 .detach();
             }
             Err(true) => {
-                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader no longer keeps: it gets nothing until it is caught up");
-                f.lagging.set(true);
-                stream.trim();
-                shipper.report(&stream, &f);
+                // Behind what is kept: caught up from the leader's log, a run of frames at a time, up to where the
+                // kept batches start (they follow on as usual).
+                // (Runs in flight on the core are bounded like kept batches.)
+                if shipper.catching.get() >= shipper.windows.core_bytes {
+                    idle(listener).await;
+                    if !shipper.still_leads(&stream) {
+                        break;
+                    }
+                    continue;
+                }
+                let from = f.next.get();
+                match shipper.catch_up_batch(&stream, from).await {
+                    CatchUp::Batch(batch) => {
+                        // Things may have moved during the read: the next round decides afresh.
+                        if stream.closed.get()
+                            || f.lagging.get()
+                            || f.backoff.get().is_some()
+                            || f.next.get() != from
+                        {
+                            continue;
+                        }
+                        let Some(to) = shipper.follower_location(&stream, f.node) else {
+                            if !shipper.still_leads(&stream) {
+                                break;
+                            }
+                            fail(&f, "its core count is not known");
+                            continue;
+                        };
+                        f.next.set(batch.end);
+                        f.in_flight.set(f.in_flight.get() + 1);
+                        let resend = batch.end <= f.sent.get();
+                        f.sent.set(f.sent.get().max(batch.end));
+                        shipper
+                            .catching
+                            .set(shipper.catching.get() + batch.frames.len());
+                        glommio::spawn_local(send_catching_up(
+                            shipper.clone(),
+                            stream.clone(),
+                            f.clone(),
+                            to,
+                            batch,
+                            resend,
+                        ))
+                        .detach();
+                    }
+                    CatchUp::Retry(why) => {
+                        if !shipper.still_leads(&stream) {
+                            break;
+                        }
+                        fail(&f, &why);
+                    }
+                    CatchUp::Never if stream.closed.get() || !shipper.still_leads(&stream) => break,
+                    CatchUp::Never => {
+                        warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader cannot ship from its log (below retention, damaged, or skipped): it gets nothing until it is replaced");
+                        f.lagging.set(true);
+                        stream.trim();
+                        shipper.report(&stream, &f);
+                    }
+                }
             }
             Err(false) if !f.answered.get() && f.in_flight.get() == 0 => {
                 // Nothing to send, and its end is not known: ask (a batch of no records at the stream's end).
@@ -534,6 +805,90 @@ fn fail(f: &Follower, why: &str) {
     f.wake.notify(1);
 }
 
+/// Takes up to `MAX_FRONTIER_MARKS` of the frontiers waiting in `queue` (in group order, as the follower admits
+/// them).
+fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
+    let mut waiting = queue.waiting.borrow_mut();
+    let mut marks = Vec::with_capacity(waiting.len().min(MAX_FRONTIER_MARKS));
+    while marks.len() < MAX_FRONTIER_MARKS {
+        let Some((group, p)) = waiting.pop_first() else {
+            break;
+        };
+        marks.push(FrontierMark {
+            group,
+            committed: p.committed,
+            start: p.start,
+        });
+    }
+    marks
+}
+
+/// Sends frontiers to a follower; on a failure they wait again (before anything queued since) for the retry, which
+/// comes after the queue's own backoff (the batches' is not touched).
+async fn send_frontiers(
+    shipper: Rc<Shipper>,
+    stream: Rc<Stream>,
+    f: Rc<Follower>,
+    queue: Rc<FrontierQueue>,
+    to: Location,
+    marks: Vec<FrontierMark>,
+) {
+    let request = Request::ReplicateFrontiers(ReplicateFrontiers {
+        topic: stream.topic.clone(),
+        topic_id: stream.topic_id,
+        partition: stream.partition,
+        leader: shipper.engine().node(),
+        marks: marks.clone(),
+    });
+    let result = shipper.router.call(to, request).await;
+    match result {
+        Ok(Reply::Done) => queue.delay.set(FIRST_RETRY),
+        other => {
+            let why = match &other {
+                Ok(_) => "an answer out of protocol".to_string(),
+                Err(e) => e.to_string(),
+            };
+            {
+                let mut waiting = queue.waiting.borrow_mut();
+                for m in marks {
+                    let sent = Pending {
+                        committed: m.committed,
+                        start: m.start,
+                    };
+                    let merged = match waiting.get(&m.group) {
+                        Some(&later) => sent.then(later),
+                        None => sent,
+                    };
+                    waiting.insert(m.group, merged);
+                }
+            }
+            let wait = queue.delay.get();
+            debug!(
+                follower = f.node,
+                why, "replicate frontiers: retrying after {wait:?}"
+            );
+            queue.delay.set((wait * 2).min(MAX_RETRY));
+            glommio::timer::sleep(wait).await;
+        }
+    }
+    queue.in_flight.set(false);
+    f.wake.notify(1);
+}
+
+/// Sends a catch-up run (as `send`), then gives its bytes back to the core's catch-up budget.
+async fn send_catching_up(
+    shipper: Rc<Shipper>,
+    stream: Rc<Stream>,
+    f: Rc<Follower>,
+    to: Location,
+    batch: Rc<Batch>,
+    resend: bool,
+) {
+    let len = batch.frames.len();
+    send(shipper.clone(), stream, f, to, batch, resend).await;
+    shipper.catching.set(shipper.catching.get() - len);
+}
+
 /// Sends one batch to a follower and takes its answer (`resend`: the batch was sent to it before in this stream,
 /// so an answer past it may mean it was applied then).
 async fn send(
@@ -567,7 +922,15 @@ async fn send(
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
             }
-            if !refused && batch.head.count == 0 && end > batch.head.first_offset {
+            if !refused
+                && batch.head.count == 0
+                && end > batch.head.first_offset
+                && end <= f.sent.get()
+            {
+                // A probe answered after batches were sent to it (they went while the probe was in flight): its
+                // end may be theirs. Their own answers tell where it stands; this one is not counted. (An end past
+                // anything shipped is a log ahead of this leader's: below.)
+            } else if !refused && batch.head.count == 0 && end > batch.head.first_offset {
                 // A probe's answer past the leader's end: its log holds what this leader never shipped (the
                 // leader lost records). Not counted, and nothing more is sent until epochs settle it (step 4).
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, leader_end = batch.head.first_offset, "a follower's log is ahead of its leader's: it gets nothing and counts for nothing");
@@ -583,16 +946,31 @@ async fn send(
                     f.next.set(f.next.get().min(end));
                 }
                 f.credit.set(f.credit.get().max(end));
+                f.verified.set(true);
             } else if refused {
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, "a follower refused a shipped batch: it gets nothing until it is caught up");
                 f.lagging.set(true);
             } else if applied || (resend && end >= batch.end) {
                 // Applied now, or earlier (a resend after a lost answer): it holds this batch. Counted up to the
-                // batch's end only: anything past it was not shipped by this stream.
+                // batch's end only: anything past it was not shipped by this stream; and, for a resend, only once
+                // it showed its log continues this leader's.
                 f.acked.set(f.acked.get().max(end));
-                f.credit.set(f.credit.get().max(end.min(batch.end)));
+                if applied || f.verified.get() {
+                    f.credit.set(f.credit.get().max(end.min(batch.end)));
+                }
+                if applied {
+                    f.verified.set(true);
+                }
             } else if end <= batch.head.first_offset {
                 // It missed earlier batches (or lost them): resend from its end.
+                f.acked.set(f.acked.get().max(end));
+                if f.verified.get() {
+                    f.credit.set(f.credit.get().max(end));
+                }
+                f.next.set(f.next.get().min(end));
+            } else if resend && f.verified.get() && end < batch.end {
+                // Inside a batch sent before (a catch-up run cut differently the first time, whose first part it
+                // took): it holds this leader's records up to there; resend from its end.
                 f.acked.set(f.acked.get().max(end));
                 f.credit.set(f.credit.get().max(end));
                 f.next.set(f.next.get().min(end));
@@ -613,4 +991,35 @@ async fn send(
         Err(e) => fail(&f, &e.to_string()),
     }
     f.wake.notify(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{queue_frontier, Pending};
+    use std::collections::BTreeMap;
+
+    fn p(committed: u64, start: bool) -> Pending {
+        Pending { committed, start }
+    }
+
+    #[test]
+    fn waiting_frontiers_keep_the_newest_value_and_never_lose_a_start() {
+        let mut w = BTreeMap::new();
+        queue_frontier(&mut w, "g", p(5, false));
+        queue_frontier(&mut w, "g", p(9, false));
+        assert_eq!(w["g"], p(9, false));
+        // Values only move up between starts (a lower one is an older flush's).
+        queue_frontier(&mut w, "g", p(7, false));
+        assert_eq!(w["g"], p(9, false));
+        // A start replaces what came before it, lower or not...
+        queue_frontier(&mut w, "g", p(2, true));
+        assert_eq!(w["g"], p(2, true));
+        // ...and the values after it move it on, still a start.
+        queue_frontier(&mut w, "g", p(4, false));
+        assert_eq!(w["g"], p(4, true));
+        // Put back after a failed send (the sent marks, then what queued meanwhile).
+        assert_eq!(p(9, false).then(p(4, true)), p(4, true));
+        assert_eq!(p(3, true).then(p(6, false)), p(6, true));
+        assert_eq!(w.len(), 1);
+    }
 }

@@ -66,6 +66,8 @@ pub enum Request {
     Partitions(String),
     /// A leader's durable batch for this node's follower replica of the partition, on the core that holds it.
     Replicate(replicate::Replicate),
+    /// A leader's durable group frontiers for this node's follower replica of the partition (`Done`).
+    ReplicateFrontiers(replicate::ReplicateFrontiers),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -131,6 +133,10 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         // With the cold path (boxed): a follower's apply holds the log's shipped-batch future, larger than a
         // client operation's, and comes once per shipped batch, not per message.
         Request::Replicate(r) => Reply::Replicated(replicate::apply(engine, r).await?),
+        Request::ReplicateFrontiers(r) => {
+            replicate::apply_frontiers(engine, r).await?;
+            Reply::Done
+        }
         Request::CreateTopic(config) => {
             let (created, config) = topics::create(engine, config).await?;
             Reply::Created(created, config)

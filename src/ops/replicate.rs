@@ -5,6 +5,11 @@
 //!
 //! Read in order: `front/replicate.rs` (the leader's shipper: what it sends, to whom, and what it does with the
 //! answer), `validate::admit` (a peer may only ship as the leader it is), then `apply` here on the follower.
+//!
+//! The consumer groups' frontiers travel beside the batches: each frontier the leader made durable (a moved
+//! frontier the core's flush journaled, or a group's start) goes to the followers as a [`ReplicateFrontiers`]
+//! request, which the follower records in its own journal and frontier files (`apply_frontiers`,
+//! `Partition::follow_frontiers`), so that a replica that becomes leader knows what its groups settled.
 
 use super::error::{OpError, OpResult};
 use crate::engine::placement::NodeIndex;
@@ -60,28 +65,73 @@ impl Replicate {
     }
 }
 
+/// The frontiers of consumer groups on a partition, as its leader made them durable (`docs/replication.md`, step
+/// 3): the follower records each in its journal and frontier file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicateFrontiers {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    /// The node that leads the partition (the sender: `validate::admit` holds a peer to it).
+    pub leader: NodeIndex,
+    /// At most [`MAX_FRONTIER_MARKS`], one per group, in ascending order of group name.
+    pub marks: Vec<FrontierMark>,
+}
+
+/// One group's frontier: every offset below `committed` is settled; with `start`, the group was (re)created there
+/// and the value replaces whatever a group of that name had before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontierMark {
+    pub group: String,
+    pub committed: u64,
+    pub start: bool,
+}
+
+/// Most marks in one `ReplicateFrontiers` (a topic has at most `MAX_GROUPS_LIMIT` groups; a leader sends more in
+/// several requests).
+pub const MAX_FRONTIER_MARKS: usize = crate::engine::topic::MAX_GROUPS_LIMIT;
+
+/// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
+/// group this replica does not know are passed over, unless they start it.
+pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
+    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader)?;
+    let max_groups = engine.topic(&r.topic)?.config().max_groups;
+    partition
+        .follow_frontiers(&r.marks, max_groups)
+        .await
+        .map_err(OpError::from)
+}
+
+/// This core's follower replica of a partition led by `leader`, or why there is none.
+fn followed(
+    engine: &Rc<Engine>,
+    topic_name: &str,
+    topic_id: u64,
+    p: u32,
+    leader: NodeIndex,
+) -> OpResult<Rc<crate::partition::Partition>> {
+    let topic = engine.topic(topic_name)?;
+    if topic.id() != topic_id {
+        return Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
+            topic_name.to_string(),
+        )));
+    }
+    if p >= topic.partition_count() || topic.location(p).node != leader {
+        return Err(OpError::PartitionUnavailable(format!(
+            "node {leader} does not lead partition {p} of '{topic_name}' as this node knows it"
+        )));
+    }
+    topic.followed_partition(p).ok_or_else(|| {
+        OpError::PartitionUnavailable(format!(
+            "core {} holds no replica of partition {p} of '{topic_name}'",
+            engine.id()
+        ))
+    })
+}
+
 /// Applies a shipped batch on the core holding this node's follower replica of its partition.
 pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
-    let topic = engine.topic(&r.topic)?;
-    if topic.id() != r.topic_id {
-        return Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
-            r.topic.clone(),
-        )));
-    }
-    if r.partition >= topic.partition_count() || topic.location(r.partition).node != r.leader {
-        return Err(OpError::PartitionUnavailable(format!(
-            "node {} does not lead partition {} of '{}' as this node knows it",
-            r.leader, r.partition, r.topic
-        )));
-    }
-    let Some(partition) = topic.followed_partition(r.partition) else {
-        return Err(OpError::PartitionUnavailable(format!(
-            "core {} holds no replica of partition {} of '{}'",
-            engine.id(),
-            r.partition,
-            r.topic
-        )));
-    };
+    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader)?;
     let log = &partition.log;
     if r.count == 0 {
         // A probe (the leader opened the partition): where this replica's log ends.

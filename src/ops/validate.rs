@@ -3,7 +3,8 @@
 //! is not trusted to have done the same: `admit` is where such a value becomes a request this node will apply.
 //!
 //! - Only the requests another node has a reason to send cross node RPC: the data path (produce, probe, settle,
-//!   replay), describe, and the one-way wake-up signals and give-backs. Administration is never forwarded between
+//!   replay), describe, the one-way wake-up signals and give-backs, and a leader's batches and frontiers for its
+//!   followers (`Replicate`, `ReplicateFrontiers`: only as the leader the sender is). Administration is never forwarded between
 //!   nodes (each node applies its own through the metastore), and admin steps, stats and metastore lookups are a
 //!   node's own business: a peer that sends one gets `400`, and no core ever sees it.
 //! - Every name is valid (`validate_name`: what the HTTP layer checks), every count and byte size within the
@@ -124,6 +125,33 @@ pub fn admit(
                     "a shipped batch of {} bytes: more than {most}",
                     r.frames.len()
                 )));
+            }
+            Ok(())
+        }
+        Request::ReplicateFrontiers(r) => {
+            validate_name(&r.topic)?;
+            if r.leader != peer {
+                return Err(OpError::InvalidParameter(format!(
+                    "node {peer} shipped frontiers as node {}",
+                    r.leader
+                )));
+            }
+            if r.marks.len() > crate::ops::replicate::MAX_FRONTIER_MARKS {
+                return Err(OpError::BatchTooLarge(format!(
+                    "{} frontiers in one request: more than {}",
+                    r.marks.len(),
+                    crate::ops::replicate::MAX_FRONTIER_MARKS
+                )));
+            }
+            for (i, m) in r.marks.iter().enumerate() {
+                validate_name(&m.group)?;
+                // One mark per group, in name order (as a leader sends them): no group twice in one request.
+                if i > 0 && r.marks[i - 1].group >= m.group {
+                    return Err(OpError::InvalidParameter(format!(
+                        "frontiers not in ascending group order at '{}'",
+                        m.group
+                    )));
+                }
             }
             Ok(())
         }
@@ -248,7 +276,8 @@ pub fn expect(request: &Request) -> Expected {
         | Request::Admin(_)
         | Request::Signal(_)
         | Request::LookupTopic(..)
-        | Request::GiveBack(_) => Expected::Done,
+        | Request::GiveBack(_)
+        | Request::ReplicateFrontiers(_) => Expected::Done,
     }
 }
 
@@ -329,6 +358,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::GiveBack(_) => "GiveBack",
         Request::Partitions(_) => "Partitions",
         Request::Replicate(_) => "Replicate",
+        Request::ReplicateFrontiers(_) => "ReplicateFrontiers",
     }
 }
 
@@ -532,6 +562,54 @@ mod tests {
             expires_at_ms: 0,
             payload: Bytes::new(),
         }
+    }
+
+    #[test]
+    fn shipped_frontiers_are_admitted_only_from_their_leader_with_valid_names_and_bounded() {
+        let ship = |leader: u32, groups: &[&str]| {
+            Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                leader,
+                marks: groups
+                    .iter()
+                    .map(|g| crate::ops::replicate::FrontierMark {
+                        group: g.to_string(),
+                        committed: 5,
+                        start: false,
+                    })
+                    .collect(),
+            })
+        };
+        assert!(admit(&ship(3, &["g", "h"]), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&ship(4, &["g"]), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("as node 4")
+        ));
+        assert!(admit(&ship(3, &["../x"]), 3, 0, 2, &LIMITS).is_err());
+        assert!(admit(&ship(3, &[""]), 3, 0, 2, &LIMITS).is_err());
+        // One mark per group, in name order.
+        assert!(matches!(
+            admit(&ship(3, &["h", "g"]), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(_))
+        ));
+        assert!(matches!(
+            admit(&ship(3, &["g", "g"]), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(_))
+        ));
+        let names: Vec<String> = (0..=crate::ops::replicate::MAX_FRONTIER_MARKS)
+            .map(|i| format!("g{i:05}"))
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let most = &names[..crate::ops::replicate::MAX_FRONTIER_MARKS];
+        assert!(admit(&ship(3, most), 3, 0, 2, &LIMITS).is_ok());
+        let more = &names[..];
+        assert!(matches!(
+            admit(&ship(3, more), 3, 0, 2, &LIMITS),
+            Err(OpError::BatchTooLarge(_))
+        ));
+        assert!(matches!(expect(&ship(3, &["g"])), Expected::Done));
     }
 
     #[test]

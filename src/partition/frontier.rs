@@ -20,6 +20,12 @@
 //!   group's records carry since the group's last start record; the partition then reads the files at its first
 //!   touch (`load_shards`).
 //!
+//! - **Replicated** (a follower replica, `docs/replication.md` step 3): the leader ships each frontier it made
+//!   durable (journaled, or a group's start) to its followers; a follower records it in its own journal
+//!   ([`Partition::follow_frontiers`]) and keeps it as the group's `replica` value, which its checkpoints write to
+//!   the file as a leader's do its committed one. A follower never loads its groups' shards: the value is all it
+//!   keeps, until it leads.
+//!
 //! The flush lag (how long a frontier waited to become durable, the `frontier_lag` histogram) is measured here from
 //! `moved_at`.
 
@@ -41,6 +47,12 @@ pub(super) struct FrontierState {
     /// Frontier value known durable in the core's journal (0: none recorded there yet); the durable frontier is the
     /// higher of this and `flushed`.
     pub(super) journaled: Cell<u64>,
+    /// On a follower replica: the frontier its leader last shipped (None: none since the replica opened). Its
+    /// files are written from it as a leader's are from its shard's committed frontier.
+    pub(super) replica: Cell<Option<u64>>,
+    /// `flushed` holds what its file held when the partition opened, at least (a leader's load reads it; a
+    /// follower reads it at the first value its leader ships).
+    pub(super) file_known: Cell<bool>,
     /// A flush of its file is running.
     pub(super) flushing: Cell<bool>,
     /// When the frontier first moved past its durable value (cleared when a flush catches up): the flush lag's
@@ -55,6 +67,8 @@ impl FrontierState {
             path,
             flushed: Cell::new(0),
             journaled: Cell::new(0),
+            replica: Cell::new(None),
+            file_known: Cell::new(false),
             flushing: Cell::new(false),
             moved_at: Cell::new(None),
             flushed_event: event_listener::Event::new(),
@@ -78,8 +92,9 @@ impl FrontierState {
 }
 
 impl Partition {
-    /// Writes the frontier file a new group starts from: the oldest retained offset, or with `latest` the end.
-    pub async fn write_start(&self, group: &str, latest: bool) -> Result<(), PartitionError> {
+    /// Writes the frontier file a new group starts from: the oldest retained offset, or with `latest` the end;
+    /// returns that offset.
+    pub async fn write_start(&self, group: &str, latest: bool) -> Result<u64, PartitionError> {
         self.ensure_loaded().await?;
         let value = if latest {
             self.readable_end()
@@ -106,7 +121,163 @@ impl Partition {
                 .await?;
             link.journal.sync_now().await?;
         }
+        Ok(value)
+    }
+
+    /// Follower replica: records the frontiers its leader made durable (`marks`: one per group). A group's start
+    /// replaces the group: a new one takes its place at once, its file written with the start; any other value
+    /// raises the group's (never lowers it, nor below what its file holds). Then one journal entry of the starts
+    /// and raised values, synced: durable when this returns `Ok`; the files of raised values follow at the
+    /// journal's checkpoints. A value for a group this replica does not know (deleted, or created without a start
+    /// it has seen) is passed over; a start of a group it does not know is taken while the partition has fewer than
+    /// `max_groups` groups. Calls on one partition run one at a time, in arrival order.
+    pub async fn follow_frontiers(
+        &self,
+        marks: &[crate::ops::replicate::FrontierMark],
+        max_groups: usize,
+    ) -> Result<(), PartitionError> {
+        let Some(link) = self.log.journal_link().cloned() else {
+            return Err(PartitionError::Unavailable(
+                "a follower replica records frontiers through its core's journal".into(),
+            ));
+        };
+        let _turn = FollowTurn::take(self).await;
+        let record = |group: &str, committed: u64, start: bool| journal::FrontierRecord {
+            topic: link.topic.clone(),
+            topic_id: link.topic_id,
+            partition: link.partition,
+            group: group.to_string(),
+            committed,
+            start,
+        };
+        let mut records = Vec::new();
+        let mut raised = Vec::new();
+        for m in marks {
+            if self.closed.get() {
+                return Err(PartitionError::Closed);
+            }
+            let old = self.groups.borrow().get(&m.group).cloned();
+            if m.start {
+                if old.is_none() && self.groups.borrow().len() >= max_groups {
+                    warn!(dir = %self.dir.display(), group = %m.group, max_groups, "a leader started a group beyond the topic's max_groups on this replica: passed over");
+                    continue;
+                }
+                // The new group takes the old one's place before anything awaits, its file marked as being written
+                // (checkpoints, a close and a removal wait for it); the old one has nothing left to write.
+                let g = Group::new(&m.group, &self.dir);
+                g.frontier.file_known.set(true);
+                let writing = Flushing::start(&g.frontier);
+                self.groups.borrow_mut().insert(m.group.clone(), g.clone());
+                if let Some(old) = old {
+                    old.frontier.replica.set(None);
+                    old.frontier.wait_flush().await;
+                }
+                if self.closed.get() {
+                    return Err(PartitionError::Closed);
+                }
+                write(&*self.storage, &g.frontier.path, m.committed)
+                    .await
+                    .map_err(|e| PartitionError::Storage(e.to_string()))?;
+                g.frontier.flushed.set(m.committed);
+                g.frontier.replica.set(Some(m.committed));
+                drop(writing);
+                records.push(record(&m.group, m.committed, true));
+                continue;
+            }
+            let Some(g) = old else {
+                continue;
+            };
+            if !g.frontier.file_known.get() {
+                // First value since the replica opened: what its file holds (a restart forgets it) is the floor.
+                g.frontier.wait_flush().await;
+                let stored = read(&*self.storage, &g.frontier.path).map_err(|e| {
+                    PartitionError::Unavailable(format!("cannot read its frontier: {e}"))
+                })?;
+                if !g.frontier.file_known.get() {
+                    g.frontier.flushed.set(g.frontier.flushed.get().max(stored));
+                    g.frontier.file_known.set(true);
+                }
+            }
+            let value = g
+                .frontier
+                .replica
+                .get()
+                .unwrap_or(0)
+                .max(m.committed)
+                .max(g.frontier.flushed.get());
+            g.frontier.replica.set(Some(value));
+            if m.committed > g.frontier.durable() {
+                records.push(record(&m.group, m.committed, false));
+                raised.push((g, m.committed));
+            }
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        link.journal
+            .commit_frontiers(journal::frontier_entry(&records))
+            .await?;
+        // Durable before the answer under `fsync interval` too: the leader counts on it.
+        link.journal.sync_now().await?;
+        for (g, value) in raised {
+            if value > g.frontier.journaled.get() {
+                g.frontier.journaled.set(value);
+            }
+        }
         Ok(())
+    }
+
+    /// Follower replica: group `group` went (deleted, perhaps to be created again): a start record at 0 in the
+    /// core's journal, synced, so that the journal's replay never raises a later group of the same name with the
+    /// deleted one's values (the leader's start for the new one may come later).
+    pub async fn journal_group_gone(&self, group: &str) -> Result<(), PartitionError> {
+        let Some(link) = self.log.journal_link() else {
+            return Ok(());
+        };
+        let record = journal::FrontierRecord {
+            topic: link.topic.clone(),
+            topic_id: link.topic_id,
+            partition: link.partition,
+            group: group.to_string(),
+            committed: 0,
+            start: true,
+        };
+        link.journal
+            .commit_frontiers(journal::frontier_entry(&[record]))
+            .await?;
+        link.journal.sync_now().await?;
+        Ok(())
+    }
+
+    /// Leader of a replicated partition: every group's durable frontier (a loaded group's as it knows it, any other's
+    /// read from its file: a blocking read of a few bytes per group, as at a load), as starts for its followers.
+    /// Sent when the partition opens here, so that a follower that missed some values, or a group's start, before
+    /// this leader's restart holds what this leader holds: as a start, since no value this leader shipped is above
+    /// its durable one, and a follower that missed a start may hold a deleted group's higher value. A group whose
+    /// file cannot be read is left out (its followers keep what they have).
+    pub fn durable_frontiers(&self) -> Vec<journal::FrontierRecord> {
+        let Some(link) = self.log.journal_link() else {
+            return Vec::new();
+        };
+        self.groups
+            .borrow()
+            .values()
+            .filter_map(|g| {
+                let value = if g.shard.borrow().is_some() {
+                    g.frontier.durable()
+                } else {
+                    read(&*self.storage, &g.frontier.path).ok()?
+                };
+                Some(journal::FrontierRecord {
+                    topic: link.topic.clone(),
+                    topic_id: link.topic_id,
+                    partition: link.partition,
+                    group: g.name.clone(),
+                    committed: value,
+                    start: true,
+                })
+            })
+            .collect()
     }
 
     /// Adds to `out` a record of each group whose frontier moved past the durable one (for one journal entry of
@@ -187,7 +358,7 @@ impl Partition {
     pub fn frontier_file_behind(&self) -> bool {
         self.groups.borrow().values().any(|g| {
             g.frontier.flushing.get()
-                || g.with_loaded(|s| s.committed())
+                || g.frontier_value()
                     .is_some_and(|c| c != g.frontier.flushed.get())
         })
     }
@@ -200,7 +371,7 @@ impl Partition {
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
         let mut ok = true;
         for g in groups {
-            let Some(committed) = g.with_loaded(|s| s.committed()) else {
+            let Some(committed) = g.frontier_value() else {
                 continue;
             };
             if g.frontier.flushed.get() >= committed || self.closed.get() {
@@ -215,7 +386,7 @@ impl Partition {
     /// Writes a group's frontier file; returns the lag when that made its frontier durable (it was not yet, in the
     /// journal either).
     async fn flush_group(&self, g: &Group) -> Option<u64> {
-        let committed = g.with_loaded(|s| s.committed())?;
+        let committed = g.frontier_value()?;
         if g.frontier.flushed.get() == committed || g.frontier.flushing.get() || self.closed.get() {
             return None;
         }
@@ -235,7 +406,7 @@ impl Partition {
                     None
                 } else {
                     // Acks that came during the write are counted from the write's start.
-                    let behind = g.with_loaded(|s| s.committed()) != Some(committed);
+                    let behind = g.frontier_value() != Some(committed);
                     g.frontier.moved_at.set(behind.then_some(started));
                     Some(self.clock.now_ms().saturating_sub(moved_at))
                 }
@@ -254,6 +425,30 @@ impl Partition {
         for g in groups {
             g.frontier.wait_flush().await;
         }
+    }
+}
+
+/// A follower partition's turn to record shipped frontiers (`follow_frontiers`): one call at a time, so that two
+/// requests of one group never interleave around an await.
+struct FollowTurn<'a>(&'a Partition);
+
+impl<'a> FollowTurn<'a> {
+    async fn take(p: &'a Partition) -> FollowTurn<'a> {
+        while p.following.get() {
+            let done = p.followed.listen();
+            if p.following.get() {
+                done.await;
+            }
+        }
+        p.following.set(true);
+        FollowTurn(p)
+    }
+}
+
+impl Drop for FollowTurn<'_> {
+    fn drop(&mut self) {
+        self.0.following.set(false);
+        self.0.followed.notify(1);
     }
 }
 

@@ -143,6 +143,13 @@ impl Group {
         self.shard.borrow_mut().as_mut().map(f)
     }
 
+    /// The frontier its file should hold: the loaded shard's committed frontier, or on a follower replica the one
+    /// its leader shipped (None: neither, nothing to write).
+    fn frontier_value(&self) -> Option<u64> {
+        self.with_loaded(|s| s.committed())
+            .or(self.frontier.replica.get())
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -175,6 +182,9 @@ pub struct Partition {
     /// Set when the partition is closed (topic deleted or shutdown): no file of it is written after this, since its
     /// directory may already belong to a new topic of the same name.
     closed: Cell<bool>,
+    /// A follower replica is recording shipped frontiers (`frontier.rs`, `FollowTurn`); `followed` wakes the next.
+    following: Cell<bool>,
+    followed: event_listener::Event,
     /// Offsets lost below the durable frontier at recovery (the log ended before it): counted as corrupt-skipped.
     lost_below_frontier: Cell<u64>,
     /// Read failures per offset (I/O errors), for the offsets that failed recently.
@@ -303,6 +313,8 @@ impl Partition {
             limits: Cell::new(setup.limits),
             redelivery: Cell::new(setup.redelivery),
             closed: Cell::new(false),
+            following: Cell::new(false),
+            followed: event_listener::Event::new(),
             lost_below_frontier: Cell::new(0),
             read_failures: RefCell::new(BTreeMap::new()),
             next_nonce_seed: Cell::new(0),
@@ -393,8 +405,10 @@ impl Partition {
         let Some(g) = self.groups.borrow_mut().remove(name) else {
             return;
         };
-        g.frontier.wait_flush().await;
+        // Nothing left to write in it (a checkpoint may hold it still): no shard, no shipped value.
         *g.shard.borrow_mut() = None;
+        g.frontier.replica.set(None);
+        g.frontier.wait_flush().await;
         if !self.closed.get() {
             if let Err(e) = self.storage.remove(&g.frontier.path).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -448,6 +462,7 @@ impl Partition {
             "frontier {committed} beyond the log end {end}"
         );
         g.frontier.flushed.set(stored);
+        g.frontier.file_known.set(true);
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
         // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
         // nonce (a handle is valid only in the group that leased it).
@@ -861,7 +876,7 @@ impl Partition {
         self.wait_flushes().await;
         self.flush_frontiers().await;
         let written = self.groups.borrow().values().all(|g| {
-            g.with_loaded(|s| s.committed())
+            g.frontier_value()
                 .is_none_or(|c| c == g.frontier.flushed.get())
         });
         self.closed.set(true);
@@ -940,5 +955,7 @@ impl Partition {
     }
 }
 
+#[cfg(test)]
+mod replica_tests;
 #[cfg(test)]
 mod tests;

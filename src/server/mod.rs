@@ -396,6 +396,8 @@ async fn core_main(
     // The followers get the last batches before the logs close (a bounded wait: a follower that is down too is
     // not waited for longer).
     if let Some(shipper) = shipper.take() {
+        // The frontiers moved since the last flush tick too (the tick stopped with the server).
+        crate::engine::timers::journal_moved(&core).await;
         shipper.drain(SHIP_DRAIN).await;
     }
     core.close_all().await;

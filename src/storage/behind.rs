@@ -168,13 +168,23 @@ mod tests {
                 behind.push(&file, 0, 6, b"ghi");
                 behind.flush().expect("flush");
                 assert!(!behind.take_back(0, 6));
+                // (Nor at or past where the written ones end: nothing is buffered.)
+                assert!(!behind.take_back(0, 9));
+                assert!(!behind.take_back(0, 12));
                 // A failed write keeps the frames buffered for the next flush.
                 behind.push(&file, 0, 9, b"jkl");
+                // A batch that started below the buffered frames was written: not taken back here.
+                assert!(!behind.take_back(0, 6));
+                assert_eq!(behind.len(), 3);
                 sim.fail_writes(libc::EIO, 1);
                 assert!(behind.flush().is_err());
                 assert_eq!(behind.get(0, 9, 3).as_deref(), Some(&b"jkl"[..]));
                 behind.flush().expect("flush");
                 assert_eq!(sim.contents(path).expect("file"), b"abcdefghijkl");
+                // A batch that is all the buffer is taken back whole.
+                behind.push(&file, 0, 12, b"mno");
+                assert!(behind.take_back(0, 12));
+                assert!(behind.is_empty());
             });
     }
 }

@@ -190,6 +190,24 @@ fn every_request() -> Vec<Request> {
             count: 2,
             frames: Bytes::from_static(&[0xff, 0, 7, 0x80]),
         }),
+        Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
+            topic: topic(),
+            topic_id: 77,
+            partition: 1,
+            leader: 2,
+            marks: vec![
+                crate::ops::replicate::FrontierMark {
+                    group: "billing".into(),
+                    committed: 4100,
+                    start: false,
+                },
+                crate::ops::replicate::FrontierMark {
+                    group: "audit".into(),
+                    committed: 0,
+                    start: true,
+                },
+            ],
+        }),
     ]
 }
 
@@ -311,6 +329,7 @@ fn request_variant(r: &Request) -> usize {
         Request::GiveBack(_) => 14,
         Request::Partitions(_) => 15,
         Request::Replicate(_) => 16,
+        Request::ReplicateFrontiers(_) => 17,
     }
 }
 
@@ -336,7 +355,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..17).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..18).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()

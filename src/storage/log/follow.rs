@@ -12,7 +12,7 @@
 //! them. A follower's log takes no appends of its own (its partition is served by the leader); one that did would
 //! only make the next shipped batch a `Gap`.
 
-use super::{AppendError, Built, Log, MAX_BATCH_BYTES};
+use super::{AppendError, Built, Log, ReadError, MAX_BATCH_BYTES};
 use crate::storage::frame::{self, NO_POSITION};
 use crate::storage::journal::{self, EntryHead};
 use futures_channel::oneshot;
@@ -95,6 +95,124 @@ impl Log {
         self.queue_event.notify(1);
         rx.await.unwrap_or(Err(AppendError::Closed.into()))?;
         Ok(())
+    }
+
+    /// Leader side, catch-up of a follower behind what the shipper keeps: the durable frames from offset `from`
+    /// on, as a batch a follower applies with [`Log::apply_shipped`]: whole consecutive frames of one segment,
+    /// back to back, exactly as the segment holds them (from its file, or from the write-behind buffer), at most
+    /// `max_bytes` unless the first frame alone is larger (or the segment is larger than `segment_bytes`: a batch
+    /// that was larger alone, read whole), and none at or past `until`. `Ok(None)`: nothing at
+    /// `from` yet. `Err`: they cannot be shipped (`OutOfRetention`; `Corrupt` for a damaged frame, or an offset the
+    /// log skipped to a frontier; `Io`).
+    pub async fn read_for_follower(
+        &self,
+        from: u64,
+        until: u64,
+        max_bytes: u64,
+    ) -> Result<Option<(EntryHead, Vec<u8>)>, ReadError> {
+        let Some(link) = self.journal.as_ref() else {
+            return Err(ReadError::Corrupt);
+        };
+        let (file, base, pos, len, count) = {
+            let st = self.state.borrow();
+            let start = st.segments.first().map_or(0, |s| s.base);
+            if from < start {
+                return Err(ReadError::OutOfRetention { start });
+            }
+            let end = st.next_offset.min(until);
+            if from >= end {
+                return Ok(None);
+            }
+            if st.corrupt.contains(from) {
+                return Err(ReadError::Corrupt);
+            }
+            let idx = st.segments.partition_point(|s| s.base <= from);
+            let Some(seg) = idx.checked_sub(1).map(|i| &st.segments[i]) else {
+                return Err(ReadError::Corrupt);
+            };
+            let slot = (from - seg.base) as usize;
+            // Where frame `k` of the segment ends: where the next one starts, or the segment's end for its last.
+            let frame_end = |k: usize| match seg.positions.get(k + 1) {
+                Some(&p) if p != NO_POSITION => Some(u64::from(p)),
+                Some(_) => None,
+                None => Some(seg.len),
+            };
+            let first = match seg.positions.get(slot) {
+                Some(&p) if p != NO_POSITION => u64::from(p),
+                _ => return Err(ReadError::Corrupt),
+            };
+            // Frames not yet in the file are read from the write-behind buffer: a run is one or the other.
+            let unwritten = self.behind.unwritten_from(seg.base);
+            let in_buffer = unwritten.is_some_and(|u| first >= u);
+            // A segment larger than `segment_bytes` holds one batch that was larger alone: it goes whole, since a
+            // follower takes a batch past that size only at a segment's start.
+            let max_bytes = if seg.len > self.opts.segment_bytes {
+                u64::MAX
+            } else {
+                max_bytes
+            };
+            let mut to = match frame_end(slot) {
+                Some(e) => e,
+                None => return Err(ReadError::Corrupt),
+            };
+            let mut count = 1usize;
+            loop {
+                let k = slot + count;
+                let offset = seg.base + k as u64;
+                if offset >= end || k >= seg.positions.len() || st.corrupt.contains(offset) {
+                    break;
+                }
+                let Some(next_end) = frame_end(k) else {
+                    break;
+                };
+                if next_end - first > max_bytes
+                    || (!in_buffer && unwritten.is_some_and(|u| next_end > u))
+                {
+                    break;
+                }
+                to = next_end;
+                count += 1;
+            }
+            if !in_buffer && unwritten.is_some_and(|u| to > u) {
+                // (A frame that straddles the buffer's start cannot be: the buffer starts at a frame.)
+                return Err(ReadError::Corrupt);
+            }
+            let file = if in_buffer {
+                None
+            } else {
+                Some(seg.file.clone().ok_or(seg.base))
+            };
+            (file, seg.base, first, to - first, count)
+        };
+        let frames = match file {
+            None => self.behind.get(base, pos, len).ok_or(ReadError::Corrupt)?,
+            Some(file) => {
+                let file = match file {
+                    Ok(file) => file,
+                    Err(base) => self.sealed_file(base).await.map_err(ReadError::Io)?,
+                };
+                match file.read_cached(pos, len as usize) {
+                    Some(bytes) => bytes,
+                    None => file
+                        .read_at(pos, len as usize)
+                        .await
+                        .map_err(ReadError::Io)?,
+                }
+            }
+        };
+        if frames.len() as u64 != len {
+            return Err(ReadError::Corrupt);
+        }
+        let head = EntryHead {
+            topic: link.topic.clone(),
+            topic_id: link.topic_id,
+            partition: link.partition,
+            segment_base: base,
+            position: pos,
+            first_offset: from,
+            count: count as u32,
+        };
+        Ok(Some((head, frames)))
     }
 
     /// The writer task: applies one shipped batch and answers it.

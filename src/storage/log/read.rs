@@ -170,7 +170,7 @@ impl Log {
 
     /// The file of the sealed segment at `base`, opened for this read (and kept for the next one, so a consumer
     /// reading through a sealed segment opens it once).
-    async fn sealed_file(&self, base: u64) -> std::io::Result<Rc<dyn SegmentFile>> {
+    pub(super) async fn sealed_file(&self, base: u64) -> std::io::Result<Rc<dyn SegmentFile>> {
         if let Some((cached, file)) = &*self.sealed_cache.borrow() {
             if *cached == base {
                 return Ok(file.clone());

@@ -390,3 +390,78 @@ fn a_follower_queues_at_most_max_queued_ships_batches() {
         fj.close().await;
     });
 }
+
+/// Catch-up: a follower fed only runs of frames read back from the leader's log (`read_for_follower`: sealed
+/// segments, the active one's file and its write-behind buffer, in runs of at most a few hundred bytes) holds the
+/// leader's segments byte for byte; where a run must stop (`until`) and what cannot be shipped are kept to.
+#[test]
+fn a_follower_caught_up_from_the_leaders_log_holds_its_segments_byte_for_byte() {
+    run(async {
+        for seed in 1..=5u64 {
+            let (a, b, sa, sb) = two_disks();
+            let (lj, leader, _shipped) = leader(&sa).await;
+            let (fj, follower) = open(&sb).await;
+            let mut rng = Rng(seed * 0x2545_f491_4f6c_dd1d);
+            for i in 0..10 {
+                // At first far behind (sealed segments to read), then a little.
+                let rounds = if i == 0 {
+                    12
+                } else {
+                    1 + rng.below(4) as usize
+                };
+                produce(&leader, &mut rng, rounds).await;
+                let end = leader.end_offset();
+                // Up to a point short of the end first: nothing at or past it is read.
+                let until = end - rng.below(3).min(end);
+                let before = follower.end_offset();
+                loop {
+                    let from = follower.end_offset();
+                    let max = 1 + rng.below(900);
+                    match leader.read_for_follower(from, until, max).await {
+                        Ok(Some((head, frames))) => {
+                            assert!(head.first_offset + u64::from(head.count) <= until);
+                            assert!(head.count == 1 || frames.len() as u64 <= max, "seed {seed}");
+                            follower
+                                .apply_shipped(&head, &frames)
+                                .await
+                                .unwrap_or_else(|e| panic!("seed {seed}: at {from}: {e:?}"));
+                        }
+                        Ok(None) => break,
+                        Err(e) => panic!("seed {seed}: at {from}: {e:?}"),
+                    }
+                }
+                assert_eq!(follower.end_offset(), until.max(before), "seed {seed}");
+                while let Ok(Some((head, frames))) = leader
+                    .read_for_follower(follower.end_offset(), u64::MAX, 4096)
+                    .await
+                {
+                    follower
+                        .apply_shipped(&head, &frames)
+                        .await
+                        .expect("applied");
+                }
+                assert_eq!(follower.end_offset(), end, "seed {seed}");
+            }
+            assert!(matches!(
+                leader
+                    .read_for_follower(leader.end_offset(), u64::MAX, 4096)
+                    .await,
+                Ok(None)
+            ));
+            for (log, journal) in [(&leader, &lj), (&follower, &fj)] {
+                log.close().await;
+                journal.close().await;
+            }
+            let (la, fb) = (files(&a), files(&b));
+            assert!(la.len() > 3, "seed {seed}: the leader rolled: {la:?}");
+            assert_eq!(
+                la.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                "seed {seed}"
+            );
+            for ((path, x), (_, y)) in la.iter().zip(&fb) {
+                assert!(x == y, "seed {seed}: {} differs", path.display());
+            }
+        }
+    });
+}

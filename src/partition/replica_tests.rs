@@ -1,0 +1,268 @@
+//! A follower replica's group frontiers (`Partition::follow_frontiers`, `docs/replication.md` step 3): what its
+//! leader ships is durable in the follower's journal when the call returns (a power cut before any checkpoint
+//! keeps it, through the journal's replay), reaches the frontier files at checkpoints, never moves back, and a
+//! group's start replaces the group at once; values for groups the replica does not know are passed over.
+
+use super::inflight::{Limits, Redelivery};
+use super::{Partition, PartitionSetup, DEFAULT_GROUP};
+use crate::clock::ManualClock;
+use crate::config::FsyncPolicy;
+use crate::ops::replicate::FrontierMark;
+use crate::storage::backend::Storage;
+use crate::storage::frontier;
+use crate::storage::journal::{self, Journal, JournalOptions};
+use crate::storage::log::{JournalLink, LogOptions};
+use crate::storage::sim::{Sim, SimStorage};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+const TOPIC_ID: u64 = 9;
+
+fn run(f: impl std::future::Future<Output = ()>) {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(f)
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from("/sim/topics/t/0")
+}
+
+fn journal_dir() -> &'static Path {
+    Path::new("/sim/journal")
+}
+
+/// A follower replica of partition 0 of `t` (groups `default` and `g`) writing through a core journal.
+async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
+    storage.create_dir_all(&dir()).unwrap();
+    let clock = ManualClock::new(1_000);
+    let journal = Journal::open(
+        storage.clone(),
+        clock.clone(),
+        journal_dir(),
+        0,
+        JournalOptions {
+            fsync: FsyncPolicy::Always,
+            file_bytes: 1 << 20,
+            commit_delay_us: 0,
+        },
+        journal::no_frontiers(),
+    )
+    .await
+    .expect("journal opens");
+    let partition = Partition::open(PartitionSetup {
+        storage: storage.clone(),
+        clock,
+        dir: dir(),
+        id: 0,
+        core: 0,
+        journal: Some(JournalLink {
+            journal: journal.clone(),
+            topic: "t".into(),
+            topic_id: TOPIC_ID,
+            partition: 0,
+        }),
+        log_options: LogOptions {
+            segment_bytes: 1 << 20,
+            max_payload: 1 << 16,
+            fsync: FsyncPolicy::Always,
+            tail_cache_bytes: 0,
+            write_behind_bytes: 0,
+        },
+        limits: Limits {
+            max_in_flight: 16,
+            max_acked_ahead: 16,
+        },
+        redelivery: Redelivery::default(),
+        groups: vec![DEFAULT_GROUP.to_string(), "g".to_string()],
+        wake: Rc::new(|_, _| {}),
+    })
+    .await
+    .expect("the partition opens");
+    (journal, partition)
+}
+
+impl Partition {
+    /// `follow_frontiers` with a generous group cap.
+    async fn follow_frontiers_all(
+        &self,
+        marks: &[FrontierMark],
+    ) -> Result<(), super::PartitionError> {
+        self.follow_frontiers(marks, 64).await
+    }
+}
+
+fn mark(group: &str, committed: u64, start: bool) -> FrontierMark {
+    FrontierMark {
+        group: group.into(),
+        committed,
+        start,
+    }
+}
+
+fn file(storage: &dyn Storage, group: &str) -> Option<u64> {
+    let path = dir().join(frontier::file_name(group));
+    storage.read(&path).ok()?;
+    Some(frontier::read(storage, &path).expect("a frontier file reads"))
+}
+
+#[test]
+fn a_followed_frontier_is_durable_when_recorded_and_reaches_its_file_at_a_checkpoint() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_frontiers_all(&[mark(DEFAULT_GROUP, 5, false), mark("g", 3, false)])
+            .await
+            .expect("recorded");
+        assert_eq!(
+            file(&*storage, DEFAULT_GROUP),
+            None,
+            "files wait for a checkpoint"
+        );
+        assert!(p.frontier_file_behind());
+
+        // A power cut now: the journal's replay brings the files up to what was recorded.
+        let cut = sim.power_cut(|_, _| 0);
+        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
+        let locate =
+            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
+        let has_group = |_: &str, _: u64, g: &str| g == DEFAULT_GROUP || g == "g";
+        journal::replay(&*after, journal_dir(), &locate, &has_group)
+            .await
+            .expect("replay");
+        assert_eq!(file(&*after, DEFAULT_GROUP), Some(5));
+        assert_eq!(file(&*after, "g"), Some(3));
+
+        // Without the cut: a checkpoint writes them; a lower value later changes nothing.
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, DEFAULT_GROUP), Some(5));
+        p.follow_frontiers_all(&[mark(DEFAULT_GROUP, 4, false), mark("g", 8, false)])
+            .await
+            .expect("recorded");
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, DEFAULT_GROUP), Some(5), "never back");
+        assert_eq!(file(&*storage, "g"), Some(8));
+        assert!(!p.frontier_file_behind());
+    });
+}
+
+#[test]
+fn a_followed_group_start_replaces_the_group_at_once_and_unknown_groups_are_passed_over() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_frontiers_all(&[mark("g", 40, false)])
+            .await
+            .unwrap();
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, "g"), Some(40));
+        // The group deleted and created again on the leader, starting lower: its file says so at once.
+        p.follow_frontiers_all(&[mark("g", 7, true)]).await.unwrap();
+        assert_eq!(file(&*storage, "g"), Some(7));
+        assert!(!p.frontier_file_behind());
+        // A group created on the leader that this replica has not heard of yet: its start brings it.
+        p.follow_frontiers_all(&[mark("late", 2, true), mark("late", 6, false)])
+            .await
+            .unwrap();
+        assert_eq!(file(&*storage, "late"), Some(2));
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, "late"), Some(6));
+        // A value for a group it does not know, without a start: nothing.
+        p.follow_frontiers_all(&[mark("unknown", 9, false)])
+            .await
+            .unwrap();
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, "unknown"), None);
+        // The start survives a power cut (its file, then its journal record, were synced before the answer), and
+        // the replay does not raise it with the deleted group's older records.
+        let cut = sim.power_cut(|_, _| 0);
+        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
+        let locate =
+            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
+        let has_group = |_: &str, _: u64, g: &str| g == "g" || g == "late";
+        journal::replay(&*after, journal_dir(), &locate, &has_group)
+            .await
+            .expect("replay");
+        assert_eq!(file(&*after, "g"), Some(7));
+        assert_eq!(file(&*after, "late"), Some(6));
+    });
+}
+
+#[test]
+fn a_followed_value_never_writes_below_the_file_a_restart_left_and_two_calls_never_interleave() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (journal, p) = follower(&storage).await;
+        p.follow_frontiers_all(&[mark("g", 50, false)])
+            .await
+            .unwrap();
+        assert!(p.write_frontier_files().await);
+        assert!(p.close().await);
+        journal.close().await;
+        // Opened again (a restart): it knows nothing of its groups until its leader ships; a lower value then does
+        // not write the file down (nor trip the flush's never-lower assertion).
+        let (_journal, p) = follower(&storage).await;
+        p.follow_frontiers_all(&[mark("g", 40, false)])
+            .await
+            .unwrap();
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, "g"), Some(50));
+        // A start and a value of the same group in two calls at once: one after the other, in arrival order.
+        let (a, b) = futures_lite::future::zip(
+            p.follow_frontiers_all(&[mark("g", 0, true)]),
+            p.follow_frontiers_all(&[mark("g", 1, false)]),
+        )
+        .await;
+        a.unwrap();
+        b.unwrap();
+        assert!(p.write_frontier_files().await);
+        assert_eq!(file(&*storage, "g"), Some(1));
+    });
+}
+
+#[test]
+fn a_follower_takes_no_more_groups_than_the_topic_allows() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        // It has `default` and `g`: with a cap of 3, one more group starts, the next is passed over.
+        p.follow_frontiers(&[mark("a", 1, true), mark("b", 1, true)], 3)
+            .await
+            .unwrap();
+        assert_eq!(file(&*storage, "a"), Some(1));
+        assert_eq!(file(&*storage, "b"), None);
+        // A known group starts again whatever the cap.
+        p.follow_frontiers(&[mark("g", 4, true)], 3).await.unwrap();
+        assert_eq!(file(&*storage, "g"), Some(4));
+    });
+}
+
+#[test]
+fn a_group_gone_on_a_follower_leaves_its_values_out_of_the_replay_of_a_new_group_of_that_name() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_frontiers_all(&[mark("g", 40, false)])
+            .await
+            .unwrap();
+        p.remove_group("g").await;
+        p.journal_group_gone("g").await.unwrap();
+        // Power lost before the leader's start of the new `g`: the replay (the new `g` exists by then) must not
+        // give it the deleted one's 40.
+        let cut = sim.power_cut(|_, _| 0);
+        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
+        let locate =
+            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
+        let has_group = |_: &str, _: u64, g: &str| g == "g";
+        journal::replay(&*after, journal_dir(), &locate, &has_group)
+            .await
+            .expect("replay");
+        assert_eq!(file(&*after, "g").unwrap_or(0), 0);
+    });
+}
