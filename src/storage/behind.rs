@@ -181,8 +181,12 @@ mod tests {
                 assert_eq!(behind.get(0, 9, 3).as_deref(), Some(&b"jkl"[..]));
                 behind.flush().expect("flush");
                 assert_eq!(sim.contents(path).expect("file"), b"abcdefghijkl");
-                // A batch that is all the buffer is taken back whole.
+                // A batch after others is taken back alone; one that is all the buffer, whole.
                 behind.push(&file, 0, 12, b"mno");
+                behind.push(&file, 0, 15, b"pqr");
+                assert!(behind.take_back(0, 15));
+                assert_eq!(behind.get(0, 12, 3).as_deref(), Some(&b"mno"[..]));
+                assert_eq!(behind.len(), 3);
                 assert!(behind.take_back(0, 12));
                 assert!(behind.is_empty());
             });
