@@ -181,6 +181,69 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
     });
 }
 
+/// A clean stop while an older journal file's checkpoint still cannot finish keeps the current file too: it may
+/// hold a recreated group's start record, without which the replay would credit the older file's values of the
+/// deleted group to the new one.
+#[test]
+fn a_stop_with_an_unfinished_checkpoint_keeps_the_current_journal_file() {
+    on_sim_disk(|storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/data/journal");
+        let owner = Rc::new(FailingFrontiers(Rc::new(Cell::new(true))));
+        let journal = Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            dir,
+            0,
+            JournalOptions {
+                fsync: FsyncPolicy::Always,
+                file_bytes: 4096,
+                commit_delay_us: 0,
+            },
+            Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
+        )
+        .await
+        .unwrap();
+        // Old incarnation of "g" up to 500: file 0 fills and rotates; its checkpoint's frontier write fails.
+        for v in 1..=100u64 {
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", v * 5, false)]))
+                .await
+                .unwrap();
+        }
+        while journal.checkpoints_running() > 0 {
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        // "g" deleted and created again at 2 (file, then start record in the current journal file); then a stop,
+        // whose last try of the old checkpoint fails too.
+        let file = part.join(super::super::frontier::file_name("g"));
+        super::super::frontier::write(&*storage, &file, 2)
+            .await
+            .unwrap();
+        journal
+            .commit_frontiers(frontier_entry(&[record("t", "g", 2, true)]))
+            .await
+            .unwrap();
+        let before = storage.list(dir).unwrap().len();
+        assert!(before >= 2, "{:?}", storage.list(dir).unwrap());
+        journal.close().await;
+        assert_eq!(
+            storage.list(dir).unwrap().len(),
+            before,
+            "the stop removed a journal file while an older one stays"
+        );
+        let locate = |name: &str, id: u64, p: u32| {
+            (name == "t" && id == 7)
+                .then(|| Path::new("/data/topics").join(name).join(p.to_string()))
+        };
+        replay(&*storage, dir, &locate, &|_, _, _| true)
+            .await
+            .unwrap();
+        assert_eq!(super::super::frontier::read(&*storage, &file).unwrap(), 2);
+    });
+}
+
 /// Partition 0 of topic `t`'s directory, the journal's, and a journal holding one frontier record (group `g` at 6).
 async fn journal_holding_a_frontier(
     storage: &Rc<dyn Storage>,
