@@ -655,26 +655,9 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
         }
         match stream.batch_at(f.next.get()) {
             Ok(batch) => {
-                let Some(to) = shipper.follower_location(&stream, f.node) else {
-                    if !shipper.still_leads(&stream) {
-                        break;
-                    }
-                    fail(&f, "its core count is not known");
-                    continue;
-                };
-                f.next.set(batch.end);
-                f.in_flight.set(f.in_flight.get() + 1);
-                let resend = batch.end <= f.sent.get();
-                f.sent.set(f.sent.get().max(batch.end));
-                glommio::spawn_local(send(
-                    shipper.clone(),
-                    stream.clone(),
-                    f.clone(),
-                    to,
-                    batch,
-                    resend,
-                ))
-                .detach();
+                if let Dispatch::Gone = dispatch(&shipper, &stream, &f, batch, false) {
+                    break;
+                }
             }
             Err(true) => {
                 // Behind what is kept: caught up from the leader's log, a run of frames at a time, up to where the
@@ -698,29 +681,9 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                         {
                             continue;
                         }
-                        let Some(to) = shipper.follower_location(&stream, f.node) else {
-                            if !shipper.still_leads(&stream) {
-                                break;
-                            }
-                            fail(&f, "its core count is not known");
-                            continue;
-                        };
-                        f.next.set(batch.end);
-                        f.in_flight.set(f.in_flight.get() + 1);
-                        let resend = batch.end <= f.sent.get();
-                        f.sent.set(f.sent.get().max(batch.end));
-                        shipper
-                            .catching
-                            .set(shipper.catching.get() + batch.frames.len());
-                        glommio::spawn_local(send_catching_up(
-                            shipper.clone(),
-                            stream.clone(),
-                            f.clone(),
-                            to,
-                            batch,
-                            resend,
-                        ))
-                        .detach();
+                        if let Dispatch::Gone = dispatch(&shipper, &stream, &f, batch, true) {
+                            break;
+                        }
                     }
                     CatchUp::Retry(why) => {
                         if !shipper.still_leads(&stream) {
@@ -787,7 +750,47 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
     stream.close();
 }
 
-/// Waits for a wake-up, at most `IDLE_CHECK`.
+/// What became of a batch handed to [`dispatch`].
+enum Dispatch {
+    Sent,
+    /// The follower's place is not known: retried after its backoff.
+    Failed,
+    /// This core no longer leads the partition: the follower's task ends.
+    Gone,
+}
+
+/// Sends `batch` (a kept one, or with `catch_up` a run read from the log) to follower `f`, from its `next` on.
+fn dispatch(
+    shipper: &Rc<Shipper>,
+    stream: &Rc<Stream>,
+    f: &Rc<Follower>,
+    batch: Rc<Batch>,
+    catch_up: bool,
+) -> Dispatch {
+    let Some(to) = shipper.follower_location(stream, f.node) else {
+        if !shipper.still_leads(stream) {
+            return Dispatch::Gone;
+        }
+        fail(f, "its core count is not known");
+        return Dispatch::Failed;
+    };
+    f.next.set(batch.end);
+    f.in_flight.set(f.in_flight.get() + 1);
+    let resend = batch.end <= f.sent.get();
+    f.sent.set(f.sent.get().max(batch.end));
+    let (shipper, stream, f) = (shipper.clone(), stream.clone(), f.clone());
+    if catch_up {
+        shipper
+            .catching
+            .set(shipper.catching.get() + batch.frames.len());
+        glommio::spawn_local(send_catching_up(shipper, stream, f, to, batch, resend)).detach();
+    } else {
+        glommio::spawn_local(send(shipper, stream, f, to, batch, resend)).detach();
+    }
+    Dispatch::Sent
+}
+
+/// Waits for a wake-up, at most `IDLE_CHECK`./// Waits for a wake-up, at most `IDLE_CHECK`.
 async fn idle(listener: event_listener::EventListener) {
     futures_lite::future::or(listener, glommio::timer::sleep(IDLE_CHECK)).await;
 }
