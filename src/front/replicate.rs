@@ -778,15 +778,15 @@ fn dispatch(
     f.in_flight.set(f.in_flight.get() + 1);
     let resend = batch.end <= f.sent.get();
     f.sent.set(f.sent.get().max(batch.end));
+    // A catch-up run's bytes count against the core's budget until it is answered.
+    let budget = if catch_up { batch.frames.len() } else { 0 };
+    shipper.catching.set(shipper.catching.get() + budget);
     let (shipper, stream, f) = (shipper.clone(), stream.clone(), f.clone());
-    if catch_up {
-        shipper
-            .catching
-            .set(shipper.catching.get() + batch.frames.len());
-        glommio::spawn_local(send_catching_up(shipper, stream, f, to, batch, resend)).detach();
-    } else {
-        glommio::spawn_local(send(shipper, stream, f, to, batch, resend)).detach();
-    }
+    glommio::spawn_local(async move {
+        send(shipper.clone(), stream, f, to, batch, resend).await;
+        shipper.catching.set(shipper.catching.get() - budget);
+    })
+    .detach();
     Dispatch::Sent
 }
 
@@ -876,20 +876,6 @@ async fn send_frontiers(
     }
     queue.in_flight.set(false);
     f.wake.notify(1);
-}
-
-/// Sends a catch-up run (as `send`), then gives its bytes back to the core's catch-up budget.
-async fn send_catching_up(
-    shipper: Rc<Shipper>,
-    stream: Rc<Stream>,
-    f: Rc<Follower>,
-    to: Location,
-    batch: Rc<Batch>,
-    resend: bool,
-) {
-    let len = batch.frames.len();
-    send(shipper.clone(), stream, f, to, batch, resend).await;
-    shipper.catching.set(shipper.catching.get() - len);
 }
 
 /// Sends one batch to a follower and takes its answer (`resend`: the batch was sent to it before in this stream,

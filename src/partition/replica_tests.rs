@@ -93,6 +93,18 @@ impl Partition {
     }
 }
 
+/// The disk a power cut leaves (nothing unsynced kept), after the journal's replay at the next start, with `groups`
+/// the topic's groups then.
+async fn replayed_after_power_cut(sim: &Sim, groups: &[&str]) -> Rc<dyn Storage> {
+    let after: Rc<dyn Storage> = Rc::new(SimStorage(sim.power_cut(|_, _| 0)));
+    let locate = |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
+    let has_group = |_: &str, _: u64, g: &str| groups.contains(&g);
+    journal::replay(&*after, journal_dir(), &locate, &has_group)
+        .await
+        .expect("replay");
+    after
+}
+
 fn mark(group: &str, committed: u64, start: bool) -> FrontierMark {
     FrontierMark {
         group: group.into(),
@@ -124,14 +136,7 @@ fn a_followed_frontier_is_durable_when_recorded_and_reaches_its_file_at_a_checkp
         assert!(p.frontier_file_behind());
 
         // A power cut now: the journal's replay brings the files up to what was recorded.
-        let cut = sim.power_cut(|_, _| 0);
-        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
-        let locate =
-            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
-        let has_group = |_: &str, _: u64, g: &str| g == DEFAULT_GROUP || g == "g";
-        journal::replay(&*after, journal_dir(), &locate, &has_group)
-            .await
-            .expect("replay");
+        let after = replayed_after_power_cut(&sim, &[DEFAULT_GROUP, "g"]).await;
         assert_eq!(file(&*after, DEFAULT_GROUP), Some(5));
         assert_eq!(file(&*after, "g"), Some(3));
 
@@ -178,14 +183,7 @@ fn a_followed_group_start_replaces_the_group_at_once_and_unknown_groups_are_pass
         assert_eq!(file(&*storage, "unknown"), None);
         // The start survives a power cut (its file, then its journal record, were synced before the answer), and
         // the replay does not raise it with the deleted group's older records.
-        let cut = sim.power_cut(|_, _| 0);
-        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
-        let locate =
-            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
-        let has_group = |_: &str, _: u64, g: &str| g == "g" || g == "late";
-        journal::replay(&*after, journal_dir(), &locate, &has_group)
-            .await
-            .expect("replay");
+        let after = replayed_after_power_cut(&sim, &["g", "late"]).await;
         assert_eq!(file(&*after, "g"), Some(7));
         assert_eq!(file(&*after, "late"), Some(6));
     });
@@ -255,14 +253,7 @@ fn a_group_gone_on_a_follower_leaves_its_values_out_of_the_replay_of_a_new_group
         p.journal_group_gone("g").await.unwrap();
         // Power lost before the leader's start of the new `g`: the replay (the new `g` exists by then) must not
         // give it the deleted one's 40.
-        let cut = sim.power_cut(|_, _| 0);
-        let after: Rc<dyn Storage> = Rc::new(SimStorage(cut));
-        let locate =
-            |name: &str, id: u64, n: u32| (name == "t" && id == TOPIC_ID && n == 0).then(dir);
-        let has_group = |_: &str, _: u64, g: &str| g == "g";
-        journal::replay(&*after, journal_dir(), &locate, &has_group)
-            .await
-            .expect("replay");
+        let after = replayed_after_power_cut(&sim, &["g"]).await;
         assert_eq!(file(&*after, "g").unwrap_or(0), 0);
     });
 }
