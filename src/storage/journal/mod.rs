@@ -797,6 +797,12 @@ impl Journal {
         true
     }
 
+    /// Entries queued for the next pass (tests wait for them).
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
     /// Checkpoints in progress (tests wait for them).
     pub fn checkpoints_running(&self) -> usize {
         self.checkpoints_running.get()
