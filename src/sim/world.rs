@@ -257,7 +257,16 @@ impl World {
     /// Lets every runnable task run until nothing moves: the net is empty and a round of yields changed nothing.
     pub(super) async fn settle(&self) {
         let mut last = u64::MAX;
-        loop {
+        for round in 0.. {
+            // A settle takes a few rounds; messages that never stop flowing are a livelock (a wake-up storm, a
+            // retry loop without a delay): fail with the seed rather than hang the suite.
+            assert!(
+                round < SETTLE_ROUNDS,
+                "simulation seed {} found: the world never settles ({} net messages delivered over {SETTLE_ROUNDS} rounds of yields: a task that never stops sending)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::",
+                self.seed,
+                self.net.delivered.get(),
+                self.seed
+            );
             for _ in 0..40 {
                 futures_lite::future::yield_now().await;
             }
