@@ -1770,6 +1770,13 @@ fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_wi
             .status,
         204
     );
+    // GET /topics/T shows it: c is in the leader's log, below its end, above the commit offset.
+    let p = partitions(c.node(leader), "m").remove(0);
+    assert_eq!(
+        (p["end_offset"].as_u64(), p["commit_offset"].as_u64()),
+        (Some(3), Some(2)),
+        "{p}"
+    );
 
     // One follower back: it takes c, which is now on a majority and wakes the consumer parked for it (the 503
     // said it might still become visible).
@@ -1800,6 +1807,8 @@ fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_wi
         "a produce with every replica back",
     );
     wait_replicated(c.node(leader), "m", 2);
+    let p = partitions(c.node(leader), "m").remove(0);
+    assert_eq!(p["commit_offset"].as_u64(), Some(4), "{p}");
 
     // A leader started again knows no commit offset: it serves nothing above its log's start until a majority has
     // answered the probes it sends its followers as it opens the partition, then everything they have (d, with

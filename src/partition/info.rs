@@ -65,6 +65,10 @@ pub struct PartitionInfo {
     /// A replicated partition's followers as its leader knows them (`GET /topics/T` renders them with node ids).
     #[serde(skip_serializing)]
     pub followers: Vec<FollowerInfo>,
+    /// A replicated partition's commit offset (every record below it is durable on a majority of its replicas and
+    /// served); `None` on a partition that is not replicated, whose records are served once durable here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_offset: Option<u64>,
 }
 
 /// `PartitionInfo` whole, every field included, for node RPC: its own `Serialize` leaves out what describe's JSON
@@ -89,6 +93,7 @@ pub mod whole_infos {
         counters: [u64; 2],
         io_counts: (u64, u64),
         followers: Vec<FollowerInfo>,
+        commit_offset: Option<u64>,
     }
 
     /// One `PartitionInfo`, whole.
@@ -195,6 +200,7 @@ impl Partition {
             ],
             io_counts: self.log.io_counts(),
             followers: self.followers.borrow().clone(),
+            commit_offset: self.replicated().then(|| self.readable_end()),
             groups,
         }
     }

@@ -16,8 +16,9 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `max_bytes` and `taken_any` (a consume's byte budget); a version 2 peer would fail to decode every probe. 4:
 /// `TopicConfig` gained `replicas` (and `Request`/`Reply` a `Partitions` variant). 5: `Request::Replicate` and
 /// `Reply::Replicated` (a leader ships its durable batches to its followers), and `AdminStep::Apply` names each
-/// partition's followers.
-pub const VERSION: u8 = 5;
+/// partition's followers. 6: `PartitionInfo` gained `commit_offset` (a replicated partition's commit offset, shown
+/// by `GET /topics/T`), which a version 5 peer could not decode in any describe or stats reply.
+pub const VERSION: u8 = 6;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

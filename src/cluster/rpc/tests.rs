@@ -83,6 +83,7 @@ fn info_value() -> PartitionInfo {
             end: 15,
             lagging: true,
         }],
+        commit_offset: Some(97),
     }
 }
 
