@@ -496,6 +496,54 @@ fn leases_given_back_wake_the_group_with_their_count() {
     });
 }
 
+/// A settle that frees room under `max_in_flight` wakes one parked consumer for the room, and a nack without a
+/// delay one more for the record it makes deliverable again: the wake-up counts are exact (too few leave a
+/// consumer parked beside a deliverable record until its wait ends; a count that wraps wakes nobody).
+#[test]
+fn settles_that_free_room_at_the_cap_wake_the_group_with_the_exact_count() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        type Woken = Vec<(Option<String>, usize)>;
+        let woken: Rc<std::cell::RefCell<Woken>> = Rc::default();
+        let w = woken.clone();
+        let wake: super::Wake =
+            Rc::new(move |group, n| w.borrow_mut().push((group.map(str::to_string), n)));
+        let p = open_waking(&sim, &clock, wake).await;
+        let limits = Limits {
+            max_in_flight: 2,
+            max_acked_ahead: 16,
+        };
+        p.set_policy(limits, Redelivery::default());
+        p.append(bodies(&["a", "b", "c", "d"])).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 4, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0, 1], "two at the cap");
+        let item = |i: usize| [(taken.deliveries[i].offset, taken.deliveries[i].nonce)];
+        let group = Some(DEFAULT_GROUP.to_string());
+
+        // An ack at the cap: room for one (c).
+        woken.borrow_mut().clear();
+        let acked = p
+            .settle(DEFAULT_GROUP, &item(0), SettleOp::Ack)
+            .await
+            .unwrap();
+        assert_eq!(acked, vec![Ok(())]);
+        assert_eq!(*woken.borrow(), vec![(group.clone(), 1)], "the ack");
+
+        // At the cap again (b and c leased); a nack of b without a delay: b is deliverable again, and there is
+        // room for it or d.
+        let c = p.take(DEFAULT_GROUP, 4, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&c), vec![2]);
+        woken.borrow_mut().clear();
+        let nacked = p
+            .settle(DEFAULT_GROUP, &item(1), SettleOp::Nack(Some(0)))
+            .await
+            .unwrap();
+        assert_eq!(nacked, vec![Ok(())]);
+        assert_eq!(*woken.borrow(), vec![(group.clone(), 2)], "the nack");
+    });
+}
+
 /// A journal checkpoint and a close wait out a frontier write already running, then report every file written: a
 /// checkpoint that did not wait would find the write still running and keep the journal file for nothing, and a
 /// close that did not wait would report a file behind (so the journal stays for the replay) or let the write land
