@@ -21,8 +21,9 @@
 # reporting (Display impls, metric counters and getters, describe).
 #
 # The tests run for each mutant: `cargo test --lib` (unit and property tests plus the seeded 1,000-run simulation)
-# without the tests that need an etcd server (cluster::etcd::, cluster::metastore::: leases and watches timed in
-# seconds, no code any subset mutates), in a `mutants` cargo profile defined here by CARGO_PROFILE_MUTANTS_*
+# without the etcd client's and the metastore's tests (cluster::etcd::, cluster::metastore::: most run etcd, with
+# leases and watches timed in seconds, and they test only cluster-layer code; they run when --file names a
+# src/cluster file), in a `mutants` cargo profile defined here by CARGO_PROFILE_MUTANTS_*
 # variables, no Cargo.toml change: the release profile (no debug assertions or overflow checks, as CI's `cargo test
 # --release`) without debug info, with incremental compilation, and the crate itself at --opt-level (default 0; the
 # dependencies stay at 3). Measured on 2026-12-04 (idle 2-core machine, one function of src/storage/log/mod.rs
@@ -53,6 +54,9 @@
 #   --skip-tested     leave out every mutant a committed run under benches/results/mutants/ already built and tested
 #                     (any outcome; matched by file, function and replacement, not by line, which moves): continues
 #                     a large subset across runs without --shard, whose slices move whenever the filters change.
+#   --timeout S       the test phase's limit per mutant (default: cargo-mutants derives it from the baseline's test
+#                     time; the run slows 3-20x while other builds share the machine, the run being niced: pass a
+#                     generous one then, e.g. 400, or hanging mutants and slow passes both read as timeouts).
 #   --                everything after is passed to cargo mutants as is (e.g. -- --iterate, -- --in-diff FILE).
 #
 # Caveat (cargo-mutants 27.1): --re, --exclude-re and exclude_re do not filter the "delete field X from struct Y
@@ -70,7 +74,7 @@ res=()
 exclude_res=()
 subset=all
 budget=90
-test_timeout=90
+test_timeout=""
 build_timeout=900
 jobs=1
 shard=""
@@ -384,10 +388,15 @@ fi
 # (With several jobs each scratch copy builds in its own target/ from scratch: one shared directory would
 # serialise them on cargo's lock.)
 
-# The etcd-backed tests are skipped (see the top); everything else in the library runs.
-args+=(--cargo-test-arg=-- --cargo-test-arg=--skip --cargo-test-arg=cluster::etcd::
-       --cargo-test-arg=--skip --cargo-test-arg=cluster::metastore::)
-args+=(--profile mutants --jobs "$jobs" --timeout "$test_timeout" --build-timeout "$build_timeout" --output "$out"
+# The etcd client's and the metastore's tests are skipped (see the top) unless cluster code is mutated; everything
+# else in the library runs.
+if ! printf '%s\n' "${files[@]}" | grep -q '^src/cluster'; then
+  args+=(--cargo-test-arg=-- --cargo-test-arg=--skip --cargo-test-arg=cluster::etcd::
+         --cargo-test-arg=--skip --cargo-test-arg=cluster::metastore::)
+fi
+# No --timeout: cargo-mutants derives the test timeout from the unmutated baseline's test time.
+[ -z "$test_timeout" ] || args+=(--timeout "$test_timeout")
+args+=(--profile mutants --jobs "$jobs" --build-timeout "$build_timeout" --output "$out"
        --colors never)
 
 quote() {  # the arguments as a shell would read them, quoted only where needed
@@ -408,7 +417,7 @@ quote() {  # the arguments as a shell would read them, quoted only where needed
   echo "budget_min=$budget"
 } > "$out/run.env"
 
-echo "cargo mutants -> $out (budget ${budget} min, test timeout ${test_timeout} s)"
+echo "cargo mutants -> $out (budget ${budget} min, test timeout ${test_timeout:-from the baseline} s)"
 rc=0
 if [ "$budget" -gt 0 ]; then
   nice -n "${NICE:-10}" timeout --signal=INT --kill-after=120 "${budget}m" \

@@ -249,10 +249,6 @@ pub fn render_described(
                 v["leader"] = json!(h.leader);
                 v["epoch"] = json!(h.epoch);
             }
-            if let Some(commit) = p.commit_offset {
-                // What a majority of the replicas holds durable: served up to here.
-                v["commit_offset"] = json!(commit);
-            }
             if !p.followers.is_empty() {
                 // A replicated partition's leader: how far each follower has it.
                 v["followers"] = json!(p

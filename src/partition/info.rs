@@ -43,7 +43,7 @@ impl Partition {
 
 /// What `GET /topics/{topic}` shows per partition (the default group's state at the top level, as in version 1),
 /// and what `/metrics` exports.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct PartitionInfo {
     pub partition: u32,
     pub core: usize,

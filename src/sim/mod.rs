@@ -171,8 +171,11 @@ pub async fn run_seed_here(seed: u64) {
 /// minutes, far beyond any lease, long-poll, retry or delay of the simulation's configuration.
 const STUCK_MS: u64 = 600_000;
 
-/// Rounds of 40 yields a settle may take before the world counts as livelocked (over the default 1,000 seeds none
-/// took more than 2).
+/// Yields per round of a settle: it ends after a round in which no net message was delivered.
+const SETTLE_YIELDS: usize = 40;
+
+/// Rounds of `SETTLE_YIELDS` yields a settle may take before the world counts as livelocked (over the default
+/// 1,000 seeds none took more than 2).
 const SETTLE_ROUNDS: usize = 1_000;
 
 /// What the seeds run so far exercised of the journal's commit delay (the default run checks each is not 0).

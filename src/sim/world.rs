@@ -175,7 +175,7 @@ impl World {
         .detach();
         let started = self.clock.now_ms();
         while !closed.get() {
-            for _ in 0..40 {
+            for _ in 0..SETTLE_YIELDS {
                 futures_lite::future::yield_now().await;
             }
             if !closed.get() {

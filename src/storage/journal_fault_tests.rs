@@ -510,6 +510,8 @@ fn the_journals_stop_answers_and_keeps_the_appends_queued_before_it() {
         second.await;
         stop.await;
         assert_eq!(book.borrow().acked.len(), 2, "{:?}", book.borrow().refused);
+        let left = storage(&sim).list(journal_dir()).unwrap();
+        assert!(left.is_empty(), "a clean stop left {left:?}");
         let at_stop = book.borrow().clone();
         let image = sim.power_cut(|_, _| 0);
         let expect = Expect {

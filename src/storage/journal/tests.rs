@@ -186,18 +186,20 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
 /// deleted group to the new one.
 #[test]
 fn a_stop_with_an_unfinished_checkpoint_keeps_the_current_journal_file() {
-    stop_with_a_failing_checkpoint(Rc::new(FailingFrontiers(Rc::new(Cell::new(true)))), true);
+    stop_with_a_failing_checkpoint(Rc::new(FailingFrontiers(Rc::new(Cell::new(true)))), None);
 }
 
-/// A frontier writer that fails after a while: a checkpoint still under way when the stop begins.
-struct FailingLate(std::time::Duration);
+/// A frontier writer that fails once its gate opens: a checkpoint still under way when the stop begins.
+struct FailingWhenOpen(Rc<Cell<bool>>);
 
-impl Checkpoint for FailingLate {
+impl Checkpoint for FailingWhenOpen {
     fn write_frontier_files(
         self: Rc<Self>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool>>> {
         Box::pin(async move {
-            glommio::timer::sleep(self.0).await;
+            while !self.0.get() {
+                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            }
             false
         })
     }
@@ -207,14 +209,18 @@ impl Checkpoint for FailingLate {
 /// find nothing pending, remove the current file, and leave the older one the checkpoint then gives back).
 #[test]
 fn a_stop_during_a_checkpoint_waits_for_it_and_keeps_every_journal_file() {
-    let late = Rc::new(FailingLate(std::time::Duration::from_millis(100)));
-    stop_with_a_failing_checkpoint(late, false);
+    let gate = Rc::new(Cell::new(false));
+    stop_with_a_failing_checkpoint(Rc::new(FailingWhenOpen(gate.clone())), Some(gate));
 }
 
 /// Fills a journal file with one group's frontiers so it rotates into a checkpoint that `owner` fails, recreates
-/// the group at 2 (its start record in the current file), stops (`settled`: after the checkpoint failed once;
-/// else while it runs), and checks that both files stay and a replay leaves the group at 2.
-fn stop_with_a_failing_checkpoint<C: Checkpoint + 'static>(owner: Rc<C>, settled: bool) {
+/// the group at 2 (its start record in the current file), stops, and checks that both files stay and a replay
+/// leaves the group at 2. Without `gate` the stop begins after the checkpoint failed once; with it, while the
+/// checkpoint waits for the gate, which opens only once the stop has had every chance to finish without it.
+fn stop_with_a_failing_checkpoint<C: Checkpoint + 'static>(
+    owner: Rc<C>,
+    gate: Option<Rc<Cell<bool>>>,
+) {
     on_sim_disk(move |storage| async move {
         let part = Path::new("/data/topics/t/0");
         storage.create_dir_all(part).unwrap();
@@ -241,10 +247,10 @@ fn stop_with_a_failing_checkpoint<C: Checkpoint + 'static>(owner: Rc<C>, settled
                 .unwrap();
         }
         assert!(
-            settled || journal.checkpoints_running() == 1,
+            gate.is_none() || journal.checkpoints_running() == 1,
             "the checkpoint was over before the stop"
         );
-        while settled && journal.checkpoints_running() > 0 {
+        while gate.is_none() && journal.checkpoints_running() > 0 {
             glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
         }
         // "g" deleted and created again at 2 (file, then start record in the current journal file); then a stop,
@@ -259,7 +265,26 @@ fn stop_with_a_failing_checkpoint<C: Checkpoint + 'static>(owner: Rc<C>, settled
             .unwrap();
         let before = storage.list(dir).unwrap().len();
         assert!(before >= 2, "{:?}", storage.list(dir).unwrap());
-        journal.close().await;
+        let stopped = Rc::new(Cell::new(false));
+        let stop = glommio::spawn_local({
+            let (journal, stopped) = (journal.clone(), stopped.clone());
+            async move {
+                journal.close().await;
+                stopped.set(true);
+            }
+        });
+        if let Some(gate) = gate {
+            // A stop that does not wait for the checkpoint is over within these turns (the simulated disk
+            // answers at once); one that waits is still waiting.
+            for _ in 0..200 {
+                if stopped.get() {
+                    break;
+                }
+                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            gate.set(true);
+        }
+        stop.await;
         assert_eq!(
             storage.list(dir).unwrap().len(),
             before,
