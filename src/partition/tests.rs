@@ -544,6 +544,51 @@ fn settles_that_free_room_at_the_cap_wake_the_group_with_the_exact_count() {
     });
 }
 
+/// A dead-lettered lease wakes one parked consumer when it frees room under `max_in_flight` for a deliverable
+/// record, and nobody otherwise (no consumer is parked for want of room then).
+#[test]
+fn a_dead_lettered_lease_wakes_only_when_it_frees_room_at_the_cap() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        type Woken = Vec<(Option<String>, usize)>;
+        let woken: Rc<std::cell::RefCell<Woken>> = Rc::default();
+        let w = woken.clone();
+        let wake: super::Wake =
+            Rc::new(move |group, n| w.borrow_mut().push((group.map(str::to_string), n)));
+        let p = open_waking(&sim, &clock, wake).await;
+        p.append(bodies(&["a", "b", "c", "d"])).await.unwrap();
+        // Below the cap (16): a dead letter wakes nobody, though b, c and d are deliverable.
+        let a = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        woken.borrow_mut().clear();
+        let d = &a.deliveries[0];
+        p.dead_lettered(DEFAULT_GROUP, d.offset, d.nonce)
+            .await
+            .unwrap();
+        assert_eq!(*woken.borrow(), vec![], "below the cap");
+        // At the cap (2): one freed place, one wake.
+        p.set_policy(
+            Limits {
+                max_in_flight: 2,
+                max_acked_ahead: 16,
+            },
+            Redelivery::default(),
+        );
+        let bc = p.take(DEFAULT_GROUP, 4, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&bc), vec![1, 2]);
+        woken.borrow_mut().clear();
+        let d = &bc.deliveries[0];
+        p.dead_lettered(DEFAULT_GROUP, d.offset, d.nonce)
+            .await
+            .unwrap();
+        assert_eq!(
+            *woken.borrow(),
+            vec![(Some(DEFAULT_GROUP.to_string()), 1)],
+            "at the cap"
+        );
+    });
+}
+
 /// A journal checkpoint and a close wait out a frontier write already running, then report every file written: a
 /// checkpoint that did not wait would find the write still running and keep the journal file for nothing, and a
 /// close that did not wait would report a file behind (so the journal stays for the replay) or let the write land
