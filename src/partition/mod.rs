@@ -801,17 +801,14 @@ impl Partition {
         Ok(())
     }
 
-    /// Releases expired leases and due delays of every group (the background timer); returns how many offsets
-    /// became deliverable.
-    pub fn purge(&self, now: u64) -> usize {
+    /// Releases expired leases and due delays of every group (the background timer), waking each group's consumers
+    /// for what became deliverable.
+    pub fn purge(&self, now: u64) {
         self.assert_owner();
-        let mut total = 0;
         for g in self.groups.borrow().values() {
             let released = g.with_loaded(|s| s.purge_expired(now)).unwrap_or(0);
             self.note_released(g, released);
-            total += released;
         }
-        total
     }
 
     /// Earliest lease deadline or delayed release over the loaded groups.

@@ -242,6 +242,62 @@ fn a_redrive_whose_append_fails_acks_nothing_in_the_source() {
     });
 }
 
+/// A redrive with a `max` above one batch moves exactly `max` messages, the last batch asking only for what is left,
+/// and acks exactly those in the source.
+#[test]
+fn a_redrive_with_a_max_above_one_batch_moves_exactly_max() {
+    use crate::front::redrive::REDRIVE_BATCH;
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        let total = REDRIVE_BATCH + 10;
+        let max = REDRIVE_BATCH as u64 + 1;
+        let front = world.fronts[0].clone();
+        let produced = world
+            .complete(async move {
+                front
+                    .produce(ProduceParams {
+                        topic: DLQ.to_string(),
+                        records: (0..total)
+                            .map(|i| ClientRecord {
+                                body: Bytes::from(format!("d{i}")),
+                                target: Target::Partition(0),
+                            })
+                            .collect(),
+                        batch: true,
+                    })
+                    .await
+            })
+            .await;
+        assert!(produced.is_ok_and(|r| r.len() == total && r.iter().all(|r| r.is_ok())));
+        let front = world.fronts[0].clone();
+        let moved = world
+            .complete(async move {
+                front
+                    .redrive(crate::ops::redrive::RedriveParams {
+                        from: DLQ.to_string(),
+                        to: REDRIVEN.to_string(),
+                        group: DEFAULT_GROUP.to_string(),
+                        max: Some(max),
+                    })
+                    .await
+            })
+            .await;
+        assert_eq!(moved.ok(), Some(max));
+        assert_eq!(committed(&world, DLQ), Some(max), "acked in the source");
+        let target = world.engines.iter().filter_map(|e| e.topic(REDRIVEN).ok());
+        let copied: u64 = target
+            .flat_map(|t| {
+                t.owned_partitions()
+                    .map(|p| p.log.end_offset())
+                    .collect::<Vec<_>>()
+            })
+            .sum();
+        assert_eq!(copied, max, "copied to the target");
+        world.shut_down().await;
+    });
+}
+
 /// Crashes the world's process (kill -9: what it wrote stays, in the page cache) and boots the next one on its disk.
 async fn crash_and_reboot(world: World) -> World {
     let image = world.sim.process_crash();

@@ -411,3 +411,168 @@ fn an_empty_wait_queue_stays_for_the_next_consume_and_goes_with_its_topic() {
             assert_eq!(engine.wait_queues(), 0, "gone with its topic");
         });
 }
+
+// ---- a dead letter's settle refused by a full channel ----
+
+/// `NetLink`, but it refuses (as a full mesh channel does) the next `refusals` settles, and logs every settle it
+/// sees: (the clock's ms, refused).
+struct RefusingLink {
+    net: Rc<Net>,
+    clock: Rc<ManualClock>,
+    refusals: std::cell::Cell<u32>,
+    settles: RefCell<Vec<(u64, bool)>>,
+}
+
+impl CoreLink for RefusingLink {
+    fn send(&self, core: usize, envelope: Envelope) -> bool {
+        if matches!(envelope.request, Request::Settle(_)) {
+            let refused = self.refusals.get() > 0;
+            self.settles
+                .borrow_mut()
+                .push((self.clock.now_ms(), refused));
+            if refused {
+                self.refusals.set(self.refusals.get() - 1);
+                return false;
+            }
+        }
+        NetLink(self.net.clone()).send(core, envelope)
+    }
+}
+
+/// Core 0 consumes a topic on core 1 whose message is past `max_deliveries`: it copies the message to the
+/// dead-letter topic, then settles it on core 1. Settles refused by a full channel are retried once per
+/// millisecond, `DEAD_LETTER_SETTLE_RETRIES` times: three refusals, then the fourth try settles it (and it is never
+/// delivered again); a channel that stays full gets exactly 1 + 100 tries, and the consume then returns.
+#[test]
+fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up_to_its_limit() {
+    use crate::front::consume::DEAD_LETTER_SETTLE_RETRIES;
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async {
+            let net = Rc::new(Net {
+                queues: RefCell::new((0..2).map(|_| VecDeque::new()).collect()),
+                arrived: (0..2).map(|_| Event::new()).collect(),
+            });
+            let sim = Sim::new();
+            let clock = ManualClock::new(WALL_MS);
+            let link = Rc::new(RefusingLink {
+                net: net.clone(),
+                clock: clock.clone(),
+                refusals: std::cell::Cell::new(0),
+                settles: RefCell::new(Vec::new()),
+            });
+            let fronts: Vec<Rc<Front>> = (0..2)
+                .map(|id| Front::new(boot_core(id, 2, &sim, &clock, link.clone())))
+                .collect();
+            let pumps: Vec<glommio::Task<()>> = fronts
+                .iter()
+                .enumerate()
+                .map(|(id, f)| glommio::spawn_local(pump(net.clone(), id, f.engine().clone())))
+                .collect();
+            let dlq = format!("dlq-{}", name_on(0, 2));
+            fronts[0]
+                .create_topic(TopicConfig::with_defaults(&dlq))
+                .await
+                .unwrap();
+            let topic = name_on(1, 2);
+            let mut config = TopicConfig::with_defaults(&topic);
+            config.max_deliveries = 1;
+            config.dead_letter = Some(dlq.clone());
+            fronts[0].create_topic(config).await.unwrap();
+            assert_eq!(
+                fronts[0].engine().topic(&topic).unwrap().location(0).core,
+                1
+            );
+
+            let consume = |front: Rc<Front>, topic: String| async move {
+                front
+                    .consume(ConsumeParams {
+                        topic,
+                        group: DEFAULT_GROUP.to_string(),
+                        wait_ms: 0,
+                        visibility_ms: Some(1_000),
+                        max: 1,
+                        media: None,
+                    })
+                    .await
+                    .unwrap()
+            };
+            // Runs a consume of `topic` from core 0 to its end, moving the clock 1 ms whenever it waits.
+            let run = |topic: String| {
+                let front = fronts[0].clone();
+                let clock = clock.clone();
+                async move {
+                    let task = glommio::spawn_local(consume(front, topic));
+                    let done = Rc::new(std::cell::Cell::new(None));
+                    let d = done.clone();
+                    glommio::spawn_local(async move { d.set(Some(task.await.len())) }).detach();
+                    for _ in 0..1_000 {
+                        for _ in 0..20 {
+                            futures_lite::future::yield_now().await;
+                        }
+                        if let Some(n) = done.get() {
+                            return n;
+                        }
+                        clock.advance(1);
+                    }
+                    panic!("the consume did not end within 1,000 ms of retries");
+                }
+            };
+            for (i, refusals) in [(0, 3), (1, u32::MAX)] {
+                let produced = fronts[0]
+                    .produce(ProduceParams {
+                        topic: topic.clone(),
+                        records: vec![ClientRecord {
+                            body: Bytes::from(format!("m{i}")),
+                            target: Target::Partition(0),
+                        }],
+                        batch: true,
+                    })
+                    .await
+                    .unwrap();
+                assert!(produced.iter().all(|r| r.is_ok()), "{produced:?}");
+                assert_eq!(run(topic.clone()).await, 1, "m{i}: first delivery");
+                clock.advance(1_001);
+                // The second delivery is past max_deliveries: copied to the dead-letter topic, then settled.
+                link.refusals.set(refusals);
+                link.settles.borrow_mut().clear();
+                let t0 = clock.now_ms();
+                assert_eq!(
+                    run(topic.clone()).await,
+                    0,
+                    "m{i}: dead-lettered, not delivered"
+                );
+                link.refusals.set(0);
+                let settles = link.settles.borrow().clone();
+                if i == 0 {
+                    assert_eq!(
+                        settles,
+                        vec![(t0, true), (t0 + 1, true), (t0 + 2, true), (t0 + 3, false)],
+                        "three refusals, retried 1 ms apart, then settled"
+                    );
+                    clock.advance(2_000);
+                    assert_eq!(
+                        run(topic.clone()).await,
+                        0,
+                        "settled: never delivered again"
+                    );
+                } else {
+                    let tries = 1 + DEAD_LETTER_SETTLE_RETRIES as usize;
+                    assert_eq!(settles.len(), tries, "{settles:?}");
+                    assert!(settles.iter().all(|&(_, refused)| refused));
+                    assert_eq!(settles[tries - 1].0, t0 + tries as u64 - 1, "1 ms apart");
+                }
+            }
+            // Both copies reached the dead-letter topic, once each.
+            clock.advance(1);
+            let mut copied = Vec::new();
+            for _ in 0..3 {
+                for d in consume(fronts[0].clone(), dlq.clone()).await {
+                    copied.push(d.payload);
+                }
+            }
+            assert_eq!(copied, vec![Bytes::from("m0"), Bytes::from("m1")]);
+            drop(pumps);
+        });
+}

@@ -242,6 +242,45 @@ fn corrupt_skip_advances_frontier() {
     s.check_invariants();
 }
 
+/// A corrupt run reported on a fresh lease (nothing past it handed out) is settled in one step, at the frontier
+/// and above it; on a lease with others handed out after it, only that offset is.
+#[test]
+fn a_corrupt_run_on_a_fresh_lease_is_skipped_in_one_step() {
+    let mut s = InFlight::new(0, 0, limits(10, 10));
+    let first = leased(s.reserve(100, 0, 1_000));
+    assert_eq!(
+        s.skip_corrupt_run(0, first.nonce, 5),
+        5,
+        "the whole run, at the frontier"
+    );
+    assert_eq!(s.corrupt_skipped_total(), 5);
+    let head = leased(s.reserve(100, 0, 1_000));
+    let above = leased(s.reserve(100, 0, 1_000));
+    assert_eq!((head.offset, above.offset), (5, 6));
+    assert_eq!(
+        s.skip_corrupt_run(6, above.nonce, 9),
+        5,
+        "above the frontier"
+    );
+    assert_eq!(s.corrupt_skipped_total(), 8);
+    assert_eq!(
+        leased(s.reserve(100, 0, 1_000)).offset,
+        9,
+        "the run is never handed out"
+    );
+    s.check_invariants();
+    assert_eq!(s.ack(head.offset, head.nonce, 0), Ok(9));
+    // Not fresh: 11 was handed out after 10, so only 10 is skipped.
+    let (ten, eleven) = (
+        leased(s.reserve(100, 0, 1_000)),
+        leased(s.reserve(100, 0, 1_000)),
+    );
+    assert_eq!((ten.offset, eleven.offset), (10, 11));
+    assert_eq!(s.skip_corrupt_run(10, ten.nonce, 20), 9);
+    assert_eq!(s.corrupt_skipped_total(), 9);
+    s.check_invariants();
+}
+
 #[test]
 fn long_corrupt_stretch_is_run_length_encoded() {
     let mut s = InFlight::new(0, 0, limits(2, 0));
