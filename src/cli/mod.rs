@@ -1,6 +1,8 @@
 //! The command line: `berth serve` runs the broker; the other commands are a client for people at a terminal (the
 //! load generator is its own binary, `berth-bench`, in `bench/`). Part of the binary only: the server library links none of it.
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use berth::client::{enc, Answer, Client};
 use berth::config::{Config, FsyncPolicy};
 use clap::{Args, Parser, Subcommand};
@@ -87,9 +89,10 @@ enum Command {
         /// Lease length, e.g. 30s (default: the topic's).
         #[arg(long)]
         visibility: Option<String>,
-        /// Messages to take before stopping (stops early when none is available).
-        #[arg(long, default_value_t = 1)]
-        count: u64,
+        /// Messages to take before stopping, over as many requests as needed (stops early when none is
+        /// available) [default: --max, one request].
+        #[arg(long)]
+        count: Option<u64>,
         /// Messages per request (a batch consume; acks and nacks are sent as one batch too).
         #[arg(long, default_value_t = 1)]
         max: u64,
@@ -592,6 +595,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                 topic: &topic,
                 group: group.as_deref(),
             });
+            let count = count.unwrap_or(max);
             if max > 1 {
                 return consume_batches(client, &path, count, max, settle_with);
             }
@@ -833,13 +837,22 @@ fn print_messages(
         204 => Ok(false),
         200 => {
             let handle = answer.header("receipt-handle").map(str::to_string);
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "partition": answer.header("partition").and_then(|v| v.parse::<u64>().ok()),
                 "offset": answer.header("offset").and_then(|v| v.parse::<u64>().ok()),
                 "receipt_handle": handle,
                 "delivery_count": answer.header("delivery-count").and_then(|v| v.parse::<u64>().ok()),
-                "body": answer.text(),
             });
+            // As the batch format does: the text when the bytes are UTF-8, else `body_base64`, never a lossy
+            // conversion.
+            let (field, body) = match std::str::from_utf8(&answer.body) {
+                Ok(text) => ("body", serde_json::json!(text)),
+                Err(_) => (
+                    "body_base64",
+                    serde_json::json!(STANDARD.encode(&answer.body)),
+                ),
+            };
+            line[field] = body;
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
             if let (Some(settle), Some(handle)) = (settle_with, handle) {
