@@ -186,6 +186,7 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             topic_id,
             partition,
             leader,
+            epoch: 0,
             segment_base: 0,
             position: 0,
             first_offset: 0,

@@ -51,14 +51,14 @@ impl From<MetaError> for EngineError {
 }
 
 /// A topic as the engine takes it: settings with the metastore's id, where each partition lives, and each
-/// partition's followers (none when it is not replicated).
+/// partition's replicas, leader and epoch.
 fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> Placed {
     let mut config = record.config.clone();
     config.id = record.id();
     (
         config,
         snapshot.locations(record),
-        crate::engine::placement::followers(&record.partitions),
+        record.partitions.clone(),
     )
 }
 

@@ -2,7 +2,7 @@
 //! and deleting them (core 0 serialises these and has every core apply them through `Peers`), and the trash that
 //! deleted data goes through. Runs on the core that owns the engine.
 
-use super::placement::{self, Location, NodeIndex};
+use super::placement::{self, Location, PartitionState};
 use super::topic::{new_topic_id, Replicas, Topic, TopicConfig, TOPIC_FORMAT};
 use super::{AdminStep, Engine, EngineError, EngineResult};
 use crate::partition::{Partition, PartitionSetup};
@@ -53,7 +53,7 @@ impl Engine {
         self: &Rc<Self>,
         config: TopicConfig,
         locations: Vec<Location>,
-        followers: Vec<Vec<NodeIndex>>,
+        states: Vec<PartitionState>,
     ) -> EngineResult<()> {
         if let Some(existing) = self.topics.borrow().get(&config.name) {
             if existing.id() == config.id {
@@ -68,6 +68,9 @@ impl Engine {
                             ))
                         })?;
                 }
+                if !states.is_empty() {
+                    existing.set_states(states);
+                }
                 return Ok(());
             }
         }
@@ -75,6 +78,15 @@ impl Engine {
             node: self.node.get(),
             core: self.id as u32,
         };
+        let states = if states.is_empty() {
+            locations
+                .iter()
+                .map(|l| PartitionState::initial(l.node, config.id))
+                .collect()
+        } else {
+            states
+        };
+        let followers = placement::followers(&states);
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mut followed = Vec::with_capacity(followers.len());
         let mut opened_all = Ok(());
@@ -137,6 +149,7 @@ impl Engine {
             Replicas {
                 followers,
                 followed,
+                states: RefCell::new(states.into()),
             },
         ));
         self.topics.borrow_mut().insert(name, topic.clone());
@@ -305,8 +318,8 @@ impl Engine {
     /// Applies an admin step on this core.
     pub async fn apply_step(self: &Rc<Self>, step: AdminStep) -> EngineResult<()> {
         match step {
-            AdminStep::Apply(config, locations, followers) => {
-                self.apply_topic(config, locations, followers).await
+            AdminStep::Apply(config, locations, states) => {
+                self.apply_topic(config, locations, states).await
             }
             AdminStep::Drop(name) => self.drop_topic(&name).await,
             AdminStep::Update(config) => self.update_topic(config).await,
@@ -532,9 +545,8 @@ impl Engine {
         self.check_caps(config.partitions as usize)?;
         config.format = TOPIC_FORMAT;
         if let Some(metadata) = self.metadata() {
-            let (created, (config, locations, followers)) = metadata.create_topic(config).await?;
-            self.materialise(config.clone(), locations, followers)
-                .await?;
+            let (created, (config, locations, states)) = metadata.create_topic(config).await?;
+            self.materialise(config.clone(), locations, states).await?;
             if created {
                 info!(topic = %config.name, partitions = config.partitions, "topic created in the cluster");
             }
@@ -621,7 +633,7 @@ impl Engine {
             // The requested change is made to the settings just read from etcd, never to this node's copy: that
             // may lack a change made through another node a moment ago, which writing it back would undo.
             let engine = self.clone();
-            let (config, locations, followers) = metadata
+            let (config, locations, states) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -630,8 +642,7 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config.clone(), locations, followers)
-                .await?;
+            self.materialise(config.clone(), locations, states).await?;
             info!(topic = %name, "topic settings changed in the cluster");
             return Ok(config);
         }
@@ -664,7 +675,7 @@ impl Engine {
             let add = group.to_string();
             let created = Rc::new(Cell::new(false));
             let added = created.clone();
-            let (config, locations, followers) = metadata
+            let (config, locations, states) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -681,7 +692,7 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config, locations, followers).await?;
+            self.materialise(config, locations, states).await?;
             if created.get() {
                 info!(topic = %name, group = %group, "consumer group created in the cluster");
             }
@@ -726,7 +737,7 @@ impl Engine {
             // Whether the group exists is decided on the settings etcd holds, on every compare-and-set round.
             let remove = group.to_string();
             let topic_name = name.to_string();
-            let (config, locations, followers) = metadata
+            let (config, locations, states) = metadata
                 .change_topic(
                     name.to_string(),
                     Box::new(move |stored: &mut TopicConfig| {
@@ -741,7 +752,7 @@ impl Engine {
                     }),
                 )
                 .await?;
-            self.materialise(config, locations, followers).await?;
+            self.materialise(config, locations, states).await?;
             info!(topic = %name, group = %group, "consumer group deleted in the cluster");
             return Ok(());
         }
@@ -808,10 +819,10 @@ impl Engine {
         self: &Rc<Self>,
         config: TopicConfig,
         locations: Vec<Location>,
-        followers: Vec<Vec<NodeIndex>>,
+        states: Vec<PartitionState>,
     ) -> EngineResult<()> {
         let _permit = self.admin_permit().await?;
-        self.materialise(config, locations, followers).await
+        self.materialise(config, locations, states).await
     }
 
     /// Cluster mode (core 0): forgets a topic the metastore no longer has (deleted through another node).
@@ -830,7 +841,7 @@ impl Engine {
         self: &Rc<Self>,
         mut config: TopicConfig,
         locations: Vec<Location>,
-        followers: Vec<Vec<NodeIndex>>,
+        states: Vec<PartitionState>,
     ) -> EngineResult<()> {
         config.format = TOPIC_FORMAT;
         let known = self.topic(&config.name).ok();
@@ -843,7 +854,10 @@ impl Engine {
         match known {
             None => {
                 let me = self.node.get();
-                let followed = followers.iter().filter(|f| f.contains(&me)).count();
+                let followed = placement::followers(&states)
+                    .iter()
+                    .filter(|f| f.contains(&me))
+                    .count();
                 self.check_caps(locations.iter().filter(|l| l.node == me).count() + followed)?;
                 let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
                 let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
@@ -890,7 +904,7 @@ impl Engine {
                     .await
                     .map_err(storage)?;
                 let applied = self
-                    .everywhere(AdminStep::Apply(opening.clone(), locations, followers))
+                    .everywhere(AdminStep::Apply(opening.clone(), locations, states))
                     .await;
                 if let Err(e) = applied {
                     // All or nothing, so that a retry opens it anew on every core (the data stays on disk).
@@ -906,11 +920,12 @@ impl Engine {
                 self.join_groups(config, &opening).await
             }
             Some(topic) => {
-                if *topic.locations() != *locations {
-                    // Another node came back with another core count: its partitions are on other cores now.
-                    info!(topic = %config.name, "partitions of another node moved to other cores of it");
+                if *topic.locations() != *locations || !topic.has_states(&states) {
+                    // Another node came back with another core count (its partitions are on other cores now), or a
+                    // partition's epoch moved.
+                    info!(topic = %config.name, "partitions of another node moved to other cores of it, or a partition's epoch moved");
                     let current = (*topic.config()).clone();
-                    self.everywhere(AdminStep::Apply(current, locations, followers))
+                    self.everywhere(AdminStep::Apply(current, locations, states))
                         .await?;
                 }
                 let old = topic.config();

@@ -61,9 +61,9 @@ pub struct Unopened {
     pub attempts: u32,
 }
 
-/// A topic's settings, where each of its partitions lives (its leader), and each partition's followers (its other
-/// replicas; empty when the topic is not replicated).
-pub type Placed = (TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>);
+/// A topic's settings, where each of its partitions lives (its leader), and each partition's replicas, leader and
+/// epoch.
+pub type Placed = (TopicConfig, Vec<Location>, Vec<PartitionState>);
 
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -173,9 +173,9 @@ impl Engine {
             return Err(super::EngineError::TopicNotFound(name.to_string()));
         }
         match metadata.lookup_topic(name.to_string(), fresh).await? {
-            Some((config, locations, followers)) => {
+            Some((config, locations, states)) => {
                 self.missing.borrow_mut().remove(name);
-                self.learn_topic(config, locations, followers).await
+                self.learn_topic(config, locations, states).await
             }
             None => {
                 let mut missing = self.missing.borrow_mut();

@@ -57,9 +57,10 @@ pub enum Signal {
 /// A step of a topic change that every core applies.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum AdminStep {
-    /// Learn a topic and open the partitions this core owns, and its follower replicas here (each partition's
-    /// replicas other than its leader; empty when the topic is not replicated).
-    Apply(TopicConfig, Vec<Location>, Vec<Vec<NodeIndex>>),
+    /// Learn a topic and open the partitions this core owns, and its follower replicas here. The states name each
+    /// partition's replicas, leader and epoch (empty: no metastore, every partition on its location alone at its
+    /// first epoch, the topic's id).
+    Apply(TopicConfig, Vec<Location>, Vec<placement::PartitionState>),
     /// Forget a topic and close its partitions here.
     Drop(String),
     /// New settings (or groups) for a known topic.

@@ -2,7 +2,7 @@
 //! as one core sees it. Every core holds a copy of every topic's settings; core 0 alone creates, changes and
 //! deletes (see `engine::admin`).
 
-use super::placement::{Location, NodeIndex};
+use super::placement::{Location, NodeIndex, PartitionState};
 use crate::partition::inflight::{Backoff, Limits, Redelivery};
 use crate::partition::Partition;
 use crate::storage::backend::Storage;
@@ -338,6 +338,10 @@ pub struct Replicas {
     pub followers: Vec<Vec<NodeIndex>>,
     /// Some(partition) for the follower replicas this core holds (empty: none).
     pub followed: Vec<Option<Rc<Partition>>>,
+    /// Each partition's replicas, leader and epoch, as the metastore last had them (the replicas and the leader are
+    /// those the topic was opened with: a topic already open here neither gains nor loses replicas, nor changes
+    /// leader; `docs/replication.md`, steps 4-5).
+    pub states: RefCell<Rc<[PartitionState]>>,
 }
 
 /// A group's may-have-something partitions on this core, and when they were last all scanned.
@@ -386,6 +390,30 @@ impl Topic {
             deleted: Cell::new(false),
             ready: RefCell::new(Default::default()),
             replicas,
+        }
+    }
+
+    /// The epoch of partition `p`'s leadership: the topic's id until a partition key names another (`0` for a
+    /// partition the topic does not have).
+    pub fn epoch(&self, p: u32) -> u64 {
+        self.replicas
+            .states
+            .borrow()
+            .get(p as usize)
+            .map_or(0, |s| s.epoch)
+    }
+
+    /// Whether each partition's replicas, leader and epoch are `states` (or `states` is empty: not known).
+    pub fn has_states(&self, states: &[PartitionState]) -> bool {
+        states.is_empty() || *self.replicas.states.borrow().as_ref() == *states
+    }
+
+    /// Takes the metastore's newer view of each partition's replicas, leader and epoch (a change of the replica set
+    /// does not open or close replicas on this core yet: `docs/replication.md`, step 5).
+    pub fn set_states(&self, states: Vec<PartitionState>) {
+        let mut current = self.replicas.states.borrow_mut();
+        if current.len() == states.len() {
+            *current = states.into();
         }
     }
 

@@ -21,7 +21,9 @@
 //! durable is served, and the produces waiting for it are answered. A leader that opens a replicated partition
 //! probes its followers (a `Replicate` of no records) to learn their ends before any new batch.
 //!
-//! Not built yet (steps 4-5): no epoch fencing; no replacement of a replica that cannot be caught up from the log.
+//! Every request carries the stream's epoch; a follower on a newer one refuses it (`stale_epoch`) and is retried,
+//! counting for nothing. Not built yet (steps 4-5): elections, `BeginEpoch`, truncation, stepping down; no
+//! replacement of a replica that cannot be caught up from the log.
 
 use crate::engine::placement::{follower_core, Location, NodeIndex};
 use crate::engine::{Engine, Ship, ShipSink};
@@ -99,6 +101,8 @@ struct Stream {
     topic: String,
     topic_id: u64,
     partition: u32,
+    /// The epoch of this leadership, as the topic had it when the stream opened (sent with every request).
+    epoch: u64,
     batches: RefCell<VecDeque<Rc<Batch>>>,
     /// The end of the last batch pushed (at first, the log's end when the stream opened): an offset below it that
     /// is not kept is no longer kept.
@@ -373,6 +377,7 @@ impl Shipper {
             topic: head.topic.clone(),
             topic_id: head.topic_id,
             partition: head.partition,
+            epoch: topic.epoch(head.partition),
             batches: RefCell::new(VecDeque::new()),
             end: Cell::new(head.first_offset),
             bytes: Cell::new(0),
@@ -841,6 +846,7 @@ async fn send_frontiers(
         topic_id: stream.topic_id,
         partition: stream.partition,
         leader: shipper.engine().node(),
+        epoch: stream.epoch,
         marks: marks.clone(),
     });
     let result = shipper.router.call(to, request).await;
@@ -893,6 +899,7 @@ async fn send(
         topic_id: stream.topic_id,
         partition: stream.partition,
         leader: shipper.engine().node(),
+        epoch: stream.epoch,
         segment_base: batch.head.segment_base,
         position: batch.head.position,
         first_offset: batch.head.first_offset,

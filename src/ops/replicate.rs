@@ -30,6 +30,10 @@ pub struct Replicate {
     pub partition: u32,
     /// The node that leads the partition (the sender: `validate::admit` holds a peer to it).
     pub leader: NodeIndex,
+    /// The epoch of its leadership, as the leader's metadata has it: a follower whose metadata names a higher one
+    /// refuses the request (`stale_epoch`), one whose metadata is behind answers `partition_unavailable` until it
+    /// catches up.
+    pub epoch: u64,
     /// The segment (its base offset) and the byte position of the first frame in it.
     pub segment_base: u64,
     pub position: u64,
@@ -74,6 +78,8 @@ pub struct ReplicateFrontiers {
     pub partition: u32,
     /// The node that leads the partition (the sender: `validate::admit` holds a peer to it).
     pub leader: NodeIndex,
+    /// The epoch of its leadership, checked as a [`Replicate`]'s.
+    pub epoch: u64,
     /// At most [`MAX_FRONTIER_MARKS`], one per group, in ascending order of group name.
     pub marks: Vec<FrontierMark>,
 }
@@ -94,7 +100,7 @@ pub const MAX_FRONTIER_MARKS: usize = crate::engine::topic::MAX_GROUPS_LIMIT;
 /// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
 /// group this replica does not know are passed over, unless they start it.
 pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
-    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader)?;
+    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
     let max_groups = engine.topic(&r.topic)?.config().max_groups;
     partition
         .follow_frontiers(&r.marks, max_groups)
@@ -102,13 +108,17 @@ pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpRe
         .map_err(OpError::from)
 }
 
-/// This core's follower replica of a partition led by `leader`, or why there is none.
+/// This core's follower replica of a partition led by `leader` at `epoch`, or why there is none. For a replica
+/// held here, a request from an older epoch than this node's metadata knows is `stale_epoch` (its sender no longer
+/// leads); from a newer one, `partition_unavailable` (this node has not heard of that leadership yet: the sender
+/// retries).
 fn followed(
     engine: &Rc<Engine>,
     topic_name: &str,
     topic_id: u64,
     p: u32,
     leader: NodeIndex,
+    epoch: u64,
 ) -> OpResult<Rc<crate::partition::Partition>> {
     let topic = engine.topic(topic_name)?;
     if topic.id() != topic_id {
@@ -116,22 +126,33 @@ fn followed(
             topic_name.to_string(),
         )));
     }
-    if p >= topic.partition_count() || topic.location(p).node != leader {
-        return Err(OpError::PartitionUnavailable(format!(
-            "node {leader} does not lead partition {p} of '{topic_name}' as this node knows it"
-        )));
-    }
-    topic.followed_partition(p).ok_or_else(|| {
+    let partition = topic.followed_partition(p).ok_or_else(|| {
         OpError::PartitionUnavailable(format!(
             "core {} holds no replica of partition {p} of '{topic_name}'",
             engine.id()
         ))
-    })
+    })?;
+    // A replica here: the epoch first, so that a leader that was replaced learns it (`stale_epoch`).
+    let known = topic.epoch(p);
+    if epoch < known {
+        return Err(crate::partition::PartitionError::StaleEpoch { epoch, known }.into());
+    }
+    if epoch > known {
+        return Err(OpError::PartitionUnavailable(format!(
+            "partition {p} of '{topic_name}' is at epoch {known} here, not yet {epoch}"
+        )));
+    }
+    if topic.location(p).node != leader {
+        return Err(OpError::PartitionUnavailable(format!(
+            "node {leader} does not lead partition {p} of '{topic_name}' at epoch {epoch} as this node knows it"
+        )));
+    }
+    Ok(partition)
 }
 
 /// Applies a shipped batch on the core holding this node's follower replica of its partition.
 pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
-    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader)?;
+    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
     let log = &partition.log;
     if r.count == 0 {
         // A probe (the leader opened the partition): where this replica's log ends.
@@ -162,5 +183,143 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         }
         Err(FollowError::Append(e)) => Err(crate::partition::PartitionError::from(e).into()),
         Err(FollowError::Busy) => Err(OpError::Engine(crate::engine::EngineError::Overloaded)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::config::Config;
+    use crate::engine::placement::{Location, PartitionState};
+    use crate::engine::topic::TopicConfig;
+    use crate::engine::Shared;
+    use crate::partition::PartitionError;
+    use crate::storage::backend::Storage;
+    use crate::storage::sim::{Sim, SimStorage};
+    use std::path::PathBuf;
+
+    /// One core of node 0 on a simulated disk, holding the follower replica of a topic's one partition, which node
+    /// 1 leads at `epoch`.
+    async fn follower_at(epoch: u64) -> (Rc<Engine>, TopicConfig, Vec<Location>) {
+        let config = Rc::new(Config {
+            data_dir: PathBuf::from("/sim"),
+            ..Config::default()
+        });
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(Sim::new()));
+        for d in ["topics", "trash"] {
+            storage.create_dir_all(&config.data_dir.join(d)).unwrap();
+        }
+        let clock = ManualClock::new(1_700_000_000_000);
+        let engine = Engine::new(
+            0,
+            1,
+            config,
+            clock as Rc<dyn Clock>,
+            storage,
+            std::sync::Arc::new(Shared::default()),
+        );
+        // Starts the core's journal (a follower records frontiers through it); there is no topic yet.
+        assert!(engine.load_topics().await.unwrap().is_empty());
+        let mut topic = TopicConfig::with_defaults("t");
+        topic.partitions = 1;
+        topic.id = 5;
+        let locations = vec![Location { node: 1, core: 0 }];
+        engine
+            .apply_topic(topic.clone(), locations.clone(), states(epoch))
+            .await
+            .unwrap();
+        (engine, topic, locations)
+    }
+
+    fn states(epoch: u64) -> Vec<PartitionState> {
+        vec![PartitionState {
+            replicas: vec![1, 0],
+            leader: 1,
+            epoch,
+        }]
+    }
+
+    fn probe(epoch: u64) -> Replicate {
+        Replicate {
+            topic: "t".into(),
+            topic_id: 5,
+            partition: 0,
+            leader: 1,
+            epoch,
+            segment_base: 0,
+            position: 0,
+            first_offset: 0,
+            count: 0,
+            frames: Bytes::new(),
+        }
+    }
+
+    fn frontiers(epoch: u64) -> ReplicateFrontiers {
+        ReplicateFrontiers {
+            topic: "t".into(),
+            topic_id: 5,
+            partition: 0,
+            leader: 1,
+            epoch,
+            marks: Vec::new(),
+        }
+    }
+
+    /// A follower takes a leader's requests only at the epoch its metadata names: an older one is `stale_epoch`
+    /// (another leadership began since), a newer one `partition_unavailable` (its metadata has not caught up: the
+    /// leader retries); once the metadata moves to a new epoch, the old one is refused.
+    #[test]
+    fn a_follower_takes_its_leaders_requests_only_at_the_epoch_it_knows() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let (engine, topic, locations) = follower_at(8).await;
+                assert_eq!(engine.topic("t").unwrap().epoch(0), 8);
+                fn stale<T>(r: &OpResult<T>) -> bool {
+                    matches!(
+                        r,
+                        Err(OpError::Engine(crate::engine::EngineError::Partition(
+                            PartitionError::StaleEpoch { epoch: _, known: _ }
+                        )))
+                    )
+                }
+                fn ahead<T>(r: &OpResult<T>) -> bool {
+                    matches!(r, Err(OpError::PartitionUnavailable(_)))
+                }
+                let r = apply(&engine, probe(7)).await;
+                assert!(stale(&r), "{r:?}");
+                let r = apply(&engine, probe(9)).await;
+                assert!(ahead(&r), "{r:?}");
+                assert_eq!(
+                    apply(&engine, probe(8)).await.unwrap(),
+                    Replicated {
+                        end: 0,
+                        applied: false,
+                        refused: false
+                    }
+                );
+                let r = apply_frontiers(&engine, frontiers(7)).await;
+                assert!(stale(&r), "{r:?}");
+                let r = apply_frontiers(&engine, frontiers(9)).await;
+                assert!(ahead(&r), "{r:?}");
+                let r = apply_frontiers(&engine, frontiers(8)).await;
+                assert!(r.is_ok(), "{r:?}");
+
+                // The metastore moves the partition to epoch 9 (the same topic, the same leader).
+                engine
+                    .apply_topic(topic, locations, states(9))
+                    .await
+                    .unwrap();
+                assert_eq!(engine.topic("t").unwrap().epoch(0), 9);
+                let r = apply(&engine, probe(8)).await;
+                assert!(stale(&r), "{r:?}");
+                let r = apply_frontiers(&engine, frontiers(8)).await;
+                assert!(stale(&r), "{r:?}");
+                assert!(apply(&engine, probe(9)).await.is_ok());
+                assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
+                engine.close_all().await;
+            });
     }
 }

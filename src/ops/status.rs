@@ -69,6 +69,7 @@ fn partition_status(e: &PartitionError) -> (u16, &'static str) {
         PartitionError::Storage(_) => (500, "storage_error"),
         PartitionError::GroupNotFound(_) => (404, "group_not_found"),
         PartitionError::NotEnoughReplicas(_) => (503, "not_enough_replicas"),
+        PartitionError::StaleEpoch { .. } => (409, "stale_epoch"),
     }
 }
 

@@ -572,6 +572,7 @@ mod tests {
                 topic_id: 1,
                 partition: 0,
                 leader,
+                epoch: 1,
                 marks: groups
                     .iter()
                     .map(|g| crate::ops::replicate::FrontierMark {
@@ -620,6 +621,7 @@ mod tests {
                 topic_id: 1,
                 partition: 0,
                 leader,
+                epoch: 1,
                 segment_base: 0,
                 position: 0,
                 first_offset: 0,

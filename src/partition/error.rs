@@ -30,6 +30,9 @@ pub enum PartitionError {
     /// A replicated partition's produce was not durable on a majority of its replicas within `replica_timeout`
     /// (503 not_enough_replicas): it may still become visible, so a retry can duplicate, never lose.
     NotEnoughReplicas(String),
+    /// Node RPC only: a leader's request (`Replicate`, `ReplicateFrontiers`) carries an older epoch than the
+    /// replica's metadata knows: another leadership began since (409 stale_epoch, never sent to a client).
+    StaleEpoch { epoch: u64, known: u64 },
 }
 
 impl std::fmt::Display for PartitionError {
@@ -63,6 +66,10 @@ impl std::fmt::Display for PartitionError {
             Self::NotEnoughReplicas(why) => write!(
                 f,
                 "not acknowledged: {why} (the records may still become visible; a retry can duplicate them)"
+            ),
+            Self::StaleEpoch { epoch, known } => write!(
+                f,
+                "epoch {epoch} is over: this replica knows epoch {known} of the partition's leadership"
             ),
         }
     }

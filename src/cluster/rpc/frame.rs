@@ -17,8 +17,10 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `TopicConfig` gained `replicas` (and `Request`/`Reply` a `Partitions` variant). 5: `Request::Replicate` and
 /// `Reply::Replicated` (a leader ships its durable batches to its followers), and `AdminStep::Apply` names each
 /// partition's followers. 6: `PartitionInfo` gained `commit_offset` (a replicated partition's commit offset, shown
-/// by `GET /topics/T`), which a version 5 peer could not decode in any describe or stats reply.
-pub const VERSION: u8 = 6;
+/// by `GET /topics/T`), which a version 5 peer could not decode in any describe or stats reply. 7: `Replicate` and
+/// `ReplicateFrontiers` carry the leader's `epoch` (a follower refuses an older one: `stale_epoch`), and
+/// `AdminStep::Apply` names each partition's replicas, leader and epoch instead of its followers.
+pub const VERSION: u8 = 7;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -148,7 +148,18 @@ fn every_request() -> Vec<Request> {
         Request::Admin(Box::new(AdminStep::Apply(
             config_value(),
             vec![Location { node: 1, core: 0 }, Location { node: 2, core: 3 }],
-            vec![vec![2], vec![1]],
+            vec![
+                crate::engine::placement::PartitionState {
+                    replicas: vec![1, 2],
+                    leader: 1,
+                    epoch: 91,
+                },
+                crate::engine::placement::PartitionState {
+                    replicas: vec![2, 1],
+                    leader: 2,
+                    epoch: 92,
+                },
+            ],
         ))),
         Request::Admin(Box::new(AdminStep::Drop(topic()))),
         Request::Admin(Box::new(AdminStep::Update(config_value()))),
@@ -185,6 +196,7 @@ fn every_request() -> Vec<Request> {
             topic_id: 77,
             partition: 1,
             leader: 2,
+            epoch: 91,
             segment_base: 4096,
             position: 300,
             first_offset: 4100,
@@ -196,6 +208,7 @@ fn every_request() -> Vec<Request> {
             topic_id: 77,
             partition: 1,
             leader: 2,
+            epoch: 91,
             marks: vec![
                 crate::ops::replicate::FrontierMark {
                     group: "billing".into(),
