@@ -107,6 +107,22 @@ pub struct JournalOptions {
 }
 
 /// An entry waiting for the committer.
+/// How many of the queued entries (their lengths, in queue order) the next pass takes: as many as fit in `max`
+/// bytes, and always the first (an entry larger than `max` goes alone), so a pass is never empty while entries
+/// wait and never larger than `max` unless one entry is.
+fn pass_len(lens: impl Iterator<Item = usize>, max: usize) -> usize {
+    let mut bytes = 0usize;
+    let mut take = 0usize;
+    for len in lens {
+        if take > 0 && bytes + len > max {
+            break;
+        }
+        bytes += len;
+        take += 1;
+    }
+    take
+}
+
 struct Queued {
     entry: Vec<u8>,
     records: u32,
@@ -503,15 +519,7 @@ impl Journal {
 
     fn take_pass(&self) -> Vec<Queued> {
         let mut queue = self.queue.borrow_mut();
-        let mut bytes = 0usize;
-        let mut take = 0usize;
-        for q in queue.iter() {
-            if take > 0 && bytes + q.entry.len() > MAX_PASS_BYTES {
-                break;
-            }
-            bytes += q.entry.len();
-            take += 1;
-        }
+        let take = pass_len(queue.iter().map(|q| q.entry.len()), MAX_PASS_BYTES);
         let rest = queue.split_off(take);
         std::mem::replace(&mut *queue, rest)
     }

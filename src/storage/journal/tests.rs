@@ -969,3 +969,21 @@ fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_en
         journal.close().await;
     });
 }
+
+/// A pass takes the queued entries that fit in `MAX_PASS_BYTES` (exactly that many bytes included), never none
+/// while some wait (one larger than the bound goes alone), and leaves the rest, in order, for the next pass.
+#[test]
+fn a_pass_takes_what_fits_in_its_byte_bound_and_never_nothing() {
+    const MAX: usize = 100;
+    let take = |lens: &[usize]| pass_len(lens.iter().copied(), MAX);
+    assert_eq!(take(&[]), 0);
+    assert_eq!(take(&[1]), 1);
+    assert_eq!(take(&[50, 50, 1]), 2, "exactly the bound fits");
+    assert_eq!(take(&[50, 51, 1]), 1, "one byte over does not");
+    assert_eq!(take(&[30, 30, 30, 30]), 3);
+    assert_eq!(take(&[101, 1]), 1, "an entry over the bound goes alone");
+    assert_eq!(take(&[1, 101]), 1);
+    assert_eq!(take(&[1; 100]), 100);
+    assert_eq!(take(&[1; 101]), 100);
+    assert_eq!(MAX_PASS_BYTES, 8 << 20);
+}
