@@ -49,7 +49,8 @@
 # only, and why); otherwise the row says TODO.
 #
 #   --list            list the mutants in scope (counts per file, then every name) and stop: builds nothing.
-#   --summarize DIR   only (re)write DIR/summary.md from DIR/mutants.out (e.g. after editing harmless.tsv).
+#   --summarize DIR   only (re)write DIR/summary.md from DIR/mutants.out (e.g. after editing harmless.tsv), and
+#                     drop the logs of caught mutants as the end of a run does (a run stopped early never got there).
 #   --rev REV         mutate the tree of commit REV (git archive) instead of the working tree.
 #   --skip-tested     leave out every mutant a committed run under benches/results/mutants/ already built and tested
 #                     (any outcome; matched by file, function and replacement, not by line, which moves): continues
@@ -177,6 +178,34 @@ esac
 
 # ---------------------------------------------------------------------------------------------------------------
 # summary.md from a mutants.out directory
+# Keeps the logs and diffs of the mutants worth reading (missed, timed out) and the baseline's; drops the rest
+# (unless --keep-logs). Also run by --summarize, for a run that was stopped before it got here.
+prune_logs() {  # prune_logs OUT_DIR
+  local out=$1
+  if [ "$keep_logs" = 0 ] && [ -f "$out/mutants.out/outcomes.json" ]; then
+    python3 - "$out/mutants.out" <<'PY'
+import json, os, sys
+mo = sys.argv[1]
+keep = set()
+for o in json.load(open(os.path.join(mo, "outcomes.json")))["outcomes"]:
+    if o["summary"] in ("MissedMutant", "Timeout") or o["scenario"] == "Baseline" or o["summary"] == "Failure":
+        for k in ("log_path", "diff_path"):
+            if o.get(k):
+                keep.add(os.path.normpath(o[k]))
+for sub in ("log", "diff"):
+    d = os.path.join(mo, sub)
+    if os.path.isdir(d):
+        for f in os.listdir(d):
+            if os.path.join(sub, f) not in keep:
+                os.remove(os.path.join(d, f))
+for f in ("lock.json",):
+    p = os.path.join(mo, f)
+    if os.path.exists(p):
+        os.remove(p)
+PY
+  fi
+}
+
 summarize() {  # summarize OUT_DIR
   python3 - "$1" "$repo/benches/results/mutants/harmless.tsv" <<'PY'
 import json, os, re, sys, collections
@@ -311,6 +340,7 @@ PY
 }
 
 if [ -n "$summarize" ]; then
+  prune_logs "$summarize"
   summarize "$summarize"
   exit 0
 fi
@@ -429,29 +459,7 @@ fi
 if [ "$rc" = 124 ]; then echo "stopped_by_budget=1" >> "$out/run.env"; fi
 echo "exit_code=$rc" >> "$out/run.env"
 
-# Keep the logs and diffs of the mutants worth reading (missed, timed out) and the baseline's; drop the rest.
-if [ "$keep_logs" = 0 ] && [ -f "$out/mutants.out/outcomes.json" ]; then
-  python3 - "$out/mutants.out" <<'PY'
-import json, os, sys
-mo = sys.argv[1]
-keep = set()
-for o in json.load(open(os.path.join(mo, "outcomes.json")))["outcomes"]:
-    if o["summary"] in ("MissedMutant", "Timeout") or o["scenario"] == "Baseline" or o["summary"] == "Failure":
-        for k in ("log_path", "diff_path"):
-            if o.get(k):
-                keep.add(os.path.normpath(o[k]))
-for sub in ("log", "diff"):
-    d = os.path.join(mo, sub)
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            if os.path.join(sub, f) not in keep:
-                os.remove(os.path.join(d, f))
-for f in ("lock.json",):
-    p = os.path.join(mo, f)
-    if os.path.exists(p):
-        os.remove(p)
-PY
-fi
+prune_logs "$out"
 
 if [ -f "$out/mutants.out/outcomes.json" ]; then
   summarize "$out"
