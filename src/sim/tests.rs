@@ -83,22 +83,31 @@ async fn quiet_world(sim: Rc<Sim>) -> World {
 }
 
 async fn produce_one(world: &World, topic: &'static str, body: &'static str) {
+    produce_many(world, topic, vec![Bytes::from_static(body.as_bytes())]).await;
+}
+
+/// Produces `bodies` to partition 0 of `topic` in one batch, asserting every one is appended.
+async fn produce_many(world: &World, topic: &'static str, bodies: Vec<Bytes>) {
     let front = world.fronts[0].clone();
+    let count = bodies.len();
     let produced = world
         .complete(async move {
             front
                 .produce(ProduceParams {
                     topic: topic.to_string(),
-                    records: vec![ClientRecord {
-                        body: Bytes::from_static(body.as_bytes()),
-                        target: Target::Partition(0),
-                    }],
-                    batch: false,
+                    records: bodies
+                        .into_iter()
+                        .map(|body| ClientRecord {
+                            body,
+                            target: Target::Partition(0),
+                        })
+                        .collect(),
+                    batch: count > 1,
                 })
                 .await
         })
         .await;
-    assert!(produced.is_ok_and(|r| r.iter().all(|r| r.is_ok())));
+    assert!(produced.is_ok_and(|r| r.len() == count && r.iter().all(|r| r.is_ok())));
 }
 
 async fn consume_some(world: &World, topic: &'static str) -> Vec<Delivery> {
@@ -252,24 +261,12 @@ fn a_redrive_with_a_max_above_one_batch_moves_exactly_max() {
         let world = quiet_world(sim.clone()).await;
         let total = REDRIVE_BATCH + 10;
         let max = REDRIVE_BATCH as u64 + 1;
-        let front = world.fronts[0].clone();
-        let produced = world
-            .complete(async move {
-                front
-                    .produce(ProduceParams {
-                        topic: DLQ.to_string(),
-                        records: (0..total)
-                            .map(|i| ClientRecord {
-                                body: Bytes::from(format!("d{i}")),
-                                target: Target::Partition(0),
-                            })
-                            .collect(),
-                        batch: true,
-                    })
-                    .await
-            })
-            .await;
-        assert!(produced.is_ok_and(|r| r.len() == total && r.iter().all(|r| r.is_ok())));
+        produce_many(
+            &world,
+            DLQ,
+            (0..total).map(|i| Bytes::from(format!("d{i}"))).collect(),
+        )
+        .await;
         let front = world.fronts[0].clone();
         let moved = world
             .complete(async move {

@@ -273,6 +273,25 @@ impl CoreLink for NetLink {
     }
 }
 
+impl Net {
+    /// Empty queues for `cores` cores.
+    fn new(cores: usize) -> Rc<Net> {
+        Rc::new(Net {
+            queues: RefCell::new((0..cores).map(|_| VecDeque::new()).collect()),
+            arrived: (0..cores).map(|_| Event::new()).collect(),
+        })
+    }
+}
+
+/// One pump task per core (dropping them stops the pumps).
+fn pumps(net: &Rc<Net>, fronts: &[Rc<Front>]) -> Vec<glommio::Task<()>> {
+    fronts
+        .iter()
+        .enumerate()
+        .map(|(id, f)| glommio::spawn_local(pump(net.clone(), id, f.engine().clone())))
+        .collect()
+}
+
 async fn pump(net: Rc<Net>, me: usize, engine: Rc<Engine>) {
     loop {
         let listener = net.arrived[me].listen();
@@ -293,10 +312,7 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
         .make()
         .expect("executor")
         .run(async {
-            let net = Rc::new(Net {
-                queues: RefCell::new((0..3).map(|_| VecDeque::new()).collect()),
-                arrived: (0..3).map(|_| Event::new()).collect(),
-            });
+            let net = Net::new(3);
             let sim = Sim::new();
             let clock = ManualClock::new(WALL_MS);
             let fronts: Vec<Rc<Front>> = (0..3)
@@ -310,11 +326,7 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
                     ))
                 })
                 .collect();
-            let pumps: Vec<glommio::Task<()>> = fronts
-                .iter()
-                .enumerate()
-                .map(|(id, f)| glommio::spawn_local(pump(net.clone(), id, f.engine().clone())))
-                .collect();
+            let pumps = pumps(&net, &fronts);
             let topic = name_on(1, 3);
             let mut config = TopicConfig::with_defaults(&topic);
             config.partitions = 2;
@@ -377,10 +389,7 @@ fn an_empty_wait_queue_stays_for_the_next_consume_and_goes_with_its_topic() {
         .make()
         .expect("executor")
         .run(async {
-            let net = Rc::new(Net {
-                queues: RefCell::new(vec![VecDeque::new()]),
-                arrived: vec![Event::new()],
-            });
+            let net = Net::new(1);
             let sim = Sim::new();
             let clock = ManualClock::new(WALL_MS);
             let front = Front::new(boot_core(0, 1, &sim, &clock, Rc::new(NetLink(net))));
@@ -450,10 +459,7 @@ fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up
         .make()
         .expect("executor")
         .run(async {
-            let net = Rc::new(Net {
-                queues: RefCell::new((0..2).map(|_| VecDeque::new()).collect()),
-                arrived: (0..2).map(|_| Event::new()).collect(),
-            });
+            let net = Net::new(2);
             let sim = Sim::new();
             let clock = ManualClock::new(WALL_MS);
             let link = Rc::new(RefusingLink {
@@ -465,11 +471,7 @@ fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up
             let fronts: Vec<Rc<Front>> = (0..2)
                 .map(|id| Front::new(boot_core(id, 2, &sim, &clock, link.clone())))
                 .collect();
-            let pumps: Vec<glommio::Task<()>> = fronts
-                .iter()
-                .enumerate()
-                .map(|(id, f)| glommio::spawn_local(pump(net.clone(), id, f.engine().clone())))
-                .collect();
+            let pumps = pumps(&net, &fronts);
             let dlq = format!("dlq-{}", name_on(0, 2));
             fronts[0]
                 .create_topic(TopicConfig::with_defaults(&dlq))
