@@ -334,6 +334,54 @@ fn a_stop_that_could_not_write_a_frontier_file_keeps_the_journal_for_the_replay(
     });
 }
 
+/// Under `interval:MS` a commit is answered once written, before any sync: a stop is where the last ones become
+/// durable. A stop that keeps its journal (a frontier file could not be written) syncs it first, so a power cut
+/// right after the stop still finds the frontier record the replay writes the file from.
+#[test]
+fn under_interval_sync_a_stop_that_keeps_its_journal_syncs_it_first() {
+    on_sim(|sim, storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/sim/journal");
+        let journal = Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            dir,
+            0,
+            JournalOptions {
+                // The timer never fires within the test: only the stop can sync.
+                fsync: FsyncPolicy::IntervalMs(3_600_000),
+                file_bytes: 1 << 20,
+                commit_delay_us: 0,
+            },
+            no_frontiers(),
+        )
+        .await
+        .expect("journal opens");
+        journal
+            .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
+            .await
+            .unwrap();
+        assert_eq!(journal.stats().syncs, 0, "answered before any sync");
+        journal.keep_on_close();
+        journal.close().await;
+        let image: Rc<dyn Storage> =
+            Rc::new(super::super::sim::SimStorage(sim.power_cut(|_, _| 0)));
+        assert_eq!(image.list(dir).unwrap().len(), 1, "the journal stays");
+        let locate =
+            |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+        replay(&*image, dir, &locate, &|_, _, _| true)
+            .await
+            .unwrap();
+        let file = part.join(super::super::frontier::file_name("g"));
+        assert_eq!(
+            super::super::frontier::read(&*image, &file).ok(),
+            Some(6),
+            "the frontier record answered before the stop was lost by a power cut after it"
+        );
+    });
+}
+
 /// A clean stop leaves no journal file (the next start has nothing to replay), and closing twice is fine.
 #[test]
 fn a_clean_stop_leaves_no_journal_file() {
@@ -966,6 +1014,50 @@ fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_en
         assert!(started.elapsed() >= std::time::Duration::from_millis(200));
         one.close().await;
         two.close().await;
+        journal.close().await;
+    });
+}
+
+/// When the commit delay ends, the logs held back for it (`next_pass`) queue their batch before the committer takes
+/// the next pass, even when another entry is already queued: the held-back batch rides that pass, not a pass of
+/// its own after it.
+#[test]
+fn a_held_back_batch_rides_the_pass_an_entry_queued_during_the_delay_takes() {
+    on_sim_disk(|storage| async move {
+        let journal = journal_with_delay(&storage, 200_000).await;
+        let (one, two, three) = (
+            log_on(&storage, &journal, 0, 0).await,
+            log_on(&storage, &journal, 1, 0).await,
+            log_on(&storage, &journal, 2, 0).await,
+        );
+        // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
+        let (a, a2, b) = (
+            spawn_append(&one, b"a"),
+            spawn_append(&one, b"a2"),
+            spawn_append(&two, b"b"),
+        );
+        a.await.expect("appended");
+        a2.await.expect("appended");
+        b.await.expect("appended");
+        assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
+        assert_eq!(journal.last_pass_entries(), 2);
+        assert_eq!(one.io_counts().0, 1);
+        // In the delay: partition 2, in no pass yet, queues its entry at once; partition 0's next batch is held
+        // back until the delay ends.
+        let c = spawn_append(&three, b"c");
+        let d = spawn_append(&one, b"d");
+        c.await.expect("appended");
+        d.await.expect("appended");
+        let stats = journal.stats();
+        assert_eq!(
+            (stats.passes, journal.last_pass_entries()),
+            (2, 2),
+            "c and d share the pass after the delay: {stats:?}"
+        );
+        assert!(stats.next_pass_waits >= 1, "{stats:?}");
+        for log in [one, two, three] {
+            log.close().await;
+        }
         journal.close().await;
     });
 }
