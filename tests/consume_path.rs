@@ -1324,30 +1324,53 @@ fn metrics_count_per_partition_and_time_per_core() {
     assert_eq!(settle(&s.client, "ack", "met", &handles[1], ""), 200);
     assert_eq!(settle(&s.client, "nack", "met", &handles[2], ""), 200);
 
+    // A long-poll that finds nothing waits its full second: parked, not served, so not in its latency.
+    s.create_topic("quiet", "");
+    let polled = Instant::now();
+    assert!(consume(&s.client, "quiet", "&wait=1s").is_none());
+    assert!(polled.elapsed() >= ms(1000));
     let m = metrics(&s);
-    // Latency is a Prometheus histogram in seconds per core: cumulative buckets ending in +Inf == _count.
+    // Latency is a Prometheus histogram in seconds per core and kind of request: cumulative buckets ending in
+    // +Inf == _count.
     let mut answered = 0.0;
+    let mut per_op = std::collections::HashMap::new();
     for core in ["0", "1"] {
-        let c = [("core", core)];
-        let inf = metric_values(
-            &m,
-            "berth_request_duration_seconds_bucket",
-            &[("core", core), ("le", "+Inf")],
-        );
-        let count = metric_values(&m, "berth_request_duration_seconds_count", &c);
-        assert_eq!(
-            (inf.len(), count.len()),
-            (1, 1),
-            "histogram of core {core}:\n{m}"
-        );
-        assert_eq!(inf[0], count[0], "+Inf bucket is the count");
-        let buckets = metric_values(&m, "berth_request_duration_seconds_bucket", &c);
-        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative");
-        answered += count[0];
+        for op in ["produce", "consume", "settle", "other"] {
+            let c = [("core", core), ("op", op)];
+            let inf = metric_values(
+                &m,
+                "berth_request_duration_seconds_bucket",
+                &[("core", core), ("op", op), ("le", "+Inf")],
+            );
+            let count = metric_values(&m, "berth_request_duration_seconds_count", &c);
+            assert_eq!(
+                (inf.len(), count.len()),
+                (1, 1),
+                "histogram of core {core}, {op}:\n{m}"
+            );
+            assert_eq!(inf[0], count[0], "+Inf bucket is the count");
+            let buckets = metric_values(&m, "berth_request_duration_seconds_bucket", &c);
+            assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative");
+            answered += count[0];
+            *per_op.entry(op).or_insert(0.0) += count[0];
+        }
     }
-    assert!(
-        answered >= 9.0,
-        "the requests so far were counted: {answered}"
+    assert_eq!(
+        metric_sum(&m, "berth_requests_total", &[]),
+        answered,
+        "every request counted once"
+    );
+    assert_eq!(per_op["produce"], 3.0, "{m}");
+    assert_eq!(per_op["consume"], 4.0, "{m}");
+    assert_eq!(per_op["settle"], 3.0, "{m}");
+    let slow = metric_sum(
+        &m,
+        "berth_request_duration_seconds_bucket",
+        &[("op", "consume"), ("le", "0.5")],
+    );
+    assert_eq!(
+        slow, 4.0,
+        "every consume served in under 0.5 s, the long-poll's parked second left out:\n{m}"
     );
     let t = [("topic", "met")];
     assert_eq!(

@@ -196,7 +196,9 @@ impl ServerHistograms {
 /// A Prometheus histogram per core: (core, [(upper bound µs, cumulative count)]), `+Inf` as `u64::MAX`.
 pub type Buckets = Vec<(String, Vec<(u64, u64)>)>;
 
-/// The `{name}_bucket{core="N",le="..."}` series of a `/metrics` text (bounds in seconds, turned into µs).
+/// The `{name}_bucket{core="N",le="..."}` series of a `/metrics` text (bounds in seconds, turned into µs). Series
+/// split by kind of request (`core="N",op="..."`, request latency) are summed per core over the data path's kinds
+/// (produce, consume, settle): `op="other"` (administration, and the scrapes of `/metrics` themselves) is left out.
 pub fn histogram_buckets(metrics: &str, name: &str) -> Buckets {
     let prefix = format!("{name}_bucket{{core=\"");
     let mut cores: Buckets = Vec::new();
@@ -206,6 +208,11 @@ pub fn histogram_buckets(metrics: &str, name: &str) -> Buckets {
         };
         let Some((core, rest)) = rest.split_once("\",le=\"") else {
             continue;
+        };
+        let core = match core.split_once("\",op=\"") {
+            Some((_, "other")) => continue,
+            Some((core, _)) => core,
+            None => core,
         };
         let Some((le, value)) = rest.split_once("\"} ") else {
             continue;
@@ -221,7 +228,10 @@ pub fn histogram_buckets(metrics: &str, name: &str) -> Buckets {
             },
         };
         match cores.iter_mut().find(|(c, _)| c == core) {
-            Some((_, buckets)) => buckets.push((bound_us, count)),
+            Some((_, buckets)) => match buckets.iter_mut().find(|(b, _)| *b == bound_us) {
+                Some((_, total)) => *total += count,
+                None => buckets.push((bound_us, count)),
+            },
             None => cores.push((core.to_string(), vec![(bound_us, count)])),
         }
     }
@@ -760,6 +770,22 @@ mod tests {
                 ),
                 ("1".into(), vec![])
             ]
+        );
+    }
+
+    /// A server that splits request latency by kind: the data path's kinds are summed per core, `other` (the
+    /// scrapes themselves) left out.
+    #[test]
+    fn server_latency_split_by_kind_is_summed_over_the_data_path() {
+        let text = "berth_request_duration_seconds_bucket{core=\"0\",op=\"produce\",le=\"0.00001\"} 30\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",op=\"produce\",le=\"+Inf\"} 50\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",op=\"consume\",le=\"0.00001\"} 20\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",op=\"consume\",le=\"+Inf\"} 50\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",op=\"other\",le=\"0.00001\"} 0\n\
+                    berth_request_duration_seconds_bucket{core=\"0\",op=\"other\",le=\"+Inf\"} 900\n";
+        assert_eq!(
+            histogram_buckets(text, "berth_request_duration_seconds"),
+            vec![("0".to_string(), vec![(10, 50), (u64::MAX, 100)])]
         );
     }
 

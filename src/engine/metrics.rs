@@ -79,6 +79,21 @@ impl Latency {
         self.count
     }
 
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us
+    }
+
+    /// Counts per bucket (not cumulative), one per `BUCKETS_US` bound and the last past them all.
+    pub fn bucket_counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// The upper bound, in µs, of the bucket that holds quantile `q` (0 to 1) of what was recorded: None when
+    /// nothing was, `u64::MAX` when it lies past the last bound.
+    pub fn quantile_bound_us(&self, q: f64) -> Option<u64> {
+        quantile_bound(&self.counts, &BUCKETS_US, q)
+    }
+
     /// Adds another histogram's counts (cores, nodes).
     pub fn merge(&mut self, other: &Latency) {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
@@ -106,6 +121,25 @@ impl Latency {
     }
 }
 
+/// The upper bound of the bucket holding quantile `q` of `counts` (per bucket, one more than `bounds`, the last
+/// unbounded: `u64::MAX`). The rank is rounded up, so p99 of 100 values is the 99th; None for no values.
+pub fn quantile_bound(counts: &[u64], bounds: &[u64], q: f64) -> Option<u64> {
+    debug_assert_eq!(counts.len(), bounds.len() + 1);
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, &c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            return Some(bounds.get(i).copied().unwrap_or(u64::MAX));
+        }
+    }
+    Some(u64::MAX)
+}
+
 /// Microseconds as a decimal number of seconds.
 fn seconds(us: u64) -> String {
     let text = format!("{}.{:06}", us / 1_000_000, us % 1_000_000);
@@ -124,6 +158,19 @@ pub struct Counts {
 }
 
 impl Counts {
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.sum
+    }
+
+    /// Counts per bucket (not cumulative), one per `RECORD_BUCKETS` bound and the last past them all.
+    pub fn bucket_counts(&self) -> &[u64] {
+        &self.counts
+    }
+
     pub fn record(&mut self, n: u64) {
         let i = RECORD_BUCKETS.partition_point(|&b| b < n);
         self.counts[i] += 1;
@@ -144,11 +191,48 @@ impl Counts {
     }
 }
 
+/// The kinds of request whose latencies are kept apart (the `op` label of `berth_request_duration_seconds`, the
+/// status page's plots): the data path's three, and everything else (administration, metrics, the page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Produce,
+    Consume,
+    Settle,
+    Other,
+}
+
+impl Op {
+    pub const ALL: [Op; 4] = [Op::Produce, Op::Consume, Op::Settle, Op::Other];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Produce => "produce",
+            Op::Consume => "consume",
+            Op::Settle => "settle",
+            Op::Other => "other",
+        }
+    }
+
+    /// The kind of a request, from its method and path.
+    pub fn of(method: &str, path: &str) -> Op {
+        match (method, path) {
+            ("POST", "/produce") => Op::Produce,
+            ("GET", "/consume") => Op::Consume,
+            ("POST", "/ack" | "/nack" | "/extend") => Op::Settle,
+            _ => Op::Other,
+        }
+    }
+}
+
+/// One latency histogram per [`Op`], in `Op::ALL`'s order.
+pub type OpLatencies = [Latency; 4];
+
 /// One core's live counters.
 #[derive(Default)]
 pub struct CoreMetrics {
-    /// Request latency, from the end of parsing to the response being queued.
-    pub latency: std::cell::RefCell<Latency>,
+    /// Request latency per kind of request, from the end of parsing to the response being queued, less the time a
+    /// long-poll spent parked waiting for messages (a consume's service time, whatever its `wait`).
+    pub latency: std::cell::RefCell<OpLatencies>,
     /// Connections open on this core now.
     pub connections_open: Cell<u64>,
     /// Connections refused by a connection cap.
@@ -171,8 +255,8 @@ pub struct CoreMetrics {
 
 impl CoreMetrics {
     /// Records one answered request.
-    pub fn record(&self, latency_us: u64) {
-        self.latency.borrow_mut().record(latency_us);
+    pub fn record(&self, op: Op, latency_us: u64) {
+        self.latency.borrow_mut()[op as usize].record(latency_us);
     }
 
     pub fn bump(c: &Cell<u64>) {
@@ -240,7 +324,8 @@ mod journal_stats {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CoreStats {
     pub core: usize,
-    pub latency: Latency,
+    /// Per [`Op`], in `Op::ALL`'s order.
+    pub latency: OpLatencies,
     pub frontier_lag: Latency,
     pub connections_open: u64,
     pub connections_refused: u64,
@@ -401,7 +486,7 @@ pub fn render(stats: &[CoreStats]) -> String {
             out,
             "berth_requests_total{{core=\"{}\"}} {}",
             s.core,
-            s.latency.count()
+            s.latency.iter().map(Latency::count).sum::<u64>()
         );
     }
     for (name, help, kind, f) in core_series {
@@ -436,13 +521,15 @@ pub fn render(stats: &[CoreStats]) -> String {
             );
         }
     }
-    let _ = writeln!(out, "# HELP berth_request_duration_seconds request latency per core, from the end of parsing to the answer being queued\n# TYPE berth_request_duration_seconds histogram");
+    let _ = writeln!(out, "# HELP berth_request_duration_seconds request latency per core and kind of request (produce, consume, settle, other), from the end of parsing to the answer being queued, less the time a long-poll spent parked\n# TYPE berth_request_duration_seconds histogram");
     for s in stats {
-        s.latency.render(
-            &mut out,
-            "berth_request_duration_seconds",
-            &format!("core=\"{}\"", s.core),
-        );
+        for (op, latency) in Op::ALL.iter().zip(&s.latency) {
+            latency.render(
+                &mut out,
+                "berth_request_duration_seconds",
+                &format!("core=\"{}\",op=\"{}\"", s.core, op.name()),
+            );
+        }
     }
     let _ = writeln!(out, "# HELP berth_frontier_lag_seconds time from a consumer group's frontier moving to its being durable (in the core's journal, or its file)\n# TYPE berth_frontier_lag_seconds histogram");
     for s in stats {
@@ -623,5 +710,63 @@ mod tests {
         );
         assert!(out.contains("x_count{core=\"0\"} 6\n"), "{out}");
         assert!(out.contains("x_sum{core=\"0\"} 502.000137\n"), "{out}");
+    }
+
+    /// A quantile is the upper bound of the bucket its rank falls in (the rank rounded up); past the last bound it
+    /// is `u64::MAX`, and nothing recorded has none.
+    #[test]
+    fn a_quantile_is_the_bound_of_the_bucket_its_rank_falls_in() {
+        let mut l = Latency::default();
+        assert_eq!(l.quantile_bound_us(0.5), None);
+        for _ in 0..98 {
+            l.record(7);
+        }
+        l.record(40);
+        l.record(500_000_000);
+        assert_eq!(l.quantile_bound_us(0.0), Some(10));
+        assert_eq!(l.quantile_bound_us(0.5), Some(10));
+        assert_eq!(l.quantile_bound_us(0.98), Some(10));
+        assert_eq!(l.quantile_bound_us(0.99), Some(50));
+        assert_eq!(l.quantile_bound_us(0.999), Some(u64::MAX));
+        assert_eq!(l.quantile_bound_us(1.0), Some(u64::MAX));
+        assert_eq!(l.bucket_counts().iter().sum::<u64>(), 100);
+        assert_eq!(l.sum_us(), 98 * 7 + 40 + 500_000_000);
+    }
+
+    /// Each kind of request has its own series, and `berth_requests_total` counts them all.
+    #[test]
+    fn request_latency_is_rendered_per_kind_of_request() {
+        let metrics = CoreMetrics::default();
+        metrics.record(Op::of("POST", "/produce"), 100);
+        metrics.record(Op::of("GET", "/consume"), 30);
+        metrics.record(Op::of("POST", "/nack"), 30);
+        metrics.record(Op::of("GET", "/topics"), 30);
+        metrics.record(Op::of("GET", "/produce"), 30);
+        let stats = CoreStats {
+            core: 3,
+            latency: metrics.latency.borrow().clone(),
+            frontier_lag: Latency::default(),
+            connections_open: 0,
+            connections_refused: 0,
+            connections_timed_out: 0,
+            tls_handshakes_failed: 0,
+            tls_handshakes_evicted: 0,
+            mesh_full: 0,
+            journal_wait: Latency::default(),
+            journal_records: Counts::default(),
+            journal: None,
+            partitions: Vec::new(),
+            extra: Vec::new(),
+        };
+        let out = render(&[stats]);
+        assert!(
+            out.contains("berth_requests_total{core=\"3\"} 5\n"),
+            "{out}"
+        );
+        for (op, n) in [("produce", 1), ("consume", 1), ("settle", 1), ("other", 2)] {
+            let line =
+                format!("berth_request_duration_seconds_count{{core=\"3\",op=\"{op}\"}} {n}\n");
+            assert!(out.contains(&line), "{line} in {out}");
+        }
     }
 }

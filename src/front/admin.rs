@@ -157,7 +157,7 @@ impl Front {
                 "incarnation": config.incarnation,
             }]});
         }
-        let nodes: Vec<serde_json::Value> = view
+        let mut nodes: Vec<serde_json::Value> = view
             .nodes
             .iter()
             .map(|n| {
@@ -177,6 +177,8 @@ impl Front {
                 v
             })
             .collect();
+        // In the order of their ids, whatever the order they joined in.
+        nodes.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
         // Topics of the cluster this node could not open (its caps, a failure on some core): retried by core 0.
         serde_json::json!({ "nodes": nodes, "unopened": view.unopened })
     }

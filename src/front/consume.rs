@@ -92,6 +92,15 @@ struct Round {
 impl Front {
     /// Leases up to `max` messages (empty: 204).
     pub async fn consume(&self, params: ConsumeParams) -> OpResult<Vec<Delivery>> {
+        self.consume_parked(params, &std::cell::Cell::new(0)).await
+    }
+
+    /// `consume`, adding the time it spends parked (waiting for messages) to `parked_us`.
+    pub async fn consume_parked(
+        &self,
+        params: ConsumeParams,
+        parked_us: &std::cell::Cell<u64>,
+    ) -> OpResult<Vec<Delivery>> {
         let engine = self.engine().clone();
         let mut topic = engine.topic(&params.topic)?;
         if !topic.config().has_group(&params.group) {
@@ -149,7 +158,9 @@ impl Front {
                 deadline
             };
             let polling = round.unregistered.then(|| Polling::start(&engine));
+            let parked_at = clock.now_us();
             let woken = w.wait(clock.sleep_until(wake_by)).await;
+            parked_us.set(parked_us.get() + clock.now_us().saturating_sub(parked_at));
             drop(polling);
             if topic.is_deleted() {
                 return Err(EngineError::TopicNotFound(params.topic.clone()).into());

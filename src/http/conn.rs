@@ -6,6 +6,7 @@ use super::request::{self, Limits, ParseError, Parsed};
 use super::response::Response;
 use super::routes;
 use crate::clock::coarse_ms as now_ms;
+use crate::engine::metrics::Op;
 use crate::engine::Engine;
 use crate::front::Front;
 use crate::tls::Stream;
@@ -207,6 +208,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
+                    let op = Op::of(req.method, &req.path);
                     let close = req.close;
                     let response = if is_long_poll(&req) {
                         // A long-poll whose client hangs up must not go on to lease a message nobody will read.
@@ -223,7 +225,9 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     } else {
                         routes::handle(&front, req).await
                     };
-                    core.metrics().record(started.elapsed().as_micros() as u64);
+                    let served_us =
+                        (started.elapsed().as_micros() as u64).saturating_sub(response.parked_us);
+                    core.metrics().record(op, served_us);
                     let close = close || response.close || core.is_stopping();
                     response.encode(close, &mut out);
                     if close {

@@ -64,6 +64,10 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
 /// Every route: method and path to the operation it runs (and the file that holds that operation). Paths under
 /// `/topics/` carry percent-decoded names ([`TopicRoute`]).
 enum Route {
+    /// `GET /`: the status page (`http/page.html`), no data of its own: it reads `/status`.
+    Page,
+    /// `GET /status`: the node in one JSON document (`ops/overview.rs`).
+    Status,
     /// `GET /health`: readiness (here).
     Health,
     /// `GET /metrics`: Prometheus text (`engine::metrics`).
@@ -99,6 +103,8 @@ impl Route {
         use TopicRoute as T;
         let topic_route = TopicRoute::of(path);
         let (allowed, route): (&str, Option<Route>) = match (path, topic_route) {
+            ("/", _) => ("GET", (method == "GET").then_some(Route::Page)),
+            ("/status", _) => ("GET", (method == "GET").then_some(Route::Status)),
             ("/health", _) => ("GET", (method == "GET").then_some(Route::Health)),
             ("/metrics", _) => ("GET", (method == "GET").then_some(Route::Metrics)),
             ("/topics", _) => ("GET", (method == "GET").then_some(Route::ListTopics)),
@@ -196,6 +202,17 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<b
 /// The routes off the data path: metrics, listings and topic and group administration.
 async fn admin(front: &Front, route: Route, query: &Query) -> OpResult<Response> {
     match route {
+        Route::Page => Ok(Response::bytes(
+            200,
+            "text/html; charset=utf-8",
+            Bytes::from_static(PAGE.as_bytes()),
+        )
+        .with_header("cache-control", "no-store")
+        .with_header(
+            "content-security-policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; frame-ancestors 'none'",
+        )),
+        Route::Status => status(front).await,
         Route::Metrics => metrics(front).await,
         Route::ListTopics => Ok(Response::json(200, &json!(front.engine().topic_names()))),
         Route::Cluster => Ok(Response::json(200, &front.cluster())),
@@ -239,7 +256,10 @@ pub(crate) fn refuse(front: &Front, req: &Request) -> Option<Response> {
     let config = front.engine().config();
     match &config.auth_token {
         Some(token) => {
-            if req.path != "/health" && !authorized(token, req.authorization.as_deref()) {
+            // `/health` and the page (which holds no data: it asks for the token, then reads `/status` with it)
+            // are open.
+            let open = req.path == "/health" || (req.path == "/" && req.method == "GET");
+            if !open && !authorized(token, req.authorization.as_deref()) {
                 return Some(unauthorized());
             }
         }
@@ -366,6 +386,16 @@ fn health(front: &Front) -> Response {
             &format!("{ready} of {} cores serving", engine.cores()),
         )
     }
+}
+
+/// The status page: self-contained (inline style and script, no external assets), it reads `/status` each second.
+const PAGE: &str = include_str!("page.html");
+
+async fn status(front: &Front) -> OpResult<Response> {
+    let stats = front.stats().await?;
+    let engine = front.engine();
+    let node = ops::overview::Node::new(engine.config(), front.cluster(), engine.clustered());
+    Ok(Response::json(200, &ops::overview::render(&node, &stats)))
 }
 
 async fn metrics(front: &Front) -> OpResult<Response> {
@@ -509,8 +539,11 @@ async fn consume(
         }
         ConsumeRequest::Queue(params) => {
             let media = params.media;
-            let deliveries = front.consume(params).await?;
-            Ok(ops::consume::render(media, deliveries))
+            let parked_us = std::cell::Cell::new(0);
+            let deliveries = front.consume_parked(params, &parked_us).await?;
+            let mut response = ops::consume::render(media, deliveries);
+            response.parked_us = parked_us.get();
+            Ok(response)
         }
     }
 }

@@ -9,6 +9,7 @@
 pub mod consume;
 pub mod error;
 pub mod groups;
+pub mod overview;
 pub mod params;
 pub mod produce;
 pub mod receipt;

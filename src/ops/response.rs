@@ -13,6 +13,8 @@ pub struct Response {
     pub body: Bytes,
     /// Close the connection after this response (a refused credential, a refused host).
     pub close: bool,
+    /// Time a long-poll spent parked waiting for messages, in µs: left out of the request's latency.
+    pub parked_us: u64,
 }
 
 impl Response {
@@ -23,6 +25,7 @@ impl Response {
             headers: Vec::new(),
             body: Bytes::new(),
             close: false,
+            parked_us: 0,
         }
     }
 
@@ -33,6 +36,7 @@ impl Response {
             headers: Vec::new(),
             body: Bytes::from(value.to_string()),
             close: false,
+            parked_us: 0,
         }
     }
 
@@ -43,6 +47,7 @@ impl Response {
             headers: Vec::new(),
             body,
             close: false,
+            parked_us: 0,
         }
     }
 

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 /// Runs the broker until SIGTERM or SIGINT. Errors are one-line reasons for the exit status.
 pub fn run(mut config: Config) -> Result<(), String> {
+    crate::ops::overview::mark_start();
     config.validate()?;
     config.resolve_auth()?;
     // Files and directories berth creates are readable by their owner only (topics hold message bodies).

@@ -20,7 +20,7 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// by `GET /topics/T`), which a version 5 peer could not decode in any describe or stats reply. 7: `Replicate` and
 /// `ReplicateFrontiers` carry the leader's `epoch` (a follower refuses an older one: `stale_epoch`), and
 /// `AdminStep::Apply` names each partition's replicas, leader and epoch instead of its followers.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

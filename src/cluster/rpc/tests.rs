@@ -234,7 +234,12 @@ fn every_reply() -> Vec<ReplyBody> {
     records.record(17);
     let stats = CoreStats {
         core: 1,
-        latency: latency.clone(),
+        latency: [
+            latency.clone(),
+            Latency::default(),
+            latency.clone(),
+            Latency::default(),
+        ],
         frontier_lag: Latency::default(),
         connections_open: 2,
         connections_refused: 3,
