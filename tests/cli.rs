@@ -345,17 +345,26 @@ fn consume_ack_nack_and_extend_work_in_the_group_they_name() {
         "{}",
         run.stderr
     );
-    berth(&server, &["ack", "jobs", h0, "--group", "g1"]).quiet();
+    assert_eq!(
+        berth(&server, &["ack", "jobs", h0, "--group", "g1"]).json(),
+        json!({ "acked": h0 })
+    );
     assert_eq!(group_state(&server, "jobs", "g1")["committed"], 1);
     assert_eq!(group_state(&server, "jobs", "default")["committed"], 0);
-    berth(
-        &server,
-        &["extend", "jobs", h1, "--group", "g1", "--visibility", "1h"],
-    )
-    .quiet();
+    assert_eq!(
+        berth(
+            &server,
+            &["extend", "jobs", h1, "--group", "g1", "--visibility", "1h"],
+        )
+        .json(),
+        json!({ "extended": h1 })
+    );
 
     // A nack without delay: deliverable again at once, with its count up.
-    berth(&server, &["nack", "jobs", h1, "--group", "g1"]).quiet();
+    assert_eq!(
+        berth(&server, &["nack", "jobs", h1, "--group", "g1"]).json(),
+        json!({ "nacked": h1 })
+    );
     let again = berth(&server, &["consume", "jobs", "--group", "g1"]).json();
     assert_eq!(
         (&again["offset"], &again["delivery_count"]),
@@ -374,7 +383,7 @@ fn consume_ack_nack_and_extend_work_in_the_group_they_name() {
             "1h",
         ],
     )
-    .quiet();
+    .json();
     assert_eq!(group_state(&server, "jobs", "g1")["delayed"], 1);
     let rest = berth(
         &server,
@@ -675,7 +684,7 @@ fn dead_lettered_messages_are_redriven_back() {
     // Delivered once, nacked: the second delivery would exceed max_deliveries, so it goes to pay.dlq instead.
     let first = berth(&server, &["consume", "pay"]).json();
     assert_eq!(first["delivery_count"], 1);
-    berth(&server, &["nack", "pay", handle(&first)]).quiet();
+    berth(&server, &["nack", "pay", handle(&first)]).json();
     let run = berth(&server, &["consume", "pay"]);
     run.quiet();
     let dead = berth(
@@ -821,4 +830,61 @@ fn an_unreachable_server_is_one_clear_line() {
     assert!(line.contains("Connection refused"), "{line}");
     assert_eq!(line.matches("127.0.0.1").count(), 1, "{line}");
     assert_eq!(line.lines().count(), 1, "{line}");
+}
+
+/// `--server host:port` (as `serve --listen` takes it) means `http://host:port`.
+#[test]
+fn a_server_address_without_a_scheme_is_http() {
+    let server = Server::start(1, &[]);
+    let address = server.url().trim_start_matches("http://").to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_AUTH_TOKEN")
+        .args(["--server", &address, "topic", "create", "plain"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run berth");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(server.get("/topics").json(), json!(["plain"]));
+}
+
+/// Something that is not berth answers (another service on the port): the error says so and shows what it
+/// answered, never an empty `404 error: `.
+#[test]
+fn a_server_that_is_not_berth_is_named_as_such() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let answers = [
+        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 404 Not Found\r\ncontent-type: text/html\r\ncontent-length: 22\r\nconnection: close\r\n\r\n<h1>no such page</h1>\n",
+    ];
+    let serve = std::thread::spawn(move || {
+        for answer in answers {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut conn, &mut buf);
+            std::io::Write::write_all(&mut conn, answer.as_bytes()).expect("answer");
+        }
+    });
+    for shown in ["(empty body)", "(body: <h1>no such page</h1>)"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env_remove("BERTH_SERVER")
+            .env_remove("BERTH_AUTH_TOKEN")
+            .args(["--server", &format!("127.0.0.1:{port}"), "topic", "list"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run berth");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        assert_eq!(
+            stderr.trim(),
+            format!("berth: 404 from a server that is not berth, or not this API {shown}: is --server right?")
+        );
+    }
+    serve.join().expect("the fake server");
 }

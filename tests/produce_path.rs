@@ -930,6 +930,11 @@ fn a_server_on_a_taken_port_exits_nonzero_with_a_one_line_reason() {
         lines[0].to_lowercase().contains("in use"),
         "reason: {stderr}"
     );
+    // It left no trace: not even the data directory it was given.
+    assert!(
+        !tmp.path().join("data").exists(),
+        "a start that failed on its port created its data directory"
+    );
     // The running server is unaffected (no SO_REUSEPORT sharing with the newcomer).
     for _ in 0..10 {
         let fresh = Client::new(&server.url());

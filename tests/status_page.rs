@@ -164,6 +164,27 @@ fn the_page_shows_the_topics_counts_and_latency_plots_that_follow_the_traffic() 
         cell(&dom, "orders", "default", "lag").as_deref(),
         Some("208")
     );
+    // While traffic runs, the plots show the last second, not the lifetime.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = std::thread::spawn({
+        let (url, stop) = (s.url(), stop.clone());
+        move || {
+            let client = Client::new(&url);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let a = client
+                    .call("POST", "/produce?topic=orders", b"more")
+                    .expect("produce");
+                assert_eq!(a.status, 200, "{}", a.text());
+            }
+        }
+    });
+    let during = load(&s.url(), 4_000, None);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().expect("traffic");
+    assert!(
+        during.contains("data-window=\"interval\""),
+        "no plot of the last interval while traffic ran"
+    );
 }
 
 /// With a token configured, the page itself opens without one (it holds no data) and asks for it; `/status` is

@@ -3,11 +3,12 @@
 # and reporting every one the host refuses), run the same `berth-bench` workload, revert everything, and finally
 # write a side-by-side comparison (markdown + JSON) and an overlaid latency plot.
 #
-#   tuning/run.sh [--profiles "baseline low-latency throughput"] [--duration 10s] [--out tuning/results/DATE]
-#                 [--bench-args "--workload cycle --connections 16"]
+#   tuning/run.sh [--profiles "baseline low-latency throughput io-uring-sync"] [--duration 10s]
+#                 [--out tuning/results/DATE] [--bench-args "--workload cycle --connections 16"] [--dry-run] [--help]
 #
 # Needs root for kernel knobs (without it every kernel knob is reported as skipped). Safe to interrupt: an EXIT trap
-# reverts whatever was applied.
+# reverts whatever was applied. --dry-run changes nothing and runs no bench: it prints, per profile, each knob's
+# current value and what the profile would set it to.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -15,15 +16,65 @@ profiles="baseline low-latency throughput io-uring-sync"
 duration="10s"
 out="$here/results/$(date -u +%Y-%m-%dT%H%M%SZ)"
 bench_args="--workload cycle --connections 16 --message-bytes 100"
+dry=0
+usage() {
+  cat <<USAGE
+usage: tuning/run.sh [options]
+
+Applies each profile's kernel and engine knobs (tuning/profiles/NAME.profile), runs the same berth-bench workload,
+reverts every change (also on Ctrl-C), and writes a comparison of the profiles.
+
+  --profiles "A B"     profiles to run, in order (default: $profiles)
+  --duration D         bench duration per profile (default: $duration)
+  --out DIR            results directory (default: tuning/results/<UTC time>)
+  --bench-args "ARGS"  berth-bench workload arguments (default: $bench_args)
+  --dry-run            change nothing, run nothing: show each knob's current value and what would be set
+  --help               this text
+
+Needs root for the kernel knobs: it changes sysctls, the CPU governor, transparent hugepages and every IRQ's
+affinity while a profile runs, and restores each one afterwards.
+USAGE
+}
 while [ $# -gt 0 ]; do
   case "$1" in
     --profiles) profiles="$2"; shift 2 ;;
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --bench-args) bench_args="$2"; shift 2 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown option $1 (tuning/run.sh --help lists them)" >&2; exit 2 ;;
   esac
 done
+for profile in $profiles; do
+  [ -f "$here/profiles/$profile.profile" ] || { echo "no profile $here/profiles/$profile.profile" >&2; exit 2; }
+done
+if [ "$dry" = 1 ]; then
+  out="$(mktemp -d)"
+  trap 'rm -rf "$out"' EXIT
+  echo "dry run: nothing is changed and no bench runs"
+  for profile in $profiles; do
+    DESCRIPTION=""; SYSCTLS=""; GOVERNOR=""; THP=""; IRQ_CPUS=""; ENGINE_TOML=""
+    # shellcheck disable=SC1090
+    . "$here/profiles/$profile.profile"
+    echo "== $profile: $DESCRIPTION"
+    for kv in $SYSCTLS; do
+      key="${kv%%=*}"
+      printf '    %-34s %s -> %s\n' "$key" "$(sysctl -n "$key" 2>/dev/null || echo absent)" "${kv#*=}"
+    done
+    if [ -n "$GOVERNOR" ]; then
+      f=/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor
+      printf '    %-34s %s -> %s\n' "cpu governor" "$(cat "$f" 2>/dev/null || echo "absent (no cpufreq)")" "$GOVERNOR"
+    fi
+    if [ -n "$THP" ]; then
+      printf '    %-34s %s -> %s\n' "transparent_hugepage" \
+        "$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo absent)" "$THP"
+    fi
+    [ -n "$IRQ_CPUS" ] && printf '    %-34s %s -> cpus %s\n' "irq affinity" "$(ls -d /proc/irq/[0-9]* 2>/dev/null | wc -l) IRQs" "$IRQ_CPUS"
+    [ -n "$ENGINE_TOML" ] && printf '    %-34s %s\n' "engine" "$(echo "$ENGINE_TOML" | tr '\n' ' ')"
+  done
+  exit 0
+fi
 mkdir -p "$out"
 berth="$root/target/release/berth"
 # The load generator, a binary of its own (bench/), built beside the server.
@@ -91,7 +142,6 @@ echo "tuning lab: profiles [$profiles], bench: $bench_args --duration $duration;
 echo "host: $(uname -sr), $(nproc) CPUs, memlock $(ulimit -l), user $(id -un)" | tee "$out/host.txt"
 for profile in $profiles; do
   file="$here/profiles/$profile.profile"
-  [ -f "$file" ] || { echo "no profile $file" >&2; continue; }
   DESCRIPTION=""; SYSCTLS=""; GOVERNOR=""; THP=""; IRQ_CPUS=""; ENGINE_TOML=""
   # shellcheck disable=SC1090
   . "$file"

@@ -338,7 +338,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         other => {
-            let client = Client::new(cli.server.as_deref().unwrap_or(DEFAULT_SERVER))
+            let client = Client::new(&server_url(cli.server.as_deref().unwrap_or(DEFAULT_SERVER)))
                 .with_token(cli.auth_token);
             match cli.cacert {
                 Some(ca) => client
@@ -488,6 +488,15 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     Ok(0)
 }
 
+/// `--server` as a URL: `host:port` (as `serve --listen` takes it) means `http://host:port`.
+fn server_url(server: &str) -> String {
+    if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    }
+}
+
 /// Prints a JSON answer, or the error and a failing status.
 fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
     if ok.contains(&answer.status) {
@@ -498,12 +507,24 @@ fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
         Ok(0)
     } else {
         let json = answer.json();
-        let message = json["message"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| answer.text());
-        let code = json["error"].as_str().unwrap_or("error");
-        Err(format!("{} {code}: {message}", answer.status))
+        match (json["error"].as_str(), json["message"].as_str()) {
+            (Some(code), Some(message)) => Err(format!("{} {code}: {message}", answer.status)),
+            // Not a berth error: whatever answered is shown as it is, with a hint.
+            _ => {
+                let text = answer.text();
+                let text = text.trim();
+                let shown: String = text.chars().take(200).collect();
+                Err(format!(
+                    "{} from a server that is not berth, or not this API ({}): is --server right?",
+                    answer.status,
+                    if shown.is_empty() {
+                        "empty body".to_string()
+                    } else {
+                        format!("body: {shown}")
+                    }
+                ))
+            }
+        }
     }
 }
 
@@ -617,7 +638,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             topic: &topic,
             group: group.as_deref(),
         }
-        .one(client, &receipt_handle, &[]),
+        .one_reported(client, &receipt_handle, &[]),
         Command::Nack {
             topic,
             receipt_handle,
@@ -628,7 +649,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             topic: &topic,
             group: group.as_deref(),
         }
-        .one(client, &receipt_handle, &[("delay", delay.as_deref())]),
+        .one_reported(client, &receipt_handle, &[("delay", delay.as_deref())]),
         Command::Extend {
             topic,
             receipt_handle,
@@ -639,7 +660,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             topic: &topic,
             group: group.as_deref(),
         }
-        .one(
+        .one_reported(
             client,
             &receipt_handle,
             &[("visibility", visibility.as_deref())],
@@ -688,6 +709,28 @@ impl Settle<'_> {
             params(extra)
         );
         finish(client.call("POST", &path, &[])?, &[200])
+    }
+
+    /// `one`, then says what was done (the server's answer is empty), as one JSON line like every other result:
+    /// `{"acked":"H"}`, `{"nacked":"H"}`, `{"extended":"H"}`.
+    fn one_reported(
+        &self,
+        client: &Client,
+        handle: &str,
+        extra: &[(&str, Option<&str>)],
+    ) -> Result<i32, String> {
+        let code = self.one(client, handle, extra)?;
+        let done = match self.op {
+            "ack" => "acked",
+            "nack" => "nacked",
+            _ => "extended",
+        };
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            serde_json::json!({ done: handle })
+        );
+        Ok(code)
     }
 }
 

@@ -208,9 +208,16 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
-                    let op = Op::of(req.method, &req.path);
+                    let long_poll = is_long_poll(&req);
+                    let mut op = Op::of(req.method, &req.path);
+                    if op == Op::Consume
+                        && crate::ops::params::query_value(&req.query, "offset").is_some()
+                    {
+                        // A replay waits at the partition's owner, for a time this core cannot tell apart.
+                        op = Op::Other;
+                    }
                     let close = req.close;
-                    let response = if is_long_poll(&req) {
+                    let response = if long_poll {
                         // A long-poll whose client hangs up must not go on to lease a message nobody will read.
                         let work = std::pin::pin!(routes::handle(&front, req));
                         let response = match unless_hung_up(&mut stream, &mut buf, work).await {
@@ -227,6 +234,10 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     };
                     let served_us =
                         (started.elapsed().as_micros() as u64).saturating_sub(response.parked_us);
+                    if long_poll && response.status >= 400 {
+                        // An error ends the consume before its parked time reaches the response.
+                        op = Op::Other;
+                    }
                     core.metrics().record(op, served_us);
                     let close = close || response.close || core.is_stopping();
                     response.encode(close, &mut out);

@@ -60,11 +60,7 @@ impl<'a> Node<'a> {
 /// A latency histogram as the page draws it: count, sum, p50/p99/p99.9 (bucket upper bounds in µs; null when
 /// nothing was recorded, `-1` past the last bound) and the per-bucket counts (bounds in `latency_bounds_us`).
 fn latency(l: &Latency) -> Value {
-    let q = |q: f64| match l.quantile_bound_us(q) {
-        None => Value::Null,
-        Some(u64::MAX) => json!(-1),
-        Some(b) => json!(b),
-    };
+    let q = |q: f64| bound(l.quantile_bound_us(q));
     json!({
         "count": l.count(),
         "sum_us": l.sum_us(),
@@ -73,6 +69,15 @@ fn latency(l: &Latency) -> Value {
         "p999_us": q(0.999),
         "buckets": l.bucket_counts(),
     })
+}
+
+/// A quantile's bound as JSON: null for none, `-1` past the last bound (`u64::MAX`, which JSON numbers cannot carry).
+fn bound(b: Option<u64>) -> Value {
+    match b {
+        None => Value::Null,
+        Some(u64::MAX) => json!(-1),
+        Some(b) => json!(b),
+    }
 }
 
 #[derive(Default)]
@@ -85,12 +90,12 @@ struct GroupSum {
 }
 
 #[derive(Default)]
-struct TopicSum {
+struct TopicSum<'a> {
     partitions: u64,
     messages: u64,
     end: u64,
     produced: u64,
-    groups: BTreeMap<String, GroupSum>,
+    groups: BTreeMap<&'a str, GroupSum>,
 }
 
 /// The `/status` document.
@@ -119,7 +124,7 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
                     "records_per_sync": {
                         "count": records.count(),
                         "sum": records.sum(),
-                        "p50": quantile_bound(records.bucket_counts(), &RECORD_BUCKETS, 0.5),
+                        "p50": bound(quantile_bound(records.bucket_counts(), &RECORD_BUCKETS, 0.5)),
                         "buckets": records.bucket_counts(),
                     },
                 })),
@@ -137,9 +142,12 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
             t.end += p.end_offset;
             t.produced += p.counters[0];
             for g in &p.groups {
-                let sum = t.groups.entry(g.group.clone()).or_default();
+                let sum = t.groups.entry(g.group.as_str()).or_default();
+                // What retention removed is not waiting any more (a group not loaded reports its file's frontier,
+                // which may lie below the partition's start).
+                let from = g.committed.max(p.start_offset);
                 sum.unsettled += end
-                    .saturating_sub(g.committed)
+                    .saturating_sub(from)
                     .saturating_sub(g.acked_ahead as u64);
                 sum.leased += g.in_flight as u64;
                 sum.delayed += g.delayed as u64;
@@ -295,12 +303,17 @@ mod tests {
                 1,
                 vec![("t".into(), partition(1, 5, 8, vec![group(6, 0, 0, 0)]))],
             ),
+            // Partition 2: offsets 90..100 retained, a group not loaded whose file says 3: 10 unsettled, not 97.
+            core(
+                2,
+                vec![("t".into(), partition(2, 90, 100, vec![group(3, 0, 0, 0)]))],
+            ),
         ];
         let v = render(&node, &stats);
         let t = &v["topics"][0];
         assert_eq!(t["name"], "t");
-        assert_eq!(t["partitions"], 2);
-        assert_eq!(t["messages"], 13);
+        assert_eq!(t["partitions"], 3);
+        assert_eq!(t["messages"], 23);
         let g = &t["groups"][0];
         assert_eq!(
             (
@@ -310,7 +323,7 @@ mod tests {
                 &g["ready"],
                 &g["dead_lettered"]
             ),
-            (&json!(6), &json!(3), &json!(1), &json!(2), &json!(4))
+            (&json!(16), &json!(3), &json!(1), &json!(12), &json!(6))
         );
         let produce = &v["cores"][1]["latency"]["produce"];
         assert_eq!(
@@ -320,7 +333,7 @@ mod tests {
         assert_eq!(v["cores"][0]["latency"]["consume"]["p50_us"], Value::Null);
         assert_eq!(v["node"]["disk"]["available_bytes"], 400);
         assert_eq!(v["node"]["id"], "local");
-        assert_eq!(v["node"]["cores"], 2);
+        assert_eq!(v["node"]["cores"], 3);
         assert_eq!(
             v["latency_bounds_us"].as_array().unwrap().len() + 1,
             produce["buckets"].as_array().unwrap().len()

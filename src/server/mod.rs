@@ -37,15 +37,14 @@ pub fn run(mut config: Config) -> Result<(), String> {
             config.data_dir.display()
         )
     };
+    // First: a start that fails here (the port is taken) leaves no trace, not even a new data directory.
+    config.listen = check_listen_address(config.listen)?;
     std::fs::create_dir_all(config.data_dir.join("topics")).map_err(unusable)?;
     std::fs::create_dir_all(config.data_dir.join("trash")).map_err(unusable)?;
     // One absolute path from here on: io_uring opens relative to no directory, and a symlink or `..` in the
     // path given must not change meaning later.
     config.data_dir = std::fs::canonicalize(&config.data_dir).map_err(unusable)?;
     let _lock = lock_data_dir(&config.data_dir)?;
-    config.listen = check_listen_address(config.listen)?;
-    // After the listen check: a start that fails there writes nothing new into the data directory and prints only
-    // its one-line reason.
     let incarnation =
         crate::storage::incarnation::load_or_create(&config.data_dir).map_err(|e| {
             format!(
