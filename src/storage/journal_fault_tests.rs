@@ -885,6 +885,62 @@ fn under_interval_sync_appends_answered_before_a_completed_sync_survive_a_power_
     }
 }
 
+/// `interval:MS` with nothing calling `sync_now`: the journal's own timer syncs what was answered within about
+/// its interval, so a power cut after that keeps every answered append.
+#[test]
+fn under_interval_sync_the_timer_alone_makes_answered_appends_durable() {
+    run(async move {
+        let setup = Setup {
+            fsync: FsyncPolicy::IntervalMs(5),
+            partitions: 2,
+            ..SETUP
+        };
+        let sim = Sim::new();
+        let node = start(&sim, setup).await;
+        let book: SharedBook = Rc::default();
+        for seq in 0..6 {
+            let p = (seq % 2) as u32;
+            append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
+                .await
+                .unwrap();
+        }
+        // Bytes of the journal a power cut would lose now.
+        let unsynced = || {
+            let mut total = 0;
+            sim.power_cut(|path, unsynced| {
+                if path.starts_with(journal_dir()) {
+                    total += unsynced;
+                }
+                0
+            });
+            total
+        };
+        let mut waited_ms = 0;
+        while unsynced() > 0 {
+            assert!(
+                waited_ms < 5_000,
+                "the interval timer never synced the journal ({} bytes unsynced after {waited_ms} ms)",
+                unsynced()
+            );
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            waited_ms += 1;
+        }
+        let at_cut = book.borrow().clone();
+        let expect = Expect {
+            books: std::slice::from_ref(&at_cut),
+            must: &at_cut.acked,
+            gapless: true,
+            refused_absent: true,
+        };
+        check(
+            &start(&sim.power_cut(|_, _| 0), setup).await,
+            &expect,
+            "interval timer",
+        )
+        .await;
+    });
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Refused writes.
 
