@@ -547,6 +547,49 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    /// `berth.example.toml` parses to the built-in defaults and names every setting (commented out or not), the
+    /// `[cluster]` table's too.
+    #[test]
+    fn the_example_config_is_the_defaults_and_names_every_setting() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("berth.example.toml");
+        let parsed = super::Config::from_file(&path).expect("the example parses");
+        assert_eq!(
+            serde_json::to_value(&parsed).unwrap(),
+            serde_json::to_value(super::Config::default()).unwrap()
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let named = |key: &str| {
+            text.lines().any(|l| {
+                let l = l.trim_start_matches('#').trim_start();
+                l.starts_with(&format!("{key} =")) || l.starts_with(&format!("{key}="))
+            })
+        };
+        let defaults = serde_json::to_value(super::Config::default()).unwrap();
+        for key in defaults.as_object().unwrap().keys() {
+            // `cluster` is the `[cluster]` table, checked below.
+            assert!(
+                key == "cluster" || named(key),
+                "berth.example.toml does not name `{key}`"
+            );
+        }
+        // The cluster table, uncommented with its required keys, parses; every key of it is named.
+        let cluster: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# [cluster]"))
+            .map(|l| l.trim_start_matches("# "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let with_cluster: super::Config =
+            toml::from_str(&cluster).expect("the cluster table parses");
+        let c = serde_json::to_value(with_cluster.cluster.expect("a cluster table")).unwrap();
+        for key in c.as_object().unwrap().keys() {
+            assert!(
+                named(key),
+                "berth.example.toml does not name cluster `{key}`"
+            );
+        }
+    }
+
     use super::*;
 
     fn clustered(

@@ -165,7 +165,7 @@ struct ServeArgs {
     /// always | interval:MS | never [default always].
     #[arg(long)]
     fsync: Option<FsyncPolicy>,
-    /// A TOML file with any of the settings in the README.
+    /// A TOML file with any of the settings in docs/configuration.md (every one: berth.example.toml).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Require `Authorization: Bearer TOKEN` with the token in this file (`/health` stays open).
