@@ -888,3 +888,92 @@ fn a_server_that_is_not_berth_is_named_as_such() {
     }
     serve.join().expect("the fake server");
 }
+
+/// `consume --follow` keeps leasing, printing and acking (here until --count), waiting for what is produced
+/// meanwhile; `--no-ack` leaves the leases; a replay reads --count records from --offset and says where the
+/// partition ends; `--format table` prints aligned columns, and `group describe` shows each partition's end and lag.
+#[test]
+fn follow_replay_ranges_and_tables() {
+    let server = Server::start(1, &[]);
+    berth(&server, &["topic", "create", "feed"]).json();
+    server.produce("feed", "", b"first");
+    // Produced while the follower waits: it takes it too, then stops at --count.
+    let later = {
+        let url = server.url();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let a = berth::client::Client::new(&url)
+                .call("POST", "/produce?topic=feed", b"second")
+                .expect("produce");
+            assert_eq!(a.status, 200);
+        })
+    };
+    let followed = berth(&server, &["consume", "feed", "--follow", "--count", "2"]).lines();
+    later.join().unwrap();
+    let bodies: Vec<&str> = followed
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["first", "second"]);
+    let state = group_state(&server, "feed", "default");
+    assert_eq!(
+        (&state["committed"], &state["in_flight"]),
+        (&json!(2), &json!(0)),
+        "both acked"
+    );
+
+    server.produce("feed", "", b"third");
+    let kept = berth(
+        &server,
+        &["consume", "feed", "--follow", "--no-ack", "--count", "1"],
+    )
+    .lines();
+    assert_eq!(kept[0]["body"], "third");
+    assert_eq!(
+        group_state(&server, "feed", "default")["in_flight"],
+        1,
+        "--no-ack left the lease"
+    );
+
+    let replay = berth(
+        &server,
+        &[
+            "consume",
+            "feed",
+            "--partition",
+            "0",
+            "--offset",
+            "1",
+            "--count",
+            "5",
+        ],
+    );
+    let records: Vec<String> = replay
+        .lines()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(records, ["second", "third"]);
+    assert!(
+        replay.stderr.contains("no record at partition 0 offset 3"),
+        "{}",
+        replay.stderr
+    );
+
+    let described = berth(&server, &["group", "describe", "feed", "default"]).json();
+    assert_eq!(described["lag"], 1, "{described}");
+    assert_eq!(described["partitions"][0]["end_offset"], 3);
+    let table = berth(
+        &server,
+        &["--format", "table", "group", "describe", "feed", "default"],
+    );
+    assert_eq!(table.code, Some(0), "{}", table.stderr);
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(lines[..2], ["group: default", "lag: 1"]);
+    let head: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(head[..4], ["PARTITION", "END_OFFSET", "COMMITTED", "LAG"]);
+    let row: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(row[..4], ["0", "3", "2", "1"]);
+    let topics = berth(&server, &["--format", "table", "topic", "list"]);
+    assert_eq!(topics.stdout, "feed\n");
+}

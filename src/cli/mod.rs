@@ -29,8 +29,154 @@ struct Cli {
     /// --tls-cert-file. Without it, an https:// server's certificate is checked against the public CAs.
     #[arg(long, global = true, env = "BERTH_CACERT")]
     cacert: Option<PathBuf>,
+    /// Output: `json` (one JSON value or line per result, for scripts) or `table` (aligned columns, for people).
+    #[arg(long, global = true, value_enum, default_value = "json")]
+    format: Format,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How results are printed (`--format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Json,
+    Table,
+}
+
+/// The `--format` of this run (set once in `main`).
+static FORMAT: std::sync::OnceLock<Format> = std::sync::OnceLock::new();
+
+fn table_format() -> bool {
+    FORMAT.get() == Some(&Format::Table)
+}
+
+/// A scalar JSON value as a table cell.
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Rows of objects as aligned columns, headed by the column names in capitals; `columns` picks and orders them
+/// (empty: every key of the first row).
+fn print_table(rows: &[serde_json::Value], columns: &[&str]) {
+    let columns: Vec<String> = if columns.is_empty() {
+        rows.first()
+            .and_then(|r| r.as_object())
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    } else {
+        columns.iter().map(|c| c.to_string()).collect()
+    };
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| columns.iter().map(|c| cell(&r[c.as_str()])).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain([c.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    let line = |cols: &[String]| {
+        cols.iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let head: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
+    let _ = writeln!(out, "{}", line(&head));
+    for r in &cells {
+        let _ = writeln!(out, "{}", line(r));
+    }
+}
+
+/// Prints a result in the chosen format: as JSON, or as a table (a list of objects as rows; an object's scalar
+/// fields as `key: value` lines, then any list of objects in it as a table).
+fn print_result(value: &serde_json::Value, columns: &[&str]) {
+    if !table_format() {
+        let _ = writeln!(std::io::stdout().lock(), "{value}");
+        return;
+    }
+    match value {
+        serde_json::Value::Array(rows) if rows.iter().all(|r| r.is_object()) => {
+            print_table(rows, columns)
+        }
+        serde_json::Value::Array(items) => {
+            let mut out = std::io::stdout().lock();
+            for item in items {
+                let _ = writeln!(out, "{}", cell(item));
+            }
+        }
+        serde_json::Value::Object(o) => {
+            let mut tables = Vec::new();
+            {
+                let mut out = std::io::stdout().lock();
+                for (k, v) in o {
+                    match v {
+                        serde_json::Value::Array(rows)
+                            if !rows.is_empty() && rows.iter().all(|r| r.is_object()) =>
+                        {
+                            tables.push(rows)
+                        }
+                        serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+                            let _ = writeln!(out, "{k}: {v}");
+                        }
+                        _ => {
+                            let _ = writeln!(out, "{k}: {}", cell(v));
+                        }
+                    }
+                }
+            }
+            for rows in tables {
+                print_table(rows, columns);
+            }
+        }
+        other => {
+            let _ = writeln!(std::io::stdout().lock(), "{}", cell(other));
+        }
+    }
+}
+
+/// One delivered message: a JSON line, or a table row (the header before the first).
+fn print_message(line: &serde_json::Value) {
+    if !table_format() {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+        return;
+    }
+    static HEADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let mut out = std::io::stdout().lock();
+    if !HEADED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let _ = writeln!(
+            out,
+            "{:<9}  {:<10}  {:<10}  {:<28}  BODY",
+            "PARTITION", "OFFSET", "DELIVERIES", "RECEIPT_HANDLE"
+        );
+    }
+    let body = match line.get("body") {
+        Some(b) => cell(b),
+        None => format!("base64:{}", cell(&line["body_base64"])),
+    };
+    let _ = writeln!(
+        out,
+        "{:<9}  {:<10}  {:<10}  {:<28}  {body}",
+        cell(&line["partition"]),
+        cell(&line["offset"]),
+        cell(&line["delivery_count"]),
+        cell(&line["receipt_handle"]),
+    );
 }
 
 // Parsed once at start: the size of its largest variant (serve's settings) costs nothing.
@@ -102,12 +248,20 @@ enum Command {
         /// Nack each message once printed (it becomes deliverable again at once).
         #[arg(long)]
         nack: bool,
+        /// Keep consuming, as `nats sub` or `rpk topic consume` do: long-poll (--wait, 20s unless given), print,
+        /// ack, repeat until interrupted or --count messages. With --partition/--offset: follow the partition's end.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: leave each lease to expire (or to a later ack) instead of acking it.
+        #[arg(long, requires = "follow", conflicts_with_all = ["ack", "nack"])]
+        no_ack: bool,
         /// Consumer group to lease in (and to ack or nack in) [default: default].
         #[arg(long, conflicts_with = "partition")]
         group: Option<String>,
-        /// Replay: read this partition at --offset without leasing.
+        /// Replay: read this partition from --offset without leasing (--count records, default 1).
         #[arg(long, requires = "offset")]
         partition: Option<u64>,
+        /// Replay: the first offset to read (with --partition).
         #[arg(long, requires = "partition")]
         offset: Option<u64>,
     },
@@ -335,6 +489,7 @@ enum GroupCommand {
 /// Runs the command line; returns the exit status.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    let _ = FORMAT.set(cli.format);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         other => {
@@ -499,10 +654,20 @@ fn server_url(server: &str) -> String {
 
 /// Prints a JSON answer, or the error and a failing status.
 fn finish(answer: Answer, ok: &[u16]) -> Result<i32, String> {
+    finish_with(answer, ok, &[])
+}
+
+/// `finish`, with the columns (and their order) a table shows.
+fn finish_with(answer: Answer, ok: &[u16], columns: &[&str]) -> Result<i32, String> {
     if ok.contains(&answer.status) {
         if !answer.body.is_empty() {
             // A reader that closed the pipe early (`berth ... | head`) is not the command's failure: no panic.
-            let _ = writeln!(std::io::stdout().lock(), "{}", answer.text());
+            match serde_json::from_slice::<serde_json::Value>(&answer.body) {
+                Ok(value) if table_format() => print_result(&value, columns),
+                _ => {
+                    let _ = writeln!(std::io::stdout().lock(), "{}", answer.text());
+                }
+            }
         }
         Ok(0)
     } else {
@@ -586,25 +751,46 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             max,
             ack,
             nack,
+            follow,
+            no_ack,
             group,
             partition,
             offset,
         } => {
-            if let (Some(p), Some(o)) = (partition, offset) {
-                let path = format!(
-                    "/consume?topic={}&partition={p}&offset={o}&wait={}",
-                    enc(&topic),
-                    enc(&wait)
-                );
-                let answer = client.call("GET", &path, &[])?;
-                return print_messages(client, answer, None).map(|_| 0);
+            // Following waits for what comes: a long-poll, 20 s unless --wait says otherwise.
+            let wait = if follow && wait == "0" {
+                "20s".to_string()
+            } else {
+                wait
+            };
+            if let (Some(p), Some(first)) = (partition, offset) {
+                // A replay of --count records from --offset (read-only: no lease, nothing to ack).
+                let count = count.unwrap_or(if follow { u64::MAX } else { 1 });
+                let mut o = first;
+                while o - first < count {
+                    let path = format!(
+                        "/consume?topic={}&partition={p}&offset={o}&wait={}",
+                        enc(&topic),
+                        enc(&wait)
+                    );
+                    let answer = client.call("GET", &path, &[])?;
+                    if answer.status == 204 && follow {
+                        continue;
+                    }
+                    if !print_messages(client, answer, None)? {
+                        eprintln!("no record at partition {p} offset {o}: the end of the partition (so far)");
+                        break;
+                    }
+                    o += 1;
+                }
+                return Ok(0);
             }
             let mut path = format!("/consume?topic={}&wait={}", enc(&topic), enc(&wait));
             path += &params(&[
                 ("visibility", visibility.as_deref()),
                 ("group", group.as_deref()),
             ]);
-            let op = if ack {
+            let op = if ack || (follow && !no_ack && !nack) {
                 Some("ack")
             } else if nack {
                 Some("nack")
@@ -616,9 +802,19 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                 topic: &topic,
                 group: group.as_deref(),
             });
+            if follow {
+                return consume_batches(
+                    client,
+                    &path,
+                    count.unwrap_or(u64::MAX),
+                    max,
+                    settle_with,
+                    true,
+                );
+            }
             let count = count.unwrap_or(max);
             if max > 1 {
-                return consume_batches(client, &path, count, max, settle_with);
+                return consume_batches(client, &path, count, max, settle_with, false);
             }
             for _ in 0..count {
                 let answer = client.call("GET", &path, &[])?;
@@ -725,11 +921,7 @@ impl Settle<'_> {
             "nack" => "nacked",
             _ => "extended",
         };
-        let _ = writeln!(
-            std::io::stdout().lock(),
-            "{}",
-            serde_json::json!({ done: handle })
-        );
+        print_result(&serde_json::json!({ done: handle }), &[]);
         Ok(code)
     }
 }
@@ -813,9 +1005,9 @@ fn consume_batches(
     count: u64,
     max: u64,
     settle_with: Option<Settle>,
+    follow: bool,
 ) -> Result<i32, String> {
     let mut printed = 0u64;
-    let mut out = std::io::stdout().lock();
     while printed < count {
         let want = max.min(count - printed);
         let answer = client.call_with(
@@ -825,6 +1017,8 @@ fn consume_batches(
             &[],
         )?;
         match answer.status {
+            // Following: the long-poll ran out with nothing new; poll again.
+            204 if follow => continue,
             204 => {
                 eprintln!("no message available");
                 break;
@@ -835,13 +1029,17 @@ fn consume_batches(
         let text = answer.text();
         let mut handles = Vec::new();
         for line in text.lines().filter(|l| !l.is_empty()) {
-            let _ = writeln!(out, "{line}");
             printed += 1;
-            if let Some(h) = serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["receipt_handle"].as_str().map(str::to_string))
-            {
-                handles.push(h);
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) => {
+                    print_message(&v);
+                    if let Some(h) = v["receipt_handle"].as_str() {
+                        handles.push(h.to_string());
+                    }
+                }
+                Err(_) => {
+                    let _ = writeln!(std::io::stdout().lock(), "{line}");
+                }
             }
         }
         if let (Some(settle), false) = (settle_with, handles.is_empty()) {
@@ -896,8 +1094,7 @@ fn print_messages(
                 ),
             };
             line[field] = body;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
+            print_message(&line);
             if let (Some(settle), Some(handle)) = (settle_with, handle) {
                 settle.one(client, &handle, &[])?;
             }
@@ -969,9 +1166,21 @@ fn group_command(client: &Client, command: GroupCommand) -> Result<i32, String> 
             }
             finish(client.call("PUT", &path, &[])?, &[200, 201])
         }
-        GroupCommand::Describe { topic, group } => finish(
+        GroupCommand::Describe { topic, group } => finish_with(
             client.call("GET", &group_path(&topic, &group), &[])?,
             &[200],
+            &[
+                "partition",
+                "end_offset",
+                "committed",
+                "lag",
+                "in_flight",
+                "delayed",
+                "acked_ahead",
+                "delivered",
+                "acked",
+                "dead_lettered",
+            ],
         ),
         GroupCommand::Delete { topic, group } => {
             let answer = client.call("DELETE", &group_path(&topic, &group), &[])?;

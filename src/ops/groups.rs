@@ -63,12 +63,28 @@ pub fn groups_json(config: &TopicConfig, partitions: &[PartitionInfo]) -> serde_
     json!(groups)
 }
 
+/// The partition's end as a group sees it (a replicated partition serves up to its commit offset), and the
+/// group's lag there: what is not settled yet between its frontier (at least the partition's start: retention
+/// removed what lies below) and that end, less what is acked ahead.
+pub fn end_and_lag(p: &PartitionInfo, g: &GroupInfo) -> (u64, u64) {
+    let end = p.commit_offset.unwrap_or(p.end_offset).min(p.end_offset);
+    let lag = end
+        .saturating_sub(g.committed.max(p.start_offset))
+        .saturating_sub(g.acked_ahead as u64);
+    (end, lag)
+}
+
 pub fn group_json(group: &str, partitions: &[PartitionInfo]) -> serde_json::Value {
+    let mut total = 0;
     let parts: Vec<serde_json::Value> = partitions
         .iter()
         .filter_map(|p| {
             let g = p.groups.iter().find(|g| g.group == group)?;
             let mut v = group_state_json(g);
+            let (end, lag) = end_and_lag(p, g);
+            total += lag;
+            v["end_offset"] = json!(end);
+            v["lag"] = json!(lag);
             v["partition"] = json!(p.partition);
             v["corrupt_skipped"] = json!(g.corrupt_skipped);
             v["delivered"] = json!(g.counters[0]);
@@ -78,7 +94,7 @@ pub fn group_json(group: &str, partitions: &[PartitionInfo]) -> serde_json::Valu
             Some(v)
         })
         .collect();
-    json!({"group": group, "partitions": parts})
+    json!({"group": group, "lag": total, "partitions": parts})
 }
 
 /// The answer to `PUT /topics/T/groups/G`: `201` when created, `200` when it existed.

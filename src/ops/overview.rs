@@ -135,20 +135,13 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
     for s in stats {
         for (name, p) in &s.partitions {
             let t = topics.entry(name.as_str()).or_default();
-            // A replicated partition serves up to its commit offset.
-            let end = p.commit_offset.unwrap_or(p.end_offset).min(p.end_offset);
             t.partitions += 1;
             t.messages += p.end_offset.saturating_sub(p.start_offset);
             t.end += p.end_offset;
             t.produced += p.counters[0];
             for g in &p.groups {
                 let sum = t.groups.entry(g.group.as_str()).or_default();
-                // What retention removed is not waiting any more (a group not loaded reports its file's frontier,
-                // which may lie below the partition's start).
-                let from = g.committed.max(p.start_offset);
-                sum.unsettled += end
-                    .saturating_sub(from)
-                    .saturating_sub(g.acked_ahead as u64);
+                sum.unsettled += crate::ops::groups::end_and_lag(p, g).1;
                 sum.leased += g.in_flight as u64;
                 sum.delayed += g.delayed as u64;
                 sum.acked_ahead += g.acked_ahead as u64;
