@@ -977,3 +977,72 @@ fn follow_replay_ranges_and_tables() {
     let topics = berth(&server, &["--format", "table", "topic", "list"]);
     assert_eq!(topics.stdout, "feed\n");
 }
+
+/// Every argument and option of every command says what it is, the connection options stand apart under their own
+/// heading, and no environment variable is shown with an empty value.
+#[test]
+fn every_argument_of_every_command_is_described() {
+    let commands: &[&[&str]] = &[
+        &[],
+        &["topic", "create"],
+        &["topic", "update"],
+        &["topic", "describe"],
+        &["topic", "delete"],
+        &["group", "create"],
+        &["group", "describe"],
+        &["group", "delete"],
+        &["group", "list"],
+        &["redrive"],
+        &["produce"],
+        &["consume"],
+        &["ack"],
+        &["nack"],
+        &["extend"],
+        &["cluster", "status"],
+    ];
+    for command in commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env_remove("BERTH_SERVER")
+            .args(command.iter())
+            .arg("--help")
+            .output()
+            .expect("run berth");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{command:?}: {help}");
+        assert!(
+            !help.contains("=]"),
+            "{command:?} shows an empty environment value:\n{help}"
+        );
+        if !command.is_empty() {
+            assert!(help.contains("\nConnection:\n"), "{command:?}:\n{help}");
+        }
+        let lines: Vec<&str> = help.lines().collect();
+        let item = |line: &str| {
+            let t = line.trim_start();
+            let placeholder = |open: char, close: char| {
+                t.strip_prefix(open)
+                    .and_then(|r| r.split(close).next())
+                    .is_some_and(|name| {
+                        !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    })
+            };
+            line.starts_with("  ")
+                && (t.starts_with('-') || placeholder('<', '>') || placeholder('[', ']'))
+        };
+        for (i, line) in lines.iter().enumerate() {
+            if !item(line) {
+                continue;
+            }
+            // `--name <VALUE>  what it is`, or the description on the next line (clap's layout for long help).
+            let t = line.trim();
+            let inline = t.split("  ").filter(|part| !part.trim().is_empty()).count() >= 2;
+            let below = lines
+                .get(i + 1)
+                .is_some_and(|next| !next.trim().is_empty() && !item(next));
+            assert!(
+                inline || below,
+                "{command:?}: `{t}` has no description:\n{help}"
+            );
+        }
+    }
+}

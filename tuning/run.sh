@@ -4,7 +4,7 @@
 # write a side-by-side comparison (markdown + JSON) and an overlaid latency plot.
 #
 #   tuning/run.sh [--profiles "baseline low-latency throughput io-uring-sync"] [--duration 10s]
-#                 [--out tuning/results/DATE] [--bench-args "--workload cycle --connections 16"] [--dry-run] [--help]
+#                 [--out target/tuning/DATE] [--bench-args "--workload cycle --connections 16"] [--dry-run] [--help]
 #
 # Needs root for kernel knobs (without it every kernel knob is reported as skipped). Safe to interrupt: an EXIT trap
 # reverts whatever was applied. --dry-run changes nothing and runs no bench: it prints, per profile, each knob's
@@ -14,7 +14,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 profiles="baseline low-latency throughput io-uring-sync"
 duration="10s"
-out="$here/results/$(date -u +%Y-%m-%dT%H%M%SZ)"
+out="$root/target/tuning/$(date -u +%Y-%m-%dT%H%M%SZ)"
 bench_args="--workload cycle --connections 16 --message-bytes 100"
 dry=0
 usage() {
@@ -26,7 +26,8 @@ reverts every change (also on Ctrl-C), and writes a comparison of the profiles.
 
   --profiles "A B"     profiles to run, in order (default: $profiles)
   --duration D         bench duration per profile (default: $duration)
-  --out DIR            results directory (default: tuning/results/<UTC time>)
+  --out DIR            results directory (default: target/tuning/<UTC time>, outside git; pass
+                       --out tuning/results/NAME to keep a run in the repository)
   --bench-args "ARGS"  berth-bench workload arguments (default: $bench_args)
   --dry-run            change nothing, run nothing: show each knob's current value and what would be set
   --help               this text

@@ -19,15 +19,33 @@ const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
     about = "A thread-per-core message-queue broker with leases"
 )]
 struct Cli {
-    /// Server to talk to [default http://127.0.0.1:7070].
-    #[arg(long, global = true, env = "BERTH_SERVER")]
+    /// The server: a URL, or HOST:PORT for http [default: 127.0.0.1:7070].
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_SERVER",
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
     server: Option<String>,
-    /// Bearer token for a server started with --auth-token-file.
-    #[arg(long, global = true, env = "BERTH_AUTH_TOKEN", hide_env_values = true)]
+    /// The bearer token the server requires (one started with --auth-token-file).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_AUTH_TOKEN",
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
     auth_token: Option<String>,
     /// HTTPS: trust only the CA certificate(s) in this PEM file (as curl's --cacert), e.g. for a server started with
     /// --tls-cert-file. Without it, an https:// server's certificate is checked against the public CAs.
-    #[arg(long, global = true, env = "BERTH_CACERT")]
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_CACERT",
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
     cacert: Option<PathBuf>,
     /// Output: `json` (one JSON value or line per result, for scripts) or `table` (aligned columns, for people).
     #[arg(long, global = true, value_enum, default_value = "json")]
@@ -213,10 +231,14 @@ enum Command {
     /// every frame: a 4-byte little-endian length, then the bytes), sent in batches. Prints one JSON line per
     /// message.
     Produce {
+        /// The topic to append to.
         topic: String,
+        /// The message (its bytes as given); without it, stdin is read.
         message: Option<String>,
+        /// Messages with the same key go to the same partition (crc32c(key) % partitions).
         #[arg(long)]
         key: Option<String>,
+        /// The partition to append to [default: by --key, else round-robin].
         #[arg(long)]
         partition: Option<u64>,
         /// Read stdin as frames (binary-safe) instead of lines.
@@ -228,6 +250,7 @@ enum Command {
     },
     /// Lease messages (queue style), or replay one with --partition and --offset.
     Consume {
+        /// The topic to consume from.
         topic: String,
         /// Long-poll budget, e.g. 10s.
         #[arg(long, default_value = "0")]
@@ -267,7 +290,9 @@ enum Command {
     },
     /// Ack a lease.
     Ack {
+        /// The topic of the lease.
         topic: String,
+        /// The lease's receipt handle (PARTITION:OFFSET:NONCE, as consume printed it).
         receipt_handle: String,
         /// The consumer group that leased it [default: default].
         #[arg(long)]
@@ -275,7 +300,9 @@ enum Command {
     },
     /// Nack a lease: the message is deliverable again at once, or after --delay.
     Nack {
+        /// The topic of the lease.
         topic: String,
+        /// The lease's receipt handle (PARTITION:OFFSET:NONCE, as consume printed it).
         receipt_handle: String,
         /// The consumer group that leased it [default: default].
         #[arg(long)]
@@ -286,8 +313,11 @@ enum Command {
     },
     /// Extend a lease to now + visibility.
     Extend {
+        /// The topic of the lease.
         topic: String,
+        /// The lease's receipt handle (PARTITION:OFFSET:NONCE, as consume printed it).
         receipt_handle: String,
+        /// The lease ends this long from now, e.g. 1m [default: the lease's own length].
         #[arg(long)]
         visibility: Option<String>,
         /// The consumer group that leased it [default: default].
@@ -445,7 +475,9 @@ impl TopicSettings {
 enum TopicCommand {
     /// Create a topic (200 when it already exists with the same partition count).
     Create {
+        /// The topic's name ([A-Za-z0-9._-], 1 to 128 characters).
         name: String,
+        /// Partitions (1 to 4096), fixed at creation.
         #[arg(long, default_value_t = 1)]
         partitions: u32,
         /// Nodes holding each partition (a cluster; 1 on a single node).
@@ -456,6 +488,7 @@ enum TopicCommand {
     },
     /// Change a topic's settings (every one but partitions); prints the new config.
     Update {
+        /// The topic to change.
         name: String,
         #[command(flatten)]
         settings: TopicSettings,
@@ -463,27 +496,48 @@ enum TopicCommand {
     /// List topic names.
     List,
     /// Show a topic's settings and partitions.
-    Describe { name: String },
+    Describe {
+        /// The topic.
+        name: String,
+    },
     /// Delete a topic and its data.
-    Delete { name: String },
+    Delete {
+        /// The topic.
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 enum GroupCommand {
     /// List a topic's consumer groups with their state per partition.
-    List { topic: String },
+    List {
+        /// The topic.
+        topic: String,
+    },
     /// Create a consumer group (a consume naming a new group creates it too, at earliest).
     Create {
+        /// The topic.
         topic: String,
+        /// The group's name ([A-Za-z0-9._-]).
         group: String,
         /// Where the group starts: the oldest retained record, or the end of each partition.
         #[arg(long, value_parser = ["earliest", "latest"])]
         start: Option<String>,
     },
-    /// Show one consumer group's state per partition.
-    Describe { topic: String, group: String },
+    /// Show one consumer group's state per partition: end offset, frontier, lag, leases.
+    Describe {
+        /// The topic.
+        topic: String,
+        /// The group.
+        group: String,
+    },
     /// Delete a consumer group and its consumer state.
-    Delete { topic: String, group: String },
+    Delete {
+        /// The topic.
+        topic: String,
+        /// The group.
+        group: String,
+    },
 }
 
 /// Runs the command line; returns the exit status.
