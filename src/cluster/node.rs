@@ -711,6 +711,7 @@ impl RpcNodes {
         }
         let mut config = self.config.clone();
         config.node = view.node;
+        config.peer_name = entry.id.clone();
         let client = Rc::new(RpcClient::new(entry.peer_addr.clone(), node, config));
         // A probe's reply that came after its caller gave up: its leases go back to the owner at once (one-way).
         let weak = Rc::downgrade(&client);

@@ -144,12 +144,12 @@ impl RpcClient {
         );
         match within(timeout, rx).await {
             Some(Ok(result)) => result,
-            Some(Err(oneshot::Canceled)) => Err(unreachable(shared.peer_node, "the client closed")),
+            Some(Err(oneshot::Canceled)) => Err(unreachable(&shared.peer(), "the client closed")),
             None => {
                 shared.bump(|s| s.timeouts += 1);
                 Err(OpError::PartitionUnavailable(format!(
-                    "node {} did not answer within {} ms",
-                    shared.peer_node,
+                    "{} did not answer within {} ms",
+                    shared.peer(),
                     timeout.as_millis()
                 )))
             }
@@ -187,6 +187,15 @@ impl Drop for RpcClient {
 }
 
 impl Shared {
+    /// The peer as messages name it: `node n3` (its id), or `node 2` (its index) when the id is not known.
+    fn peer(&self) -> String {
+        if self.config.peer_name.is_empty() {
+            format!("node {}", self.peer_node)
+        } else {
+            format!("node {}", self.config.peer_name)
+        }
+    }
+
     fn bump(&self, f: impl FnOnce(&mut ClientStats)) {
         let mut s = self.stats.get();
         f(&mut s);
@@ -210,7 +219,7 @@ impl Shared {
                     Link::Closed => "the client is closed",
                     _ => "no connection (reconnecting)",
                 };
-                return Err(unreachable(self.peer_node, why));
+                return Err(unreachable(&self.peer(), why));
             }
         }
         let config = &self.config;
@@ -225,8 +234,8 @@ impl Shared {
         frame::encode(kind, id, &(core, request), config.max_body_bytes, &mut out).map_err(
             |e| {
                 OpError::BatchTooLarge(format!(
-                    "the request cannot be sent to node {}: {e}",
-                    self.peer_node
+                    "the request cannot be sent to {}: {e}",
+                    self.peer()
                 ))
             },
         )?;
@@ -264,7 +273,7 @@ impl Shared {
         self.out.borrow_mut().clear();
         let pending: Vec<Pending> = self.pending.borrow_mut().drain().map(|(_, p)| p).collect();
         for p in pending {
-            if p.reply.send(Err(unreachable(self.peer_node, why))).is_ok() {
+            if p.reply.send(Err(unreachable(&self.peer(), why))).is_ok() {
                 self.bump(|s| s.unreachable += 1);
             }
         }

@@ -37,6 +37,9 @@ use std::time::Duration;
 pub struct RpcConfig {
     /// This node's id: sent in the client's hello, answered in the server's welcome.
     pub node: u32,
+    /// Client: the peer's node id as the cluster names it (`n3`), for the messages of its errors; empty: its
+    /// index. Default empty.
+    pub peer_name: String,
     /// The cluster token (`--auth-token-file`). Server: None accepts any hello. Client: sent in the hello.
     pub token: Option<String>,
     /// Both: largest frame body sent or accepted. Default 64 MiB.
@@ -84,6 +87,7 @@ impl Default for RpcConfig {
     fn default() -> Self {
         RpcConfig {
             node: 0,
+            peer_name: String::new(),
             token: None,
             max_body_bytes: 64 << 20,
             call_timeout: Duration::from_secs(5),
@@ -127,8 +131,8 @@ pub struct Undelivered {
 pub type UndeliveredHook = Rc<dyn Fn(Undelivered)>;
 
 /// The call could not be made or completed: the peer is unreachable (503 partition_unavailable).
-fn unreachable(node: u32, why: impl std::fmt::Display) -> OpError {
-    OpError::PartitionUnavailable(format!("node {node} is unreachable: {why}"))
+fn unreachable(peer: &str, why: impl std::fmt::Display) -> OpError {
+    OpError::PartitionUnavailable(format!("{peer} is unreachable: {why}"))
 }
 
 /// A bound was hit; the caller may retry later (503 overloaded).

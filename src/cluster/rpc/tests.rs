@@ -1337,3 +1337,30 @@ fn over_tls_calls_go_through_and_a_plain_a_certificate_less_or_a_foreign_ca_peer
         assert_eq!(server.stats().requests, 51);
     });
 }
+
+/// A call to a peer that cannot be reached names the peer by its node id (`node n9`), as `GET /cluster` does, not
+/// by its index in the node table.
+#[test]
+fn an_unreachable_peer_is_named_by_its_id() {
+    on_executor(async {
+        // A port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = RpcClient::new(
+            format!("127.0.0.1:{port}"),
+            4,
+            RpcConfig {
+                peer_name: "n9".into(),
+                ..config(2)
+            },
+        );
+        let r = client.call(0, replay(1)).await;
+        assert!(is_unavailable(&r, "node n9 "), "{r:?}");
+        let unnamed = RpcClient::new(format!("127.0.0.1:{port}"), 4, config(2));
+        let r = unnamed.call(0, replay(1)).await;
+        assert!(is_unavailable(&r, "node 4 "), "{r:?}");
+    });
+}
