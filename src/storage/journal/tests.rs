@@ -181,6 +181,71 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
     });
 }
 
+/// A rotation under `interval:MS` syncs the file it leaves first (the interval timer syncs only the current file),
+/// and the new file's name sorts after it (`{core}-{index}`, index + 1: the replay takes files in name order). Here
+/// the checkpoint of the old file cannot finish, so it stays, and the timer never fires: a power cut right after the
+/// rotation must still find every frontier record the old file was answered for.
+#[test]
+fn a_rotation_under_interval_sync_syncs_the_file_it_leaves_and_names_the_next_one_after_it() {
+    on_sim(|sim, storage| async move {
+        let part = Path::new("/data/topics/t/0");
+        storage.create_dir_all(part).unwrap();
+        let dir = Path::new("/data/journal");
+        let owner = Rc::new(FailingFrontiers(Rc::new(Cell::new(true))));
+        let journal = Journal::open(
+            storage.clone(),
+            Rc::new(crate::clock::RealClock),
+            dir,
+            0,
+            JournalOptions {
+                fsync: FsyncPolicy::IntervalMs(3_600_000),
+                file_bytes: 4096,
+                commit_delay_us: 0,
+            },
+            Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
+        )
+        .await
+        .unwrap();
+        let mut v = 0;
+        while storage.list(dir).unwrap().len() < 2 {
+            v += 1;
+            assert!(v < 10_000, "the journal never rotated");
+            journal
+                .commit_frontiers(frontier_entry(&[record("t", "g", v, false)]))
+                .await
+                .unwrap();
+        }
+        while journal.checkpoints_running() > 0 {
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let mut names = storage.list(dir).unwrap();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "0000-00000000000000000000.jnl",
+                "0000-00000000000000000001.jnl"
+            ],
+            "the next file is named after the one it follows"
+        );
+        // The records answered in the old file; the last one (v) may be in the new file, unsynced.
+        let image: Rc<dyn Storage> =
+            Rc::new(super::super::sim::SimStorage(sim.power_cut(|_, _| 0)));
+        let locate =
+            |_: &str, _: u64, p: u32| Some(Path::new("/data/topics/t").join(p.to_string()));
+        replay(&*image, dir, &locate, &|_, _, _| true)
+            .await
+            .unwrap();
+        let file = part.join(super::super::frontier::file_name("g"));
+        let held = super::super::frontier::read(&*image, &file).unwrap_or(0);
+        assert!(
+            held >= v - 1,
+            "a power cut after the rotation lost the old file's records: the frontier replayed to {held}, answered up to {}",
+            v - 1
+        );
+    });
+}
+
 /// A clean stop while an older journal file's checkpoint still cannot finish keeps the current file too: it may
 /// hold a recreated group's start record, without which the replay would credit the older file's values of the
 /// deleted group to the new one.
