@@ -242,8 +242,27 @@ fn a_killed_node_is_shown_dead() {
             "{id} alive in the page"
         );
     }
+    // A topic with a partition on each node (placement is round-robin over the live nodes).
+    let a = c.node(0).put("/topics/spread?partitions=3");
+    assert_eq!(a.status, 201, "{}", a.text());
     c.kill9(2);
     c.wait_alive(0, "n3", false);
+    // Described while n3 is down: 200, n3's partition listed as unavailable, where it lives, the others as usual.
+    let described = c.node(0).get("/topics/spread");
+    assert_eq!(described.status, 200, "{}", described.text());
+    let parts = described.json()["partitions"].clone();
+    let parts = parts.as_array().expect("partitions");
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    let down: Vec<&serde_json::Value> = parts.iter().filter(|p| p["available"] == false).collect();
+    assert_eq!(down.len(), 1, "{parts:?}");
+    assert_eq!(down[0]["node"], "n3", "{parts:?}");
+    assert!(
+        parts
+            .iter()
+            .filter(|p| p["available"] != false)
+            .all(|p| p["end_offset"].is_u64()),
+        "{parts:?}"
+    );
     let dom = load(&c.node(0).url(), 2_000, Some("cluster-node-dead.png"));
     assert!(
         dom.contains("data-node=\"n3\" data-alive=\"false\""),

@@ -7,7 +7,7 @@ use crate::engine::placement::PartitionState;
 use crate::engine::topic::TopicConfig;
 use crate::join::join_all;
 use crate::ops::topics::Settings;
-use crate::ops::{OpResult, Reply, Request};
+use crate::ops::{OpError, OpResult, Reply, Request};
 use crate::partition::PartitionInfo;
 
 impl Front {
@@ -71,20 +71,24 @@ impl Front {
         let owners = topic
             .owner_cores()
             .iter()
-            .map(|&core| self.router().core(core as usize))
-            .chain(remote.iter().copied());
+            .map(|&core| (self.router().core(core as usize), false))
+            .chain(remote.iter().map(|&to| (to, true)));
         let calls: Vec<_> = owners
-            .map(|to| {
+            .map(|(to, remote)| {
                 let router = self.router().clone();
                 let name = name.to_string();
-                async move { router.call(to, Request::Describe(name)).await }
+                async move { (remote, router.call(to, Request::Describe(name)).await) }
             })
             .collect();
         let mut all = Vec::with_capacity(topic.partition_count() as usize);
-        for reply in join_all(calls).await {
-            match reply? {
-                Reply::Described(part) => all.extend(part),
-                other => unreachable!("a describe answered {other:?}"),
+        for (remote, reply) in join_all(calls).await {
+            match reply {
+                Ok(Reply::Described(part)) => all.extend(part),
+                Ok(other) => unreachable!("a describe answered {other:?}"),
+                // Another node that cannot be reached (dead, cut off, restarting): its partitions are left out,
+                // and the description says they are unavailable, rather than the whole answer being a 503.
+                Err(OpError::PartitionUnavailable(_)) if remote => {}
+                Err(e) => return Err(e),
             }
         }
         all.sort_by_key(|p| p.partition);

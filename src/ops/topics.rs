@@ -269,6 +269,23 @@ pub fn render_described(
             v
         })
         .collect();
+    // Partitions whose node could not be reached: listed as unavailable, with where they live.
+    let mut parts = parts;
+    let described: std::collections::BTreeSet<u32> =
+        partitions.iter().map(|p| p.partition).collect();
+    for p in (0..config.partitions).filter(|p| !described.contains(p)) {
+        let mut v = json!({"partition": p, "available": false});
+        if let Some(node) = node_of(p) {
+            v["node"] = json!(node);
+        }
+        if let Some(h) = holders_of(p) {
+            v["replicas"] = json!(h.replicas);
+            v["leader"] = json!(h.leader);
+            v["epoch"] = json!(h.epoch);
+        }
+        parts.push(v);
+    }
+    parts.sort_by_key(|v| v["partition"].as_u64());
     let body = json!({
         "name": config.name,
         "config": config_json(config),
