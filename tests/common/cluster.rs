@@ -1097,16 +1097,20 @@ impl Cluster {
     }
 
     /// The owner (node id) of every partition of `topic`, from `GET /topics/{topic}` on node `on`.
-    /// Waits (bounded, 10 s) for the topic to be known there: tests that are not about read-your-writes should not
-    /// stop at it (`topic_created_on_one_node_is_served_by_all` checks that a created topic is served at once).
+    /// Waits (bounded, 10 s) for the topic to be known there and every partition's node to answer: tests that are
+    /// not about read-your-writes should not stop at it (`topic_created_on_one_node_is_served_by_all` checks that a
+    /// created topic is served at once).
     pub fn owners(&self, on: usize, topic: &str) -> Vec<String> {
         let node = &self.nodes[on];
         let path = format!("/topics/{topic}");
         let a = wait_for(
-            &format!("GET {path} through {} to answer 200", node.id),
+            &format!(
+                "GET {path} through {} to answer 200 with every partition available",
+                node.id
+            ),
             Duration::from_secs(10),
             || match node.call("GET", &path, &[]) {
-                Ok(a) if a.status == 200 => Ok(a),
+                Ok(a) if a.status == 200 && !a.text().contains("\"available\":false") => Ok(a),
                 Ok(a) => Err(format!("{} {}", a.status, a.text())),
                 Err(e) => Err(e),
             },
