@@ -346,6 +346,29 @@ pub struct CoreStats {
     pub extra: Vec<ExtraSeries>,
 }
 
+impl CoreStats {
+    /// A core with nothing counted and no partitions (tests build theirs on it).
+    #[cfg(test)]
+    pub fn empty(core: usize) -> CoreStats {
+        CoreStats {
+            core,
+            latency: Default::default(),
+            frontier_lag: Latency::default(),
+            connections_open: 0,
+            connections_refused: 0,
+            connections_timed_out: 0,
+            tls_handshakes_failed: 0,
+            tls_handshakes_evicted: 0,
+            mesh_full: 0,
+            journal_wait: Latency::default(),
+            journal_records: Counts::default(),
+            journal: None,
+            partitions: Vec::new(),
+            extra: Vec::new(),
+        }
+    }
+}
+
 /// A counter or gauge a layer above the engine reports through a core (`Engine::set_extra_stats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExtraSeries {
@@ -743,20 +766,8 @@ mod tests {
         metrics.record(Op::of("GET", "/topics"), 30);
         metrics.record(Op::of("GET", "/produce"), 30);
         let stats = CoreStats {
-            core: 3,
             latency: metrics.latency.borrow().clone(),
-            frontier_lag: Latency::default(),
-            connections_open: 0,
-            connections_refused: 0,
-            connections_timed_out: 0,
-            tls_handshakes_failed: 0,
-            tls_handshakes_evicted: 0,
-            mesh_full: 0,
-            journal_wait: Latency::default(),
-            journal_records: Counts::default(),
-            journal: None,
-            partitions: Vec::new(),
-            extra: Vec::new(),
+            ..CoreStats::empty(3)
         };
         let out = render(&[stats]);
         assert!(

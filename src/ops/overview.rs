@@ -208,7 +208,6 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::metrics::Counts;
     use crate::partition::{GroupInfo, PartitionInfo};
 
     fn partition(partition: u32, start: u64, end: u64, groups: Vec<GroupInfo>) -> PartitionInfo {
@@ -251,25 +250,15 @@ mod tests {
             produce.record(us);
         }
         CoreStats {
-            core,
             latency: [
                 produce,
                 Latency::default(),
                 Latency::default(),
                 Latency::default(),
             ],
-            frontier_lag: Latency::default(),
             connections_open: 1,
-            connections_refused: 0,
-            connections_timed_out: 0,
-            tls_handshakes_failed: 0,
-            tls_handshakes_evicted: 0,
-            mesh_full: 0,
-            journal_wait: Latency::default(),
-            journal_records: Counts::default(),
-            journal: None,
             partitions,
-            extra: Vec::new(),
+            ..CoreStats::empty(core)
         }
     }
 

@@ -1049,18 +1049,7 @@ fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_en
         // The journal's delay begins as soon as the first pass is durable, possibly before this task runs again:
         // the wait is measured from before it could begin.
         let started = std::time::Instant::now();
-        // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
-        let (a, b, c) = (
-            spawn_append(&one, b"a"),
-            spawn_append(&one, b"b"),
-            spawn_append(&two, b"c"),
-        );
-        a.await.expect("appended");
-        b.await.expect("appended");
-        c.await.expect("appended");
-        assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
-        assert_eq!(journal.last_pass_entries(), 2);
-        assert_eq!(one.io_counts().0, 1);
+        share_a_pass(&journal, &one, &two).await;
         // The journal is in its delay: appends made one after the other meanwhile form one batch, built when the
         // delay ends, and that batch is the next pass.
         let d = spawn_append(&one, b"d");
@@ -1083,6 +1072,26 @@ fn a_log_builds_its_next_batch_when_the_journals_delay_for_several_partitions_en
     });
 }
 
+/// Partition `one` gathers two appends in one batch and partition `two`'s entry shares the journal's first pass:
+/// the journal then waits for company before its next pass, and `one` builds its next batch when that wait ends.
+async fn share_a_pass(
+    journal: &Rc<Journal>,
+    one: &Rc<super::super::log::Log>,
+    two: &Rc<super::super::log::Log>,
+) {
+    let (a, b, c) = (
+        spawn_append(one, b"a"),
+        spawn_append(one, b"b"),
+        spawn_append(two, b"c"),
+    );
+    a.await.expect("appended");
+    b.await.expect("appended");
+    c.await.expect("appended");
+    assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
+    assert_eq!(journal.last_pass_entries(), 2);
+    assert_eq!(one.io_counts().0, 1);
+}
+
 /// When the commit delay ends, the logs held back for it (`next_pass`) queue their batch before the committer takes
 /// the next pass, even when another entry is already queued: the held-back batch rides that pass, not a pass of
 /// its own after it.
@@ -1095,18 +1104,7 @@ fn a_held_back_batch_rides_the_pass_an_entry_queued_during_the_delay_takes() {
             log_on(&storage, &journal, 1, 0).await,
             log_on(&storage, &journal, 2, 0).await,
         );
-        // Partition 0 gathers two appends in one batch, and partition 1's entry shares the journal's pass.
-        let (a, a2, b) = (
-            spawn_append(&one, b"a"),
-            spawn_append(&one, b"a2"),
-            spawn_append(&two, b"b"),
-        );
-        a.await.expect("appended");
-        a2.await.expect("appended");
-        b.await.expect("appended");
-        assert_eq!(journal.stats().passes, 1, "{:?}", journal.stats());
-        assert_eq!(journal.last_pass_entries(), 2);
-        assert_eq!(one.io_counts().0, 1);
+        share_a_pass(&journal, &one, &two).await;
         // In the delay: partition 2, in no pass yet, queues its entry at once; partition 0's next batch is held
         // back until the delay ends.
         let c = spawn_append(&three, b"c");
