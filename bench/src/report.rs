@@ -399,9 +399,12 @@ impl RunReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "berth bench: protocol={:?} workload={:?}{} batch={} connections/core={} client_cpus={:?} server_cpus={:?} message={}B partitions={} elapsed={:.2}s{}",
+            "berth bench: protocol={:?} workload={:?}{} batch={} connections/core={} client_cpus={:?} server_cpus={} message={}B partitions={} elapsed={:.2}s{}",
             self.args.protocol, self.args.workload, if self.args.pipeline { " (pipelined)" } else { "" }, self.args.batch,
-            self.args.connections, self.client_cpus, self.server_cpus, self.args.message_bytes,
+            self.args.connections, self.client_cpus,
+            // A server this run did not start (--server URL) runs wherever it was put.
+            if self.server_cpus.is_empty() { "external".to_string() } else { format!("{:?}", self.server_cpus) },
+            self.args.message_bytes,
             self.args.partitions, secs,
             self.args.rate.map(|r| format!(" open-loop rate={r}/s")).unwrap_or_default()
         );
@@ -460,7 +463,8 @@ impl RunReport {
             "whole server lifetime"
         };
         for ((_, what, _), cores) in SERVER_HISTOGRAMS.iter().zip(&self.server.histograms) {
-            for c in cores {
+            // A histogram with nothing in it (no frontier moved, a server without the series) says nothing.
+            for c in cores.iter().filter(|c| c.count > 0) {
                 let parts: Vec<String> = c
                     .quantiles
                     .iter()
