@@ -594,3 +594,30 @@ fn a_replace_goes_through_a_temp_file_even_when_an_overwrite_in_place_would_fit(
         task.await.unwrap();
     });
 }
+
+/// Files in a partition's directory that are not segments (a `.log` whose name is not 20 digits: a stray copy, an
+/// editor's backup) are passed over: the log opens, its records read back, and the stray file is left as it is.
+#[test]
+fn a_file_that_is_not_a_segment_is_passed_over_at_open() {
+    run(async {
+        let sim = Sim::new();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        let mut acked = Vec::new();
+        for seq in 0..3 {
+            let body = payload(0, seq);
+            acked.push((log.append(body.clone()).await.unwrap(), body));
+        }
+        log.close().await;
+        let s = storage(&sim);
+        for stray in ["5.log", "000000000000000000000.log", "-1.log", "abc.log"] {
+            s.replace(&dir().join(stray), b"not a segment".to_vec())
+                .await
+                .unwrap();
+        }
+        let log = check_survivors(&sim, &acked).await;
+        assert_eq!(log.append(payload(0, 3)).await.unwrap(), 3);
+        assert!(s.list(dir()).unwrap().contains(&"5.log".to_string()));
+    });
+}
