@@ -621,3 +621,64 @@ fn a_file_that_is_not_a_segment_is_passed_over_at_open() {
         assert!(s.list(dir()).unwrap().contains(&"5.log".to_string()));
     });
 }
+
+/// A segment lost from the middle of a log (deleted by hand, a failed restore) leaves a gap between its neighbours:
+/// at open, the gap's offsets are recorded as unreadable (skipped, never delivered), and what lies on both sides
+/// reads back.
+#[test]
+fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
+    run(async {
+        let sim = Sim::new();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        let mut acked = Vec::new();
+        let s = storage(&sim);
+        let mut seq = 0;
+        while s
+            .list(dir())
+            .unwrap()
+            .iter()
+            .filter(|n| n.ends_with(".log"))
+            .count()
+            < 4
+        {
+            let body = payload(0, seq);
+            acked.push((log.append(body.clone()).await.unwrap(), body));
+            seq += 1;
+        }
+        log.close().await;
+        let mut segments: Vec<String> = s
+            .list(dir())
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        segments.sort();
+        let base = |name: &str| name.trim_end_matches(".log").parse::<u64>().unwrap();
+        let (lost_from, lost_to) = (base(&segments[1]), base(&segments[2]));
+        assert!(lost_from < lost_to, "{segments:?}");
+        s.remove(&dir().join(&segments[1])).await.unwrap();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .expect("the log opens with a segment missing");
+        for offset in lost_from..lost_to {
+            assert_eq!(
+                log.corrupt_run_end(offset),
+                Some(lost_to),
+                "offset {offset} of the missing segment is not recorded as unreadable"
+            );
+        }
+        for (offset, body) in acked
+            .iter()
+            .filter(|(o, _)| *o < lost_from || *o >= lost_to)
+        {
+            assert_eq!(
+                &log.read(*offset).await.unwrap().payload,
+                body,
+                "offset {offset}"
+            );
+            assert_eq!(log.corrupt_run_end(*offset), None, "offset {offset}");
+        }
+    });
+}
