@@ -482,12 +482,19 @@ fn partitions_are_spread_over_every_core_and_describe_every_field() {
 fn unknown_path_is_404_not_found_and_wrong_method_is_405() {
     let server = Server::start(1, &[]);
     server.create_topic("x", "");
-    for path in ["/nope", "/", "/topicsx", "/produce/extra", "/health/"] {
+    // `/` is the status page (tests/status_page.rs).
+    for path in [
+        "/nope",
+        "/topicsx",
+        "/produce/extra",
+        "/health/",
+        "/status/",
+    ] {
         assert_error(&server.get(path), 404, "not_found");
     }
     assert_error(&server.post("/nope", b"body"), 404, "not_found");
 
-    let cases: [(&str, &str, &str); 7] = [
+    let cases: [(&str, &str, &str); 9] = [
         ("GET", "/produce?topic=x", "POST"),
         ("POST", "/topics/x", "GET"),
         ("POST", "/topics", "GET"),
@@ -495,6 +502,8 @@ fn unknown_path_is_404_not_found_and_wrong_method_is_405() {
         ("GET", "/ack?topic=x", "POST"),
         ("DELETE", "/health", "GET"),
         ("PUT", "/metrics", "GET"),
+        ("POST", "/", "GET"),
+        ("DELETE", "/status", "GET"),
     ];
     for (method, path, allowed) in cases {
         let a = server.client.call(method, path, b"").unwrap();
