@@ -115,20 +115,15 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
         let dir = Path::new("/data/journal");
         let fail = Rc::new(Cell::new(true));
         let owner = Rc::new(FailingFrontiers(fail.clone()));
-        let journal = Journal::open(
-            storage.clone(),
-            Rc::new(crate::clock::RealClock),
+        let journal = journal_at(
+            &storage,
             dir,
+            FsyncPolicy::Always,
+            4096,
             0,
-            JournalOptions {
-                fsync: FsyncPolicy::Always,
-                file_bytes: 4096,
-                commit_delay_us: 0,
-            },
             Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
         )
-        .await
-        .unwrap();
+        .await;
         let wait = |j: Rc<Journal>| async move {
             while j.checkpoints_running() > 0 {
                 glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
@@ -192,20 +187,15 @@ fn a_rotation_under_interval_sync_syncs_the_file_it_leaves_and_names_the_next_on
         storage.create_dir_all(part).unwrap();
         let dir = Path::new("/data/journal");
         let owner = Rc::new(FailingFrontiers(Rc::new(Cell::new(true))));
-        let journal = Journal::open(
-            storage.clone(),
-            Rc::new(crate::clock::RealClock),
+        let journal = journal_at(
+            &storage,
             dir,
+            FsyncPolicy::IntervalMs(3_600_000),
+            4096,
             0,
-            JournalOptions {
-                fsync: FsyncPolicy::IntervalMs(3_600_000),
-                file_bytes: 4096,
-                commit_delay_us: 0,
-            },
             Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
         )
-        .await
-        .unwrap();
+        .await;
         let mut v = 0;
         while storage.list(dir).unwrap().len() < 2 {
             v += 1;
@@ -290,20 +280,15 @@ fn stop_with_a_failing_checkpoint<C: Checkpoint + 'static>(
         let part = Path::new("/data/topics/t/0");
         storage.create_dir_all(part).unwrap();
         let dir = Path::new("/data/journal");
-        let journal = Journal::open(
-            storage.clone(),
-            Rc::new(crate::clock::RealClock),
+        let journal = journal_at(
+            &storage,
             dir,
+            FsyncPolicy::Always,
+            4096,
             0,
-            JournalOptions {
-                fsync: FsyncPolicy::Always,
-                file_bytes: 4096,
-                commit_delay_us: 0,
-            },
             Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
         )
-        .await
-        .unwrap();
+        .await;
         // Old incarnation of "g" up to 500: file 0 fills and rotates; its checkpoint's frontier write fails.
         for v in 1..=100u64 {
             journal
@@ -408,21 +393,16 @@ fn under_interval_sync_a_stop_that_keeps_its_journal_syncs_it_first() {
         let part = Path::new("/data/topics/t/0");
         storage.create_dir_all(part).unwrap();
         let dir = Path::new("/sim/journal");
-        let journal = Journal::open(
-            storage.clone(),
-            Rc::new(crate::clock::RealClock),
+        // The timer never fires within the test: only the stop can sync.
+        let journal = journal_at(
+            &storage,
             dir,
+            FsyncPolicy::IntervalMs(3_600_000),
+            1 << 20,
             0,
-            JournalOptions {
-                // The timer never fires within the test: only the stop can sync.
-                fsync: FsyncPolicy::IntervalMs(3_600_000),
-                file_bytes: 1 << 20,
-                commit_delay_us: 0,
-            },
             no_frontiers(),
         )
-        .await
-        .expect("journal opens");
+        .await;
         journal
             .commit_frontiers(frontier_entry(&[record("t", "g", 6, false)]))
             .await
@@ -748,22 +728,42 @@ fn on_sim<F: std::future::Future<Output = ()>>(
         });
 }
 
-/// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
-async fn journal_with_delay(storage: &Rc<dyn Storage>, delay_us: u64) -> Rc<Journal> {
+/// A journal of core 0 in `dir` on `storage` (real clock), as the tests set it up.
+async fn journal_at(
+    storage: &Rc<dyn Storage>,
+    dir: &Path,
+    fsync: FsyncPolicy,
+    file_bytes: u64,
+    commit_delay_us: u64,
+    owner: std::rc::Weak<dyn Checkpoint>,
+) -> Rc<Journal> {
     Journal::open(
         storage.clone(),
         Rc::new(crate::clock::RealClock),
-        Path::new("/sim/journal"),
+        dir,
         0,
         JournalOptions {
-            fsync: FsyncPolicy::Always,
-            file_bytes: 1 << 20,
-            commit_delay_us: delay_us,
+            fsync,
+            file_bytes,
+            commit_delay_us,
         },
-        no_frontiers(),
+        owner,
     )
     .await
     .expect("journal opens")
+}
+
+/// A journal under fsync `always` on `storage` (real clock) with a commit delay of `delay_us`.
+async fn journal_with_delay(storage: &Rc<dyn Storage>, delay_us: u64) -> Rc<Journal> {
+    journal_at(
+        storage,
+        Path::new("/sim/journal"),
+        FsyncPolicy::Always,
+        1 << 20,
+        delay_us,
+        no_frontiers(),
+    )
+    .await
 }
 
 /// A function that commits an entry of `records` records (of a segment `/sim/seg`) to `journal` in a task of its
@@ -898,20 +898,15 @@ fn the_counters_count_each_pass_entry_record_byte_and_sync() {
         assert_eq!(five.bytes, 5 * entry_bytes, "{five:?}");
         journal.close().await;
 
-        let interval = Journal::open(
-            storage.clone(),
-            Rc::new(crate::clock::RealClock),
+        let interval = journal_at(
+            &storage,
             Path::new("/sim/journal-interval"),
+            FsyncPolicy::IntervalMs(3_600_000),
+            1 << 20,
             0,
-            JournalOptions {
-                fsync: FsyncPolicy::IntervalMs(3_600_000),
-                file_bytes: 1 << 20,
-                commit_delay_us: 0,
-            },
             no_frontiers(),
         )
-        .await
-        .expect("journal opens");
+        .await;
         let commit = committer(&storage, &interval).await;
         commit(1).await.expect("committed");
         assert_eq!(interval.stats().syncs, 0, "interval: no sync per pass");
