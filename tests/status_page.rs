@@ -131,6 +131,15 @@ fn the_page_shows_the_topics_counts_and_latency_plots_that_follow_the_traffic() 
             "{field} of orders/default in the page"
         );
     }
+    // The oldest unsettled message was produced seconds ago (the page shows its age, not a dash).
+    let oldest = cell(&dom, "orders", "default", "oldest").unwrap_or_default();
+    assert!(
+        oldest
+            .strip_suffix(" s")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n < 60),
+        "the oldest unsettled message's age in seconds: {oldest:?}"
+    );
     assert!(
         dom.contains("id=\"fsync\">always<"),
         "the node's fsync policy shown"

@@ -658,6 +658,25 @@ pub fn render(stats: &[CoreStats]) -> String {
             }
         }
     }
+    // Only groups with an unsettled record have one (a 0 would read as an age of 56 years).
+    let _ = writeln!(
+        out,
+        "# HELP berth_oldest_unsettled_timestamp_ms append time (Unix ms) of the group's oldest unsettled record\n\
+         # TYPE berth_oldest_unsettled_timestamp_ms gauge"
+    );
+    for s in stats {
+        for (topic, p) in &s.partitions {
+            for g in &p.groups {
+                if let Some(ms) = g.oldest_unsettled_ms {
+                    let _ = writeln!(
+                        out,
+                        "berth_oldest_unsettled_timestamp_ms{{core=\"{}\",topic=\"{topic}\",partition=\"{}\",group=\"{}\"}} {ms}",
+                        s.core, p.partition, g.group
+                    );
+                }
+            }
+        }
+    }
     let gauges: [Gauge; 4] = [
         (
             "log_batches_total",

@@ -43,6 +43,8 @@ pub struct Node<'a> {
     /// (total, available) bytes of the data directory's file system.
     pub disk: Option<(u64, u64)>,
     pub uptime_ms: u64,
+    /// Wall time (Unix ms) the oldest unsettled records' ages are counted to.
+    pub now_ms: u64,
 }
 
 impl<'a> Node<'a> {
@@ -53,6 +55,9 @@ impl<'a> Node<'a> {
             clustered,
             disk: disk_of(&config.data_dir),
             uptime_ms: uptime_ms(),
+            now_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         }
     }
 }
@@ -87,6 +92,8 @@ struct GroupSum {
     delayed: u64,
     acked_ahead: u64,
     counters: [u64; 9],
+    /// Append time of the oldest unsettled record over the topic's partitions.
+    oldest_ms: Option<u64>,
 }
 
 #[derive(Default)]
@@ -145,6 +152,10 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
                 sum.leased += g.in_flight as u64;
                 sum.delayed += g.delayed as u64;
                 sum.acked_ahead += g.acked_ahead as u64;
+                sum.oldest_ms = match (sum.oldest_ms, g.oldest_unsettled_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 for (a, b) in sum.counters.iter_mut().zip(g.counters) {
                     *a += b;
                 }
@@ -170,6 +181,7 @@ pub fn render(node: &Node, stats: &[CoreStats]) -> Value {
                         "nacked": g.counters[3],
                         "expired": g.counters[5],
                         "dead_lettered": g.counters[7],
+                        "oldest_unsettled_age_ms": g.oldest_ms.map(|ms| node.now_ms.saturating_sub(ms)),
                     })
                 })
                 .collect();
@@ -241,6 +253,7 @@ mod tests {
             acked_ahead,
             corrupt_skipped: 0,
             counters,
+            oldest_unsettled_ms: (committed < 10).then_some(1_000 + committed),
         }
     }
 
@@ -273,6 +286,7 @@ mod tests {
             clustered: false,
             disk: Some((1000, 400)),
             uptime_ms: 5,
+            now_ms: 10_000,
         };
         let stats = [
             // Partition 0: offsets 0..10, settled below 4, 2 acked above it, 3 leased, 1 delayed: 4 unsettled.
@@ -307,6 +321,8 @@ mod tests {
             ),
             (&json!(16), &json!(3), &json!(1), &json!(12), &json!(6))
         );
+        // The oldest unsettled record over the partitions: partition 2's (appended at 1,003), 8,997 ms ago.
+        assert_eq!(g["oldest_unsettled_age_ms"], 8_997);
         let produce = &v["cores"][1]["latency"]["produce"];
         assert_eq!(
             (&produce["count"], &produce["p50_us"], &produce["p99_us"]),

@@ -16,6 +16,9 @@ pub struct GroupInfo {
     pub corrupt_skipped: u64,
     /// delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered, retention_skipped.
     pub counters: [u64; 9],
+    /// Append time (Unix ms) of its oldest unsettled record, the one at its frontier; `None` when every readable
+    /// record is settled (or that record cannot be read).
+    pub oldest_unsettled_ms: Option<u64>,
 }
 
 /// How far a follower replica has a partition, as its leader knows it.
@@ -139,12 +142,31 @@ pub mod whole_infos {
 }
 
 impl Partition {
+    /// The append time of group `g`'s oldest unsettled record, the one at its frontier `committed` (or at the oldest
+    /// retained offset when retention passed the frontier); `None` when it has no readable unsettled record. Read
+    /// from the log once per frontier position and cached in the group, so a describe while the frontier stands
+    /// still reads nothing.
+    async fn oldest_unsettled_ms(&self, g: &Group, committed: u64) -> Option<u64> {
+        let offset = committed.max(self.log.start_offset());
+        if offset >= self.readable_end() {
+            return None;
+        }
+        if let Some((cached, ms)) = g.oldest.get() {
+            if cached == offset {
+                return Some(ms);
+            }
+        }
+        let ms = self.log.read(offset).await.ok()?.timestamp_ms;
+        g.oldest.set(Some((offset, ms)));
+        Some(ms)
+    }
+
     /// A snapshot for describe and metrics (loads the shards: describe counts as a touch). A partition whose
     /// frontier cannot be read shows the durable frontiers it knows of and no leases.
     pub async fn info(&self) -> PartitionInfo {
         let _ = self.ensure_loaded().await;
         let lost = self.lost_below_frontier.get();
-        let groups: Vec<GroupInfo> = self
+        let mut groups: Vec<GroupInfo> = self
             .groups
             .borrow()
             .values()
@@ -180,9 +202,14 @@ impl Partition {
                         c.dead_lettered.get(),
                         c.retention_skipped.get(),
                     ],
+                    oldest_unsettled_ms: None,
                 }
             })
             .collect();
+        let handles: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        for (info, g) in groups.iter_mut().zip(&handles) {
+            info.oldest_unsettled_ms = self.oldest_unsettled_ms(g, info.committed).await;
+        }
         let default = groups.iter().find(|g| g.group == DEFAULT_GROUP);
         PartitionInfo {
             partition: self.id,

@@ -119,6 +119,9 @@ pub struct Group {
     /// The lease shard: None until the partition is loaded.
     shard: RefCell<Option<InFlight>>,
     pub counters: GroupCounters,
+    /// (offset, append time in Unix ms) of the record at its frontier when describe last read it: the oldest
+    /// unsettled record's age costs one log read per frontier position, not one per describe.
+    oldest: Cell<Option<(u64, u64)>>,
 }
 
 impl Group {
@@ -128,6 +131,7 @@ impl Group {
             frontier: frontier::FrontierState::new(dir.join(frontier::file_name(name))),
             shard: RefCell::new(None),
             counters: GroupCounters::default(),
+            oldest: Cell::new(None),
         })
     }
 

@@ -75,6 +75,7 @@ fn info_value() -> PartitionInfo {
             acked_ahead: 0,
             corrupt_skipped: 7,
             counters: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            oldest_unsettled_ms: Some(1_700_000_000_000),
         }],
         counters: [11, 12],
         io_counts: (13, 14),
