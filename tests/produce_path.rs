@@ -1101,3 +1101,72 @@ fn garbage_and_malformed_requests_get_400_and_the_server_stays_up() {
     assert_healthy(&server);
     assert_eq!(server.produce("g", "", b"fine"), (0, 0));
 }
+
+/// A memlock limit below the io_uring buffers the cores register (a non-root user's usual 8 MiB against 10 MiB per
+/// core and ring) gives one log line with the remedy, not glommio's multi-line warning per ring of every executor
+/// (vendor/glommio/BERTH.md). Run through `prlimit` (and, as root, `setpriv` dropping CAP_IPC_LOCK, which would lift
+/// the limit).
+#[test]
+fn a_low_memlock_limit_is_explained_in_one_line() {
+    let root = unsafe { libc::geteuid() } == 0;
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = tmp.path().join("log");
+    // 8 MiB, or the hard limit in force if lower (only root may raise it).
+    let mut hard = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut hard) },
+        0
+    );
+    let limit = hard.rlim_max.min(8 << 20);
+    let mut cmd = Command::new("prlimit");
+    cmd.arg(format!("--memlock={limit}:{limit}"));
+    if root {
+        cmd.args([
+            "setpriv",
+            "--bounding-set=-ipc_lock",
+            "--inh-caps=-ipc_lock",
+        ]);
+    }
+    let child = cmd
+        .arg(env!("CARGO_BIN_EXE_berth"))
+        .args(["serve", "--cores", "2", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(tmp.path().join("data"))
+        .env_remove("BERTH_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("prlimit (util-linux) runs");
+    let mut child = Some(child);
+    let client = Client::new(&format!("http://127.0.0.1:{port}"));
+    common::await_healthy(&client, &mut child, Duration::from_secs(30), "berth", &log);
+    // It serves as usual.
+    assert_eq!(client.call("PUT", "/topics/t", &[]).unwrap().status, 201);
+    assert_eq!(
+        client
+            .call("POST", "/produce?topic=t", b"m")
+            .unwrap()
+            .status,
+        200
+    );
+    let mut child = child.unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN glommio"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one warning from glommio: {text}");
+    assert!(
+        warned[0].contains("raise the memlock limit (`ulimit -l`"),
+        "{text}"
+    );
+    assert!(!text.contains("Skipping"), "glommio's own warnings: {text}");
+}

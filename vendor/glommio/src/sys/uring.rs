@@ -1300,6 +1300,20 @@ macro_rules! flush_rings {
     }}
 }
 
+// berth: one line per process, with the remedy, where glommio logged the error's multi-line Debug once per ring of
+// every executor. The kernel counts registered (pinned) buffers against RLIMIT_MEMLOCK without CAP_IPC_LOCK; the
+// reactor goes on without them (reads into unregistered buffers).
+fn registration_refused(ring: &str, e: &io::Error) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn!(
+            "io_uring refused to register the {ring} ring's buffers ({e}): reads go through unregistered buffers; \
+             raise the memlock limit (`ulimit -l`, LimitMEMLOCK= in a systemd unit; it counts io_memory_bytes per \
+             core and ring) or lower io_memory_bytes"
+        );
+    }
+}
+
 fn align_up(v: usize, align: usize) -> usize {
     (v + align - 1) & !(align - 1)
 }
@@ -1334,16 +1348,16 @@ impl Reactor {
             SleepableRing::new(ring_depth, "latency", allocator.clone(), source_map.clone())?;
 
         match main_ring.registrar().register_buffers_by_ref(&registry) {
-            Err(x) => warn!("Error: registering buffers in the main ring. Skipping{x:#?}"),
+            Err(x) => registration_refused("main", &x),
             Ok(_) => match poll_ring.registrar().register_buffers_by_ref(&registry) {
                 Err(x) => {
-                    warn!("Error: registering buffers in the poll ring. Skipping{x:#?}");
+                    registration_refused("poll", &x);
                     main_ring.registrar().unregister_buffers().unwrap();
                 }
                 Ok(_) => {
                     match latency_ring.registrar().register_buffers_by_ref(&registry) {
                         Err(x) => {
-                            warn!("Error: registering buffers in the poll ring. Skipping{x:#?}");
+                            registration_refused("latency", &x);
                             poll_ring.registrar().unregister_buffers().unwrap();
                             main_ring.registrar().unregister_buffers().unwrap();
                         }
