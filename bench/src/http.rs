@@ -15,6 +15,27 @@ use std::time::Instant;
 /// limit of the server, 16 MiB, does).
 const MAX_REPLY_BYTES: usize = 64 << 20;
 
+/// `authorization: Bearer TOKEN\r\n` when a token was given (`--auth-token`), sent with every request.
+static AUTH_HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sends `token` with every request from now on; refused if it could not be one header value.
+pub fn set_auth_token(token: &str) -> Result<(), String> {
+    if token.is_empty() || token.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+        return Err("--auth-token: empty, or not printable ASCII without spaces".into());
+    }
+    let _ = AUTH_HEADER.set(format!("authorization: Bearer {token}\r\n"));
+    Ok(())
+}
+
+/// The token given to [`set_auth_token`], for the control-plane client.
+pub fn auth_token() -> Option<String> {
+    AUTH_HEADER.get().map(|h| {
+        h.trim_start_matches("authorization: Bearer ")
+            .trim_end()
+            .to_string()
+    })
+}
+
 /// A response as the load generator needs it.
 pub struct Reply {
     pub status: u16,
@@ -103,10 +124,11 @@ impl Conn {
         use std::io::Write;
         let _ = write!(
             self.out,
-            "{} {} HTTP/1.1\r\nhost: {}\r\n{}content-length: {}\r\n\r\n",
+            "{} {} HTTP/1.1\r\nhost: {}\r\n{}{}content-length: {}\r\n\r\n",
             req.method,
             req.path,
             self.host,
+            AUTH_HEADER.get().map_or("", String::as_str),
             req.headers,
             req.body.len()
         );

@@ -88,6 +88,9 @@ struct Cli {
     /// --tls-cert-file.
     #[arg(long, env = "BERTH_CACERT")]
     cacert: Option<PathBuf>,
+    /// The bearer token an external server requires (one started with --auth-token-file), sent with every request.
+    #[arg(long, env = "BERTH_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
     #[command(flatten)]
     args: BenchArgs,
 }
@@ -95,6 +98,12 @@ struct Cli {
 fn main() {
     use clap::Parser as _;
     let cli = Cli::parse();
+    if let Some(token) = &cli.auth_token {
+        if let Err(e) = http::set_auth_token(token) {
+            eprintln!("berth-bench: {e}");
+            std::process::exit(2);
+        }
+    }
     if let Err(e) = run(&cli.args, cli.server.as_deref(), cli.cacert.as_deref()) {
         eprintln!("berth-bench: {e}");
         std::process::exit(1);
@@ -390,11 +399,17 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
     let clients: Vec<berth::client::Client> = match cacert {
         None => addrs
             .iter()
-            .map(|a| berth::client::Client::new(&format!("http://{a}")))
+            .map(|a| {
+                berth::client::Client::new(&format!("http://{a}")).with_token(http::auth_token())
+            })
             .collect(),
         Some(ca) => addrs
             .iter()
-            .map(|a| berth::client::Client::new(&format!("https://{a}")).with_ca_file(ca))
+            .map(|a| {
+                berth::client::Client::new(&format!("https://{a}"))
+                    .with_token(http::auth_token())
+                    .with_ca_file(ca)
+            })
             .collect::<Result<_, _>>()?,
     };
     let client = &clients[0];
