@@ -661,8 +661,8 @@ pub fn render(stats: &[CoreStats]) -> String {
     // Only groups with an unsettled record have one (a 0 would read as an age of 56 years).
     let _ = writeln!(
         out,
-        "# HELP berth_oldest_unsettled_timestamp_ms append time (Unix ms) of the group's oldest unsettled record\n\
-         # TYPE berth_oldest_unsettled_timestamp_ms gauge"
+        "# HELP berth_oldest_unsettled_timestamp_seconds append time (Unix seconds) of the group's oldest unsettled record\n\
+         # TYPE berth_oldest_unsettled_timestamp_seconds gauge"
     );
     for s in stats {
         for (topic, p) in &s.partitions {
@@ -670,8 +670,8 @@ pub fn render(stats: &[CoreStats]) -> String {
                 if let Some(ms) = g.oldest_unsettled_ms {
                     let _ = writeln!(
                         out,
-                        "berth_oldest_unsettled_timestamp_ms{{core=\"{}\",topic=\"{topic}\",partition=\"{}\",group=\"{}\"}} {ms}",
-                        s.core, p.partition, g.group
+                        "berth_oldest_unsettled_timestamp_seconds{{core=\"{}\",topic=\"{topic}\",partition=\"{}\",group=\"{}\"}} {}.{:03}",
+                        s.core, p.partition, g.group, ms / 1000, ms % 1000
                     );
                 }
             }
@@ -798,5 +798,53 @@ mod tests {
                 format!("berth_request_duration_seconds_count{{core=\"3\",op=\"{op}\"}} {n}\n");
             assert!(out.contains(&line), "{line} in {out}");
         }
+    }
+
+    /// A group with an unsettled record has its append time in seconds (to the ms); one without has no line.
+    #[test]
+    fn the_oldest_unsettled_record_is_rendered_only_where_there_is_one() {
+        use crate::partition::{GroupInfo, PartitionInfo};
+        let group = |name: &str, oldest| GroupInfo {
+            group: name.into(),
+            committed: 0,
+            durable: 0,
+            in_flight: 0,
+            delayed: 0,
+            acked_ahead: 0,
+            corrupt_skipped: 0,
+            counters: [0; 9],
+            oldest_unsettled_ms: oldest,
+        };
+        let partition = PartitionInfo {
+            partition: 2,
+            core: 0,
+            start_offset: 0,
+            end_offset: 1,
+            committed: 0,
+            durable: 0,
+            in_flight: 0,
+            acked_ahead: 0,
+            corrupt_skipped: 0,
+            groups: vec![group("a", Some(1_700_000_000_007)), group("b", None)],
+            counters: [0; 2],
+            io_counts: (0, 0),
+            followers: Vec::new(),
+            commit_offset: None,
+        };
+        let stats = CoreStats {
+            partitions: vec![("t".into(), partition)],
+            ..CoreStats::empty(1)
+        };
+        let out = render(&[stats]);
+        assert!(
+            out.contains("berth_oldest_unsettled_timestamp_seconds{core=\"1\",topic=\"t\",partition=\"2\",group=\"a\"} 1700000000.007\n"),
+            "{out}"
+        );
+        assert!(!out.contains("group=\"b\"} 1700"), "{out}");
+        assert_eq!(
+            out.matches("berth_oldest_unsettled_timestamp_seconds{")
+                .count(),
+            1
+        );
     }
 }

@@ -672,7 +672,7 @@ impl Engine {
     pub async fn stats(&self) -> metrics::CoreStats {
         let mut partitions = Vec::new();
         for (topic, p) in self.owned_partitions() {
-            partitions.push((topic.name(), p.info().await));
+            partitions.push((topic.name(), p.info_with_ages().await));
         }
         let m = &self.metrics;
         metrics::CoreStats {

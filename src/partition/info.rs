@@ -17,7 +17,8 @@ pub struct GroupInfo {
     /// delivered, redelivered, acked, nacked, extended, expired, lease_gone, dead_lettered, retention_skipped.
     pub counters: [u64; 9],
     /// Append time (Unix ms) of its oldest unsettled record, the one at its frontier; `None` when every readable
-    /// record is settled (or that record cannot be read).
+    /// record is settled, when that record cannot be read, and in describe's snapshot (only the stats read it:
+    /// [`Partition::info_with_ages`]).
     pub oldest_unsettled_ms: Option<u64>,
 }
 
@@ -144,21 +145,38 @@ pub mod whole_infos {
 impl Partition {
     /// The append time of group `g`'s oldest unsettled record, the one at its frontier `committed` (or at the oldest
     /// retained offset when retention passed the frontier); `None` when it has no readable unsettled record. Read
-    /// from the log once per frontier position and cached in the group, so a describe while the frontier stands
-    /// still reads nothing.
-    async fn oldest_unsettled_ms(&self, g: &Group, committed: u64) -> Option<u64> {
+    /// from the log once per frontier position and cached in the group (a failed read too), so stats taken while
+    /// the frontier stands still read nothing. The read is a whole record's (a consume's read path: the tail
+    /// cache, the write-behind buffer, the files); one per moved frontier per stats request.
+    async fn oldest_unsettled_ms(&self, g: &Group, committed: u64, end: u64) -> Option<u64> {
         let offset = committed.max(self.log.start_offset());
-        if offset >= self.readable_end() {
+        if offset >= end {
             return None;
         }
         if let Some((cached, ms)) = g.oldest.get() {
             if cached == offset {
-                return Some(ms);
+                return ms;
             }
         }
-        let ms = self.log.read(offset).await.ok()?.timestamp_ms;
+        let ms = self.log.read(offset).await.ok().map(|r| r.timestamp_ms);
         g.oldest.set(Some((offset, ms)));
-        Some(ms)
+        ms
+    }
+
+    /// [`Partition::info`] with each group's `oldest_unsettled_ms` (for `/status` and `/metrics`; describe does not
+    /// show it and reads nothing for it). The snapshot's other fields are taken before the reads.
+    pub async fn info_with_ages(&self) -> PartitionInfo {
+        let mut info = self.info().await;
+        let end = info.commit_offset.unwrap_or(info.end_offset);
+        let handles: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        for g in handles {
+            let Some(i) = info.groups.iter().position(|x| x.group == g.name) else {
+                continue;
+            };
+            let committed = info.groups[i].committed;
+            info.groups[i].oldest_unsettled_ms = self.oldest_unsettled_ms(&g, committed, end).await;
+        }
+        info
     }
 
     /// A snapshot for describe and metrics (loads the shards: describe counts as a touch). A partition whose
@@ -166,7 +184,7 @@ impl Partition {
     pub async fn info(&self) -> PartitionInfo {
         let _ = self.ensure_loaded().await;
         let lost = self.lost_below_frontier.get();
-        let mut groups: Vec<GroupInfo> = self
+        let groups: Vec<GroupInfo> = self
             .groups
             .borrow()
             .values()
@@ -206,10 +224,6 @@ impl Partition {
                 }
             })
             .collect();
-        let handles: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
-        for (info, g) in groups.iter_mut().zip(&handles) {
-            info.oldest_unsettled_ms = self.oldest_unsettled_ms(g, info.committed).await;
-        }
         let default = groups.iter().find(|g| g.group == DEFAULT_GROUP);
         PartitionInfo {
             partition: self.id,

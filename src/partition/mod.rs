@@ -119,9 +119,10 @@ pub struct Group {
     /// The lease shard: None until the partition is loaded.
     shard: RefCell<Option<InFlight>>,
     pub counters: GroupCounters,
-    /// (offset, append time in Unix ms) of the record at its frontier when describe last read it: the oldest
-    /// unsettled record's age costs one log read per frontier position, not one per describe.
-    oldest: Cell<Option<(u64, u64)>>,
+    /// (offset, append time in Unix ms, or None if it could not be read) of the record at its frontier when the
+    /// stats last read it: the oldest unsettled record's age costs one log read per frontier position, not one per
+    /// `/status` or `/metrics` (and an unreadable record is not read, nor logged, again).
+    oldest: Cell<Option<(u64, Option<u64>)>>,
 }
 
 impl Group {
