@@ -438,6 +438,13 @@ type CoreSeries = (
 /// Renders every core's snapshot as Prometheus text exposition.
 pub fn render(stats: &[CoreStats]) -> String {
     let mut out = String::with_capacity(4096);
+    // Which build answers (a dashboard joins it to tell versions apart during a rolling upgrade).
+    let _ = writeln!(
+        out,
+        "# HELP berth_build_info the server's version (value 1)\n# TYPE berth_build_info gauge\n\
+         berth_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
     let core_series: [CoreSeries; 10] = [
         (
             "connections_open",
@@ -789,6 +796,13 @@ mod tests {
             ..CoreStats::empty(3)
         };
         let out = render(&[stats]);
+        assert!(
+            out.contains(&format!(
+                "\nberth_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{out}"
+        );
         assert!(
             out.contains("berth_requests_total{core=\"3\"} 5\n"),
             "{out}"
