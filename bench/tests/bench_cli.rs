@@ -318,6 +318,10 @@ fn a_token_protected_server_is_loaded_with_auth_token() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // A server this run did not start: its CPUs are said to be external, not an empty list.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(" server_cpus=external "), "{stdout}");
+    assert!(!stdout.contains("server_cpus=[]"), "{stdout}");
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     for op in ["produce", "consume", "ack"] {
         let m = &doc["clients"]["all"][op];
