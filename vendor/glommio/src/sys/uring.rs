@@ -1308,8 +1308,8 @@ fn registration_refused(ring: &str, e: &io::Error) {
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         warn!(
             "io_uring refused to register the {ring} ring's buffers ({e}): reads go through unregistered buffers; \
-             raise the memlock limit (`ulimit -l`, LimitMEMLOCK= in a systemd unit; it counts io_memory_bytes per \
-             core and ring) or lower io_memory_bytes"
+             raise the memlock limit (`ulimit -l`, LimitMEMLOCK= in a systemd unit; each core registers \
+             io_memory_bytes) or lower io_memory_bytes"
         );
     }
 }
