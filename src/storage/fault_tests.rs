@@ -643,6 +643,8 @@ fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
             .count()
             < 4
         {
+            // Bounded: a log that never rolls fails here instead of hanging the suite.
+            assert!(seq < 10_000, "4 segments not reached after {seq} appends");
             let body = payload(0, seq);
             acked.push((log.append(body.clone()).await.unwrap(), body));
             seq += 1;
