@@ -356,7 +356,15 @@ fn a_follower_queues_at_most_max_queued_ships_batches() {
         let (lj, leader, shipped) = leader(&sa).await;
         let (fj, follower) = open(&sb).await;
         let mut rng = Rng(3);
+        let mut rounds = 0;
         while shipped.borrow().len() <= MAX_QUEUED_SHIPS {
+            // Bounded: a leader that ships nothing fails here instead of hanging the suite.
+            rounds += 1;
+            assert!(
+                rounds < 100_000,
+                "the leader shipped only {} batches",
+                shipped.borrow().len()
+            );
             produce(&leader, &mut rng, 4).await;
         }
         let batches = std::mem::take(&mut *shipped.borrow_mut());
