@@ -685,21 +685,26 @@ fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
     });
 }
 
+/// A log on `sim` with `n` records appended (one segment), closed: their bodies and the segment's path.
+async fn one_closed_segment(sim: &Rc<Sim>, n: usize) -> (Vec<Bytes>, std::path::PathBuf) {
+    let log = Log::open(storage(sim), clock(), dir(), OPTS).await.unwrap();
+    let bodies: Vec<Bytes> = (0..n).map(|i| payload(0, i)).collect();
+    for b in &bodies {
+        log.append(b.clone()).await.unwrap();
+    }
+    log.close().await;
+    let path = dir().join("00000000000000000000.log");
+    assert!(sim.contents(&path).is_some(), "one segment holds them");
+    (bodies, path)
+}
+
 /// A frame damaged in the middle of a segment is found at open and recorded as one unreadable offset (never
 /// delivered, counted as corrupt), its neighbours untouched.
 #[test]
 fn a_frame_damaged_in_the_middle_is_one_unreadable_offset_at_open() {
     run(async {
         let sim = Sim::new();
-        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
-            .await
-            .unwrap();
-        let bodies: Vec<Bytes> = (0..5).map(|i| payload(0, i)).collect();
-        for b in &bodies {
-            log.append(b.clone()).await.unwrap();
-        }
-        log.close().await;
-        let path = dir().join("00000000000000000000.log");
+        let (bodies, path) = one_closed_segment(&sim, 5).await;
         let start_of_2: usize = bodies[..2]
             .iter()
             .map(|b| super::frame::encoded_len(b.len()))
@@ -732,15 +737,7 @@ fn a_frame_damaged_in_the_middle_is_one_unreadable_offset_at_open() {
 fn a_torn_tail_is_cut_at_open_and_the_next_append_follows_the_last_frame() {
     run(async {
         let sim = Sim::new();
-        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
-            .await
-            .unwrap();
-        let bodies: Vec<Bytes> = (0..3).map(|i| payload(0, i)).collect();
-        for b in &bodies {
-            log.append(b.clone()).await.unwrap();
-        }
-        log.close().await;
-        let path = dir().join("00000000000000000000.log");
+        let (bodies, path) = one_closed_segment(&sim, 3).await;
         let whole: usize = bodies
             .iter()
             .map(|b| super::frame::encoded_len(b.len()))
