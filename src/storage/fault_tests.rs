@@ -767,3 +767,41 @@ fn a_torn_tail_is_cut_at_open_and_the_next_append_follows_the_last_frame() {
         assert_eq!(&log.read(3).await.unwrap().payload[..], b"d");
     });
 }
+
+/// Appends queued together are written as one batch only while they fit the segment size: two records of 3,000 bytes
+/// queued at once against 4 KiB segments go to two segments, each within its size (a batch past it would make a
+/// segment larger than `segment_bytes`, which a follower takes only at a segment's start), and both read back.
+#[test]
+fn appends_queued_together_never_batch_past_the_segment_size() {
+    run(async {
+        let sim = Sim::new();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        let bodies = [Bytes::from(vec![b'a'; 3000]), Bytes::from(vec![b'b'; 3000])];
+        let (a, b) =
+            futures_lite::future::zip(log.append(bodies[0].clone()), log.append(bodies[1].clone()))
+                .await;
+        assert_eq!((a.unwrap(), b.unwrap()), (0, 1));
+        log.close().await;
+        let s = storage(&sim);
+        let mut segments: Vec<String> = s
+            .list(dir())
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        segments.sort();
+        assert_eq!(segments.len(), 2, "{segments:?}");
+        for name in &segments {
+            let len = sim.contents(&dir().join(name)).unwrap().len();
+            assert!(len <= OPTS.segment_bytes as usize, "{name}: {len} bytes");
+        }
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        for (offset, body) in bodies.iter().enumerate() {
+            assert_eq!(&log.read(offset as u64).await.unwrap().payload, body);
+        }
+    });
+}
