@@ -635,14 +635,7 @@ fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
         let mut acked = Vec::new();
         let s = storage(&sim);
         let mut seq = 0;
-        while s
-            .list(dir())
-            .unwrap()
-            .iter()
-            .filter(|n| n.ends_with(".log"))
-            .count()
-            < 4
-        {
+        while segment_names(&sim).len() < 4 {
             // Bounded: a log that never rolls fails here instead of hanging the suite.
             assert!(seq < 10_000, "4 segments not reached after {seq} appends");
             let body = payload(0, seq);
@@ -650,13 +643,7 @@ fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
             seq += 1;
         }
         log.close().await;
-        let mut segments: Vec<String> = s
-            .list(dir())
-            .unwrap()
-            .into_iter()
-            .filter(|n| n.ends_with(".log"))
-            .collect();
-        segments.sort();
+        let segments = segment_names(&sim);
         let base = |name: &str| name.trim_end_matches(".log").parse::<u64>().unwrap();
         let (lost_from, lost_to) = (base(&segments[1]), base(&segments[2]));
         assert!(lost_from < lost_to, "{segments:?}");
@@ -683,6 +670,18 @@ fn a_segment_missing_between_two_others_is_recorded_as_a_gap_at_open() {
             assert_eq!(log.corrupt_run_end(*offset), None, "offset {offset}");
         }
     });
+}
+
+/// The segment files in the test partition's directory, in offset order.
+fn segment_names(sim: &Rc<Sim>) -> Vec<String> {
+    let mut names: Vec<String> = storage(sim)
+        .list(dir())
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".log"))
+        .collect();
+    names.sort();
+    names
 }
 
 /// A log on `sim` with `n` records appended (one segment), closed: their bodies and the segment's path.
@@ -784,14 +783,7 @@ fn appends_queued_together_never_batch_past_the_segment_size() {
                 .await;
         assert_eq!((a.unwrap(), b.unwrap()), (0, 1));
         log.close().await;
-        let s = storage(&sim);
-        let mut segments: Vec<String> = s
-            .list(dir())
-            .unwrap()
-            .into_iter()
-            .filter(|n| n.ends_with(".log"))
-            .collect();
-        segments.sort();
+        let segments = segment_names(&sim);
         assert_eq!(segments.len(), 2, "{segments:?}");
         for name in &segments {
             let len = sim.contents(&dir().join(name)).unwrap().len();
