@@ -100,7 +100,7 @@ pub const MAX_FRONTIER_MARKS: usize = crate::engine::topic::MAX_GROUPS_LIMIT;
 /// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
 /// group this replica does not know are passed over, unless they start it.
 pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
-    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
+    let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
     let max_groups = engine.topic(&r.topic)?.config().max_groups;
     partition
         .follow_frontiers(&r.marks, max_groups)
@@ -109,9 +109,10 @@ pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpRe
 }
 
 /// This core's follower replica of a partition led by `leader` at `epoch`, or why there is none. For a replica
-/// held here, a request from an older epoch than this node's metadata knows is `stale_epoch` (its sender no longer
-/// leads); from a newer one, `partition_unavailable` (this node has not heard of that leadership yet: the sender
-/// retries).
+/// held here, a request from an older epoch than this node's metadata knows, or than the replica's durable floor,
+/// is `stale_epoch` (its sender no longer leads); from a newer one than the metadata knows,
+/// `partition_unavailable` (this node has not heard of that leadership yet: the sender retries). The caller raises
+/// the floor to `epoch` ([`fenced`]) before it answers.
 fn followed(
     engine: &Rc<Engine>,
     topic_name: &str,
@@ -132,14 +133,17 @@ fn followed(
             engine.id()
         ))
     })?;
-    // A replica here: the epoch first, so that a leader that was replaced learns it (`stale_epoch`).
-    let known = topic.epoch(p);
+    // A replica here: the epoch first, so that a leader that was replaced learns it (`stale_epoch`). Below what
+    // the metadata names, or below the replica's durable floor (a promise to a newer leader that this node's
+    // metadata may not show yet).
+    let known = topic.epoch(p).max(partition.epoch_floor());
     if epoch < known {
         return Err(crate::partition::PartitionError::StaleEpoch { epoch, known }.into());
     }
-    if epoch > known {
+    if epoch > topic.epoch(p) {
         return Err(OpError::PartitionUnavailable(format!(
-            "partition {p} of '{topic_name}' is at epoch {known} here, not yet {epoch}"
+            "partition {p} of '{topic_name}' is at epoch {} here, not yet {epoch}",
+            topic.epoch(p)
         )));
     }
     if topic.location(p).node != leader {
@@ -150,9 +154,25 @@ fn followed(
     Ok(partition)
 }
 
+/// [`followed`], with the replica's durable epoch floor raised to `epoch` (a write only when the epoch moved):
+/// once this replica answered a leader at an epoch, it never takes an older one's requests again, crash or not.
+async fn fenced(
+    engine: &Rc<Engine>,
+    topic_name: &str,
+    topic_id: u64,
+    p: u32,
+    leader: NodeIndex,
+    epoch: u64,
+) -> OpResult<Rc<crate::partition::Partition>> {
+    let partition = followed(engine, topic_name, topic_id, p, leader, epoch)?;
+    partition.raise_epoch_floor(epoch).await?;
+    // Looked at again: a newer leader's request, or the metadata, may have moved on while the floor was written.
+    followed(engine, topic_name, topic_id, p, leader, epoch)
+}
+
 /// Applies a shipped batch on the core holding this node's follower replica of its partition.
 pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
-    let partition = followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
+    let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
     let log = &partition.log;
     if r.count == 0 {
         // A probe (the leader opened the partition): where this replica's log ends.
@@ -202,11 +222,16 @@ mod tests {
     /// One core of node 0 on a simulated disk, holding the follower replica of a topic's one partition, which node
     /// 1 leads at `epoch`.
     async fn follower_at(epoch: u64) -> (Rc<Engine>, TopicConfig, Vec<Location>) {
+        follower_on(Sim::new(), epoch).await
+    }
+
+    /// [`follower_at`] on a given simulated disk (a restart: the disk a crash or a power cut left).
+    async fn follower_on(sim: Rc<Sim>, epoch: u64) -> (Rc<Engine>, TopicConfig, Vec<Location>) {
         let config = Rc::new(Config {
             data_dir: PathBuf::from("/sim"),
             ..Config::default()
         });
-        let storage: Rc<dyn Storage> = Rc::new(SimStorage(Sim::new()));
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim));
         for d in ["topics", "trash"] {
             storage.create_dir_all(&config.data_dir.join(d)).unwrap();
         }
@@ -319,6 +344,62 @@ mod tests {
                 assert!(stale(&r), "{r:?}");
                 assert!(apply(&engine, probe(9)).await.is_ok());
                 assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
+                engine.close_all().await;
+            });
+    }
+
+    fn stale<T: std::fmt::Debug>(r: &OpResult<T>, floor: u64) -> bool {
+        matches!(
+            r,
+            Err(OpError::Engine(crate::engine::EngineError::Partition(
+                PartitionError::StaleEpoch { epoch: _, known }
+            ))) if *known == floor
+        )
+    }
+
+    /// Once a replica answered a leader at an epoch, its floor is on disk before the answer: after a power cut,
+    /// with its metadata still at the older epoch (the new leadership not yet seen), the old leader's requests are
+    /// refused `stale_epoch`, and the new leader's wait (`partition_unavailable`) until the metadata catches up.
+    #[test]
+    fn a_replicas_epoch_floor_is_durable_before_it_answers_and_fences_older_leaders_after_a_power_cut(
+    ) {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let (engine, topic, locations) = follower_on(sim.clone(), 8).await;
+                let file =
+                    PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
+                assert!(apply(&engine, probe(8)).await.is_ok());
+                assert_eq!(
+                    sim.durable_contents(&file),
+                    Some(crate::storage::epoch_floor::encode(8)),
+                    "the floor is durable when the first request at an epoch is answered"
+                );
+                engine
+                    .apply_topic(topic.clone(), locations.clone(), states(12))
+                    .await
+                    .unwrap();
+                assert!(apply_frontiers(&engine, frontiers(12)).await.is_ok());
+                assert_eq!(
+                    sim.durable_contents(&file),
+                    Some(crate::storage::epoch_floor::encode(12))
+                );
+                // Nothing but the power cut: what was not synced is gone.
+                let after = sim.power_cut(|_, _| 0);
+                let (engine, _, _) = follower_on(after, 8).await;
+                assert_eq!(
+                    engine.topic("t").unwrap().epoch(0),
+                    8,
+                    "the metadata is behind"
+                );
+                let r = apply(&engine, probe(8)).await;
+                assert!(stale(&r, 12), "{r:?}");
+                let r = apply_frontiers(&engine, frontiers(8)).await;
+                assert!(stale(&r, 12), "{r:?}");
+                let r = apply(&engine, probe(12)).await;
+                assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
                 engine.close_all().await;
             });
     }

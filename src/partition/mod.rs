@@ -4,6 +4,7 @@
 
 mod commit;
 pub mod error;
+mod fence;
 pub mod frontier;
 pub mod inflight;
 mod info;
@@ -204,6 +205,11 @@ pub struct Partition {
     followers: RefCell<Vec<FollowerInfo>>,
     /// A replicated partition's leader: the commit offset and what it is computed from (`commit.rs`).
     commit: commit::Commit,
+    /// The replica's durable epoch floor (`fence.rs`, `replica.epoch`): what its file holds.
+    epoch_floor: Cell<u64>,
+    /// A raise of the floor is being written; `floor_raised` wakes the next.
+    raising_floor: Cell<bool>,
+    floor_raised: event_listener::Event,
 }
 
 /// Everything a partition needs to open.
@@ -291,6 +297,8 @@ impl Drop for Reserved<'_> {
 impl Partition {
     /// Opens the partition's log (recovery runs here) and wires the wake-up for parked consumers.
     pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
+        // Before the log opens, so that a failed read leaves nothing running.
+        let epoch_floor = crate::storage::epoch_floor::read(&*setup.storage, &setup.dir)?;
         let log = Log::open_with(
             setup.storage.clone(),
             setup.clock.clone(),
@@ -327,6 +335,9 @@ impl Partition {
             counters: Counters::default(),
             followers: RefCell::new(Vec::new()),
             commit: commit::Commit::new(),
+            epoch_floor: Cell::new(epoch_floor),
+            raising_floor: Cell::new(false),
+            floor_raised: event_listener::Event::new(),
         });
         let weak = Rc::downgrade(&partition);
         partition.log.set_on_append(Box::new(move |n| {

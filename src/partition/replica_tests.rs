@@ -257,3 +257,48 @@ fn a_group_gone_on_a_follower_leaves_its_values_out_of_the_replay_of_a_new_group
         assert_eq!(file(&*after, "g").unwrap_or(0), 0);
     });
 }
+
+/// Raises of the epoch floor that overlap write one at a time and leave the highest: the file never moves back,
+/// whatever order they finish in; a failed write raises nothing (the request is not answered) and the next one
+/// writes.
+#[test]
+fn overlapping_raises_of_the_epoch_floor_leave_the_highest_and_a_failed_one_raises_nothing() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        assert_eq!(p.epoch_floor(), 0);
+        let ((a, b), c) = futures_lite::future::zip(
+            futures_lite::future::zip(p.raise_epoch_floor(5), p.raise_epoch_floor(9)),
+            p.raise_epoch_floor(7),
+        )
+        .await;
+        for r in [a, b, c] {
+            r.expect("raised");
+        }
+        assert_eq!(p.epoch_floor(), 9);
+        let path = dir().join(crate::storage::epoch_floor::FILE_NAME);
+        assert_eq!(
+            sim.durable_contents(&path),
+            Some(crate::storage::epoch_floor::encode(9))
+        );
+        p.raise_epoch_floor(3)
+            .await
+            .expect("below the floor: nothing to write");
+        assert_eq!(p.epoch_floor(), 9);
+
+        sim.fail_syncs(libc::EIO, 1);
+        p.raise_epoch_floor(11)
+            .await
+            .expect_err("a failed sync raises nothing");
+        assert_eq!(p.epoch_floor(), 9);
+        p.raise_epoch_floor(11)
+            .await
+            .expect("the next raise writes");
+        assert_eq!(p.epoch_floor(), 11);
+        assert_eq!(
+            crate::storage::epoch_floor::read(&*storage, &dir()).unwrap(),
+            11
+        );
+    })
+}

@@ -4,6 +4,7 @@
 pub mod atomic_file;
 pub mod backend;
 pub mod behind;
+pub mod epoch_floor;
 pub mod error;
 pub mod frame;
 pub mod frontier;
