@@ -1437,6 +1437,30 @@ fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_
                 c.node(i).id
             );
         }
+        // And the same epoch history (docs/format.md, "replica.epochs"): one epoch, from offset 0.
+        let epochs = |i: usize| {
+            let path = c
+                .node(i)
+                .data_dir
+                .join(format!("topics/r3/{p}/replica.epochs"));
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let lead = epochs(c.index_of(leader));
+        assert_eq!(lead.len(), 24, "partition {p}: one entry: {lead:?}");
+        assert_eq!(lead[..4], [1, 0, 0, 0], "partition {p}: {lead:?}");
+        assert_eq!(
+            lead[12..20],
+            [0; 8],
+            "partition {p}: from offset 0: {lead:?}"
+        );
+        for i in 0..3 {
+            assert_eq!(
+                epochs(i),
+                lead,
+                "partition {p}: {}'s epoch history",
+                c.node(i).id
+            );
+        }
     }
 }
 

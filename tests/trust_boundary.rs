@@ -192,6 +192,7 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             first_offset: 0,
             count: 1,
             frames: bytes::Bytes::from_static(frames),
+            epochs: Vec::new(),
         })
     };
     assert!(matches!(
@@ -201,6 +202,38 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
     assert!(matches!(
         refused(peer.call(0, ship(7, 0, 0, b"")), "an empty shipped batch"),
         OpError::InvalidRecord(_)
+    ));
+    // Epoch entries that do not describe the batch (out of order, or starting past it), or too many of them.
+    let with_epochs = |epochs: Vec<(u64, u64)>| match ship(7, 0, 0, b"xx") {
+        Request::Replicate(mut r) => {
+            r.epochs = epochs
+                .into_iter()
+                .map(|(epoch, start)| berth::storage::epoch_history::EpochStart { epoch, start })
+                .collect();
+            Request::Replicate(r)
+        }
+        _ => unreachable!(),
+    };
+    assert!(matches!(
+        refused(
+            peer.call(0, with_epochs(vec![(2, 0), (1, 0)])),
+            "epochs out of order"
+        ),
+        OpError::InvalidParameter(_)
+    ));
+    assert!(matches!(
+        refused(
+            peer.call(0, with_epochs(vec![(2, 5)])),
+            "an epoch starting past the batch"
+        ),
+        OpError::InvalidParameter(_)
+    ));
+    assert!(matches!(
+        refused(
+            peer.call(0, with_epochs((0..10_000).map(|i| (i + 1, 0)).collect())),
+            "ten thousand epochs"
+        ),
+        OpError::BatchTooLarge(_)
     ));
     for topic_id in 0..200 {
         for partition in [0, 1, 2, 3, 4, u32::MAX] {

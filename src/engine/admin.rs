@@ -55,7 +55,8 @@ impl Engine {
         locations: Vec<Location>,
         states: Vec<PartitionState>,
     ) -> EngineResult<()> {
-        if let Some(existing) = self.topics.borrow().get(&config.name) {
+        let existing = self.topics.borrow().get(&config.name).cloned();
+        if let Some(existing) = existing {
             if existing.id() == config.id {
                 // Cluster mode: the same topic, perhaps with another node's partitions on other cores now.
                 if *existing.locations() != *locations {
@@ -69,7 +70,23 @@ impl Engine {
                         })?;
                 }
                 if !states.is_empty() {
+                    // A replicated partition led here at a newer epoch: its records from its log's end now on are
+                    // that epoch's (the ends taken before anything awaits).
+                    let led: Vec<_> = existing
+                        .owned_partitions()
+                        .filter(|p| !existing.followers(p.id).is_empty())
+                        .filter_map(|p| {
+                            let epoch = states.get(p.id as usize)?.epoch;
+                            (epoch > existing.epoch(p.id))
+                                .then(|| (p.clone(), epoch, p.log.end_offset()))
+                        })
+                        .collect();
                     existing.set_states(states);
+                    for (partition, epoch, start) in led {
+                        if let Err(e) = partition.begin_leading(epoch, start).await {
+                            error!(topic = %config.name, partition = partition.id, epoch, error = %e, "cannot record a new epoch in the partition's epoch history");
+                        }
+                    }
                 }
                 return Ok(());
             }
@@ -99,6 +116,16 @@ impl Engine {
                 match self.open_partition(&config, p, true).await {
                     Ok(partition) => {
                         if let Some(f) = followers.get(p as usize).filter(|f| !f.is_empty()) {
+                            // Its records from its log's end on are this epoch's, durably before it serves.
+                            let epoch = states.get(p as usize).map_or(config.id, |s| s.epoch);
+                            if let Err(e) = partition
+                                .begin_leading(epoch, partition.log.end_offset())
+                                .await
+                            {
+                                partition.close_deleted().await;
+                                opened_all = Err((p, std::io::Error::other(e.to_string())));
+                                break;
+                            }
                             // Only what a majority has is served, and produces wait for it.
                             partition.set_replicas(f.len() as u32 + 1);
                             // Its followers get every batch once it is durable here.

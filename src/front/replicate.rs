@@ -905,6 +905,15 @@ async fn send(
         first_offset: batch.head.first_offset,
         count: batch.head.count,
         frames: batch.frames.clone(),
+        // In which epochs its records were written, from the leader's history (a probe has none).
+        epochs: shipper
+            .engine()
+            .topic(&stream.topic)
+            .ok()
+            .filter(|t| t.id() == stream.topic_id)
+            .and_then(|t| t.owned_partition(stream.partition))
+            .map(|p| p.epochs_covering(batch.head.first_offset, batch.end))
+            .unwrap_or_default(),
     });
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);

@@ -14,6 +14,7 @@
 use super::error::{OpError, OpResult};
 use crate::engine::placement::NodeIndex;
 use crate::engine::Engine;
+use crate::storage::epoch_history::EpochStart;
 use crate::storage::journal::EntryHead;
 use crate::storage::log::FollowError;
 use bytes::Bytes;
@@ -42,7 +43,14 @@ pub struct Replicate {
     pub count: u32,
     /// The frames, exactly as the leader's segment holds them.
     pub frames: Bytes,
+    /// The leader's epoch history entries for these records (`EpochHistory::covering`: the one covering
+    /// `first_offset` and each starting inside the batch; empty for a probe, or records from before the history):
+    /// the follower adds those it lacks before it writes the batch. At most [`MAX_EPOCH_ENTRIES`].
+    pub epochs: Vec<EpochStart>,
 }
+
+/// Most epoch entries one shipped batch carries (a history holds no more).
+pub const MAX_EPOCH_ENTRIES: usize = crate::storage::epoch_history::MAX_ENTRIES;
 
 /// The follower's answer: its log's end after the request, and whether the batch was applied (`false`: it did not
 /// start at that end, and the leader resends from there, unless `refused`).
@@ -182,6 +190,19 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
             refused: false,
         });
     }
+    // The batch's epochs first, durably: a replica never holds records its history places in an older epoch.
+    match partition.follow_epochs(&r.epochs).await {
+        Ok(()) => {}
+        Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
+            tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch's epochs contradict this replica's history: refused");
+            return Ok(Replicated {
+                end: log.end_offset(),
+                applied: false,
+                refused: true,
+            });
+        }
+        Err(crate::partition::FollowEpochsError::Partition(e)) => return Err(e.into()),
+    }
     match log.apply_shipped(&r.head(), &r.frames).await {
         Ok(()) => Ok(Replicated {
             end: log.end_offset(),
@@ -277,6 +298,7 @@ mod tests {
             first_offset: 0,
             count: 0,
             frames: Bytes::new(),
+            epochs: Vec::new(),
         }
     }
 
@@ -344,6 +366,64 @@ mod tests {
                 assert!(stale(&r), "{r:?}");
                 assert!(apply(&engine, probe(9)).await.is_ok());
                 assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
+                engine.close_all().await;
+            });
+    }
+
+    /// A leader's epoch history: its first epoch from offset 0 when it opens the replicated partition, and each newer
+    /// epoch its metadata moves it to from its log's end then (an epoch that wrote nothing replaced); durable on the
+    /// simulated disk each time.
+    #[test]
+    fn a_leader_records_each_epoch_it_leads_at_from_its_logs_end() {
+        use crate::storage::epoch_history::{self, EpochStart};
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let (engine, mut topic, _) = follower_on(sim.clone(), 8).await;
+                // The same node leads a second topic, followed by node 1.
+                topic.name = "led".into();
+                topic.id = 6;
+                let led = |epoch| {
+                    vec![PartitionState {
+                        replicas: vec![0, 1],
+                        leader: 0,
+                        epoch,
+                    }]
+                };
+                let here = vec![Location { node: 0, core: 0 }];
+                engine
+                    .apply_topic(topic.clone(), here.clone(), led(6))
+                    .await
+                    .unwrap();
+                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
+                let e = |epoch, start| EpochStart { epoch, start };
+                let durable = || {
+                    let after = SimStorage(sim.power_cut(|_, _| 0));
+                    epoch_history::read(&after, &PathBuf::from("/sim/topics/led/0"))
+                        .unwrap()
+                        .entries()
+                        .to_vec()
+                };
+                assert_eq!(durable(), vec![e(6, 0)]);
+                engine
+                    .apply_topic(topic.clone(), here.clone(), led(7))
+                    .await
+                    .unwrap();
+                assert_eq!(durable(), vec![e(7, 0)], "epoch 6 wrote nothing");
+                p.log
+                    .append_batch(vec![Bytes::from_static(b"a"); 3])
+                    .await
+                    .unwrap();
+                engine
+                    .apply_topic(topic.clone(), here.clone(), led(11))
+                    .await
+                    .unwrap();
+                assert_eq!(durable(), vec![e(7, 0), e(11, 3)]);
+                assert_eq!(p.epochs_covering(2, 4), vec![e(7, 0), e(11, 3)]);
+                engine.apply_topic(topic, here, led(11)).await.unwrap();
+                assert_eq!(durable(), vec![e(7, 0), e(11, 3)], "the same epoch");
                 engine.close_all().await;
             });
     }

@@ -126,6 +126,31 @@ pub fn admit(
                     r.frames.len()
                 )));
             }
+            // Its epochs: as a history holds them, the first covering the batch's first offset, each other one
+            // starting inside the batch (a probe has none).
+            if r.epochs.len() > crate::ops::replicate::MAX_EPOCH_ENTRIES {
+                return Err(OpError::BatchTooLarge(format!(
+                    "{} epoch entries with one batch: more than {}",
+                    r.epochs.len(),
+                    crate::ops::replicate::MAX_EPOCH_ENTRIES
+                )));
+            }
+            let end = r.first_offset.saturating_add(u64::from(r.count));
+            let inside = r
+                .epochs
+                .iter()
+                .skip(1)
+                .all(|e| e.start > r.first_offset && e.start < end);
+            if !crate::storage::epoch_history::ascending(&r.epochs)
+                || r.epochs.first().is_some_and(|e| e.start > r.first_offset)
+                || !inside
+                || (r.count == 0 && !r.epochs.is_empty())
+            {
+                return Err(OpError::InvalidParameter(format!(
+                    "epoch entries {:?} do not cover a batch of offsets {}..{end}",
+                    r.epochs, r.first_offset
+                )));
+            }
             Ok(())
         }
         Request::ReplicateFrontiers(r) => {
@@ -627,6 +652,7 @@ mod tests {
                 first_offset: 0,
                 count: 1,
                 frames: Bytes::from(vec![0u8; len]),
+                epochs: Vec::new(),
             })
         };
         assert!(admit(&ship(3, 64), 3, 0, 2, &LIMITS).is_ok());
@@ -660,6 +686,54 @@ mod tests {
         assert!(matches!(
             admit(&ship(3, 64), 3, 2, 2, &LIMITS),
             Err(OpError::InvalidParameter(_))
+        ));
+        // Its epochs: the one covering its first offset, then each starting inside it, ascending; a probe none.
+        use crate::storage::epoch_history::EpochStart;
+        let with = |first: u64, count: u32, epochs: &[(u64, u64)]| match ship(3, 64) {
+            Request::Replicate(mut r) => {
+                r.first_offset = first;
+                r.count = count;
+                if count == 0 {
+                    r.frames = Bytes::new();
+                }
+                r.epochs = epochs
+                    .iter()
+                    .map(|&(epoch, start)| EpochStart { epoch, start })
+                    .collect();
+                Request::Replicate(r)
+            }
+            _ => unreachable!(),
+        };
+        for good in [
+            with(10, 5, &[]),
+            with(10, 5, &[(3, 0)]),
+            with(10, 5, &[(3, 10)]),
+            with(10, 5, &[(3, 0), (4, 11), (6, 14)]),
+        ] {
+            assert!(admit(&good, 3, 0, 2, &LIMITS).is_ok(), "{good:?}");
+        }
+        for bad in [
+            with(10, 5, &[(3, 11)]),
+            with(10, 5, &[(3, 0), (4, 10)]),
+            with(10, 5, &[(3, 0), (4, 15)]),
+            with(10, 5, &[(4, 0), (3, 12)]),
+            with(10, 5, &[(3, 0), (4, 12), (5, 12)]),
+            with(10, 0, &[(3, 0)]),
+        ] {
+            assert!(
+                matches!(
+                    admit(&bad, 3, 0, 2, &LIMITS),
+                    Err(OpError::InvalidParameter(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<(u64, u64)> = (0..=crate::ops::replicate::MAX_EPOCH_ENTRIES as u64)
+            .map(|i| (i + 1, i))
+            .collect();
+        assert!(matches!(
+            admit(&with(0, 10_000, &many), 3, 0, 2, &LIMITS),
+            Err(OpError::BatchTooLarge(_))
         ));
     }
 

@@ -1,8 +1,50 @@
-//! A replica's epoch floor (`storage/epoch_floor.rs`, `replica.epoch`): the lowest leadership epoch whose requests
-//! it takes. Raised durably before the replica answers a request of a higher epoch, never lowered, so that what it
-//! promised a new leader survives its crash (`docs/replication.md`, step 4).
+//! A replica's fencing state (`docs/replication.md`, step 4): its epoch floor (`storage/epoch_floor.rs`,
+//! `replica.epoch`), the lowest leadership epoch whose requests it takes, raised durably before it answers a request
+//! of a higher epoch and never lowered, so that what it promised a new leader survives its crash; and its epoch
+//! history (`storage/epoch_history.rs`, `replica.epochs`), in which epoch each record was written, added to by a
+//! leader when it starts leading and copied by a follower from the batches it is shipped, durably before the
+//! records it covers are written.
 
 use super::{Partition, PartitionError};
+use crate::storage::epoch_history::{EpochHistory, EpochStart};
+use crate::storage::{epoch_floor, epoch_history};
+use std::cell::Cell;
+
+/// One writer of a file at a time: while a turn lives `busy` is set; when it ends, however it ends (a failed
+/// write, a dropped task), the next waiter is woken and looks again.
+struct Turn<'a> {
+    busy: &'a Cell<bool>,
+    done: &'a event_listener::Event,
+}
+
+impl<'a> Turn<'a> {
+    async fn take(busy: &'a Cell<bool>, done: &'a event_listener::Event) -> Turn<'a> {
+        while busy.get() {
+            let ended = done.listen();
+            if busy.get() {
+                ended.await;
+            }
+        }
+        busy.set(true);
+        Turn { busy, done }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.busy.set(false);
+        self.done.notify(usize::MAX);
+    }
+}
+
+/// Why a follower did not take its leader's epoch entries.
+#[derive(Debug)]
+pub enum FollowEpochsError {
+    /// They contradict this replica's history: its log does not continue its leader's.
+    Mismatch(String),
+    /// The history could not be written (or the partition is closing).
+    Partition(PartitionError),
+}
 
 impl Partition {
     /// The epoch floor its file holds (0: none).
@@ -11,29 +53,21 @@ impl Partition {
     }
 
     /// Raises the durable floor to `epoch`; returns once `replica.epoch` holds it (or a higher one). At or below
-    /// the floor it writes nothing. One write at a time: a call that finds one running waits for it and then looks
-    /// again, so the file only ever moves up.
+    /// the floor it writes nothing; one write at a time, so the file only ever moves up.
     pub async fn raise_epoch_floor(&self, epoch: u64) -> Result<(), PartitionError> {
         self.assert_owner();
-        loop {
-            if self.epoch_floor.get() >= epoch {
-                return Ok(());
-            }
-            if !self.raising_floor.get() {
-                break;
-            }
-            let raised = self.floor_raised.listen();
-            if self.raising_floor.get() {
-                raised.await;
-            }
+        if self.epoch_floor.get() >= epoch {
+            return Ok(());
+        }
+        let _turn = Turn::take(&self.raising_floor, &self.floor_raised).await;
+        if self.epoch_floor.get() >= epoch {
+            return Ok(());
         }
         if self.closed.get() {
             // Its directory may already belong to a new topic of the same name.
             return Err(PartitionError::Closed);
         }
-        self.raising_floor.set(true);
-        let _turn = FloorTurn(self);
-        crate::storage::epoch_floor::write(&*self.storage, &self.dir, epoch)
+        epoch_floor::write(&*self.storage, &self.dir, epoch)
             .await
             .map_err(|e| PartitionError::Storage(format!("cannot raise its epoch floor: {e}")))?;
         assert!(
@@ -43,14 +77,59 @@ impl Partition {
         self.epoch_floor.set(epoch);
         Ok(())
     }
-}
 
-/// The running raise's turn: however it ends (a failed write, a dropped task), the next caller may write.
-struct FloorTurn<'a>(&'a Partition);
+    /// Its epoch history as its file holds it.
+    pub fn epoch_history(&self) -> EpochHistory {
+        self.epochs.borrow().clone()
+    }
 
-impl Drop for FloorTurn<'_> {
-    fn drop(&mut self) {
-        self.0.raising_floor.set(false);
-        self.0.floor_raised.notify(usize::MAX);
+    /// The entries of its epoch history that cover the records `[from, to)` (what a leader ships with them).
+    pub fn epochs_covering(&self, from: u64, to: u64) -> Vec<EpochStart> {
+        self.epochs.borrow().covering(from, to)
+    }
+
+    /// A leader starts leading at `epoch`, its log ending at `start` (taken when the epoch changed): the history
+    /// gains the entry, durably, unless it holds this epoch or a newer one already.
+    pub async fn begin_leading(&self, epoch: u64, start: u64) -> Result<(), PartitionError> {
+        self.change_history(|h| Ok::<_, PartitionError>(h.begin(epoch, start)))
+            .await
+            .and_then(|r| r)
+    }
+
+    /// A follower takes its leader's entries for a batch before writing it ([`EpochHistory::follow`]): durable when
+    /// it returns Ok.
+    pub async fn follow_epochs(&self, entries: &[EpochStart]) -> Result<(), FollowEpochsError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        match self.change_history(|h| h.follow(entries)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(FollowEpochsError::Mismatch(why)),
+            Err(e) => Err(FollowEpochsError::Partition(e)),
+        }
+    }
+
+    /// Applies `change` to a copy of the history, one change at a time; when it changed, writes the file and then
+    /// keeps the copy. The outer Err is a failed write; the inner one `change`'s own.
+    async fn change_history<E>(
+        &self,
+        change: impl FnOnce(&mut EpochHistory) -> Result<bool, E>,
+    ) -> Result<Result<(), E>, PartitionError> {
+        self.assert_owner();
+        let _turn = Turn::take(&self.writing_epochs, &self.epochs_written).await;
+        let mut next = self.epochs.borrow().clone();
+        match change(&mut next) {
+            Err(e) => return Ok(Err(e)),
+            Ok(false) => return Ok(Ok(())),
+            Ok(true) => {}
+        }
+        if self.closed.get() {
+            return Err(PartitionError::Closed);
+        }
+        epoch_history::write(&*self.storage, &self.dir, &next)
+            .await
+            .map_err(|e| PartitionError::Storage(format!("cannot write its epoch history: {e}")))?;
+        *self.epochs.borrow_mut() = next;
+        Ok(Ok(()))
     }
 }

@@ -5,6 +5,7 @@
 mod commit;
 pub mod error;
 mod fence;
+pub use fence::FollowEpochsError;
 pub mod frontier;
 pub mod inflight;
 mod info;
@@ -210,6 +211,11 @@ pub struct Partition {
     /// A raise of the floor is being written; `floor_raised` wakes the next.
     raising_floor: Cell<bool>,
     floor_raised: event_listener::Event,
+    /// The replica's epoch history (`fence.rs`, `replica.epochs`): what its file holds.
+    epochs: RefCell<crate::storage::epoch_history::EpochHistory>,
+    /// A change of the history is being written; `epochs_written` wakes the next.
+    writing_epochs: Cell<bool>,
+    epochs_written: event_listener::Event,
 }
 
 /// Everything a partition needs to open.
@@ -299,6 +305,7 @@ impl Partition {
     pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
         // Before the log opens, so that a failed read leaves nothing running.
         let epoch_floor = crate::storage::epoch_floor::read(&*setup.storage, &setup.dir)?;
+        let epochs = crate::storage::epoch_history::read(&*setup.storage, &setup.dir)?;
         let log = Log::open_with(
             setup.storage.clone(),
             setup.clock.clone(),
@@ -338,6 +345,9 @@ impl Partition {
             epoch_floor: Cell::new(epoch_floor),
             raising_floor: Cell::new(false),
             floor_raised: event_listener::Event::new(),
+            epochs: RefCell::new(epochs),
+            writing_epochs: Cell::new(false),
+            epochs_written: event_listener::Event::new(),
         });
         let weak = Rc::downgrade(&partition);
         partition.log.set_on_append(Box::new(move |n| {

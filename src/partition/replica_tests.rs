@@ -302,3 +302,54 @@ fn overlapping_raises_of_the_epoch_floor_leave_the_highest_and_a_failed_one_rais
         );
     })
 }
+
+/// A follower's epoch history: what `follow_epochs` took is on disk when it returns (a power cut right after keeps
+/// it, and the partition opened again reads it); entries that contradict it are refused and write nothing; a
+/// leader's new epoch starts at its log's end.
+#[test]
+fn a_followers_epoch_history_is_durable_when_taken_and_a_contradiction_changes_nothing() {
+    use crate::partition::FollowEpochsError;
+    use crate::storage::epoch_history::{self, EpochStart};
+    let e = |epoch, start| EpochStart { epoch, start };
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_epochs(&[]).await.expect("nothing to take");
+        assert_eq!(sim.contents(&dir().join(epoch_history::FILE_NAME)), None);
+        p.follow_epochs(&[e(7, 0), e(9, 4)]).await.expect("taken");
+        let after = sim.power_cut(|_, _| 0);
+        let durable = epoch_history::read(&SimStorage(after), &dir()).expect("reads");
+        assert_eq!(durable.entries(), &[e(7, 0), e(9, 4)]);
+        assert_eq!(p.epoch_history(), durable);
+        assert_eq!(p.epochs_covering(5, 6), vec![e(9, 4)]);
+
+        let written = sim.contents(&dir().join(epoch_history::FILE_NAME));
+        for bad in [vec![e(9, 5)], vec![e(8, 6)], vec![e(10, 3)]] {
+            let r = p.follow_epochs(&bad).await;
+            assert!(
+                matches!(r, Err(FollowEpochsError::Mismatch(_))),
+                "{bad:?}: {r:?}"
+            );
+        }
+        assert_eq!(sim.contents(&dir().join(epoch_history::FILE_NAME)), written);
+        assert_eq!(p.epoch_history(), durable);
+
+        // This replica leads at epoch 12 from its log's end (0 here: nothing was written to it).
+        p.begin_leading(12, p.log.end_offset())
+            .await
+            .expect("recorded");
+        assert_eq!(p.epoch_history().entries(), &[e(12, 0)]);
+        p.begin_leading(12, 5)
+            .await
+            .expect("the same epoch: nothing");
+        assert_eq!(p.epoch_history().entries(), &[e(12, 0)]);
+        let after = sim.power_cut(|_, _| 0);
+        assert_eq!(
+            epoch_history::read(&SimStorage(after), &dir())
+                .unwrap()
+                .entries(),
+            &[e(12, 0)]
+        );
+    })
+}

@@ -5,6 +5,7 @@ pub mod atomic_file;
 pub mod backend;
 pub mod behind;
 pub mod epoch_floor;
+pub mod epoch_history;
 pub mod error;
 pub mod frame;
 pub mod frontier;

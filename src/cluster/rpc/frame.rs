@@ -21,8 +21,9 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `ReplicateFrontiers` carry the leader's `epoch` (a follower refuses an older one: `stale_epoch`), and
 /// `AdminStep::Apply` names each partition's replicas, leader and epoch instead of its followers. 8: `CoreStats`
 /// carries request latency per kind of request. 9: `GroupInfo` gained `oldest_unsettled_ms` (the status page's oldest
-/// unsettled age), which a version 8 peer could not decode in any describe or stats reply.
-pub const VERSION: u8 = 9;
+/// unsettled age), which a version 8 peer could not decode in any describe or stats reply. 10: `Replicate` carries
+/// its records' `epochs` (the leader's epoch history entries for them), which a version 9 peer could not decode.
+pub const VERSION: u8 = 10;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -203,6 +203,16 @@ fn every_request() -> Vec<Request> {
             first_offset: 4100,
             count: 2,
             frames: Bytes::from_static(&[0xff, 0, 7, 0x80]),
+            epochs: vec![
+                crate::storage::epoch_history::EpochStart {
+                    epoch: 80,
+                    start: 4000,
+                },
+                crate::storage::epoch_history::EpochStart {
+                    epoch: 91,
+                    start: 4101,
+                },
+            ],
         }),
         Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
             topic: topic(),

@@ -1,0 +1,367 @@
+//! A replica's epoch history: in which leadership epoch each record of a replicated partition's log was written,
+//! as (epoch, first offset) pairs (Kafka's leader-epoch checkpoint), kept in `replica.epochs` in the partition's
+//! directory (format in `docs/format.md`, "replica.epochs"). A leader adds an entry when it starts leading at an
+//! epoch (its log's end then); a follower copies its leader's entries for the records it is shipped, before it
+//! writes them, so every replica's history matches its leader's over the records they share. The fencing round and
+//! truncation of `docs/replication.md` (step 4) compare replicas by (last epoch, end) and cut a replica's log where
+//! its last epoch ends in the new leader's history.
+//!
+//! Pure: the partition (`partition/fence.rs`) reads it at open and writes it (`Storage::replace`: a temp file,
+//! fdatasync, rename, directory fsync) before anything relies on a change.
+
+use crate::storage::backend::Storage;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use tracing::error;
+
+/// The file's name inside the partition directory.
+pub const FILE_NAME: &str = "replica.epochs";
+
+/// Most entries kept: past it the oldest goes (a lookup below the oldest kept entry answers as if that entry
+/// covered it, which only ever cuts a returning replica's log shorter than needed, never longer).
+pub const MAX_ENTRIES: usize = 256;
+
+/// The records from `start` on (up to the next entry's start) were written by the leader of `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct EpochStart {
+    pub epoch: u64,
+    pub start: u64,
+}
+
+/// Entries in strictly ascending order of both epoch and start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpochHistory {
+    entries: Vec<EpochStart>,
+}
+
+/// Whether `entries` ascend strictly in both epoch and start (what a history holds and what a leader ships).
+pub fn ascending(entries: &[EpochStart]) -> bool {
+    entries
+        .windows(2)
+        .all(|w| w[0].epoch < w[1].epoch && w[0].start < w[1].start)
+}
+
+impl EpochHistory {
+    pub fn entries(&self) -> &[EpochStart] {
+        &self.entries
+    }
+
+    pub fn last(&self) -> Option<EpochStart> {
+        self.entries.last().copied()
+    }
+
+    /// The epoch whose leader wrote `offset` (0: no entry covers it, a record from before the history, or none).
+    pub fn epoch_of(&self, offset: u64) -> u64 {
+        self.covering_index(offset)
+            .map_or(0, |i| self.entries[i].epoch)
+    }
+
+    fn covering_index(&self, offset: u64) -> Option<usize> {
+        self.entries
+            .partition_point(|e| e.start <= offset)
+            .checked_sub(1)
+    }
+
+    /// The entries that say in which epochs the records `[from, to)` were written: the one covering `from` (if
+    /// any) and each that starts inside. Empty for an empty range.
+    pub fn covering(&self, from: u64, to: u64) -> Vec<EpochStart> {
+        if from >= to {
+            return Vec::new();
+        }
+        let first = self.covering_index(from).unwrap_or(0);
+        self.entries[first..]
+            .iter()
+            .take_while(|e| e.start < to)
+            .copied()
+            .collect()
+    }
+
+    /// Where the records of `epoch` end here: the start of the first later epoch (None: no later epoch, so at the
+    /// log's end). A replica whose last epoch is `epoch` keeps its log below this and cuts the rest.
+    pub fn end_of(&self, epoch: u64) -> Option<u64> {
+        self.entries
+            .iter()
+            .find(|e| e.epoch > epoch)
+            .map(|e| e.start)
+    }
+
+    /// A leader starts leading at `epoch` with its log ending at `start`: records from there on are this epoch's.
+    /// Nothing changes at an epoch not above the last (false). Entries at or past `start` go first: an entry at the
+    /// same start wrote no records, and one past it claims records the log no longer has (a power cut took what
+    /// was written but not synced after the entry).
+    pub fn begin(&mut self, epoch: u64, start: u64) -> bool {
+        if self.last().is_some_and(|last| epoch <= last.epoch) {
+            return false;
+        }
+        while self.last().is_some_and(|last| last.start >= start) {
+            self.entries.pop();
+        }
+        self.entries.push(EpochStart { epoch, start });
+        self.trim();
+        true
+    }
+
+    /// A follower takes its leader's entries for a batch it is about to write (as [`covering`] gave them, in
+    /// ascending order). An entry it holds already changes nothing; a newer one is added (replacing the last if it
+    /// starts at the same offset). Err when they contradict this history (an older epoch after a newer one, or one
+    /// epoch starting at two offsets): the replica's log does not continue its leader's. Ok(true) when the history
+    /// changed (to be written before the batch).
+    pub fn follow(&mut self, entries: &[EpochStart]) -> Result<bool, String> {
+        if !ascending(entries) {
+            return Err(format!("epoch entries out of order: {entries:?}"));
+        }
+        let mut next = self.clone();
+        let mut changed = false;
+        for &e in entries {
+            match next.last() {
+                Some(last) if e.epoch < last.epoch => {
+                    // An older epoch: this history holds it at the same start, or (a replica that joined later)
+                    // not at all, below its own entries.
+                    let mine = next.entries.iter().find(|m| m.epoch == e.epoch);
+                    if mine.map_or(e.start >= last.start, |m| m.start != e.start) {
+                        return Err(format!(
+                            "epoch {} from {} on the leader, against this replica's {:?}",
+                            e.epoch,
+                            e.start,
+                            mine.unwrap_or(&last)
+                        ));
+                    }
+                }
+                Some(last) if e.epoch == last.epoch => {
+                    if e.start != last.start {
+                        return Err(format!(
+                            "epoch {} starts at {} on the leader and at {} here",
+                            e.epoch, e.start, last.start
+                        ));
+                    }
+                }
+                Some(last) if e.start < last.start => {
+                    return Err(format!(
+                        "epoch {} starts at {} on the leader, below this replica's epoch {} from {}",
+                        e.epoch, e.start, last.epoch, last.start
+                    ));
+                }
+                _ => {
+                    next.begin(e.epoch, e.start);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            *self = next;
+        }
+        Ok(changed)
+    }
+
+    fn trim(&mut self) {
+        if self.entries.len() > MAX_ENTRIES {
+            let extra = self.entries.len() - MAX_ENTRIES;
+            self.entries.drain(..extra);
+        }
+    }
+
+    /// The file's bytes: u32 count, then per entry u64 epoch and u64 start, then the CRC-32C of all that.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 16 * self.entries.len());
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&e.epoch.to_le_bytes());
+            out.extend_from_slice(&e.start.to_le_bytes());
+        }
+        out.extend_from_slice(&crc32c::crc32c(&out).to_le_bytes());
+        out
+    }
+
+    /// None when the length, the check, the count or the order is wrong.
+    pub fn decode(bytes: &[u8]) -> Option<EpochHistory> {
+        let count = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        if count > MAX_ENTRIES || bytes.len() != 8 + 16 * count {
+            return None;
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().ok()?) {
+            return None;
+        }
+        let entries: Vec<EpochStart> = body[4..]
+            .chunks_exact(16)
+            .map(|c| EpochStart {
+                epoch: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+                start: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+            })
+            .collect();
+        ascending(&entries).then_some(EpochHistory { entries })
+    }
+}
+
+/// Reads the history of the partition in `dir`: missing → empty (an unreplicated partition, or a replica that has
+/// not taken a record yet). Damaged → empty with a loud log: the replica then claims no epoch for its records, so
+/// a fencing round ranks it below any replica that does (it is never preferred for what it cannot show). Any other
+/// read error is returned.
+pub fn read(storage: &dyn Storage, dir: &Path) -> std::io::Result<EpochHistory> {
+    let path = dir.join(FILE_NAME);
+    match storage.read(&path) {
+        Ok(bytes) => Ok(EpochHistory::decode(&bytes).unwrap_or_else(|| {
+            error!(file = %path.display(), len = bytes.len(), "replica.epochs fails its check: this replica claims no epoch for its records");
+            EpochHistory::default()
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(EpochHistory::default()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Durably replaces the history file (temp file, fdatasync, rename, directory fsync).
+pub async fn write(
+    storage: &dyn Storage,
+    dir: &Path,
+    history: &EpochHistory,
+) -> std::io::Result<()> {
+    storage
+        .replace(&dir.join(FILE_NAME), history.encode())
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(epoch: u64, start: u64) -> EpochStart {
+        EpochStart { epoch, start }
+    }
+
+    fn history(entries: &[(u64, u64)]) -> EpochHistory {
+        let mut h = EpochHistory::default();
+        for &(epoch, start) in entries {
+            assert!(h.begin(epoch, start));
+        }
+        h
+    }
+
+    #[test]
+    fn the_documented_example_round_trips() {
+        let doc = crate::format_doc::example("replica.epochs", 0);
+        let h = history(&[(7, 0), (12, 40)]);
+        assert_eq!(doc, h.encode());
+        assert_eq!(EpochHistory::decode(&doc), Some(h));
+    }
+
+    #[test]
+    fn every_flipped_bit_and_wrong_length_is_refused() {
+        let bytes = history(&[(7, 0), (12, 40)]).encode();
+        for bit in 0..bytes.len() * 8 {
+            let mut damaged = bytes.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(EpochHistory::decode(&damaged), None, "bit {bit}");
+        }
+        assert_eq!(EpochHistory::decode(&[]), None);
+        assert_eq!(EpochHistory::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(
+            EpochHistory::decode(&EpochHistory::default().encode()),
+            Some(EpochHistory::default())
+        );
+        // A count past the cap is refused before anything is allocated for it.
+        let mut huge = (u32::MAX).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 4]);
+        assert_eq!(EpochHistory::decode(&huge), None);
+        // Entries out of order (with a good CRC) are refused.
+        let mut unordered = Vec::new();
+        unordered.extend_from_slice(&2u32.to_le_bytes());
+        for (epoch, start) in [(9u64, 10u64), (8, 20)] {
+            unordered.extend_from_slice(&epoch.to_le_bytes());
+            unordered.extend_from_slice(&start.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&unordered);
+        unordered.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(EpochHistory::decode(&unordered), None);
+    }
+
+    #[test]
+    fn lookups_answer_by_offset_and_by_epoch() {
+        let h = history(&[(7, 5), (12, 40), (13, 90)]);
+        assert_eq!(h.epoch_of(0), 0, "before the history");
+        assert_eq!(h.epoch_of(5), 7);
+        assert_eq!(h.epoch_of(39), 7);
+        assert_eq!(h.epoch_of(40), 12);
+        assert_eq!(h.epoch_of(1 << 40), 13);
+        assert_eq!(h.covering(10, 10), vec![]);
+        assert_eq!(h.covering(10, 40), vec![e(7, 5)]);
+        assert_eq!(h.covering(10, 41), vec![e(7, 5), e(12, 40)]);
+        assert_eq!(h.covering(0, 100), vec![e(7, 5), e(12, 40), e(13, 90)]);
+        assert_eq!(h.covering(95, 100), vec![e(13, 90)]);
+        assert_eq!(h.end_of(3), Some(5));
+        assert_eq!(h.end_of(7), Some(40));
+        assert_eq!(h.end_of(11), Some(40));
+        assert_eq!(h.end_of(13), None);
+        assert_eq!(h.last(), Some(e(13, 90)));
+    }
+
+    #[test]
+    fn a_leader_adds_an_epoch_only_above_the_last_and_an_empty_epoch_is_replaced() {
+        let mut h = history(&[(7, 0)]);
+        assert!(!h.begin(7, 10), "the same epoch");
+        assert!(!h.begin(6, 10), "an older epoch");
+        assert!(h.begin(9, 0), "epoch 7 wrote nothing: replaced");
+        assert_eq!(h.entries(), &[e(9, 0)]);
+        assert!(h.begin(11, 30));
+        assert_eq!(h.entries(), &[e(9, 0), e(11, 30)]);
+        // The log ends below the last entries' starts (a power cut took their records): they go.
+        let mut h = history(&[(7, 0), (9, 10), (11, 30)]);
+        assert!(h.begin(14, 12));
+        assert_eq!(h.entries(), &[e(7, 0), e(9, 10), e(14, 12)]);
+        assert!(h.begin(15, 0));
+        assert_eq!(h.entries(), &[e(15, 0)]);
+    }
+
+    #[test]
+    fn the_history_keeps_its_newest_entries() {
+        let mut h = EpochHistory::default();
+        for i in 0..(MAX_ENTRIES as u64 + 10) {
+            assert!(h.begin(i + 1, i * 10));
+        }
+        assert_eq!(h.entries().len(), MAX_ENTRIES);
+        assert_eq!(h.entries()[0], e(11, 100));
+        assert_eq!(EpochHistory::decode(&h.encode()), Some(h));
+    }
+
+    /// A follower fed its leader's `covering` entries batch by batch ends with the leader's history over the
+    /// records it holds, whatever the batch boundaries; contradicting entries are refused and change nothing.
+    #[test]
+    fn a_follower_fed_its_leaders_entries_batch_by_batch_holds_the_leaders_history() {
+        let leader = history(&[(7, 0), (9, 3), (12, 40), (13, 41), (20, 90)]);
+        for step in [1u64, 2, 3, 7, 38, 100] {
+            let mut follower = EpochHistory::default();
+            let mut from = 0;
+            while from < 120 {
+                let to = (from + step).min(120);
+                follower
+                    .follow(&leader.covering(from, to))
+                    .expect("the leader's own entries");
+                from = to;
+            }
+            assert_eq!(follower, leader, "batches of {step}");
+            // Fed again (a resend), nothing changes.
+            assert_eq!(follower.follow(&leader.covering(30, 95)), Ok(false));
+        }
+        // A follower that joins mid-log (caught up from offset 50) holds the entries from the one covering 50 on.
+        let mut late = EpochHistory::default();
+        late.follow(&leader.covering(50, 120)).unwrap();
+        assert_eq!(late.entries(), &[e(13, 41), e(20, 90)]);
+
+        let mut f = history(&[(7, 0), (12, 40)]);
+        let before = f.clone();
+        for bad in [
+            vec![e(9, 50)],             // an older epoch after a newer one, not in this history
+            vec![e(7, 3)],              // epoch 7 at another start
+            vec![e(12, 41)],            // epoch 12 at another start
+            vec![e(14, 30)],            // a newer epoch starting below this replica's last
+            vec![e(12, 40), e(11, 60)], // out of order
+        ] {
+            assert!(f.follow(&bad).is_err(), "{bad:?}");
+            assert_eq!(f, before, "{bad:?} changed nothing");
+        }
+        assert_eq!(
+            f.follow(&[e(7, 0), e(12, 40)]),
+            Ok(false),
+            "entries it holds"
+        );
+    }
+}
