@@ -1464,6 +1464,86 @@ fn a_replicated_topic_ships_every_batch_to_its_followers_byte_for_byte_across_a_
     }
 }
 
+/// A leader whose metadata names another node at a newer epoch is deposed (docs/replication.md, step 4): a produce
+/// it holds waiting for a majority is answered `503 partition_unavailable` at once, not after `replica_timeout`, and
+/// it says so in its log. (The partition key is written by hand here, as the election will write it.)
+#[test]
+fn a_leader_deposed_by_a_newer_partition_key_answers_its_waiting_produce_at_once() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "60000".into(),
+        ],
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("deposed_leader", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/dp?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "dp").remove(0);
+    let topic_id = p["epoch"].as_u64().expect("an epoch");
+    let replicas: Vec<usize> = p["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| c.index_of(r.as_str().unwrap()))
+        .collect();
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    assert_eq!(produce(c.node(leader), "dp", "", "a").1, 0);
+
+    // Both followers paused: a produce waits for a majority (up to a minute).
+    c.pause(f1);
+    c.pause(f2);
+    let waiting = {
+        let client = c.node(leader).new_client();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let a = client
+                .call("POST", "/produce?topic=dp", b"b")
+                .expect("an answer");
+            (a.status, a.text(), started.elapsed())
+        })
+    };
+    std::thread::sleep(ms(300));
+    // A new leadership, in the metastore's node indices (the topic record's placement and followers).
+    let prefix = format!("/berth/{}/", c.name);
+    let record: serde_json::Value = serde_json::from_str(
+        &c.etcd
+            .get(&format!("{prefix}topics/dp"))
+            .expect("etcd")
+            .expect("the topic record"),
+    )
+    .unwrap();
+    let mut indices = vec![record["placement"][0].clone()];
+    indices.extend(record["followers"][0].as_array().unwrap().iter().cloned());
+    let key =
+        serde_json::json!({ "topic_id": topic_id, "replicas": indices, "leader": indices[1] });
+    let put_at = Instant::now();
+    c.etcd
+        .put(&format!("{prefix}partitions/dp/0"), &key.to_string())
+        .expect("put");
+    let (status, text, _) = waiting.join().unwrap();
+    let answered_after = put_at.elapsed();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("partition_unavailable"), "{text}");
+    assert!(
+        answered_after < Duration::from_secs(20),
+        "answered {answered_after:?} after the new key, not at the replica timeout"
+    );
+    assert!(
+        c.node(leader)
+            .log_text()
+            .contains("a newer leadership began"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    c.resume(f1);
+    c.resume(f2);
+}
+
 /// A partition's frontier file of `group` in a node's data directory (None: there is none).
 fn frontier_file(node: &Node, topic: &str, p: u64, group: &str) -> Option<Vec<u8>> {
     let name = if group == "default" {

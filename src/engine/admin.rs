@@ -58,6 +58,16 @@ impl Engine {
         let existing = self.topics.borrow().get(&config.name).cloned();
         if let Some(existing) = existing {
             if existing.id() == config.id {
+                // A partition led here that another node now leads stops serving at once (it is deposed), whatever
+                // else this view changes.
+                let node = self.node.get();
+                for p in existing.owned_partitions() {
+                    if let Some(s) = states.get(p.id as usize) {
+                        if s.leader != node && s.epoch > existing.epoch(p.id) {
+                            p.depose(s.epoch);
+                        }
+                    }
+                }
                 // Cluster mode: the same topic, perhaps with another node's partitions on other cores now.
                 if *existing.locations() != *locations {
                     existing
@@ -76,9 +86,9 @@ impl Engine {
                         .owned_partitions()
                         .filter(|p| !existing.followers(p.id).is_empty())
                         .filter_map(|p| {
-                            let epoch = states.get(p.id as usize)?.epoch;
-                            (epoch > existing.epoch(p.id))
-                                .then(|| (p.clone(), epoch, p.log.end_offset()))
+                            let s = states.get(p.id as usize)?;
+                            (s.leader == node && s.epoch > existing.epoch(p.id))
+                                .then(|| (p.clone(), s.epoch, p.log.end_offset()))
                         })
                         .collect();
                     existing.set_states(states);

@@ -30,7 +30,7 @@ use crate::engine::{Engine, Ship, ShipSink};
 use crate::ops::replicate::{
     FrontierMark, Replicate, ReplicateFrontiers, Replicated, MAX_FRONTIER_MARKS,
 };
-use crate::ops::{Reply, Request};
+use crate::ops::{OpError, Reply, Request};
 use crate::partition::FollowerInfo;
 use crate::storage::journal::EntryHead;
 use crate::transport::Router;
@@ -505,6 +505,23 @@ impl Shipper {
     }
 
     /// The topic still exists with this id, and this core still leads the partition.
+    /// A follower answered `stale_epoch` with a newer epoch than the stream's: a newer leadership began, so this
+    /// leader's partition stops serving (`Partition::depose`); the stream keeps retrying, and counts that follower
+    /// for nothing, until the metadata ends it.
+    fn deposed_by(&self, stream: &Stream, e: &OpError) {
+        if let Some(known) = stale_epoch_known(e).filter(|&k| k > stream.epoch) {
+            if let Some(p) = self
+                .engine()
+                .topic(&stream.topic)
+                .ok()
+                .filter(|t| t.id() == stream.topic_id)
+                .and_then(|t| t.owned_partition(stream.partition))
+            {
+                p.depose(known);
+            }
+        }
+    }
+
     fn still_leads(&self, stream: &Stream) -> bool {
         self.engine()
             .topic(&stream.topic)
@@ -813,6 +830,16 @@ fn fail(f: &Follower, why: &str) {
     f.wake.notify(1);
 }
 
+/// The epoch a follower knows, when it refused a request as `stale_epoch`.
+fn stale_epoch_known(e: &OpError) -> Option<u64> {
+    match e {
+        OpError::Engine(crate::engine::EngineError::Partition(
+            crate::partition::PartitionError::StaleEpoch { known, .. },
+        )) => Some(*known),
+        _ => None,
+    }
+}
+
 /// Takes up to `MAX_FRONTIER_MARKS` of the frontiers waiting in `queue` (in group order, as the follower admits
 /// them).
 fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
@@ -855,7 +882,10 @@ async fn send_frontiers(
         other => {
             let why = match &other {
                 Ok(_) => "an answer out of protocol".to_string(),
-                Err(e) => e.to_string(),
+                Err(e) => {
+                    shipper.deposed_by(&stream, e);
+                    e.to_string()
+                }
             };
             {
                 let mut waiting = queue.waiting.borrow_mut();
@@ -993,7 +1023,10 @@ async fn send(
         }
         // Retried, whatever the cause (a follower down, restarting, overloaded): it resumes from what is kept for it
         // when it answers again (the windows bound what that costs).
-        Err(e) => fail(&f, &e.to_string()),
+        Err(e) => {
+            shipper.deposed_by(&stream, &e);
+            fail(&f, &e.to_string())
+        }
     }
     f.wake.notify(1);
 }

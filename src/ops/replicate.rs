@@ -428,6 +428,61 @@ mod tests {
             });
     }
 
+    /// A partition led here whose metadata names another leader at a newer epoch is deposed: a produce to it is
+    /// answered `503 partition_unavailable`, and it stays so; a newer epoch naming this node again only records it.
+    #[test]
+    fn a_leader_whose_metadata_names_another_leader_is_deposed() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let (engine, mut topic, _) = follower_at(8).await;
+                topic.name = "led".into();
+                topic.id = 6;
+                let state = |leader, epoch| {
+                    vec![PartitionState {
+                        replicas: vec![0, 1],
+                        leader,
+                        epoch,
+                    }]
+                };
+                let here = vec![Location { node: 0, core: 0 }];
+                engine
+                    .apply_topic(topic.clone(), here.clone(), state(0, 6))
+                    .await
+                    .unwrap();
+                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
+                engine
+                    .apply_topic(topic.clone(), here.clone(), state(0, 7))
+                    .await
+                    .unwrap();
+                assert_eq!(p.deposed(), None, "a newer epoch of its own");
+                engine
+                    .apply_topic(topic.clone(), here.clone(), state(1, 9))
+                    .await
+                    .unwrap();
+                assert_eq!(p.deposed(), Some(9));
+                let produce = crate::ops::produce::Produce {
+                    topic: "led".into(),
+                    topic_id: 6,
+                    partition: 0,
+                    records: vec![Bytes::from_static(b"x")],
+                };
+                let r = crate::ops::produce::apply(&engine, produce).await;
+                assert!(
+                    matches!(&r, Err(e) if crate::ops::status::status_of(e) == (503, "partition_unavailable")),
+                    "{r:?}"
+                );
+                assert_eq!(p.log.end_offset(), 0, "nothing appended");
+                assert_eq!(
+                    p.epoch_history().entries(),
+                    &[crate::storage::epoch_history::EpochStart { epoch: 7, start: 0 }],
+                    "the other leader's epoch is not this replica's"
+                );
+                engine.close_all().await;
+            });
+    }
+
     fn stale<T: std::fmt::Debug>(r: &OpResult<T>, floor: u64) -> bool {
         matches!(
             r,

@@ -20,8 +20,11 @@ pub(super) struct Commit {
     pub(super) end: std::cell::Cell<u64>,
     /// Each follower's durable end, as it last answered (a follower that never answered is not here).
     pub(super) acked: std::cell::RefCell<Vec<(u32, u64)>>,
-    /// Notified when `end` moves, and when the partition closes.
+    /// Notified when `end` moves, when the partition closes, and when it is deposed.
     pub(super) moved: event_listener::Event,
+    /// Some(epoch) once this leader learned that a newer leadership (that epoch) began: it serves nothing more
+    /// (`Partition::depose`).
+    pub(super) deposed: std::cell::Cell<Option<u64>>,
 }
 
 impl Commit {
@@ -31,6 +34,7 @@ impl Commit {
             end: std::cell::Cell::new(0),
             acked: std::cell::RefCell::new(Vec::new()),
             moved: event_listener::Event::new(),
+            deposed: std::cell::Cell::new(None),
         }
     }
 }
@@ -161,6 +165,7 @@ impl Partition {
             if self.closed.get() {
                 return Err(PartitionError::Closed);
             }
+            self.check_leading()?;
             if self.clock.now_ms() >= deadline {
                 let have = 1 + self
                     .commit
@@ -185,6 +190,38 @@ impl Partition {
     /// At close: produces waiting for their commit give up.
     pub(super) fn wake_commit_waiters(&self) {
         self.commit.moved.notify(usize::MAX);
+    }
+
+    /// This leader learned that a leadership of `epoch` began (its metadata names another leader, or a replica
+    /// answered `stale_epoch`, or a new leader's fencing reached it): from now on it appends, leases and settles
+    /// nothing (`503 partition_unavailable`: the client retries and is routed to the new leader), and the produces
+    /// waiting for their commit are answered so at once (their records may or may not survive: a retry can
+    /// duplicate, never lose). Its log stays as it is, for the new leader's truncation. Only a newer epoch than
+    /// the one it leads at counts.
+    pub fn depose(&self, epoch: u64) {
+        if self.commit.deposed.get().is_some_and(|d| d >= epoch) {
+            return;
+        }
+        tracing::warn!(dir = %self.dir.display(), epoch, "a newer leadership began: this leader serves the partition no more");
+        self.commit.deposed.set(Some(epoch));
+        self.commit.moved.notify(usize::MAX);
+        (self.wake)(None, 1);
+    }
+
+    /// The epoch of the newer leadership that deposed this leader, if any.
+    pub fn deposed(&self) -> Option<u64> {
+        self.commit.deposed.get()
+    }
+
+    /// Err when deposed: what every append, take and settle on a leader checks first.
+    pub(super) fn check_leading(&self) -> Result<(), PartitionError> {
+        match self.commit.deposed.get() {
+            None => Ok(()),
+            Some(epoch) => Err(PartitionError::Unavailable(format!(
+                "partition {} is no longer led by this node: a leadership of epoch {epoch} began",
+                self.id
+            ))),
+        }
     }
 }
 

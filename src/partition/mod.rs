@@ -536,7 +536,11 @@ impl Partition {
         budget: &mut ByteBudget,
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
-        match self.ensure_loaded().await {
+        match self
+            .ensure_loaded()
+            .await
+            .and_then(|()| self.check_leading())
+        {
             Ok(()) => {}
             Err(PartitionError::Unavailable(_)) => {
                 return Ok(Taken {
@@ -752,6 +756,7 @@ impl Partition {
         op: SettleOp,
     ) -> Result<Vec<Result<(), PartitionError>>, PartitionError> {
         self.ensure_loaded().await?;
+        self.check_leading()?;
         let g = self.group(group)?;
         let now = self.clock.now_ms();
         let released = g.with(|s| s.purge_expired(now));
@@ -813,6 +818,7 @@ impl Partition {
         nonce: u64,
     ) -> Result<(), PartitionError> {
         self.ensure_loaded().await?;
+        self.check_leading()?;
         let g = self.group(group)?;
         let now = self.clock.now_ms();
         let released = g.with(|s| s.purge_expired(now));
@@ -850,7 +856,9 @@ impl Partition {
     /// durable. The first touch loads the frontiers first, so an append never takes an offset below a durable
     /// frontier.
     pub async fn append(&self, payloads: Vec<Bytes>) -> Result<u64, PartitionError> {
+        self.check_leading()?;
         self.ensure_loaded().await?;
+        self.check_leading()?;
         Ok(self.log.append_batch(payloads).await?)
     }
 

@@ -797,6 +797,58 @@ fn a_replicated_partition_serves_and_answers_only_what_a_majority_of_its_replica
     });
 }
 
+/// A deposed leader (a newer leadership began) appends, leases and settles nothing more, and a produce waiting for
+/// its commit is answered at once; what it holds stays in its log. An older or equal epoch changes nothing more.
+#[test]
+fn a_deposed_leader_serves_nothing_more_and_its_commit_waiters_are_answered_at_once() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken = Rc::new(std::cell::Cell::new(0usize));
+        let w = woken.clone();
+        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
+        p.set_replicas(3);
+        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        p.follower_acked(7, 2);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0]);
+        let lease = (taken.deliveries[0].offset, taken.deliveries[0].nonce);
+        let waiter = {
+            let p = p.clone();
+            glommio::spawn_local(async move {
+                p.wait_committed(3, std::time::Duration::from_secs(3600))
+                    .await
+            })
+        };
+        futures_lite::future::yield_now().await;
+        let before = woken.get();
+        assert_eq!(p.deposed(), None);
+        p.depose(12);
+        assert_eq!(p.deposed(), Some(12));
+        assert!(woken.get() > before, "parked consumers look again");
+        fn unavailable<T>(r: &Result<T, PartitionError>) -> bool {
+            matches!(r, Err(PartitionError::Unavailable(why)) if why.contains("epoch 12"))
+        }
+        let r = waiter.await;
+        assert!(unavailable(&r), "{r:?}");
+        assert!(unavailable(&p.append(bodies(&["d"])).await));
+        let taken = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(
+            (offsets(&taken), taken.stop),
+            (vec![], Some(Stop::Unavailable))
+        );
+        assert!(unavailable(
+            &p.settle(DEFAULT_GROUP, &[lease], SettleOp::Ack).await
+        ));
+        assert!(unavailable(
+            &p.dead_lettered(DEFAULT_GROUP, lease.0, lease.1).await
+        ));
+        assert_eq!(p.log.end_offset(), 3, "its log stays as it was");
+        p.depose(11);
+        assert_eq!(p.deposed(), Some(12), "an older epoch changes nothing");
+    });
+}
+
 /// The stats show each group's oldest unsettled record by its append time: the record at the frontier, the next one
 /// once it is acked, none when all are settled; acking above the frontier does not move it. Each frontier position
 /// is read from the log once (a second describe while it stands still costs no read).

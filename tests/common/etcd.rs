@@ -239,4 +239,16 @@ impl Etcd {
     pub fn list(&self, prefix: &str) -> Result<Vec<(String, String)>, String> {
         self.range_raw(prefix, true)
     }
+
+    /// Writes `key` = `value` through the JSON gateway (as an operator's `etcdctl put` would).
+    pub fn put(&self, key: &str, value: &str) -> Result<(), String> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let body = serde_json::json!({ "key": b64.encode(key), "value": b64.encode(value) });
+        ureq::post(&format!("{}/v3/kv/put", self.url))
+            .timeout(Duration::from_secs(2))
+            .send_string(&body.to_string())
+            .map_err(|e| format!("etcd put: {e}"))?;
+        Ok(())
+    }
 }
