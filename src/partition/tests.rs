@@ -797,6 +797,25 @@ fn a_replicated_partition_serves_and_answers_only_what_a_majority_of_its_replica
     });
 }
 
+/// Each append counts its records once, in the partition's `produced` counter and in the wake-up of parked
+/// consumers (exactly as many as became deliverable), whatever offset the batch starts at.
+#[test]
+fn appends_count_and_wake_for_exactly_their_records() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken = Rc::new(std::cell::Cell::new(0usize));
+        let w = woken.clone();
+        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
+        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        assert_eq!((p.counters.produced.get(), woken.get()), (3, 3));
+        assert_eq!(p.append(bodies(&["d", "e"])).await.unwrap(), 3);
+        assert_eq!((p.counters.produced.get(), woken.get()), (5, 5));
+        assert_eq!(p.append(bodies(&["f"])).await.unwrap(), 5);
+        assert_eq!((p.counters.produced.get(), woken.get()), (6, 6));
+    });
+}
+
 /// A deposed leader (a newer leadership began) appends, leases and settles nothing more, and a produce waiting for
 /// its commit is answered at once; what it holds stays in its log. An older or equal epoch changes nothing more.
 #[test]
