@@ -69,6 +69,9 @@ pub enum Request {
     Replicate(replicate::Replicate),
     /// A leader's durable group frontiers for this node's follower replica of the partition (`Done`).
     ReplicateFrontiers(replicate::ReplicateFrontiers),
+    /// A new leader's fencing round: this node's replica of the partition takes no request of an older epoch from
+    /// here on, and answers where its log stands (`Began`).
+    BeginEpoch(replicate::BeginEpoch),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -88,6 +91,7 @@ pub enum Reply {
     /// A topic's id and each partition's replicas, leader and epoch (`None`: the replica does not have the topic).
     Partitions(Option<(u64, Vec<PartitionState>)>),
     Replicated(replicate::Replicated),
+    Began(replicate::Began),
 }
 
 impl Request {
@@ -138,6 +142,7 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
             replicate::apply_frontiers(engine, r).await?;
             Reply::Done
         }
+        Request::BeginEpoch(r) => Reply::Began(replicate::begin_epoch(engine, r).await?),
         Request::CreateTopic(config) => {
             let (created, config) = topics::create(engine, config).await?;
             Reply::Created(created, config)

@@ -105,6 +105,71 @@ pub struct FrontierMark {
 /// several requests).
 pub const MAX_FRONTIER_MARKS: usize = crate::engine::topic::MAX_GROUPS_LIMIT;
 
+/// A new leader's fencing round (`docs/replication.md` §4, step 2; step 4): sent by the node that became the
+/// partition's leader at `epoch` to each replica, before it serves. The replica raises its durable epoch floor to
+/// `epoch` (from then on it answers no request of an older leadership: `stale_epoch`), and, if it is the old leader
+/// itself, is deposed; it answers where its log stands, so that the new leader can take the greatest log among a
+/// majority.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BeginEpoch {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    /// The new leader (the sender: `validate::admit` holds a peer to it).
+    pub leader: NodeIndex,
+    pub epoch: u64,
+}
+
+/// A replica's answer to [`BeginEpoch`]: its log's end and the epoch of its last record (its epoch history's last
+/// entry; 0 when it has none), by which a fencing round ranks replicas (a later epoch first, then a longer log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Began {
+    pub end: u64,
+    pub last_epoch: u64,
+}
+
+/// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
+/// follower replica, or the partition it leads (then deposed). Below the replica's floor or its metadata's epoch:
+/// `stale_epoch`. A newer epoch than its metadata names is taken: the new leader's transaction is what made it, and
+/// this node's metadata may not show it yet.
+pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> {
+    let topic = engine.topic(&r.topic)?;
+    if topic.id() != r.topic_id {
+        return Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
+            r.topic.clone(),
+        )));
+    }
+    let p = r.partition;
+    let (partition, led) = match (topic.followed_partition(p), topic.owned_partition(p)) {
+        (Some(f), _) => (f, false),
+        (None, Some(o)) if !topic.followers(p).is_empty() => (o, true),
+        _ => {
+            return Err(OpError::PartitionUnavailable(format!(
+                "core {} holds no replica of partition {p} of '{}'",
+                engine.id(),
+                r.topic
+            )))
+        }
+    };
+    let known = topic.epoch(p).max(partition.epoch_floor());
+    if r.epoch < known || (led && r.epoch == topic.epoch(p)) {
+        return Err(crate::partition::PartitionError::StaleEpoch {
+            epoch: r.epoch,
+            known,
+        }
+        .into());
+    }
+    if led {
+        // Deposed first: nothing it appends, leases or commits from here on.
+        partition.depose(r.epoch);
+    }
+    partition.raise_epoch_floor(r.epoch).await?;
+    Ok(Began {
+        end: partition.log.end_offset(),
+        last_epoch: partition.epoch_history().last().map_or(0, |e| e.epoch),
+    })
+}
+
 /// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
 /// group this replica does not know are passed over, unless they start it.
 pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
@@ -203,7 +268,17 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         }
         Err(crate::partition::FollowEpochsError::Partition(e)) => return Err(e.into()),
     }
-    match log.apply_shipped(&r.head(), &r.frames).await {
+    let applied = log.apply_shipped(&r.head(), &r.frames).await;
+    if partition.epoch_floor() > r.epoch {
+        // A newer leader's fencing round reached this replica while the batch was written: its old leader must not
+        // count it (the new leader took this replica's end before it), so it is not acknowledged.
+        return Err(crate::partition::PartitionError::StaleEpoch {
+            epoch: r.epoch,
+            known: partition.epoch_floor(),
+        }
+        .into());
+    }
+    match applied {
         Ok(()) => Ok(Replicated {
             end: log.end_offset(),
             applied: true,
@@ -478,6 +553,90 @@ mod tests {
                     p.epoch_history().entries(),
                     &[crate::storage::epoch_history::EpochStart { epoch: 7, start: 0 }],
                     "the other leader's epoch is not this replica's"
+                );
+                engine.close_all().await;
+            });
+    }
+
+    /// A new leader's fencing round: a follower replica raises its floor durably and answers its end and last
+    /// epoch, after which the old leader's requests are `stale_epoch` even before the metadata moves; the old leader
+    /// itself, reached by the round, is deposed. An epoch below what the replica knows is refused.
+    #[test]
+    fn begin_epoch_fences_a_follower_and_deposes_the_old_leader() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let (engine, mut topic, _) = follower_on(sim.clone(), 8).await;
+                let begin = |name: &str, id: u64, epoch: u64| BeginEpoch {
+                    topic: name.into(),
+                    topic_id: id,
+                    partition: 0,
+                    leader: 2,
+                    epoch,
+                };
+                let r = begin_epoch(&engine, begin("t", 5, 7)).await;
+                assert!(stale(&r, 8), "{r:?}");
+                let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
+                assert_eq!(
+                    began,
+                    Began {
+                        end: 0,
+                        last_epoch: 0
+                    }
+                );
+                let file =
+                    PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
+                assert_eq!(
+                    sim.durable_contents(&file),
+                    Some(crate::storage::epoch_floor::encode(9)),
+                    "durable before the answer"
+                );
+                // The old leader (node 1, epoch 8) is refused from now on; the metadata still says 8.
+                let r = apply(&engine, probe(8)).await;
+                assert!(stale(&r, 9), "{r:?}");
+                let r = apply_frontiers(&engine, frontiers(8)).await;
+                assert!(stale(&r, 9), "{r:?}");
+
+                // This node leads "led" at epoch 6; a round of epoch 9 from another node deposes it.
+                topic.name = "led".into();
+                topic.id = 6;
+                let state = vec![PartitionState {
+                    replicas: vec![0, 1],
+                    leader: 0,
+                    epoch: 6,
+                }];
+                engine
+                    .apply_topic(topic, vec![Location { node: 0, core: 0 }], state)
+                    .await
+                    .unwrap();
+                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
+                p.log
+                    .append_batch(vec![Bytes::from_static(b"a"); 2])
+                    .await
+                    .unwrap();
+                let r = begin_epoch(&engine, begin("led", 6, 6)).await;
+                assert!(stale(&r, 6), "its own epoch: {r:?}");
+                assert_eq!(p.deposed(), None);
+                let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
+                assert_eq!(
+                    began,
+                    Began {
+                        end: 2,
+                        last_epoch: 6
+                    }
+                );
+                assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));
+                let r = begin_epoch(&engine, begin("led", 7, 10)).await;
+                assert!(
+                    matches!(
+                        r,
+                        Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
+                            _
+                        )))
+                    ),
+                    "another topic id: {r:?}"
                 );
                 engine.close_all().await;
             });

@@ -153,6 +153,16 @@ pub fn admit(
             }
             Ok(())
         }
+        Request::BeginEpoch(r) => {
+            validate_name(&r.topic)?;
+            if r.leader != peer {
+                return Err(OpError::InvalidParameter(format!(
+                    "node {peer} began an epoch as node {}",
+                    r.leader
+                )));
+            }
+            Ok(())
+        }
         Request::ReplicateFrontiers(r) => {
             validate_name(&r.topic)?;
             if r.leader != peer {
@@ -280,6 +290,7 @@ pub enum Expected {
     Done,
     Partitions,
     Replicated,
+    Began,
 }
 
 /// The reply `request` must get.
@@ -296,6 +307,7 @@ pub fn expect(request: &Request) -> Expected {
         Request::Stats => Expected::Stats,
         Request::Partitions(_) => Expected::Partitions,
         Request::Replicate(_) => Expected::Replicated,
+        Request::BeginEpoch(_) => Expected::Began,
         Request::DeleteTopic(_)
         | Request::DeleteGroup(..)
         | Request::Admin(_)
@@ -336,6 +348,7 @@ pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
         | (Expected::Stats, Reply::Stats(_))
         | (Expected::Partitions, Reply::Partitions(_))
         | (Expected::Replicated, Reply::Replicated(_))
+        | (Expected::Began, Reply::Began(_))
         | (Expected::Done, Reply::Done) => true,
         _ => false,
     };
@@ -360,6 +373,7 @@ fn reply_kind(reply: &Reply) -> &'static str {
         Reply::Done => "Done",
         Reply::Partitions(_) => "Partitions",
         Reply::Replicated(_) => "Replicated",
+        Reply::Began(_) => "Began",
     }
 }
 
@@ -384,6 +398,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::Partitions(_) => "Partitions",
         Request::Replicate(_) => "Replicate",
         Request::ReplicateFrontiers(_) => "ReplicateFrontiers",
+        Request::BeginEpoch(_) => "BeginEpoch",
     }
 }
 
@@ -728,6 +743,22 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // A fencing round only from the new leader it names.
+        let begin = |leader: u32| {
+            Request::BeginEpoch(crate::ops::replicate::BeginEpoch {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                leader,
+                epoch: 9,
+            })
+        };
+        assert!(admit(&begin(3), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&begin(4), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("as node 4")
+        ));
+        assert!(matches!(expect(&begin(3)), Expected::Began));
         let many: Vec<(u64, u64)> = (0..=crate::ops::replicate::MAX_EPOCH_ENTRIES as u64)
             .map(|i| (i + 1, i))
             .collect();

@@ -159,13 +159,15 @@ impl Partition {
         let deadline = self.clock.now_ms() + timeout.as_millis() as u64;
         loop {
             let moved = self.commit.moved.listen();
+            // Deposed first: once a newer leader's round fenced this one, what its commit offset says may rest on
+            // its own records written after the round read its end, so nothing more is acknowledged here.
+            self.check_leading()?;
             if self.commit.end.get() >= end {
                 return Ok(());
             }
             if self.closed.get() {
                 return Err(PartitionError::Closed);
             }
-            self.check_leading()?;
             if self.clock.now_ms() >= deadline {
                 let have = 1 + self
                     .commit

@@ -233,6 +233,13 @@ fn every_request() -> Vec<Request> {
                 },
             ],
         }),
+        Request::BeginEpoch(crate::ops::replicate::BeginEpoch {
+            topic: topic(),
+            topic_id: 77,
+            partition: 1,
+            leader: 2,
+            epoch: 93,
+        }),
     ]
 }
 
@@ -324,6 +331,10 @@ fn every_reply() -> Vec<ReplyBody> {
             applied: false,
             refused: true,
         })),
+        Ok(Reply::Began(crate::ops::replicate::Began {
+            end: 4102,
+            last_epoch: 91,
+        })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
         Err(OpError::Engine(EngineError::TopicExists {
@@ -360,6 +371,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Partitions(_) => 15,
         Request::Replicate(_) => 16,
         Request::ReplicateFrontiers(_) => 17,
+        Request::BeginEpoch(_) => 18,
     }
 }
 
@@ -377,6 +389,7 @@ fn reply_variant(r: &Reply) -> usize {
         Reply::Done => 9,
         Reply::Partitions(_) => 10,
         Reply::Replicated(_) => 11,
+        Reply::Began(_) => 12,
     }
 }
 
@@ -385,7 +398,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..18).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..19).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
@@ -393,7 +406,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
         .map(reply_variant)
         .collect();
     seen.dedup();
-    assert_eq!(seen, (0..12).collect::<Vec<_>>(), "every reply variant");
+    assert_eq!(seen, (0..13).collect::<Vec<_>>(), "every reply variant");
 
     let mut wire = Vec::new();
     for (i, request) in requests.iter().enumerate() {
