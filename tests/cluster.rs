@@ -1485,12 +1485,7 @@ fn a_leader_deposed_by_a_newer_partition_key_answers_its_waiting_produce_at_once
     assert_eq!(a.status, 201, "{}", a.text());
     let p = partitions(c.node(0), "dp").remove(0);
     let topic_id = p["epoch"].as_u64().expect("an epoch");
-    let replicas: Vec<usize> = p["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| c.index_of(r.as_str().unwrap()))
-        .collect();
+    let replicas: Vec<usize> = replica_indices(&c, &p);
     let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
     assert_eq!(produce(c.node(leader), "dp", "", "a").1, 0);
 
@@ -1542,6 +1537,16 @@ fn a_leader_deposed_by_a_newer_partition_key_answers_its_waiting_produce_at_once
     );
     c.resume(f1);
     c.resume(f2);
+}
+
+/// A partition's replicas (from `GET /topics/T`: node ids, the leader first) as the cluster's node indices.
+fn replica_indices(c: &Cluster, partition: &serde_json::Value) -> Vec<usize> {
+    partition["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| c.index_of(r.as_str().expect("a node id")))
+        .collect()
 }
 
 /// A partition's frontier file of `group` in a node's data directory (None: there is none).
@@ -1612,12 +1617,7 @@ fn a_replicated_topics_group_frontiers_and_group_starts_reach_its_followers_fron
     let leaders: Vec<(u64, usize, Vec<usize>)> = partitions(c.node(0), "fr")
         .iter()
         .map(|p| {
-            let replicas: Vec<usize> = p["replicas"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| c.index_of(r.as_str().unwrap()))
-                .collect();
+            let replicas: Vec<usize> = replica_indices(&c, p);
             (p["partition"].as_u64().unwrap(), replicas[0], replicas)
         })
         .collect();
@@ -1668,12 +1668,7 @@ fn a_follower_that_missed_frontiers_gets_them_from_its_leader_started_again() {
     };
     let a = c.node(0).put("/topics/fx?partitions=1&replicas=3");
     assert_eq!(a.status, 201, "{}", a.text());
-    let replicas: Vec<usize> = partitions(c.node(0), "fx")[0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| c.index_of(r.as_str().unwrap()))
-        .collect();
+    let replicas: Vec<usize> = replica_indices(&c, &partitions(c.node(0), "fx")[0]);
     let (leader, missed, other) = (replicas[0], replicas[1], replicas[2]);
     for n in 0..10 {
         produce(c.node(leader), "fx", "", &format!("m-{n}"));
@@ -1739,12 +1734,7 @@ fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
     };
     let a = c.node(0).put("/topics/cu?partitions=1&replicas=3");
     assert_eq!(a.status, 201, "{}", a.text());
-    let replicas: Vec<usize> = partitions(c.node(0), "cu")[0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| c.index_of(r.as_str().unwrap()))
-        .collect();
+    let replicas: Vec<usize> = replica_indices(&c, &partitions(c.node(0), "cu")[0]);
     let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
     for n in 0..5 {
         produce(c.node(leader), "cu", "", &format!("m-{n}"));
@@ -1838,12 +1828,7 @@ fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_wi
     let a = c.node(0).put("/topics/m?partitions=1&replicas=3");
     assert_eq!(a.status, 201, "{}", a.text());
     let p = partitions(c.node(0), "m").remove(0);
-    let replicas: Vec<usize> = p["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| c.index_of(r.as_str().unwrap()))
-        .collect();
+    let replicas: Vec<usize> = replica_indices(&c, &p);
     let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
     let client = c.node(leader).new_client();
 

@@ -128,6 +128,10 @@ impl Engine {
                         if let Some(f) = followers.get(p as usize).filter(|f| !f.is_empty()) {
                             // Its records from its log's end on are this epoch's, durably before it serves.
                             let epoch = states.get(p as usize).map_or(config.id, |s| s.epoch);
+                            if partition.epoch_floor() > epoch {
+                                // It answered a newer leader's fencing round before a restart: it leads no more.
+                                partition.depose(partition.epoch_floor());
+                            }
                             if let Err(e) = partition
                                 .begin_leading(epoch, partition.log.end_offset())
                                 .await

@@ -403,6 +403,16 @@ impl Topic {
             .map_or(0, |s| s.epoch)
     }
 
+    /// Partition `p`'s replicas (the leader among them, as the metastore last had them; empty for a partition the
+    /// topic does not have).
+    pub fn replicas_of(&self, p: u32) -> Vec<NodeIndex> {
+        self.replicas
+            .states
+            .borrow()
+            .get(p as usize)
+            .map_or_else(Vec::new, |s| s.replicas.clone())
+    }
+
     /// Whether each partition's replicas, leader and epoch are `states` (or `states` is empty: not known).
     pub fn has_states(&self, states: &[PartitionState]) -> bool {
         states.is_empty() || *self.replicas.states.borrow().as_ref() == *states

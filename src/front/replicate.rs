@@ -504,7 +504,6 @@ impl Shipper {
         }
     }
 
-    /// The topic still exists with this id, and this core still leads the partition.
     /// A follower answered `stale_epoch` with a newer epoch than the stream's: a newer leadership began, so this
     /// leader's partition stops serving (`Partition::depose`); the stream keeps retrying, and counts that follower
     /// for nothing, until the metadata ends it.
@@ -522,6 +521,7 @@ impl Shipper {
         }
     }
 
+    /// The topic still exists with this id, and this core still leads the partition.
     fn still_leads(&self, stream: &Stream) -> bool {
         self.engine()
             .topic(&stream.topic)

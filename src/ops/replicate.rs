@@ -140,6 +140,14 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         )));
     }
     let p = r.partition;
+    // Only a replica of the partition may begin an epoch on it (a peer that is not one cannot fence it). A replica
+    // is trusted with the epoch it names: checking it against etcd comes with the round's sender.
+    if !topic.replicas_of(p).contains(&r.leader) {
+        return Err(OpError::InvalidParameter(format!(
+            "node {} holds no replica of partition {p} of '{}'",
+            r.leader, r.topic
+        )));
+    }
     let (partition, led) = match (topic.followed_partition(p), topic.owned_partition(p)) {
         (Some(f), _) => (f, false),
         (None, Some(o)) if !topic.followers(p).is_empty() => (o, true),
@@ -164,9 +172,14 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         partition.depose(r.epoch);
     }
     partition.raise_epoch_floor(r.epoch).await?;
+    // The epoch of the last record the log holds (its history may run ahead of it: entries taken for a batch
+    // still queued, or whose write a power cut took).
+    let end = partition.log.end_offset();
     Ok(Began {
-        end: partition.log.end_offset(),
-        last_epoch: partition.epoch_history().last().map_or(0, |e| e.epoch),
+        end,
+        last_epoch: end
+            .checked_sub(1)
+            .map_or(0, |last| partition.epoch_history().epoch_of(last)),
     })
 }
 
@@ -255,8 +268,15 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
             refused: false,
         });
     }
-    // The batch's epochs first, durably: a replica never holds records its history places in an older epoch.
-    match partition.follow_epochs(&r.epochs).await {
+    // The batch's epochs first, durably: a replica never holds records its history places in an older epoch. Only
+    // for a batch at or past the log's end (pipelined ones wait their turn): one below it is not written anyway, and
+    // its entries must not relabel records this replica holds.
+    let epochs = if r.first_offset >= log.end_offset() {
+        &r.epochs[..]
+    } else {
+        &[]
+    };
+    match partition.follow_epochs(epochs, log.end_offset()).await {
         Ok(()) => {}
         Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
             tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch's epochs contradict this replica's history: refused");
@@ -315,6 +335,13 @@ mod tests {
     use crate::storage::sim::{Sim, SimStorage};
     use std::path::PathBuf;
 
+    fn run(f: impl std::future::Future<Output = ()>) {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(f)
+    }
+
     /// One core of node 0 on a simulated disk, holding the follower replica of a topic's one partition, which node
     /// 1 leads at `epoch`.
     async fn follower_at(epoch: u64) -> (Rc<Engine>, TopicConfig, Vec<Location>) {
@@ -361,6 +388,29 @@ mod tests {
         }]
     }
 
+    /// Applies the view of topic "led" (id 6, one partition on node 0 core 0, replicas [0, 1]) led by `leader` at
+    /// `epoch`, on the engine of [`follower_on`] (node 0); the partition as this core holds it.
+    async fn led_view(
+        engine: &Rc<Engine>,
+        topic: &TopicConfig,
+        leader: NodeIndex,
+        epoch: u64,
+    ) -> Option<Rc<crate::partition::Partition>> {
+        let mut topic = topic.clone();
+        topic.name = "led".into();
+        topic.id = 6;
+        let state = vec![PartitionState {
+            replicas: vec![0, 1],
+            leader,
+            epoch,
+        }];
+        engine
+            .apply_topic(topic, vec![Location { node: 0, core: 0 }], state)
+            .await
+            .unwrap();
+        engine.topic("led").unwrap().owned_partition(0)
+    }
+
     fn probe(epoch: u64) -> Replicate {
         Replicate {
             topic: "t".into(),
@@ -393,56 +443,53 @@ mod tests {
     /// leader retries); once the metadata moves to a new epoch, the old one is refused.
     #[test]
     fn a_follower_takes_its_leaders_requests_only_at_the_epoch_it_knows() {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let (engine, topic, locations) = follower_at(8).await;
-                assert_eq!(engine.topic("t").unwrap().epoch(0), 8);
-                fn stale<T>(r: &OpResult<T>) -> bool {
-                    matches!(
-                        r,
-                        Err(OpError::Engine(crate::engine::EngineError::Partition(
-                            PartitionError::StaleEpoch { epoch: _, known: _ }
-                        )))
-                    )
+        run(async {
+            let (engine, topic, locations) = follower_at(8).await;
+            assert_eq!(engine.topic("t").unwrap().epoch(0), 8);
+            fn stale<T>(r: &OpResult<T>) -> bool {
+                matches!(
+                    r,
+                    Err(OpError::Engine(crate::engine::EngineError::Partition(
+                        PartitionError::StaleEpoch { epoch: _, known: _ }
+                    )))
+                )
+            }
+            fn ahead<T>(r: &OpResult<T>) -> bool {
+                matches!(r, Err(OpError::PartitionUnavailable(_)))
+            }
+            let r = apply(&engine, probe(7)).await;
+            assert!(stale(&r), "{r:?}");
+            let r = apply(&engine, probe(9)).await;
+            assert!(ahead(&r), "{r:?}");
+            assert_eq!(
+                apply(&engine, probe(8)).await.unwrap(),
+                Replicated {
+                    end: 0,
+                    applied: false,
+                    refused: false
                 }
-                fn ahead<T>(r: &OpResult<T>) -> bool {
-                    matches!(r, Err(OpError::PartitionUnavailable(_)))
-                }
-                let r = apply(&engine, probe(7)).await;
-                assert!(stale(&r), "{r:?}");
-                let r = apply(&engine, probe(9)).await;
-                assert!(ahead(&r), "{r:?}");
-                assert_eq!(
-                    apply(&engine, probe(8)).await.unwrap(),
-                    Replicated {
-                        end: 0,
-                        applied: false,
-                        refused: false
-                    }
-                );
-                let r = apply_frontiers(&engine, frontiers(7)).await;
-                assert!(stale(&r), "{r:?}");
-                let r = apply_frontiers(&engine, frontiers(9)).await;
-                assert!(ahead(&r), "{r:?}");
-                let r = apply_frontiers(&engine, frontiers(8)).await;
-                assert!(r.is_ok(), "{r:?}");
+            );
+            let r = apply_frontiers(&engine, frontiers(7)).await;
+            assert!(stale(&r), "{r:?}");
+            let r = apply_frontiers(&engine, frontiers(9)).await;
+            assert!(ahead(&r), "{r:?}");
+            let r = apply_frontiers(&engine, frontiers(8)).await;
+            assert!(r.is_ok(), "{r:?}");
 
-                // The metastore moves the partition to epoch 9 (the same topic, the same leader).
-                engine
-                    .apply_topic(topic, locations, states(9))
-                    .await
-                    .unwrap();
-                assert_eq!(engine.topic("t").unwrap().epoch(0), 9);
-                let r = apply(&engine, probe(8)).await;
-                assert!(stale(&r), "{r:?}");
-                let r = apply_frontiers(&engine, frontiers(8)).await;
-                assert!(stale(&r), "{r:?}");
-                assert!(apply(&engine, probe(9)).await.is_ok());
-                assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
-                engine.close_all().await;
-            });
+            // The metastore moves the partition to epoch 9 (the same topic, the same leader).
+            engine
+                .apply_topic(topic, locations, states(9))
+                .await
+                .unwrap();
+            assert_eq!(engine.topic("t").unwrap().epoch(0), 9);
+            let r = apply(&engine, probe(8)).await;
+            assert!(stale(&r), "{r:?}");
+            let r = apply_frontiers(&engine, frontiers(8)).await;
+            assert!(stale(&r), "{r:?}");
+            assert!(apply(&engine, probe(9)).await.is_ok());
+            assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
+            engine.close_all().await;
+        });
     }
 
     /// A leader's epoch history: its first epoch from offset 0 when it opens the replicated partition, and each newer
@@ -451,111 +498,65 @@ mod tests {
     #[test]
     fn a_leader_records_each_epoch_it_leads_at_from_its_logs_end() {
         use crate::storage::epoch_history::{self, EpochStart};
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let (engine, mut topic, _) = follower_on(sim.clone(), 8).await;
-                // The same node leads a second topic, followed by node 1.
-                topic.name = "led".into();
-                topic.id = 6;
-                let led = |epoch| {
-                    vec![PartitionState {
-                        replicas: vec![0, 1],
-                        leader: 0,
-                        epoch,
-                    }]
-                };
-                let here = vec![Location { node: 0, core: 0 }];
-                engine
-                    .apply_topic(topic.clone(), here.clone(), led(6))
-                    .await
-                    .unwrap();
-                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
-                let e = |epoch, start| EpochStart { epoch, start };
-                let durable = || {
-                    let after = SimStorage(sim.power_cut(|_, _| 0));
-                    epoch_history::read(&after, &PathBuf::from("/sim/topics/led/0"))
-                        .unwrap()
-                        .entries()
-                        .to_vec()
-                };
-                assert_eq!(durable(), vec![e(6, 0)]);
-                engine
-                    .apply_topic(topic.clone(), here.clone(), led(7))
-                    .await
-                    .unwrap();
-                assert_eq!(durable(), vec![e(7, 0)], "epoch 6 wrote nothing");
-                p.log
-                    .append_batch(vec![Bytes::from_static(b"a"); 3])
-                    .await
-                    .unwrap();
-                engine
-                    .apply_topic(topic.clone(), here.clone(), led(11))
-                    .await
-                    .unwrap();
-                assert_eq!(durable(), vec![e(7, 0), e(11, 3)]);
-                assert_eq!(p.epochs_covering(2, 4), vec![e(7, 0), e(11, 3)]);
-                engine.apply_topic(topic, here, led(11)).await.unwrap();
-                assert_eq!(durable(), vec![e(7, 0), e(11, 3)], "the same epoch");
-                engine.close_all().await;
-            });
+        run(async {
+            let sim = Sim::new();
+            let (engine, topic, _) = follower_on(sim.clone(), 8).await;
+            // The same node leads a second topic, followed by node 1.
+            let p = led_view(&engine, &topic, 0, 6).await.unwrap();
+            let e = |epoch, start| EpochStart { epoch, start };
+            let durable = || {
+                let after = SimStorage(sim.power_cut(|_, _| 0));
+                epoch_history::read(&after, &PathBuf::from("/sim/topics/led/0"))
+                    .unwrap()
+                    .entries()
+                    .to_vec()
+            };
+            assert_eq!(durable(), vec![e(6, 0)]);
+            led_view(&engine, &topic, 0, 7).await;
+            assert_eq!(durable(), vec![e(7, 0)], "epoch 6 wrote nothing");
+            p.log
+                .append_batch(vec![Bytes::from_static(b"a"); 3])
+                .await
+                .unwrap();
+            led_view(&engine, &topic, 0, 11).await;
+            assert_eq!(durable(), vec![e(7, 0), e(11, 3)]);
+            assert_eq!(p.epochs_covering(2, 4), vec![e(7, 0), e(11, 3)]);
+            led_view(&engine, &topic, 0, 11).await;
+            assert_eq!(durable(), vec![e(7, 0), e(11, 3)], "the same epoch");
+            engine.close_all().await;
+        });
     }
 
     /// A partition led here whose metadata names another leader at a newer epoch is deposed: a produce to it is
     /// answered `503 partition_unavailable`, and it stays so; a newer epoch naming this node again only records it.
     #[test]
     fn a_leader_whose_metadata_names_another_leader_is_deposed() {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let (engine, mut topic, _) = follower_at(8).await;
-                topic.name = "led".into();
-                topic.id = 6;
-                let state = |leader, epoch| {
-                    vec![PartitionState {
-                        replicas: vec![0, 1],
-                        leader,
-                        epoch,
-                    }]
-                };
-                let here = vec![Location { node: 0, core: 0 }];
-                engine
-                    .apply_topic(topic.clone(), here.clone(), state(0, 6))
-                    .await
-                    .unwrap();
-                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
-                engine
-                    .apply_topic(topic.clone(), here.clone(), state(0, 7))
-                    .await
-                    .unwrap();
-                assert_eq!(p.deposed(), None, "a newer epoch of its own");
-                engine
-                    .apply_topic(topic.clone(), here.clone(), state(1, 9))
-                    .await
-                    .unwrap();
-                assert_eq!(p.deposed(), Some(9));
-                let produce = crate::ops::produce::Produce {
-                    topic: "led".into(),
-                    topic_id: 6,
-                    partition: 0,
-                    records: vec![Bytes::from_static(b"x")],
-                };
-                let r = crate::ops::produce::apply(&engine, produce).await;
-                assert!(
-                    matches!(&r, Err(e) if crate::ops::status::status_of(e) == (503, "partition_unavailable")),
-                    "{r:?}"
-                );
-                assert_eq!(p.log.end_offset(), 0, "nothing appended");
-                assert_eq!(
-                    p.epoch_history().entries(),
-                    &[crate::storage::epoch_history::EpochStart { epoch: 7, start: 0 }],
-                    "the other leader's epoch is not this replica's"
-                );
-                engine.close_all().await;
-            });
+        run(async {
+            let (engine, topic, _) = follower_at(8).await;
+            let p = led_view(&engine, &topic, 0, 6).await.unwrap();
+            led_view(&engine, &topic, 0, 7).await;
+            assert_eq!(p.deposed(), None, "a newer epoch of its own");
+            led_view(&engine, &topic, 1, 9).await;
+            assert_eq!(p.deposed(), Some(9));
+            let produce = crate::ops::produce::Produce {
+                topic: "led".into(),
+                topic_id: 6,
+                partition: 0,
+                records: vec![Bytes::from_static(b"x")],
+            };
+            let r = crate::ops::produce::apply(&engine, produce).await;
+            assert!(
+                matches!(&r, Err(e) if crate::ops::status::status_of(e) == (503, "partition_unavailable")),
+                "{r:?}"
+            );
+            assert_eq!(p.log.end_offset(), 0, "nothing appended");
+            assert_eq!(
+                p.epoch_history().entries(),
+                &[crate::storage::epoch_history::EpochStart { epoch: 7, start: 0 }],
+                "the other leader's epoch is not this replica's"
+            );
+            engine.close_all().await;
+        });
     }
 
     /// A new leader's fencing round: a follower replica raises its floor durably and answers its end and last
@@ -563,83 +564,93 @@ mod tests {
     /// itself, reached by the round, is deposed. An epoch below what the replica knows is refused.
     #[test]
     fn begin_epoch_fences_a_follower_and_deposes_the_old_leader() {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let (engine, mut topic, _) = follower_on(sim.clone(), 8).await;
-                let begin = |name: &str, id: u64, epoch: u64| BeginEpoch {
-                    topic: name.into(),
-                    topic_id: id,
-                    partition: 0,
-                    leader: 2,
-                    epoch,
-                };
-                let r = begin_epoch(&engine, begin("t", 5, 7)).await;
-                assert!(stale(&r, 8), "{r:?}");
-                let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
-                assert_eq!(
-                    began,
-                    Began {
-                        end: 0,
-                        last_epoch: 0
-                    }
-                );
-                let file =
-                    PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
-                assert_eq!(
-                    sim.durable_contents(&file),
-                    Some(crate::storage::epoch_floor::encode(9)),
-                    "durable before the answer"
-                );
-                // The old leader (node 1, epoch 8) is refused from now on; the metadata still says 8.
-                let r = apply(&engine, probe(8)).await;
-                assert!(stale(&r, 9), "{r:?}");
-                let r = apply_frontiers(&engine, frontiers(8)).await;
-                assert!(stale(&r, 9), "{r:?}");
+        run(async {
+            let sim = Sim::new();
+            let (engine, topic, _) = follower_on(sim.clone(), 8).await;
+            // Node 1 (the other replica) begins the epochs; node 2 holds no replica and is refused.
+            let begin = |name: &str, id: u64, epoch: u64| BeginEpoch {
+                topic: name.into(),
+                topic_id: id,
+                partition: 0,
+                leader: 1,
+                epoch,
+            };
+            let stranger = BeginEpoch {
+                leader: 2,
+                ..begin("t", 5, 20)
+            };
+            let r = begin_epoch(&engine, stranger).await;
+            assert!(matches!(r, Err(OpError::InvalidParameter(_))), "{r:?}");
+            let r = begin_epoch(&engine, begin("t", 5, 7)).await;
+            assert!(stale(&r, 8), "{r:?}");
+            let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
+            assert_eq!(
+                began,
+                Began {
+                    end: 0,
+                    last_epoch: 0
+                }
+            );
+            let file =
+                PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
+            assert_eq!(
+                sim.durable_contents(&file),
+                Some(crate::storage::epoch_floor::encode(9)),
+                "durable before the answer"
+            );
+            // Its history may run ahead of its log (entries taken for a batch not written): the answer is the
+            // epoch of its last record, none here.
+            let f = engine.topic("t").unwrap().followed_partition(0).unwrap();
+            f.follow_epochs(
+                &[crate::storage::epoch_history::EpochStart { epoch: 8, start: 0 }],
+                0,
+            )
+            .await
+            .unwrap();
+            let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
+            assert_eq!(
+                began,
+                Began {
+                    end: 0,
+                    last_epoch: 0
+                }
+            );
+            // The old leader (node 1, epoch 8) is refused from now on; the metadata still says 8.
+            let r = apply(&engine, probe(8)).await;
+            assert!(stale(&r, 9), "{r:?}");
+            let r = apply_frontiers(&engine, frontiers(8)).await;
+            assert!(stale(&r, 9), "{r:?}");
 
-                // This node leads "led" at epoch 6; a round of epoch 9 from another node deposes it.
-                topic.name = "led".into();
-                topic.id = 6;
-                let state = vec![PartitionState {
-                    replicas: vec![0, 1],
-                    leader: 0,
-                    epoch: 6,
-                }];
-                engine
-                    .apply_topic(topic, vec![Location { node: 0, core: 0 }], state)
-                    .await
-                    .unwrap();
-                let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
-                p.log
-                    .append_batch(vec![Bytes::from_static(b"a"); 2])
-                    .await
-                    .unwrap();
-                let r = begin_epoch(&engine, begin("led", 6, 6)).await;
-                assert!(stale(&r, 6), "its own epoch: {r:?}");
-                assert_eq!(p.deposed(), None);
-                let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
-                assert_eq!(
-                    began,
-                    Began {
-                        end: 2,
-                        last_epoch: 6
-                    }
-                );
-                assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));
-                let r = begin_epoch(&engine, begin("led", 7, 10)).await;
-                assert!(
-                    matches!(
-                        r,
-                        Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
-                            _
-                        )))
-                    ),
-                    "another topic id: {r:?}"
-                );
-                engine.close_all().await;
-            });
+            // This node leads "led" at epoch 6; a round of epoch 9 from another node deposes it.
+            let p = led_view(&engine, &topic, 0, 6).await.unwrap();
+            p.log
+                .append_batch(vec![Bytes::from_static(b"a"); 2])
+                .await
+                .unwrap();
+            let r = begin_epoch(&engine, begin("led", 6, 6)).await;
+            assert!(stale(&r, 6), "its own epoch: {r:?}");
+            assert_eq!(p.deposed(), None);
+            let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
+            assert_eq!(
+                began,
+                Began {
+                    end: 2,
+                    last_epoch: 6
+                }
+            );
+            assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));
+            let r = begin_epoch(&engine, begin("led", 7, 10)).await;
+            assert!(
+                matches!(
+                    r,
+                    Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(
+                        _
+                    )))
+                ),
+                "another topic id: {r:?}"
+            );
+            engine.close_all().await;
+        });
     }
 
     fn stale<T: std::fmt::Debug>(r: &OpResult<T>, floor: u64) -> bool {
@@ -657,44 +668,41 @@ mod tests {
     #[test]
     fn a_replicas_epoch_floor_is_durable_before_it_answers_and_fences_older_leaders_after_a_power_cut(
     ) {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let (engine, topic, locations) = follower_on(sim.clone(), 8).await;
-                let file =
-                    PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
-                assert!(apply(&engine, probe(8)).await.is_ok());
-                assert_eq!(
-                    sim.durable_contents(&file),
-                    Some(crate::storage::epoch_floor::encode(8)),
-                    "the floor is durable when the first request at an epoch is answered"
-                );
-                engine
-                    .apply_topic(topic.clone(), locations.clone(), states(12))
-                    .await
-                    .unwrap();
-                assert!(apply_frontiers(&engine, frontiers(12)).await.is_ok());
-                assert_eq!(
-                    sim.durable_contents(&file),
-                    Some(crate::storage::epoch_floor::encode(12))
-                );
-                // Nothing but the power cut: what was not synced is gone.
-                let after = sim.power_cut(|_, _| 0);
-                let (engine, _, _) = follower_on(after, 8).await;
-                assert_eq!(
-                    engine.topic("t").unwrap().epoch(0),
-                    8,
-                    "the metadata is behind"
-                );
-                let r = apply(&engine, probe(8)).await;
-                assert!(stale(&r, 12), "{r:?}");
-                let r = apply_frontiers(&engine, frontiers(8)).await;
-                assert!(stale(&r, 12), "{r:?}");
-                let r = apply(&engine, probe(12)).await;
-                assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
-                engine.close_all().await;
-            });
+        run(async {
+            let sim = Sim::new();
+            let (engine, topic, locations) = follower_on(sim.clone(), 8).await;
+            let file =
+                PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
+            assert!(apply(&engine, probe(8)).await.is_ok());
+            assert_eq!(
+                sim.durable_contents(&file),
+                Some(crate::storage::epoch_floor::encode(8)),
+                "the floor is durable when the first request at an epoch is answered"
+            );
+            engine
+                .apply_topic(topic.clone(), locations.clone(), states(12))
+                .await
+                .unwrap();
+            assert!(apply_frontiers(&engine, frontiers(12)).await.is_ok());
+            assert_eq!(
+                sim.durable_contents(&file),
+                Some(crate::storage::epoch_floor::encode(12))
+            );
+            // Nothing but the power cut: what was not synced is gone.
+            let after = sim.power_cut(|_, _| 0);
+            let (engine, _, _) = follower_on(after, 8).await;
+            assert_eq!(
+                engine.topic("t").unwrap().epoch(0),
+                8,
+                "the metadata is behind"
+            );
+            let r = apply(&engine, probe(8)).await;
+            assert!(stale(&r, 12), "{r:?}");
+            let r = apply_frontiers(&engine, frontiers(8)).await;
+            assert!(stale(&r, 12), "{r:?}");
+            let r = apply(&engine, probe(12)).await;
+            assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
+            engine.close_all().await;
+        });
     }
 }

@@ -126,8 +126,9 @@ pub fn admit(
                     r.frames.len()
                 )));
             }
-            // Its epochs: as a history holds them, the first covering the batch's first offset, each other one
-            // starting inside the batch (a probe has none).
+            // Its epochs: as a history holds them, the first covering the batch's first offset (or starting inside
+            // it: records older than the history have none), each other one starting inside the batch, none of a
+            // newer leadership than the sender's (a probe has none).
             if r.epochs.len() > crate::ops::replicate::MAX_EPOCH_ENTRIES {
                 return Err(OpError::BatchTooLarge(format!(
                     "{} epoch entries with one batch: more than {}",
@@ -142,8 +143,9 @@ pub fn admit(
                 .skip(1)
                 .all(|e| e.start > r.first_offset && e.start < end);
             if !crate::storage::epoch_history::ascending(&r.epochs)
-                || r.epochs.first().is_some_and(|e| e.start > r.first_offset)
+                || r.epochs.first().is_some_and(|e| e.start >= end)
                 || !inside
+                || r.epochs.iter().any(|e| e.epoch > r.epoch)
                 || (r.count == 0 && !r.epochs.is_empty())
             {
                 return Err(OpError::InvalidParameter(format!(
@@ -721,19 +723,21 @@ mod tests {
         };
         for good in [
             with(10, 5, &[]),
-            with(10, 5, &[(3, 0)]),
-            with(10, 5, &[(3, 10)]),
-            with(10, 5, &[(3, 0), (4, 11), (6, 14)]),
+            with(10, 5, &[(1, 0)]),
+            with(10, 5, &[(1, 10)]),
+            with(10, 5, &[(1, 12)]),
+            with(10, 5, &[(0, 0), (1, 11)]),
         ] {
             assert!(admit(&good, 3, 0, 2, &LIMITS).is_ok(), "{good:?}");
         }
         for bad in [
-            with(10, 5, &[(3, 11)]),
-            with(10, 5, &[(3, 0), (4, 10)]),
-            with(10, 5, &[(3, 0), (4, 15)]),
-            with(10, 5, &[(4, 0), (3, 12)]),
-            with(10, 5, &[(3, 0), (4, 12), (5, 12)]),
-            with(10, 0, &[(3, 0)]),
+            with(10, 5, &[(1, 15)]),
+            with(10, 5, &[(0, 0), (1, 10)]),
+            with(10, 5, &[(0, 0), (1, 15)]),
+            with(10, 5, &[(1, 0), (0, 12)]),
+            with(10, 5, &[(0, 0), (1, 12), (2, 12)]),
+            with(10, 5, &[(2, 0)]),
+            with(10, 0, &[(1, 0)]),
         ] {
             assert!(
                 matches!(

@@ -78,6 +78,12 @@ impl Partition {
         Ok(())
     }
 
+    /// Waits out a floor or history write under way (a closing partition: nothing starts one after `closed`).
+    pub(super) async fn wait_fence_writes(&self) {
+        drop(Turn::take(&self.raising_floor, &self.floor_raised).await);
+        drop(Turn::take(&self.writing_epochs, &self.epochs_written).await);
+    }
+
     /// Its epoch history as its file holds it.
     pub fn epoch_history(&self) -> EpochHistory {
         self.epochs.borrow().clone()
@@ -96,13 +102,17 @@ impl Partition {
             .and_then(|r| r)
     }
 
-    /// A follower takes its leader's entries for a batch before writing it ([`EpochHistory::follow`]): durable when
-    /// it returns Ok.
-    pub async fn follow_epochs(&self, entries: &[EpochStart]) -> Result<(), FollowEpochsError> {
+    /// A follower whose log ends at `end` takes its leader's entries for a batch before writing it there or later
+    /// ([`EpochHistory::follow`]): durable when it returns Ok.
+    pub async fn follow_epochs(
+        &self,
+        entries: &[EpochStart],
+        end: u64,
+    ) -> Result<(), FollowEpochsError> {
         if entries.is_empty() {
             return Ok(());
         }
-        match self.change_history(|h| h.follow(entries)).await {
+        match self.change_history(|h| h.follow(entries, end)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(FollowEpochsError::Mismatch(why)),
             Err(e) => Err(FollowEpochsError::Partition(e)),

@@ -912,6 +912,7 @@ impl Partition {
         });
         self.closed.set(true);
         self.wake_commit_waiters();
+        self.wait_fence_writes().await;
         self.log.close().await;
         written
     }
@@ -922,6 +923,8 @@ impl Partition {
         self.closed.set(true);
         self.wake_commit_waiters();
         self.wait_flushes().await;
+        // A floor or history write already under way ends before the directory can be reused.
+        self.wait_fence_writes().await;
         self.log.close().await;
     }
 

@@ -62,8 +62,9 @@ impl EpochHistory {
             .checked_sub(1)
     }
 
-    /// The entries that say in which epochs the records `[from, to)` were written: the one covering `from` (if
-    /// any) and each that starts inside. Empty for an empty range.
+    /// The entries that say in which epochs the records `[from, to)` were written: the one covering `from` (none
+    /// when `from` is older than the history: those records have no epoch) and each that starts inside. Empty for
+    /// an empty range.
     pub fn covering(&self, from: u64, to: u64) -> Vec<EpochStart> {
         if from >= to {
             return Vec::new();
@@ -101,12 +102,14 @@ impl EpochHistory {
         true
     }
 
-    /// A follower takes its leader's entries for a batch it is about to write (as [`covering`] gave them, in
-    /// ascending order). An entry it holds already changes nothing; a newer one is added (replacing the last if it
-    /// starts at the same offset). Err when they contradict this history (an older epoch after a newer one, or one
-    /// epoch starting at two offsets): the replica's log does not continue its leader's. Ok(true) when the history
-    /// changed (to be written before the batch).
-    pub fn follow(&mut self, entries: &[EpochStart]) -> Result<bool, String> {
+    /// A follower whose log ends at `end` takes its leader's entries for a batch it is about to write there or
+    /// later (as [`covering`] gave them, in ascending order). An entry it holds already changes nothing; a newer one
+    /// is added (replacing any of its own entries at or past that start, which claim no record it holds). Err when
+    /// they contradict this history (an older epoch it holds at another start, or one it lacks where its own
+    /// entries say another epoch wrote; a newer epoch starting below `end`, which would relabel records it holds):
+    /// the replica's log does not continue its leader's. Ok(true) when the history changed (to be written before the
+    /// batch).
+    pub fn follow(&mut self, entries: &[EpochStart], end: u64) -> Result<bool, String> {
         if !ascending(entries) {
             return Err(format!("epoch entries out of order: {entries:?}"));
         }
@@ -115,15 +118,16 @@ impl EpochHistory {
         for &e in entries {
             match next.last() {
                 Some(last) if e.epoch < last.epoch => {
-                    // An older epoch: this history holds it at the same start, or (a replica that joined later)
-                    // not at all, below its own entries.
+                    // An older epoch: this history holds it at the same start, or (a replica that joined later, or
+                    // whose oldest entries were trimmed) not at all, below its first entry.
                     let mine = next.entries.iter().find(|m| m.epoch == e.epoch);
-                    if mine.map_or(e.start >= last.start, |m| m.start != e.start) {
+                    let first = next.entries[0];
+                    if mine.map_or(e.start >= first.start, |m| m.start != e.start) {
                         return Err(format!(
                             "epoch {} from {} on the leader, against this replica's {:?}",
                             e.epoch,
                             e.start,
-                            mine.unwrap_or(&last)
+                            mine.unwrap_or(&first)
                         ));
                     }
                 }
@@ -135,10 +139,11 @@ impl EpochHistory {
                         ));
                     }
                 }
-                Some(last) if e.start < last.start => {
+                _ if e.start < end => {
                     return Err(format!(
-                        "epoch {} starts at {} on the leader, below this replica's epoch {} from {}",
-                        e.epoch, e.start, last.epoch, last.start
+                        "epoch {} from {} on the leader, below this replica's end {end}: it would claim records \
+                         this replica holds from another leadership",
+                        e.epoch, e.start
                     ));
                 }
                 _ => {
@@ -322,8 +327,9 @@ mod tests {
         assert_eq!(EpochHistory::decode(&h.encode()), Some(h));
     }
 
-    /// A follower fed its leader's `covering` entries batch by batch ends with the leader's history over the
-    /// records it holds, whatever the batch boundaries; contradicting entries are refused and change nothing.
+    /// A follower fed its leader's `covering` entries batch by batch (each at its log's end) ends with the leader's
+    /// history over the records it holds, whatever the batch boundaries; contradicting entries are refused and
+    /// change nothing.
     #[test]
     fn a_follower_fed_its_leaders_entries_batch_by_batch_holds_the_leaders_history() {
         let leader = history(&[(7, 0), (9, 3), (12, 40), (13, 41), (20, 90)]);
@@ -333,18 +339,26 @@ mod tests {
             while from < 120 {
                 let to = (from + step).min(120);
                 follower
-                    .follow(&leader.covering(from, to))
+                    .follow(&leader.covering(from, to), from)
                     .expect("the leader's own entries");
                 from = to;
             }
             assert_eq!(follower, leader, "batches of {step}");
-            // Fed again (a resend), nothing changes.
-            assert_eq!(follower.follow(&leader.covering(30, 95)), Ok(false));
+            // Fed again (a resend below its end), nothing changes.
+            assert_eq!(follower.follow(&leader.covering(30, 95), 120), Ok(false));
         }
-        // A follower that joins mid-log (caught up from offset 50) holds the entries from the one covering 50 on.
+        // A follower whose log began where epoch 13 did (records from before the history have no epoch) holds the
+        // entries from there on.
         let mut late = EpochHistory::default();
-        late.follow(&leader.covering(50, 120)).unwrap();
+        late.follow(&leader.covering(41, 120), 41).unwrap();
         assert_eq!(late.entries(), &[e(13, 41), e(20, 90)]);
+        // Records older than the leader's history: a batch spanning its first entry carries only that entry.
+        let young = history(&[(30, 100)]);
+        assert_eq!(young.covering(90, 110), vec![e(30, 100)]);
+        assert_eq!(young.covering(90, 100), vec![]);
+        let mut f = EpochHistory::default();
+        assert_eq!(f.follow(&young.covering(90, 110), 90), Ok(true));
+        assert_eq!(f, young);
 
         let mut f = history(&[(7, 0), (12, 40)]);
         let before = f.clone();
@@ -352,16 +366,24 @@ mod tests {
             vec![e(9, 50)],             // an older epoch after a newer one, not in this history
             vec![e(7, 3)],              // epoch 7 at another start
             vec![e(12, 41)],            // epoch 12 at another start
+            vec![e(10, 20)],            // an older epoch it lacks, where its own say epoch 7 wrote
             vec![e(14, 30)],            // a newer epoch starting below this replica's last
+            vec![e(14, 45)],            // a newer epoch starting below this replica's end (50)
             vec![e(12, 40), e(11, 60)], // out of order
         ] {
-            assert!(f.follow(&bad).is_err(), "{bad:?}");
+            assert!(f.follow(&bad, 50).is_err(), "{bad:?}");
             assert_eq!(f, before, "{bad:?} changed nothing");
         }
         assert_eq!(
-            f.follow(&[e(7, 0), e(12, 40)]),
+            f.follow(&[e(7, 0), e(12, 40)], 50),
             Ok(false),
             "entries it holds"
         );
+        assert_eq!(f.follow(&[e(12, 40), e(14, 50)], 50), Ok(true));
+        assert_eq!(f.entries(), &[e(7, 0), e(12, 40), e(14, 50)]);
+        // Its own entries past its end (taken for a batch that was never written) give way to the leader's.
+        let mut ahead = history(&[(7, 0), (12, 60)]);
+        assert_eq!(ahead.follow(&[e(7, 0), e(13, 55)], 50), Ok(true));
+        assert_eq!(ahead.entries(), &[e(7, 0), e(13, 55)]);
     }
 }

@@ -88,6 +88,10 @@ fn replay_restores_frontiers_and_forgets_a_deleted_group_of_the_same_name() {
         );
         // Every frontier file with records is written again (a read may show pages a failed sync dropped).
         assert_eq!((report.frontier_records, report.frontiers_written), (8, 2));
+        assert_eq!(
+            report.files, 1,
+            "the one journal file, as the start's log line counts it"
+        );
         assert!(storage.list(dir).unwrap().is_empty());
     });
 }
@@ -1136,4 +1140,29 @@ fn a_pass_takes_what_fits_in_its_byte_bound_and_never_nothing() {
     assert_eq!(take(&[1; 100]), 100);
     assert_eq!(take(&[1; 101]), 100);
     assert_eq!(MAX_PASS_BYTES, 8 << 20);
+}
+
+/// A journal directory that is missing has nothing to replay; one that cannot be listed (here a file in its place)
+/// is an error, never an empty journal: what it holds may be the only durable copy of answered appends.
+#[test]
+fn a_journal_directory_that_cannot_be_listed_is_an_error_not_an_empty_journal() {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .make()
+        .expect("executor")
+        .run(async {
+            use crate::storage::backend::{Disk, SyncVia};
+            let tmp = tempfile::tempdir().expect("temp dir");
+            let disk = Disk::new(SyncVia::Inline);
+            let nowhere = |_: &str, _: u64, _: u32| None;
+            let report = replay(&disk, &tmp.path().join("missing"), &nowhere, &|_, _, _| {
+                true
+            })
+            .await
+            .expect("a missing directory replays nothing");
+            assert_eq!(report.entries, 0);
+            let file = tmp.path().join("journal");
+            std::fs::write(&file, b"not a directory").expect("write");
+            let r = replay(&disk, &file, &nowhere, &|_, _, _| true).await;
+            assert!(r.is_err(), "{:?}", r.map(|r| r.entries));
+        });
 }
