@@ -1229,6 +1229,7 @@ fn replay_meets_a_failing_segment(fault: &'static str) {
             let image = sim.power_cut(|_, _| 0);
             match fault {
                 "read" => image.fail_reads_under(&partition_dir(0), libc::EIO, 1),
+                "open" => image.fail_opens_under(&partition_dir(0), libc::EMFILE, 1),
                 "write" => image.fail_writes_under(&partition_dir(0), libc::EIO, 1),
                 _ => image.fail_syncs_under(&partition_dir(0), libc::EIO, 1),
             }
@@ -1254,6 +1255,44 @@ fn replay_meets_a_failing_segment(fault: &'static str) {
 #[test]
 fn a_replay_whose_segment_read_fails_loses_no_acknowledged_record() {
     replay_meets_a_failing_segment("read");
+}
+
+/// A segment that exists but cannot be opened at replay (here EMFILE) keeps the journal: its entries are not
+/// passed over as if the segment were gone.
+#[test]
+fn a_replay_that_cannot_open_a_segment_loses_no_acknowledged_record() {
+    replay_meets_a_failing_segment("open");
+}
+
+/// A segment that is gone (retention or a deleted topic removed it) has nothing to restore: the replay passes its
+/// entries over, counts them, and succeeds (a start must not fail for it).
+#[test]
+fn a_replay_passes_over_the_entries_of_a_segment_that_is_gone() {
+    run(async move {
+        let setup = Setup {
+            partitions: 2,
+            ..SETUP
+        };
+        let sim = Sim::new();
+        let node = start(&sim, setup).await;
+        let book: SharedBook = Rc::default();
+        for seq in 0..8 {
+            let p = (seq % 2) as u32;
+            append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
+                .await
+                .unwrap();
+        }
+        let image = storage(&sim.power_cut(|_, _| 0));
+        for name in image.list(&partition_dir(0)).unwrap() {
+            if name.ends_with(".log") {
+                image.remove(&partition_dir(0).join(name)).await.unwrap();
+            }
+        }
+        let report = replay(&image)
+            .await
+            .expect("a segment that is gone is passed over");
+        assert_eq!((report.entries, report.skipped), (8, 4), "{report:?}");
+    });
 }
 
 #[test]

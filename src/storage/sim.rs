@@ -135,6 +135,8 @@ struct State {
     lie_syncs: u32,
     /// Segment reads still to fail.
     fail_reads: Option<Fault>,
+    /// Opens of existing files (`Storage::open`) still to fail.
+    fail_opens: Option<Fault>,
     /// Reads of open files so far (`read_cached` hits and `read_at` calls).
     reads: u64,
     /// Syncs wait until `release_syncs` (see `hold_syncs`).
@@ -311,6 +313,12 @@ impl Sim {
     pub fn faults_armed(&self) -> bool {
         let st = self.state.borrow();
         st.fail_writes.is_some() || st.fail_syncs.is_some() || st.lie_syncs > 0
+    }
+
+    /// The next `count` opens of existing files under `dir` (`Storage::open`: a segment) fail with `errno` (e.g.
+    /// libc::EIO, EMFILE).
+    pub fn fail_opens_under(&self, dir: &Path, errno: i32, count: u32) {
+        self.state.borrow_mut().fail_opens = Fault::armed(errno, count, Some(dir.to_path_buf()));
     }
 
     /// The next `count` reads of open files (a segment's `read_at`) fail with `errno` (e.g. libc::EIO); while such a
@@ -739,7 +747,11 @@ impl Storage for SimStorage {
     fn open<'a>(&'a self, path: &'a Path, create: bool) -> IoFuture<'a, Rc<dyn SegmentFile>> {
         Box::pin(async move {
             let mut st = self.0.state.borrow_mut();
-            if !st.files.contains_key(path) {
+            if st.files.contains_key(path) {
+                if let Some(e) = Fault::take(&mut st.fail_opens, path) {
+                    return Err(e);
+                }
+            } else {
                 if !create {
                     return Err(not_found(path));
                 }

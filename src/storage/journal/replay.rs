@@ -33,6 +33,16 @@ pub type Locate<'a> = &'a dyn Fn(&str, u64, u32) -> Option<PathBuf>;
 /// Whether topic `name` with id `topic_id` has consumer group `group` now.
 pub type HasGroup<'a> = &'a dyn Fn(&str, u64, &str) -> bool;
 
+/// A segment an entry names, as the replay found it.
+#[derive(Clone)]
+enum Segment {
+    Open(Rc<dyn SegmentFile>),
+    /// Removed by retention or with its topic: nothing to restore.
+    Gone,
+    /// It exists but could not be opened: its entries are not restored, and the journal stays.
+    Failed,
+}
+
 /// Replays every journal file in `dir` into the segments (see the module header) and the frontier files, syncs
 /// what it wrote, and removes the journal files. Run once at start, before any partition opens. Idempotent: a crash
 /// during replay replays again at the next start.
@@ -55,7 +65,7 @@ pub async fn replay(
     let mut files: Vec<String> = names.into_iter().filter(|n| n.ends_with(".jnl")).collect();
     // By core, then by index within a core (names are zero-padded).
     files.sort();
-    let mut open: HashMap<PathBuf, Option<Rc<dyn SegmentFile>>> = HashMap::new();
+    let mut open: HashMap<PathBuf, Segment> = HashMap::new();
     let mut touched: Vec<Rc<dyn SegmentFile>> = Vec::new();
     // Per frontier file, the highest value since its group's last start record; gathered per core (a partition's
     // records are all in its core's files), and dropped for a core whose files hold a damaged entry.
@@ -125,18 +135,28 @@ pub async fn replay(
                 // A segment that is gone was removed by retention or with its topic: nothing to restore. One that
                 // cannot be opened is reported; its partition meets the same error when it opens (quarantine).
                 let file = match storage.open(&seg_path, false).await {
-                    Ok(f) => Some(f),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Ok(f) => Segment::Open(f),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Segment::Gone,
                     Err(e) => {
-                        error!(segment = %seg_path.display(), error = %e, "journal replay cannot open a segment: its entries are not replayed");
-                        None
+                        // It exists but cannot be opened now (EIO, EMFILE, ...): its entries may be the only durable
+                        // copy of acknowledged records, so they count as not restored and the journal stays.
+                        error!(segment = %seg_path.display(), error = %e, "journal replay cannot open a segment: its entries are not replayed, and the journal is kept");
+                        Segment::Failed
                     }
                 };
                 open.insert(seg_path.clone(), file);
             }
-            let Some(file) = open.get(&seg_path).cloned().flatten() else {
-                report.skipped += 1;
-                continue;
+            let file = match open.get(&seg_path).cloned() {
+                Some(Segment::Open(file)) => file,
+                Some(Segment::Gone) => {
+                    report.skipped += 1;
+                    continue;
+                }
+                None | Some(Segment::Failed) => {
+                    report.failed += 1;
+                    unrestored += 1;
+                    continue;
+                }
             };
             // Written back even when the segment seems to hold it already: what a read returns may be pages a failed
             // sync dropped (Linux keeps them in the cache, clean, and never writes them), so only a write and a sync
