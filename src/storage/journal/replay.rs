@@ -137,9 +137,25 @@ pub async fn replay(
                 let file = match storage.open(&seg_path, false).await {
                     Ok(f) => Segment::Open(f),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Segment::Gone,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::IsADirectory | std::io::ErrorKind::NotADirectory
+                        ) || matches!(
+                            e.raw_os_error(),
+                            Some(libc::EISDIR) | Some(libc::ENOTDIR)
+                        ) =>
+                    {
+                        // Something else stands where the segment was (its data is gone whatever the replay does):
+                        // its partition meets the same error when it opens and its topic is quarantined, while the
+                        // rest of the node starts.
+                        error!(segment = %seg_path.display(), error = %e, "journal replay finds no segment file where one should be: its entries are passed over and its topic will be quarantined");
+                        Segment::Gone
+                    }
                     Err(e) => {
-                        // It exists but cannot be opened now (EIO, EMFILE, ...): its entries may be the only durable
-                        // copy of acknowledged records, so they count as not restored and the journal stays.
+                        // It exists but cannot be opened now (EIO, EMFILE, EACCES, ...): its entries may be the only
+                        // durable copy of acknowledged records, so they count as not restored and the journal stays
+                        // (the start fails, and succeeds once the cause is gone).
                         error!(segment = %seg_path.display(), error = %e, "journal replay cannot open a segment: its entries are not replayed, and the journal is kept");
                         Segment::Failed
                     }
