@@ -1199,25 +1199,32 @@ fn an_eio_on_a_segment_read_is_an_error_never_a_panic_and_the_data_stays_intact(
     }
 }
 
+/// A node of two partitions on `sim` that acknowledged eight appends, alternating between them (the node is
+/// returned so that nothing closes before the caller cuts the power).
+async fn eight_appends_over_two_partitions(sim: &Rc<Sim>) -> (Setup, Node, SharedBook) {
+    let setup = Setup {
+        partitions: 2,
+        ..SETUP
+    };
+    let node = start(sim, setup).await;
+    let book: SharedBook = Rc::default();
+    for seq in 0..8 {
+        let p = (seq % 2) as u32;
+        append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
+            .await
+            .unwrap();
+    }
+    (setup, node, book)
+}
+
 /// The replay at start compares each journal entry with its segment and writes back what the segment lacks. A
 /// segment read, write or sync that fails there must not cost an acknowledged record: the replay fails (the server
 /// does not start, the journal stays for the next try), or it writes the entry back anyway.
 fn replay_meets_a_failing_segment(fault: &'static str) {
     {
         run(async move {
-            let setup = Setup {
-                partitions: 2,
-                ..SETUP
-            };
             let sim = Sim::new();
-            let node = start(&sim, setup).await;
-            let book: SharedBook = Rc::default();
-            for seq in 0..8 {
-                let p = (seq % 2) as u32;
-                append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
-                    .await
-                    .unwrap();
-            }
+            let (setup, _node, book) = eight_appends_over_two_partitions(&sim).await;
             let at_cut = book.borrow().clone();
             let expect = Expect {
                 books: std::slice::from_ref(&at_cut),
@@ -1269,19 +1276,8 @@ fn a_replay_that_cannot_open_a_segment_loses_no_acknowledged_record() {
 #[test]
 fn a_replay_passes_over_the_entries_of_a_segment_that_is_gone() {
     run(async move {
-        let setup = Setup {
-            partitions: 2,
-            ..SETUP
-        };
         let sim = Sim::new();
-        let node = start(&sim, setup).await;
-        let book: SharedBook = Rc::default();
-        for seq in 0..8 {
-            let p = (seq % 2) as u32;
-            append(&node, &book, p, (0, seq), body_of(0, p, 0, seq))
-                .await
-                .unwrap();
-        }
+        let _started = eight_appends_over_two_partitions(&sim).await;
         let image = storage(&sim.power_cut(|_, _| 0));
         for name in image.list(&partition_dir(0)).unwrap() {
             if name.ends_with(".log") {
