@@ -1539,6 +1539,114 @@ fn a_leader_deposed_by_a_newer_partition_key_answers_its_waiting_produce_at_once
     c.resume(f2);
 }
 
+/// A move of leadership (docs/replication.md, step 4: the role change on a core): a partition key naming a
+/// follower as leader at a newer epoch (written by hand here, as the election will write it) makes that replica
+/// lead where it followed, with its log as it stands, and the old leader follow on its core. Produces and
+/// consumes through any node reach the new leader, every record is served once, and the three logs (the old
+/// leader's included, fed by the new leader now) end the same bytes.
+#[test]
+fn a_follower_named_leader_by_a_newer_partition_key_serves_and_the_old_leader_follows() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec!["--replication-preview".into()],
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("leadership_moves", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/lm?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "lm").remove(0);
+    let topic_id = p["epoch"].as_u64().expect("an epoch");
+    let replicas: Vec<usize> = replica_indices(&c, &p);
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    for (i, body) in ["a", "b", "c"].iter().enumerate() {
+        assert_eq!(produce(c.node(i), "lm", "", body).1, i as u64);
+    }
+    wait_replicated(c.node(leader), "lm", 2);
+
+    // Node f1 leads from now on (the metastore's node indices, as in the topic record).
+    let prefix = format!("/berth/{}/", c.name);
+    let record: serde_json::Value = serde_json::from_str(
+        &c.etcd
+            .get(&format!("{prefix}topics/lm"))
+            .expect("etcd")
+            .expect("the topic record"),
+    )
+    .unwrap();
+    let mut indices = vec![record["placement"][0].clone()];
+    indices.extend(record["followers"][0].as_array().unwrap().iter().cloned());
+    let key =
+        serde_json::json!({ "topic_id": topic_id, "replicas": indices, "leader": indices[1] });
+    c.etcd
+        .put(&format!("{prefix}partitions/lm/0"), &key.to_string())
+        .expect("put");
+    wait_for(
+        "the new leader in GET /topics",
+        Duration::from_secs(15),
+        || {
+            let p = partitions(c.node(leader), "lm").remove(0);
+            if p["leader"].as_str() == Some(c.node(f1).id.as_str())
+                && p["epoch"].as_u64() > Some(topic_id)
+            {
+                Ok(())
+            } else {
+                Err(format!("{p}"))
+            }
+        },
+    );
+    let a = wait_ok(
+        c.node(leader),
+        "POST",
+        "/produce?topic=lm",
+        b"d",
+        "a produce through the old leader, led by the new one",
+    );
+    assert_eq!(a.json()["offset"].as_u64(), Some(3), "{}", a.text());
+    assert_eq!(produce(c.node(f2), "lm", "", "e").1, 4);
+    // The old leader follows: the new leader has every replica at its end.
+    let r = wait_replicated(c.node(f2), "lm", 2);
+    assert_eq!(
+        (r[0].1.as_str(), r[0].2),
+        (c.node(f1).id.as_str(), 5),
+        "{r:?}"
+    );
+    assert!(
+        c.node(f1)
+            .log_text()
+            .contains("this replica leads the partition now"),
+        "{}",
+        c.node(f1).log_text()
+    );
+    assert!(
+        c.node(leader)
+            .log_text()
+            .contains("a newer leadership began"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    // Every record is served once, through the old leader too.
+    let want: HashSet<String> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|b| b.to_string())
+        .collect();
+    let got = drain(c.node(leader), "lm", &want);
+    let mut bodies: Vec<String> = got.iter().map(|m| m.body.clone()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["a", "b", "c", "d", "e"]);
+    for i in 0..3 {
+        assert!(c.terminate(i).success());
+    }
+    let lead = segments(c.node(f1), "lm", 0);
+    for f in [leader, f2] {
+        assert!(
+            segments(c.node(f), "lm", 0) == lead,
+            "{}'s segments differ from the new leader's",
+            c.node(f).id
+        );
+    }
+}
+
 /// A partition's replicas (from `GET /topics/T`: node ids, the leader first) as the cluster's node indices.
 fn replica_indices(c: &Cluster, partition: &serde_json::Value) -> Vec<usize> {
     partition["replicas"]

@@ -68,35 +68,60 @@ impl Engine {
                         }
                     }
                 }
-                // Cluster mode: the same topic, perhaps with another node's partitions on other cores now.
-                if *existing.locations() != *locations {
+                // A replicated partition led here at a newer epoch: its records from its log's end now on are
+                // that epoch's (the ends taken before anything awaits).
+                let led: Vec<_> = existing
+                    .owned_partitions()
+                    .filter(|p| !existing.followers(p.id).is_empty())
+                    .filter_map(|p| {
+                        let s = states.get(p.id as usize)?;
+                        (s.leader == node && s.epoch > existing.epoch(p.id))
+                            .then(|| (p.clone(), s.epoch, p.log.end_offset()))
+                    })
+                    .collect();
+                // Cluster mode: the same topic, perhaps with another node's partitions on other cores now, or a
+                // partition's leadership moved to or from a replica on this core.
+                let moves = if *existing.locations() != *locations {
                     existing
-                        .relocate(locations, self.node.get())
+                        .relocate(locations, &states, self.id as u32)
                         .map_err(|why| {
                             EngineError::Storage(format!(
                                 "topic '{}' cannot take its new locations: {why}",
                                 config.name
                             ))
-                        })?;
-                }
+                        })?
+                } else {
+                    Default::default()
+                };
+                let epochs: Vec<u64> = states.iter().map(|s| s.epoch).collect();
                 if !states.is_empty() {
-                    // A replicated partition led here at a newer epoch: its records from its log's end now on are
-                    // that epoch's (the ends taken before anything awaits).
-                    let led: Vec<_> = existing
-                        .owned_partitions()
-                        .filter(|p| !existing.followers(p.id).is_empty())
-                        .filter_map(|p| {
-                            let s = states.get(p.id as usize)?;
-                            (s.leader == node && s.epoch > existing.epoch(p.id))
-                                .then(|| (p.clone(), s.epoch, p.log.end_offset()))
-                        })
-                        .collect();
                     existing.set_states(states);
-                    for (partition, epoch, start) in led {
-                        if let Err(e) = partition.begin_leading(epoch, start).await {
-                            error!(topic = %config.name, partition = partition.id, epoch, error = %e, "cannot record a new epoch in the partition's epoch history");
+                }
+                for (p, partition) in moves.follow {
+                    partition.follow(epochs[p as usize]).await;
+                }
+                let mut promoted = false;
+                for (p, partition) in moves.lead {
+                    let replicas = existing.replicas_of(p).len() as u32;
+                    let wake = self.consumer_wake(&config.name, p);
+                    match partition.lead(epochs[p as usize], replicas, wake).await {
+                        Ok(()) => {
+                            self.ship_from(&partition);
+                            promoted = true;
+                        }
+                        Err(e) => {
+                            error!(topic = %config.name, partition = p, error = %e, "cannot lead the partition: it answers 503");
                         }
                     }
+                }
+                for (partition, epoch, start) in led {
+                    if let Err(e) = partition.begin_leading(epoch, start).await {
+                        error!(topic = %config.name, partition = partition.id, epoch, error = %e, "cannot record a new epoch in the partition's epoch history");
+                    }
+                }
+                if promoted {
+                    // Its followers are asked where they stand (and sent what they lack).
+                    self.probe_followers(&existing);
                 }
                 return Ok(());
             }
@@ -119,8 +144,8 @@ impl Engine {
         let mut opened_all = Ok(());
         for (p, location) in locations.iter().enumerate() {
             let p = p as u32;
-            let follows_here =
-                placement::follower_core(&config.name, &followers, mine.node, p, self.cores)
+            let follows_here = location.node != mine.node
+                && placement::replica_core(&config.name, &states, mine.node, p, self.cores)
                     == Some(mine.core);
             if *location == mine {
                 match self.open_partition(&config, p, true).await {
@@ -142,13 +167,7 @@ impl Engine {
                             }
                             // Only what a majority has is served, and produces wait for it.
                             partition.set_replicas(f.len() as u32 + 1);
-                            // Its followers get every batch once it is durable here.
-                            let engine = Rc::downgrade(self);
-                            partition.log.set_on_ship(Box::new(move |head, frames| {
-                                if let Some(engine) = engine.upgrade() {
-                                    engine.ship(head, frames);
-                                }
-                            }));
+                            self.ship_from(&partition);
                         }
                         partitions.push(Some(partition));
                     }
@@ -190,7 +209,7 @@ impl Engine {
             Replicas {
                 followers,
                 followed,
-                states: RefCell::new(states.into()),
+                states,
             },
         ));
         self.topics.borrow_mut().insert(name, topic.clone());
@@ -207,16 +226,7 @@ impl Engine {
         leads: bool,
     ) -> std::io::Result<Rc<Partition>> {
         let wake: crate::partition::Wake = if leads {
-            let engine = Rc::downgrade(self);
-            let name = config.name.clone();
-            Rc::new(move |group, n| {
-                if let Some(engine) = engine.upgrade() {
-                    if let Ok(topic) = engine.topic(&name) {
-                        topic.mark_ready(group, p);
-                    }
-                    engine.deliverable(&name, group, n);
-                }
-            })
+            self.consumer_wake(&config.name, p)
         } else {
             Rc::new(|_, _| {})
         };
@@ -242,6 +252,30 @@ impl Engine {
             wake,
         })
         .await
+    }
+
+    /// The wake-up of partition `p` of topic `name` led here: its consumers hear of what became deliverable.
+    fn consumer_wake(self: &Rc<Self>, name: &str, p: u32) -> crate::partition::Wake {
+        let engine = Rc::downgrade(self);
+        let name = name.to_string();
+        Rc::new(move |group, n| {
+            if let Some(engine) = engine.upgrade() {
+                if let Ok(topic) = engine.topic(&name) {
+                    topic.mark_ready(group, p);
+                }
+                engine.deliverable(&name, group, n);
+            }
+        })
+    }
+
+    /// A replicated partition led here: its followers get every batch once it is durable here.
+    fn ship_from(self: &Rc<Self>, partition: &Partition) {
+        let engine = Rc::downgrade(self);
+        partition.log.set_on_ship(Box::new(move |head, frames| {
+            if let Some(engine) = engine.upgrade() {
+                engine.ship(head, frames);
+            }
+        }));
     }
 
     /// Forgets a topic: wakes its parked consumers, closes its partitions here without writing to their files.

@@ -345,7 +345,7 @@ impl Engine {
     /// Asks the followers of the replicated partitions of `topic` led here where they stand, so that what a
     /// majority has is served without waiting for the next produce; and sends them its groups' durable frontiers.
     pub(crate) fn probe_followers(&self, topic: &topic::Topic) {
-        for &p in topic.owned() {
+        for &p in topic.owned().iter() {
             if let Some(partition) = topic.owned_partition(p).filter(|p| p.replicated()) {
                 self.ship_probe(&topic.name(), topic.id(), p, partition.log.end_offset());
                 // And its groups' durable frontiers, for a follower that missed some before this open.

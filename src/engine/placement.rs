@@ -64,24 +64,45 @@ pub fn followers(states: &[PartitionState]) -> Vec<Vec<NodeIndex>> {
         .collect()
 }
 
-/// The core of node `node` that holds its follower replica of partition `p` (`followers[p]` names it), given its
-/// core count: the partitions a node follows are ranked in partition order and the rank picks the core, as for the
-/// partitions it leads. Both ends compute it: the follower to open the replica, the leader to address it.
-pub fn follower_core(
+/// The core of node `node` that holds its replica of partition `p`, leading or following (None: it holds none),
+/// given each partition's replica set and the node's core count: the partitions whose replicas include the node are
+/// ranked in partition order and the rank picks the core, so a node's replicas spread over its cores. It depends on
+/// the replica sets alone, never on which replica leads: a replica keeps its core (its log in that core's journal)
+/// through every change of leadership, and a follower that becomes leader serves where it followed. With one replica
+/// per partition (R = 1) it is the core a partition had before replication existed (its rank among the node's
+/// partitions). Every node computes it alike: a node to open its replicas, a leader to address its followers.
+pub fn replica_core(
     topic: &str,
-    followers: &[Vec<NodeIndex>],
+    states: &[PartitionState],
     node: NodeIndex,
     p: u32,
     cores: usize,
 ) -> Option<u32> {
-    if !followers.get(p as usize)?.contains(&node) {
+    if !states.get(p as usize)?.replicas.contains(&node) {
         return None;
     }
-    let rank = followers[..p as usize]
+    let rank = states[..p as usize]
         .iter()
-        .filter(|f| f.contains(&node))
+        .filter(|s| s.replicas.contains(&node))
         .count() as u32;
     Some(core_of(topic, rank, cores.max(1)) as u32)
+}
+
+/// Where each partition is served: its leader, and the leader's core for its replica (`replica_core`).
+/// `cores_of` gives a node's core count (0 is read as 1).
+pub fn leader_locations(
+    topic: &str,
+    states: &[PartitionState],
+    cores_of: impl Fn(NodeIndex) -> usize,
+) -> Vec<Location> {
+    (0..states.len() as u32)
+        .map(|p| {
+            let node = states[p as usize].leader;
+            let core = replica_core(topic, states, node, p, cores_of(node))
+                .expect("a partition's leader is one of its replicas");
+            Location { node, core }
+        })
+        .collect()
 }
 
 /// Locations of every partition of a topic placed on `node` alone (a single node).
@@ -98,21 +119,80 @@ pub fn on_node(topic: &str, partitions: u32, node: NodeIndex, cores: usize) -> V
 mod tests {
     use super::*;
 
+    fn state(replicas: &[NodeIndex], leader: NodeIndex) -> PartitionState {
+        PartitionState {
+            replicas: replicas.to_vec(),
+            leader,
+            epoch: 1,
+        }
+    }
+
     #[test]
-    fn followed_partitions_spread_over_every_core_and_only_their_followers_have_one() {
-        let followers = vec![vec![1, 2], vec![2, 0], vec![0, 1], vec![1, 2]];
-        assert_eq!(follower_core("t", &followers, 0, 0, 2), None);
-        // Node 1 follows partitions 0, 2 and 3 (ranks 0, 1, 2): consecutive ranks, consecutive cores.
-        let cores: Vec<u32> = [0, 2]
-            .iter()
-            .map(|&p| follower_core("t", &followers, 1, p, 2).unwrap())
+    fn replicas_spread_over_every_core_and_only_replicas_have_one() {
+        let states = [
+            state(&[0, 1, 2], 0),
+            state(&[1, 2, 0], 1),
+            state(&[2, 0, 1], 2),
+            state(&[0, 1, 2], 0),
+            state(&[3], 3),
+        ];
+        // Node 1 holds a replica of partitions 0 to 3 (ranks 0 to 3): consecutive ranks, consecutive cores.
+        let cores: Vec<u32> = (0..4)
+            .map(|p| replica_core("t", &states, 1, p, 2).unwrap())
             .collect();
         assert_ne!(
             cores[0], cores[1],
-            "node 1's two followed partitions share a core"
+            "node 1's replicas share a core: {cores:?}"
         );
-        assert_eq!(follower_core("t", &followers, 9, 0, 2), None);
-        assert_eq!(follower_core("t", &followers, 1, 7, 2), None);
+        assert_eq!(replica_core("t", &states, 1, 4, 2), None);
+        assert_eq!(replica_core("t", &states, 9, 0, 2), None);
+        assert_eq!(replica_core("t", &states, 1, 7, 2), None);
+    }
+
+    #[test]
+    fn a_replica_keeps_its_core_whoever_leads() {
+        let states: Vec<PartitionState> = (0..6).map(|p| state(&[0, 1, 2], p % 3)).collect();
+        for node in 0..3 {
+            for p in 0..6 {
+                let before = replica_core("t", &states, node, p, 4);
+                // Partition 2's leadership moves to each replica in turn: no replica of any partition moves.
+                for leader in 0..3 {
+                    let mut moved = states.clone();
+                    moved[2].leader = leader;
+                    assert_eq!(replica_core("t", &moved, node, p, 4), before);
+                }
+            }
+        }
+        // The leader's location is its replica's core.
+        let locations = leader_locations("t", &states, |_| 4);
+        for (p, l) in locations.iter().enumerate() {
+            assert_eq!(l.node, p as u32 % 3);
+            assert_eq!(
+                Some(l.core),
+                replica_core("t", &states, l.node, p as u32, 4)
+            );
+        }
+    }
+
+    #[test]
+    fn without_replication_a_partition_is_where_its_nodes_rank_puts_it() {
+        // R = 1: the core is the partition's rank among its node's partitions, as before replication existed (a
+        // data directory of an unreplicated cluster opens each partition on the core it had).
+        let leaders = [0, 1, 0, 0, 1, 2, 0];
+        let states: Vec<PartitionState> = leaders.iter().map(|&n| state(&[n], n)).collect();
+        let locations = leader_locations("t", &states, |n| n as usize + 2);
+        let mut ranks = std::collections::HashMap::new();
+        for (p, &n) in leaders.iter().enumerate() {
+            let rank = ranks.entry(n).or_insert(0u32);
+            assert_eq!(
+                locations[p],
+                Location {
+                    node: n,
+                    core: core_of("t", *rank, n as usize + 2) as u32
+                }
+            );
+            *rank += 1;
+        }
     }
 
     #[test]

@@ -304,26 +304,25 @@ fn remote_owners(locations: &[Location], node: NodeIndex) -> Rc<[Location]> {
     remote.into()
 }
 
-/// A topic as one core sees it: its settings, where each partition lives, and the partitions this core owns.
+/// A topic as one core sees it: its settings, where each partition lives, and the partitions this core holds.
 pub struct Topic {
     config: RefCell<Rc<TopicConfig>>,
-    /// Where each partition lives. Cluster mode: replaced whole when another node's core count changes
-    /// (`relocate`); this node's own entries never change while it runs.
+    /// Where each partition lives (its leader's node and core). Cluster mode: replaced whole when another node's
+    /// core count changes, or a partition's leadership moves (`relocate`).
     locations: RefCell<Rc<[Location]>>,
-    /// Some(partition) for the partitions this core owns.
-    partitions: Vec<Option<Rc<Partition>>>,
-    /// The owned partition numbers, for round-robin.
-    owned: Vec<u32>,
-    /// The cores of this node that own some partition of the topic, ascending.
-    owner_cores: Vec<u32>,
+    /// The partitions this core holds, leading or following: replaced whole when a leadership moves to or from a
+    /// replica on this core (`relocate`), so that a reader's snapshot stays consistent across awaits.
+    roles: RefCell<Rc<Roles>>,
     /// Cluster mode: (node, core) pairs of other nodes that own partitions of the topic (replaced with `locations`).
     remote_owners: RefCell<Rc<[Location]>>,
     /// Round-robin cursor over `owned` (produce without key) and over cores (consume).
     cursor: Cell<usize>,
     /// Set when the topic is deleted; parked consumers notice and leave.
     deleted: Cell<bool>,
-    /// A replicated topic: each partition's followers, and the follower replicas this core holds.
-    replicas: Replicas,
+    /// Each partition's replicas, leader and epoch, as the metastore last had them (`set_states`).
+    states: RefCell<Rc<[PartitionState]>>,
+    /// This node.
+    node: NodeIndex,
     /// Per group: the partitions owned here that may have something to deliver, so that a probe over many
     /// partitions looks at the few with messages (`ops::consume::apply`). Kept by the partitions' wake-ups; a
     /// partition found with nothing leaves it; a periodic full scan covers anything that became deliverable
@@ -331,17 +330,71 @@ pub struct Topic {
     ready: RefCell<std::collections::HashMap<String, Ready>>,
 }
 
-/// A replicated topic's replicas as one core sees them.
+/// A replicated topic's replicas as one core sees them when it opens the topic.
 #[derive(Default)]
 pub struct Replicas {
     /// Per partition, its replicas other than its leader (empty: the topic is not replicated).
     pub followers: Vec<Vec<NodeIndex>>,
     /// Some(partition) for the follower replicas this core holds (empty: none).
     pub followed: Vec<Option<Rc<Partition>>>,
-    /// Each partition's replicas, leader and epoch, as the metastore last had them (the replicas and the leader are
-    /// those the topic was opened with: a topic already open here neither gains nor loses replicas, nor changes
-    /// leader; `docs/replication.md`, steps 4-5).
-    pub states: RefCell<Rc<[PartitionState]>>,
+    /// Each partition's replicas, leader and epoch, as the metastore had them (the replica sets are those the topic
+    /// was opened with: a topic already open here neither gains nor loses replicas; `docs/replication.md`, step 5).
+    pub states: Vec<PartitionState>,
+}
+
+/// The partitions of a topic one core holds, and in which role. A snapshot: `Topic::roles` hands out the current
+/// one, and a move of leadership replaces it whole.
+pub struct Roles {
+    /// Some(partition) for the partitions this core leads (owns).
+    pub partitions: Vec<Option<Rc<Partition>>>,
+    /// The owned partition numbers, for round-robin.
+    pub owned: Rc<[u32]>,
+    /// The cores of this node that own some partition of the topic, ascending.
+    pub owner_cores: Rc<[u32]>,
+    /// Per partition, its replicas other than its leader (empty: the topic is not replicated).
+    pub followers: Rc<[Vec<NodeIndex>]>,
+    /// Some(partition) for the follower replicas this core holds (empty: none).
+    pub followed: Vec<Option<Rc<Partition>>>,
+}
+
+impl Roles {
+    fn new(
+        partitions: Vec<Option<Rc<Partition>>>,
+        followed: Vec<Option<Rc<Partition>>>,
+        followers: Vec<Vec<NodeIndex>>,
+        locations: &[Location],
+        node: NodeIndex,
+    ) -> Roles {
+        let owned: Vec<u32> = partitions
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some())
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut owner_cores: Vec<u32> = locations
+            .iter()
+            .filter(|l| l.node == node)
+            .map(|l| l.core)
+            .collect();
+        owner_cores.sort_unstable();
+        owner_cores.dedup();
+        Roles {
+            partitions,
+            owned: owned.into(),
+            owner_cores: owner_cores.into(),
+            followers: followers.into(),
+            followed,
+        }
+    }
+}
+
+/// The partitions of one core whose role a new view changes (`Topic::relocate`).
+#[derive(Default)]
+pub struct RoleMoves {
+    /// Follower replicas that lead now.
+    pub lead: Vec<(u32, Rc<Partition>)>,
+    /// Leaders that follow now.
+    pub follow: Vec<(u32, Rc<Partition>)>,
 }
 
 /// A group's may-have-something partitions on this core, and when they were last all scanned.
@@ -366,88 +419,95 @@ impl Topic {
         node: NodeIndex,
         replicas: Replicas,
     ) -> Topic {
-        let owned = partitions
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.is_some())
-            .map(|(i, _)| i as u32)
-            .collect();
-        let mut owner_cores: Vec<u32> = locations
-            .iter()
-            .filter(|l| l.node == node)
-            .map(|l| l.core)
-            .collect();
-        owner_cores.sort_unstable();
-        owner_cores.dedup();
+        let roles = Roles::new(
+            partitions,
+            replicas.followed,
+            replicas.followers,
+            &locations,
+            node,
+        );
         Topic {
-            owner_cores,
             remote_owners: RefCell::new(remote_owners(&locations, node)),
             config: RefCell::new(Rc::new(config)),
             locations: RefCell::new(locations.into()),
-            partitions,
-            owned,
+            roles: RefCell::new(Rc::new(roles)),
             cursor: Cell::new(start),
             deleted: Cell::new(false),
             ready: RefCell::new(Default::default()),
-            replicas,
+            states: RefCell::new(replicas.states.into()),
+            node,
         }
+    }
+
+    /// The partitions this core holds and their roles, as they are now.
+    pub fn roles(&self) -> Rc<Roles> {
+        self.roles.borrow().clone()
     }
 
     /// The epoch of partition `p`'s leadership: the topic's id until a partition key names another (`0` for a
     /// partition the topic does not have).
     pub fn epoch(&self, p: u32) -> u64 {
-        self.replicas
-            .states
-            .borrow()
-            .get(p as usize)
-            .map_or(0, |s| s.epoch)
+        self.states.borrow().get(p as usize).map_or(0, |s| s.epoch)
     }
 
     /// Partition `p`'s replicas (the leader among them, as the metastore last had them; empty for a partition the
     /// topic does not have).
     pub fn replicas_of(&self, p: u32) -> Vec<NodeIndex> {
-        self.replicas
-            .states
+        self.states
             .borrow()
             .get(p as usize)
             .map_or_else(Vec::new, |s| s.replicas.clone())
     }
 
+    /// Each partition's replicas, leader and epoch, as the metastore last had them.
+    pub fn states(&self) -> Rc<[PartitionState]> {
+        self.states.borrow().clone()
+    }
+
     /// Whether each partition's replicas, leader and epoch are `states` (or `states` is empty: not known).
     pub fn has_states(&self, states: &[PartitionState]) -> bool {
-        states.is_empty() || *self.replicas.states.borrow().as_ref() == *states
+        states.is_empty() || *self.states.borrow().as_ref() == *states
     }
 
     /// Takes the metastore's newer view of each partition's replicas, leader and epoch (a change of the replica set
     /// does not open or close replicas on this core yet: `docs/replication.md`, step 5).
     pub fn set_states(&self, states: Vec<PartitionState>) {
-        let mut current = self.replicas.states.borrow_mut();
+        let mut current = self.states.borrow_mut();
         if current.len() == states.len() {
             *current = states.into();
         }
     }
 
     /// Partition `p`'s followers (empty when the topic is not replicated).
-    pub fn followers(&self, p: u32) -> &[NodeIndex] {
-        self.replicas
+    pub fn followers(&self, p: u32) -> Vec<NodeIndex> {
+        self.roles
+            .borrow()
             .followers
             .get(p as usize)
-            .map_or(&[], |f| f.as_slice())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Every partition's followers (empty when the topic is not replicated).
-    pub fn all_followers(&self) -> &[Vec<NodeIndex>] {
-        &self.replicas.followers
+    pub fn all_followers(&self) -> Rc<[Vec<NodeIndex>]> {
+        self.roles.borrow().followers.clone()
     }
 
     /// This core's follower replica of partition `p`, if it holds one.
     pub fn followed_partition(&self, p: u32) -> Option<Rc<Partition>> {
-        self.replicas.followed.get(p as usize).cloned().flatten()
+        self.roles
+            .borrow()
+            .followed
+            .get(p as usize)
+            .cloned()
+            .flatten()
     }
 
     /// Every follower replica this core holds.
-    pub fn followed_partitions(&self) -> impl Iterator<Item = &Rc<Partition>> {
-        self.replicas.followed.iter().flatten()
+    pub fn followed_partitions(&self) -> std::vec::IntoIter<Rc<Partition>> {
+        let roles = self.roles.borrow();
+        let v: Vec<_> = roles.followed.iter().flatten().cloned().collect();
+        v.into_iter()
     }
 
     /// The current settings.
@@ -467,7 +527,7 @@ impl Topic {
     pub fn set_config(&self, config: TopicConfig) {
         // A group created again, or new settings (caps): every group's next probe scans all partitions.
         self.ready.borrow_mut().clear();
-        for p in self.partitions.iter().flatten() {
+        for p in self.owned_partitions() {
             p.set_policy(config.limits(), config.redelivery());
         }
         *self.config.borrow_mut() = Rc::new(config);
@@ -482,41 +542,113 @@ impl Topic {
         self.locations.borrow()[p as usize]
     }
 
-    /// Cluster mode: other nodes' partitions moved to other cores of theirs (a node restarted with another core
-    /// count). Refused when the count differs or any partition of this node (`node`) would move: those are open
-    /// here, on their cores, for as long as this node runs.
-    pub fn relocate(&self, locations: Vec<Location>, node: NodeIndex) -> Result<(), String> {
+    /// Cluster mode: the topic's partitions are served from `locations` now, each partition's replicas, leader and
+    /// epoch being `states` (empty: unchanged). Other nodes' partitions may move anywhere (a node restarted with
+    /// another core count, a leadership moved); a partition of this node only changes role on the core that holds
+    /// its replica (`placement::replica_core`): a follower replica held by core `core` becomes the leader, or the
+    /// leader it holds becomes a follower replica, at a newer epoch. Any other move of this node's partitions is
+    /// refused, and so is a different count: those are open where they are for as long as this node runs. Returns
+    /// the partitions of `core` that change role (the caller makes them lead or follow: `Partition::lead`,
+    /// `Partition::follow`); the roles are already swapped when it returns.
+    pub fn relocate(
+        &self,
+        locations: Vec<Location>,
+        states: &[PartitionState],
+        core: u32,
+    ) -> Result<RoleMoves, String> {
+        let node = self.node;
+        let mut moves = RoleMoves::default();
         {
             let old = self.locations.borrow();
             if old.len() != locations.len() {
                 return Err(format!("{} partitions, not {}", old.len(), locations.len()));
             }
-            let moved = old
-                .iter()
-                .zip(&locations)
-                .any(|(a, b)| a != b && (a.node == node || b.node == node));
-            if moved {
-                return Err("a partition of this node would move".into());
+            let current = self.states.borrow();
+            let roles = self.roles.borrow();
+            for (p, (a, b)) in old.iter().zip(&locations).enumerate() {
+                if a == b || (a.node != node && b.node != node) {
+                    continue;
+                }
+                let state = states
+                    .get(p)
+                    .ok_or("a partition's leader moved without its state")?;
+                let replicated = state.replicas.len() > 1 && !roles.followers.is_empty();
+                let newer = state.epoch > current.get(p).map_or(0, |s| s.epoch);
+                if !(replicated && newer && state.leader == b.node && a.node != b.node) {
+                    return Err(format!(
+                        "partition {p} of this node would move from {a:?} to {b:?}"
+                    ));
+                }
+                let mine = if a.node == node { a } else { b };
+                if mine.core != core {
+                    continue;
+                }
+                let p32 = p as u32;
+                if b.node == node {
+                    match roles.followed.get(p).cloned().flatten() {
+                        Some(f) => moves.lead.push((p32, f)),
+                        None => {
+                            return Err(format!(
+                                "partition {p}: this core holds no replica to lead"
+                            ))
+                        }
+                    }
+                } else {
+                    match roles.partitions.get(p).cloned().flatten() {
+                        Some(l) => moves.follow.push((p32, l)),
+                        None => {
+                            return Err(format!(
+                                "partition {p}: this core holds no leader to step down"
+                            ))
+                        }
+                    }
+                }
             }
         }
+        let old = self.roles();
+        let mut partitions = old.partitions.clone();
+        let mut followed = old.followed.clone();
+        for (p, f) in &moves.lead {
+            partitions[*p as usize] = Some(f.clone());
+            followed[*p as usize] = None;
+        }
+        for (p, l) in &moves.follow {
+            followed[*p as usize] = Some(l.clone());
+            partitions[*p as usize] = None;
+        }
+        let followers = if states.is_empty() {
+            old.followers.to_vec()
+        } else {
+            super::placement::followers(states)
+        };
+        *self.roles.borrow_mut() = Rc::new(Roles::new(
+            partitions, followed, followers, &locations, node,
+        ));
         *self.remote_owners.borrow_mut() = remote_owners(&locations, node);
         *self.locations.borrow_mut() = locations.into();
-        Ok(())
+        Ok(moves)
     }
 
     /// The owned partition `p`, if this core owns it.
     pub fn owned_partition(&self, p: u32) -> Option<Rc<Partition>> {
-        self.partitions.get(p as usize).cloned().flatten()
+        self.roles
+            .borrow()
+            .partitions
+            .get(p as usize)
+            .cloned()
+            .flatten()
     }
 
     /// Every partition this core owns.
-    pub fn owned_partitions(&self) -> impl Iterator<Item = &Rc<Partition>> {
-        self.partitions.iter().flatten()
+    pub fn owned_partitions(&self) -> std::vec::IntoIter<Rc<Partition>> {
+        let roles = self.roles.borrow();
+        let v: Vec<_> = roles.partitions.iter().flatten().cloned().collect();
+        v.into_iter()
     }
 
     /// The cores owning some partition of the topic (on this node).
-    pub fn owner_cores(&self) -> &[u32] {
-        &self.owner_cores
+    pub fn owner_cores(&self) -> Rc<[u32]> {
+        self.roles.borrow().owner_cores.clone()
     }
 
     /// Cluster mode: the (node, core) pairs of other nodes owning partitions of this topic.
@@ -529,8 +661,9 @@ impl Topic {
         self.locations.borrow().clone()
     }
 
-    pub fn owned(&self) -> &[u32] {
-        &self.owned
+    /// The partitions this core owns, ascending.
+    pub fn owned(&self) -> Rc<[u32]> {
+        self.roles.borrow().owned.clone()
     }
 
     /// Partition `p` (owned here) may have something deliverable for `group`, or (None) for every group.
@@ -566,8 +699,8 @@ impl Topic {
         if full {
             let r = ready.entry(group.to_string()).or_default();
             r.scanned_ms = now_ms;
-            r.partitions = self.owned.iter().copied().collect();
-            let owned = &self.owned;
+            let owned = self.owned();
+            r.partitions = owned.iter().copied().collect();
             let order = (0..owned.len())
                 .map(|i| owned[(start + i) % owned.len()])
                 .collect();

@@ -68,8 +68,8 @@ impl Front {
     pub async fn describe_topic(&self, name: &str) -> OpResult<(TopicConfig, Vec<PartitionInfo>)> {
         let topic = self.engine().topic(name)?;
         let remote = topic.remote_owners();
-        let owners = topic
-            .owner_cores()
+        let owner_cores = topic.owner_cores();
+        let owners = owner_cores
             .iter()
             .map(|&core| (self.router().core(core as usize), false))
             .chain(remote.iter().map(|&to| (to, true)));

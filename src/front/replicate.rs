@@ -25,7 +25,7 @@
 //! counting for nothing. Not built yet (steps 4-5): elections, `BeginEpoch`, truncation, stepping down; no
 //! replacement of a replica that cannot be caught up from the log.
 
-use crate::engine::placement::{follower_core, Location, NodeIndex};
+use crate::engine::placement::{replica_core, Location, NodeIndex};
 use crate::engine::{Engine, Ship, ShipSink};
 use crate::ops::replicate::{
     FrontierMark, Replicate, ReplicateFrontiers, Replicated, MAX_FRONTIER_MARKS,
@@ -256,18 +256,22 @@ impl Shipper {
         }
         let key = (head.topic.clone(), head.partition);
         let existing = self.streams.borrow().get(&key).cloned();
+        // A stream serves one leadership: one this core held before at another epoch (it led, followed, and leads
+        // again) is replaced.
+        let current = |s: &Stream| {
+            s.topic_id == head.topic_id
+                && !s.closed.get()
+                && self
+                    .engine()
+                    .topic(&head.topic)
+                    .is_ok_and(|t| t.epoch(head.partition) == s.epoch)
+        };
         let stream = match existing {
             // A probe (no records) only opens a stream.
-            Some(_) if head.count == 0 => return,
+            Some(s) if head.count == 0 && current(&s) => return,
             // A batch that does not continue the stream (the log moved its end up to a frontier, say) starts a new
             // one, whose followers are asked where they stand.
-            Some(s)
-                if s.topic_id == head.topic_id
-                    && !s.closed.get()
-                    && s.end.get() == head.first_offset =>
-            {
-                s
-            }
+            Some(s) if s.end.get() == head.first_offset && current(&s) => s,
             old => {
                 let Some(stream) = self.open_stream(head) else {
                     if let Some(old) = old {
@@ -539,9 +543,9 @@ impl Shipper {
         if cores == 0 {
             return None;
         }
-        let core = follower_core(
+        let core = replica_core(
             &stream.topic,
-            topic.all_followers(),
+            &topic.states(),
             node,
             stream.partition,
             cores,

@@ -653,6 +653,118 @@ mod tests {
         });
     }
 
+    /// Applies the view of topic "led" (as [`led_view`]) served from its leader `leader` (node 0 or 1, core 0 of
+    /// each) at `epoch`: a move of leadership, as an election writes it.
+    async fn moved_view(engine: &Rc<Engine>, topic: &TopicConfig, leader: NodeIndex, epoch: u64) {
+        let mut topic = topic.clone();
+        topic.name = "led".into();
+        topic.id = 6;
+        let state = vec![PartitionState {
+            replicas: vec![0, 1],
+            leader,
+            epoch,
+        }];
+        let location = Location {
+            node: leader,
+            core: 0,
+        };
+        engine
+            .apply_topic(topic, vec![location], state)
+            .await
+            .unwrap();
+    }
+
+    /// A leadership that moves away from this node and back: the leader's replica follows on the same core (deposed,
+    /// its leases gone, its log and files kept, shipped requests of the new leader taken), then leads again at a
+    /// newer epoch where it followed: it refuses the old leader's requests, serves from the higher of its files and
+    /// the frontiers it was shipped, appends, and records where its epoch starts.
+    #[test]
+    fn a_replica_changes_role_on_its_core_when_its_leadership_moves() {
+        use crate::partition::{SettleOp, DEFAULT_GROUP};
+        use crate::storage::epoch_history::EpochStart;
+        run(async {
+            let (engine, topic, _) = follower_at(8).await;
+            moved_view(&engine, &topic, 0, 6).await;
+            let t = engine.topic("led").unwrap();
+            let p = t.owned_partition(0).expect("led here");
+            p.log
+                .append_batch(vec![Bytes::from_static(b"r"); 4])
+                .await
+                .unwrap();
+            p.follower_acked(1, 4);
+            let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            let lease = &taken.deliveries[0];
+            assert_eq!(lease.offset, 0);
+            p.settle(DEFAULT_GROUP, &[(lease.offset, lease.nonce)], SettleOp::Ack)
+                .await
+                .unwrap();
+            let leased = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert_eq!(leased.deliveries[0].offset, 1);
+            p.flush_frontiers().await;
+
+            // Node 1 leads at epoch 9: the same partition follows on this core.
+            moved_view(&engine, &topic, 1, 9).await;
+            assert!(t.owned_partition(0).is_none(), "it leads no more");
+            let f = t.followed_partition(0).expect("it follows where it led");
+            assert!(Rc::ptr_eq(&f, &p));
+            assert_eq!(p.deposed(), Some(9));
+            assert_eq!(t.location(0), Location { node: 1, core: 0 });
+            let r = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert!(
+                r.deliveries.is_empty() && r.stop == Some(crate::partition::Stop::Unavailable),
+                "a follower leases nothing: {r:?}"
+            );
+            // The new leader's requests are taken: a probe finds its end, its frontiers raise the group's.
+            let led = |epoch| Replicate {
+                topic: "led".into(),
+                topic_id: 6,
+                epoch,
+                ..probe(epoch)
+            };
+            let answer = apply(&engine, led(9)).await.unwrap();
+            assert_eq!(answer.end, 4);
+            let marks = |epoch, committed| ReplicateFrontiers {
+                topic: "led".into(),
+                topic_id: 6,
+                marks: vec![FrontierMark {
+                    group: DEFAULT_GROUP.into(),
+                    committed,
+                    start: false,
+                }],
+                ..frontiers(epoch)
+            };
+            apply_frontiers(&engine, marks(9, 3)).await.unwrap();
+
+            // And back: this node leads at epoch 12, on the core it followed on.
+            moved_view(&engine, &topic, 0, 12).await;
+            let q = t.owned_partition(0).expect("it leads again");
+            assert!(Rc::ptr_eq(&q, &p));
+            assert!(t.followed_partition(0).is_none());
+            assert_eq!(p.deposed(), None);
+            let r = apply(&engine, led(9)).await;
+            assert!(r.is_err(), "the old leader's request: {r:?}");
+            // Nothing is served before a majority has it; then the group starts where its leader had it (3), not
+            // where its own file stood (1).
+            let none = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert!(none.deliveries.is_empty(), "{:?}", none.deliveries);
+            p.follower_acked(1, 4);
+            let next = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert_eq!(next.deliveries[0].offset, 3);
+            assert_eq!(p.append(vec![Bytes::from_static(b"s")]).await.unwrap(), 4);
+            assert_eq!(
+                p.epoch_history().entries(),
+                &[
+                    EpochStart { epoch: 6, start: 0 },
+                    EpochStart {
+                        epoch: 12,
+                        start: 4
+                    }
+                ]
+            );
+            engine.close_all().await;
+        });
+    }
+
     fn stale<T: std::fmt::Debug>(r: &OpResult<T>, floor: u64) -> bool {
         matches!(
             r,

@@ -120,7 +120,7 @@ impl Partition {
         if self.replicated() {
             self.recompute_commit();
         } else {
-            (self.wake)(None, n);
+            self.wake_consumers(None, n);
         }
     }
 
@@ -146,7 +146,7 @@ impl Partition {
                 "a commit offset past the leader's durable end"
             );
             self.commit.moved.notify(usize::MAX);
-            (self.wake)(None, (majority - old) as usize);
+            self.wake_consumers(None, (majority - old) as usize);
         }
     }
 
@@ -207,7 +207,55 @@ impl Partition {
         tracing::warn!(dir = %self.dir.display(), epoch, "a newer leadership began: this leader serves the partition no more");
         self.commit.deposed.set(Some(epoch));
         self.commit.moved.notify(usize::MAX);
-        (self.wake)(None, 1);
+        self.wake_consumers(None, 1);
+    }
+
+    /// This follower replica becomes its partition's leader at `epoch`, over `replicas` replicas (itself included):
+    /// shipped batches are refused from now on (one being written is finished first), consumers are woken through
+    /// `wake`, nothing is served above what a majority has (the commit starts at the log's start, as at an open),
+    /// and its records from its log's end on are this epoch's, durably (`begin_leading`), before a deposition ends
+    /// and it serves. Its groups load at the first touch, each from its file or the frontier its leader shipped,
+    /// whichever is higher. Err: the history could not be written; it stays unable to serve (`503`).
+    pub async fn lead(
+        &self,
+        epoch: u64,
+        replicas: u32,
+        wake: super::Wake,
+    ) -> Result<(), PartitionError> {
+        self.log.stop_following().await;
+        self.set_wake(wake);
+        self.set_replicas(replicas);
+        if let Err(e) = self.begin_leading(epoch, self.log.end_offset()).await {
+            self.commit.deposed.set(Some(epoch));
+            return Err(e);
+        }
+        if self.commit.deposed.get().is_some_and(|d| d <= epoch) {
+            self.commit.deposed.set(None);
+        }
+        tracing::info!(dir = %self.dir.display(), epoch, "this replica leads the partition now");
+        Ok(())
+    }
+
+    /// This leader's replica becomes a follower: a leadership of `epoch` began elsewhere. It is deposed (if it was
+    /// not yet), ships nothing more and takes shipped batches again; its groups' leases go (a consumer's ack meets
+    /// the new leader: `410`), each group keeping what is durable here as its shipped frontier, so its file never
+    /// moves back. Its log stays as it is: a suffix the new leader lacks makes its batches a `Gap` or `Mismatch`
+    /// until the truncation by epoch exists (`docs/replication.md`, step 4).
+    pub async fn follow(&self, epoch: u64) {
+        self.depose(epoch);
+        // A load under way installs its shards before they are dropped.
+        self.wait_load().await;
+        self.log.start_following();
+        self.set_wake(std::rc::Rc::new(|_, _| {}));
+        self.set_replicas(1);
+        for g in self.groups.borrow().values() {
+            if g.shard.borrow_mut().take().is_some() {
+                let shipped = g.frontier.replica.get().unwrap_or(0);
+                g.frontier
+                    .replica
+                    .set(Some(shipped.max(g.frontier.durable())));
+            }
+        }
     }
 
     /// The epoch of the newer leadership that deposed this leader, if any.

@@ -199,7 +199,7 @@ pub struct Partition {
     /// The lowest nonce seed the next group shard may take (see `install_shard`).
     next_nonce_seed: Cell<u64>,
     /// Tells the engine about newly deliverable offsets.
-    wake: Wake,
+    wake: RefCell<Wake>,
     /// Monotonic counters.
     pub counters: Counters,
     /// A replicated partition's leader: how far each follower has it (kept by the shipper, `front/replicate.rs`).
@@ -268,7 +268,7 @@ impl ByteBudget {
 
 struct Reserved<'a> {
     group: &'a Group,
-    wake: &'a Wake,
+    wake: Wake,
     now_ms: u64,
     handles: Vec<(u64, u64)>,
 }
@@ -338,7 +338,7 @@ impl Partition {
             lost_below_frontier: Cell::new(0),
             read_failures: RefCell::new(BTreeMap::new()),
             next_nonce_seed: Cell::new(0),
-            wake: setup.wake,
+            wake: RefCell::new(setup.wake),
             counters: Counters::default(),
             followers: RefCell::new(Vec::new()),
             commit: commit::Commit::new(),
@@ -369,6 +369,17 @@ impl Partition {
         );
     }
 
+    /// Tells the engine that `n` offsets became deliverable for `group` (None: for every group).
+    fn wake_consumers(&self, group: Option<&str>, n: usize) {
+        let wake = self.wake.borrow().clone();
+        wake(group, n);
+    }
+
+    /// Replaces the wake-up (a follower replica wakes no consumer; one that becomes the leader does).
+    pub fn set_wake(&self, wake: Wake) {
+        *self.wake.borrow_mut() = wake;
+    }
+
     /// The group named `name`.
     pub fn group(&self, name: &str) -> Result<Rc<Group>, PartitionError> {
         self.groups
@@ -384,6 +395,9 @@ impl Partition {
     /// it, so no offset a consumer may have settled is ever handed out again.
     pub async fn ensure_loaded(&self) -> Result<(), PartitionError> {
         self.assert_owner();
+        // A deposed leader (a follower now, perhaps) loads nothing: its shards would stand in for the frontiers its
+        // new leader ships.
+        self.check_leading()?;
         loop {
             if self.is_loaded() {
                 return Ok(());
@@ -460,7 +474,15 @@ impl Partition {
             })?;
             stored.push(value);
         }
-        let highest = stored.iter().copied().max().unwrap_or(0);
+        // A replica that followed before it led: the frontiers its leader shipped (durable in its journal) may be
+        // ahead of its files.
+        let known = |g: &Group, stored: u64| stored.max(g.frontier.replica.get().unwrap_or(0));
+        let highest = groups
+            .iter()
+            .zip(&stored)
+            .map(|(g, &s)| known(g, s))
+            .max()
+            .unwrap_or(0);
         // A durable frontier covers only what was served, so committed.
         self.committed_at_least(highest);
         let recovered_end = self.log.end_offset();
@@ -472,17 +494,28 @@ impl Partition {
             self.lost_below_frontier.set(highest - recovered_end);
         }
         for (g, value) in groups.iter().zip(stored) {
-            self.install_shard(g, value);
+            self.install_shard(g, value, known(g, value));
         }
         Ok(())
     }
 
-    /// Seeds a group's shard at its durable frontier (never below the oldest retained offset).
-    fn install_shard(&self, g: &Group, stored: u64) {
+    /// Waits out a load of the shards under way.
+    pub(super) async fn wait_load(&self) {
+        while self.load.get() == Load::Loading {
+            let loaded = self.loaded_event.listen();
+            if self.load.get() == Load::Loading {
+                loaded.await;
+            }
+        }
+    }
+
+    /// Seeds a group's shard at its durable frontier `known` (its file holds `stored`; never below the oldest
+    /// retained offset).
+    fn install_shard(&self, g: &Group, stored: u64, known: u64) {
         let (start, end) = (self.log.start_offset(), self.log.end_offset());
-        let committed = stored.max(start);
+        let committed = known.max(start);
         // Retention removed what this group had not settled while it was not loaded: counted as it would be live.
-        bump(&g.counters.retention_skipped, committed - stored);
+        bump(&g.counters.retention_skipped, committed - known);
         assert!(
             committed <= end,
             "frontier {committed} beyond the log end {end}"
@@ -557,7 +590,7 @@ impl Partition {
         let now = self.clock.now_ms();
         let mut reserved = Reserved {
             group: &g,
-            wake: &self.wake,
+            wake: self.wake.borrow().clone(),
             now_ms: now,
             handles: Vec::new(),
         };
@@ -621,7 +654,7 @@ impl Partition {
                     .filter(|r| r.is_ok())
                     .count();
                 if given > 0 {
-                    (self.wake)(Some(&g.name), given);
+                    self.wake_consumers(Some(&g.name), given);
                 }
                 if taken.stop.is_none() {
                     taken.stop = Some(Stop::Budget);
@@ -707,7 +740,7 @@ impl Partition {
                 // Deliverable again: a consumer parked meanwhile takes it (and retries the read) rather than sleeping
                 // out its wait.
                 if given > 0 {
-                    (self.wake)(Some(&g.name), given);
+                    self.wake_consumers(Some(&g.name), given);
                 }
                 Err(Stop::Unavailable)
             }
@@ -728,7 +761,7 @@ impl Partition {
     fn note_released(&self, g: &Group, released: usize) {
         if released > 0 {
             bump(&g.counters.expired, released as u64);
-            (self.wake)(Some(&g.name), released);
+            self.wake_consumers(Some(&g.name), released);
         }
     }
 
@@ -745,7 +778,7 @@ impl Partition {
             .with_loaded(|s| s.give_back_batch(items, now))
             .map_or(0, |r| r.iter().filter(|r| r.is_ok()).count());
         if given > 0 {
-            (self.wake)(Some(&g.name), given);
+            self.wake_consumers(Some(&g.name), given);
         }
     }
 
@@ -800,7 +833,7 @@ impl Partition {
             _ => 0,
         };
         if wake + nacked_now > 0 {
-            (self.wake)(Some(group), wake + nacked_now);
+            self.wake_consumers(Some(group), wake + nacked_now);
         }
         Ok(results)
     }
@@ -828,7 +861,7 @@ impl Partition {
         self.note_moved(&g);
         bump(&g.counters.dead_lettered, 1);
         if at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group) {
-            (self.wake)(Some(group), 1);
+            self.wake_consumers(Some(group), 1);
         }
         Ok(())
     }

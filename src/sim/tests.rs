@@ -320,8 +320,7 @@ fn an_acked_frontier_is_journaled_once_at_the_flush_tick_and_survives_a_crash() 
         }
         let partition = || {
             let t = world.engines[0].topic(PLAIN).expect("topic");
-            let p = t.owned_partitions().next().expect("partition 0").clone();
-            p
+            t.owned_partitions().next().expect("partition 0")
         };
         let moved = |p: &crate::partition::Partition| {
             let mut records = Vec::new();

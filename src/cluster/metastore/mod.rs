@@ -32,7 +32,7 @@ mod watched;
 mod tests;
 
 pub use keys::{Keys, MemberRecord, PartitionRecord, PartitionState, TopicRecord, MAX_REPLICAS};
-pub use placement::{locations, spread};
+pub use placement::spread;
 pub use replica::{Changes, Replica, ReplicaStatus};
 pub use session::{NodeSpec, Session, SessionState};
 pub use snapshot::{Change, NodeInfo, Snapshot};

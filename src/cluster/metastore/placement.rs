@@ -2,7 +2,7 @@
 //! chosen once, by whoever creates the topic, and stored in the metastore; the core is computed by every node alike
 //! from the stored placement and each node's published core count.
 
-use crate::engine::placement::{core_of, Location, NodeIndex};
+use crate::engine::placement::NodeIndex;
 
 /// The node of every partition: the live nodes sorted by index, taken round robin from an offset derived from the
 /// topic name (so small topics do not all start on the lowest node). Each node gets ⌊p/n⌋ or ⌈p/n⌉ partitions.
@@ -47,30 +47,10 @@ pub fn followers(
         .collect()
 }
 
-/// The location of every partition. A node's partitions are numbered in order (its first, its second, ...) and
-/// that rank picks the core, so a node's share of a topic is spread over all of its cores whatever the number of
-/// nodes (hashing the partition number itself would put every partition of a node on one core whenever the node
-/// count is a multiple of the core count). `cores_of` gives a node's core count (0 is read as 1).
-pub fn locations(
-    topic: &str,
-    placement: &[NodeIndex],
-    cores_of: impl Fn(NodeIndex) -> usize,
-) -> Vec<Location> {
-    let mut ranks: std::collections::HashMap<NodeIndex, u32> = Default::default();
-    placement
-        .iter()
-        .map(|&node| {
-            let rank = ranks.entry(node).or_default();
-            let core = core_of(topic, *rank, cores_of(node).max(1)) as u32;
-            *rank += 1;
-            Location { node, core }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::placement::leader_locations;
 
     fn count(placement: &[NodeIndex], node: NodeIndex) -> usize {
         placement.iter().filter(|&&n| n == node).count()
@@ -117,7 +97,11 @@ mod tests {
         // Two nodes of two cores: round robin gives each node every other partition; hashing the partition number
         // would put all of them on one core.
         let placement = spread("t", 8, &[0, 1]);
-        let locs = locations("t", &placement, |_| 2);
+        let states: Vec<_> = placement
+            .iter()
+            .map(|&n| crate::engine::placement::PartitionState::initial(n, 1))
+            .collect();
+        let locs = leader_locations("t", &states, |_| 2);
         for node in [0, 1] {
             for core in [0, 1] {
                 let n = locs
@@ -127,6 +111,9 @@ mod tests {
                 assert_eq!(n, 2, "node {node} core {core}: {locs:?}");
             }
         }
-        assert!(locations("t", &[3, 3], |_| 0).iter().all(|l| l.core == 0));
+        let states = [3, 3].map(|n| crate::engine::placement::PartitionState::initial(n, 1));
+        assert!(leader_locations("t", &states, |_| 0)
+            .iter()
+            .all(|l| l.core == 0));
     }
 }

@@ -8,7 +8,6 @@ use super::keys::{
     decode_member, decode_partition, decode_topic, KeyKind, Keys, MemberRecord, PartitionRecord,
     PartitionState, TopicRecord,
 };
-use super::placement;
 use crate::cluster::etcd::{Event, EventKind, KeyValue};
 use crate::engine::placement::{Location, NodeIndex};
 use std::collections::BTreeMap;
@@ -243,17 +242,14 @@ impl Snapshot {
         live
     }
 
-    /// Where each partition of `topic` is served: its leader, and the core of the leader that owns it (a node not
-    /// known here counts as one core).
+    /// Where each partition of `topic` is served: its leader, and the leader's core for its replica (a node not
+    /// known here counts as one core; `placement::replica_core`).
     pub fn locations(&self, topic: &TopicRecord) -> Vec<Location> {
-        let leaders: Vec<NodeIndex> = self
-            .partition_states(topic)
-            .iter()
-            .map(|s| s.leader)
-            .collect();
-        placement::locations(topic.name(), &leaders, |node| {
-            self.node_by_index(node).map_or(1, |n| n.cores as usize)
-        })
+        crate::engine::placement::leader_locations(
+            topic.name(),
+            &self.partition_states(topic),
+            |node| self.node_by_index(node).map_or(1, |n| n.cores as usize),
+        )
     }
 
     /// Number of partitions node `index` leads, and of those it is a replica of without leading, over every topic.

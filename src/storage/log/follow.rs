@@ -49,6 +49,23 @@ pub enum FollowError {
 /// (`front::replicate::Windows`); a peer that sends more is refused, not queued.
 pub const MAX_QUEUED_SHIPS: usize = 16;
 
+/// While it lives a shipped batch is being written; however that ends, its drop says so (`Log::stop_following`).
+struct Shipping<'a>(&'a Log);
+
+impl<'a> Shipping<'a> {
+    fn start(log: &'a Log) -> Shipping<'a> {
+        log.shipping.set(true);
+        Shipping(log)
+    }
+}
+
+impl Drop for Shipping<'_> {
+    fn drop(&mut self) {
+        self.0.shipping.set(false);
+        self.0.ship_done.notify(usize::MAX);
+    }
+}
+
 impl From<AppendError> for FollowError {
     fn from(e: AppendError) -> FollowError {
         FollowError::Append(e)
@@ -59,6 +76,31 @@ impl Log {
     /// Leader side: `hook` is called with every batch once it is durable (its head and frames), in log order.
     pub fn set_on_ship(&self, hook: ShipHook) {
         *self.on_ship.borrow_mut() = Some(hook);
+    }
+
+    /// A follower's replica becomes its partition's leader: from now on every shipped batch is refused (those
+    /// queued too); returns once the one being written, if any, is written or failed, so that the log's end no
+    /// longer moves but by the new leader's own appends.
+    pub async fn stop_following(&self) {
+        self.ships_refused.set(true);
+        let queued: Vec<ShipJob> = self.ships.borrow_mut().drain(..).collect();
+        for job in queued {
+            let _ = job.reply.send(Err(FollowError::Mismatch(
+                "this replica leads the partition now".into(),
+            )));
+        }
+        while self.shipping.get() {
+            let done = self.ship_done.listen();
+            if self.shipping.get() {
+                done.await;
+            }
+        }
+    }
+
+    /// A leader's replica becomes a follower: it ships nothing more, and takes shipped batches again.
+    pub fn start_following(&self) {
+        *self.on_ship.borrow_mut() = None;
+        self.ships_refused.set(false);
     }
 
     /// Follower side: writes a batch shipped by the leader at the end of this log, at the segment and position the
@@ -74,6 +116,11 @@ impl Log {
         if self.journal.is_none() {
             return Err(FollowError::Mismatch(
                 "a follower writes through its core's journal (fsync always or interval)".into(),
+            ));
+        }
+        if self.ships_refused.get() {
+            return Err(FollowError::Mismatch(
+                "this replica leads the partition now".into(),
             ));
         }
         // Checked before it is copied and queued: a batch larger than any a leader writes is refused here.
@@ -219,7 +266,12 @@ impl Log {
     pub(super) async fn run_ship(&self, job: ShipJob) {
         let result = if self.is_poisoned() {
             Err(AppendError::Poisoned.into())
+        } else if self.ships_refused.get() {
+            Err(FollowError::Mismatch(
+                "this replica leads the partition now".into(),
+            ))
         } else {
+            let _writing = Shipping::start(self);
             self.apply_checked(&job.head, &job.frames).await
         };
         if let Ok(first) = result {

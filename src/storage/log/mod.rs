@@ -150,7 +150,7 @@ struct LogState {
     next_offset: u64,
     /// Offsets found damaged at recovery, or lost below a durable frontier: never delivered.
     corrupt: Runs,
-    /// Data written since the last sync (fsync interval policy).
+    /// Data written to the active segment since its last sync (the stop's final sync looks at it).
     dirty: bool,
 }
 
@@ -213,6 +213,11 @@ pub struct Log {
     on_ship: RefCell<Option<follow::ShipHook>>,
     /// Follower side: shipped batches waiting for the writer task (`follow.rs`), which alone writes.
     ships: RefCell<std::collections::VecDeque<follow::ShipJob>>,
+    /// Follower side: a shipped batch is being written (`run_ship`); `ship_done` tells when it ends.
+    shipping: Cell<bool>,
+    ship_done: Event,
+    /// Shipped batches are refused: the replica leads the partition now (`Log::stop_following`).
+    ships_refused: Cell<bool>,
     /// The core's journal, when appends are made durable through it.
     journal: Option<JournalLink>,
 }
@@ -254,6 +259,12 @@ impl Log {
         opts: LogOptions,
         journal: Option<JournalLink>,
     ) -> std::io::Result<Rc<Log>> {
+        // `fsync interval` makes appends durable through the core's journal, which syncs on the interval; a log
+        // of its own has no syncer (the engine starts a journal for every policy but `never`).
+        assert!(
+            journal.is_some() || !matches!(opts.fsync, FsyncPolicy::IntervalMs(_)),
+            "fsync interval needs the core's journal"
+        );
         storage.create_dir_all(dir)?;
         let mut bases: Vec<u64> = Vec::new();
         for name in storage.list(dir)? {
@@ -349,12 +360,12 @@ impl Log {
             writer_done_event: Event::new(),
             on_ship: RefCell::new(None),
             ships: RefCell::new(std::collections::VecDeque::new()),
+            shipping: Cell::new(false),
+            ship_done: Event::new(),
+            ships_refused: Cell::new(false),
             journal,
         });
         glommio::spawn_local(log.clone().run_writer()).detach();
-        if let (FsyncPolicy::IntervalMs(ms), None) = (opts.fsync, &log.journal) {
-            glommio::spawn_local(log.clone().run_interval_syncer(ms)).detach();
-        }
         Ok(log)
     }
 
@@ -859,14 +870,6 @@ impl Log {
         }
         st.segments.push(segment);
         Ok(())
-    }
-
-    async fn run_interval_syncer(self: Rc<Self>, interval_ms: u64) {
-        while !self.writer_done.get() {
-            let deadline = self.clock.now_ms() + interval_ms;
-            self.clock.sleep_until(deadline).await;
-            self.sync_if_dirty().await;
-        }
     }
 
     async fn sync_if_dirty(&self) {

@@ -473,3 +473,74 @@ fn a_follower_caught_up_from_the_leaders_log_holds_its_segments_byte_for_byte() 
         }
     });
 }
+
+/// A follower replica that starts leading (`stop_following`) takes no shipped batch after it returns: the queued
+/// ones are answered `Mismatch` and change nothing, the one being written (if any) is written first, and the log's
+/// end moves no more; one that follows again (`start_following`) takes the next batch.
+#[test]
+fn a_replica_that_starts_leading_refuses_queued_and_new_shipped_batches() {
+    run(async {
+        let (_a, _b, sa, sb) = two_disks();
+        let (lj, leader, shipped) = leader(&sa).await;
+        let (fj, follower) = open(&sb).await;
+        let mut rng = Rng(5);
+        while shipped.borrow().len() < 5 {
+            produce(&leader, &mut rng, 2).await;
+        }
+        let batches = std::mem::take(&mut *shipped.borrow_mut());
+        let mut waiting = Vec::new();
+        for (head, frames) in &batches[..3] {
+            let mut f = Box::pin(follower.apply_shipped(head, frames));
+            assert!(futures_lite::future::poll_once(&mut f).await.is_none());
+            waiting.push(f);
+        }
+        // The writer task may pick the first one up meanwhile.
+        futures_lite::future::yield_now().await;
+        follower.stop_following().await;
+        let end = follower.end_offset();
+        let mut applied = 0;
+        for (i, f) in waiting.into_iter().enumerate() {
+            match f.await {
+                Ok(()) => {
+                    assert_eq!(i, applied, "only a prefix is applied");
+                    applied += 1;
+                }
+                Err(FollowError::Mismatch(why)) => assert!(why.contains("leads"), "{why}"),
+                Err(e) => panic!("batch {i}: {e:?}"),
+            }
+        }
+        assert!(
+            applied <= 1,
+            "{applied} batches applied after the replica began to lead"
+        );
+        let expected = batches[..applied]
+            .last()
+            .map_or(0, |(h, _)| h.first_offset + u64::from(h.count));
+        assert_eq!(end, expected);
+        let (head, frames) = &batches[applied];
+        assert!(matches!(
+            follower.apply_shipped(head, frames).await,
+            Err(FollowError::Mismatch(_))
+        ));
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            follower.end_offset(),
+            end,
+            "the end moved after stop_following"
+        );
+        // Following again: the batches apply from where the log stands.
+        follower.start_following();
+        for (head, frames) in &batches[applied..] {
+            follower
+                .apply_shipped(head, frames)
+                .await
+                .expect("a follower again takes the next batch");
+        }
+        leader.close().await;
+        follower.close().await;
+        lj.close().await;
+        fj.close().await;
+    });
+}
