@@ -7,7 +7,7 @@
 #   scripts/mutants.sh [--list] [--subset all|durability|core] [--file GLOB]... [--re REGEX]... [--exclude-re REGEX]...
 #                      [--budget MIN] [--timeout S] [--build-timeout S] [--jobs N] [--shard K/N] [--rev REV]
 #                      [--opt-level N] [--target-dir DIR] [--out DIR] [--keep-logs] [--skip-tested]
-#                      [--summarize DIR]
+#                      [--summarize DIR] [--report]
 #                      [-- CARGO-MUTANTS-ARGS...]
 #
 # What is mutated: --subset all (the default; ~1,580 mutants) takes src/storage/** (log, journal, frontier, backend,
@@ -51,6 +51,10 @@
 #   --list            list the mutants in scope (counts per file, then every name) and stop: builds nothing.
 #   --summarize DIR   only (re)write DIR/summary.md from DIR/mutants.out (e.g. after editing harmless.tsv), and
 #                     drop the logs of caught mutants as the end of a run does (a run stopped early never got there).
+#   --report          write benches/results/mutants/REPORT.md: every mutant in scope now (e.g. --subset durability)
+#                     with its latest outcome in the committed runs (matched by file, function and replacement, not
+#                     by line), the survivors with their reasons from harmless.tsv, and what no run has tested yet.
+#                     Builds nothing.
 #   --rev REV         mutate the tree of commit REV (git archive) instead of the working tree.
 #   --skip-tested     leave out every mutant a committed run under benches/results/mutants/ already built and tested
 #                     (any outcome; matched by file, function and replacement, not by line, which moves): continues
@@ -87,6 +91,7 @@ keep_logs=0
 skip_tested=0
 list=0
 summarize=""
+report=0
 extra=()
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -111,6 +116,7 @@ while [ $# -gt 0 ]; do
     --keep-logs) keep_logs=1; shift ;;
     --skip-tested) skip_tested=1; shift ;;
     --summarize) summarize="$2"; shift 2 ;;
+    --report) report=1; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -125,7 +131,7 @@ durability_res=(
   'Journal::(enqueue|take_pass|run_committer|write_pass|refuse|sync_current|sync_now|run_interval_sync|rotate|run_checkpoints|checkpoint|write_back|close|open|create_file|next_pass|commit_delay_us)\b'
   '^src/storage/journal/(mod|entry|replay)\.rs:.* (in|replace) (replay|scan|header_at|parse_body|parse_frontiers|frames_start|seal_entry|begin_entry|frontier_entry|zero_ahead|wait_for_company)\b'
   # log: the append path (writer task, batches, write and sync, roll, interval sync, close) and reopening
-  'Log::(append|append_batch|run_writer|take_batch|write_batch|write_and_sync|roll|run_interval_syncer|sync_if_dirty|final_sync|close|open_with|skip_to)\b'
+  'Log::(append|append_batch|run_writer|take_batch|write_batch|write_and_sync|roll|sync_if_dirty|final_sync|close|open_with|skip_to)\b'
   # write-behind buffer that holds frames the segment lacks
   'Behind::(flush|push|take_back|continues|unwritten_from)\b'
   # frontier files: every function
@@ -386,6 +392,106 @@ PY
 fi
 for r in "${exclude_res[@]}"; do args+=(--exclude-re "$r"); done
 [ -z "$shard" ] || args+=(--shard "$shard")
+
+if [ "$report" = 1 ]; then
+  names_file=$(mktemp)
+  cargo mutants "${args[@]}" --list "${extra[@]}" > "$names_file"
+  python3 - "$repo/benches/results/mutants" "$subset" "$(git rev-parse --short HEAD)" "$names_file" <<'PY'
+import collections, glob, json, os, re, sys
+root, subset, head = sys.argv[1], sys.argv[2], sys.argv[3]
+def key(name):  # "src/x.rs:12:5: replace A with B in F" -> "src/x.rs: replace A with B in F"
+    return re.sub(r"^([^:]+):\d+:\d+:", r"\1:", name)
+now = [l.strip() for l in open(sys.argv[4]) if l.strip()]
+reasons = {}
+for line in open(os.path.join(root, "harmless.tsv")):
+    if line.strip() and not line.startswith("#"):
+        n, _, r = line.rstrip("\n").partition("\t")
+        reasons[n.strip()] = r.strip()
+KIND = {"CaughtMutant": "caught", "MissedMutant": "missed", "Timeout": "timeout", "Unviable": "unviable"}
+# The latest run that tested a key decides its outcomes (a later run reflects later code and tests); a key can name
+# several mutants (the same replacement twice in one function): they are paired in line order.
+latest = {}
+runs = sorted(glob.glob(os.path.join(root, "*", "mutants.out", "outcomes.json")))
+for path in runs:
+    run = path.split(os.sep)[-3]
+    per = collections.defaultdict(list)
+    for o in json.load(open(path)).get("outcomes", []):
+        s = o.get("scenario")
+        if isinstance(s, dict) and "Mutant" in s:
+            m = s["Mutant"]
+            per[key(m["name"])].append((m["span"]["start"]["line"], KIND.get(o["summary"], o["summary"]), m["name"]))
+    for k, v in per.items():
+        latest[k] = (run, sorted(v))
+by_key = collections.defaultdict(list)
+for n in now:
+    by_key[key(n)].append(n)
+rows = []  # (file, name, outcome, run, tested name)
+for k, names in by_key.items():
+    run, outs = latest.get(k, (None, []))
+    names = sorted(names, key=lambda n: int(n.split(":")[1]))
+    for i, n in enumerate(names):
+        if i < len(outs):
+            rows.append((n.split(":")[0], n, outs[i][1], run, outs[i][2]))
+        else:
+            rows.append((n.split(":")[0], n, "untested", None, None))
+def reason(tested, n):
+    return reasons.get(tested) or reasons.get(key(tested)) or reasons.get(n) or reasons.get(key(n))
+cols = ["caught", "killed since", "harmless", "TODO", "timeout", "unviable", "untested"]
+per_file = collections.OrderedDict()
+survivors, todo, timeouts, untested = [], [], [], []
+for f, n, out, run, tested in sorted(rows, key=lambda r: (r[0], int(r[1].split(":")[1]))):
+    c = per_file.setdefault(f, collections.Counter())
+    if out == "missed":
+        r = reason(tested, n)
+        if r is None:
+            c["TODO"] += 1; todo.append((n, run))
+        elif "killed since" in r or "fixed since" in r:
+            c["killed since"] += 1
+        else:
+            c["harmless"] += 1; survivors.append((n, run, r))
+    elif out == "timeout":
+        c["timeout"] += 1; timeouts.append((n, run))
+    elif out == "untested":
+        c["untested"] += 1; untested.append(n)
+    else:
+        c[out] += 1
+L = [f"# Mutation testing: every mutant of `--subset {subset}` at {head}, with its latest outcome", ""]
+L.append(f"Written by `scripts/mutants.sh --subset {subset} --report` from the {len(runs)} committed runs in this directory")
+L.append("(each run's own summary.md says what it ran, on which commit, and how long it took). A mutant is matched to")
+L.append("the latest run that tested the same file, function and replacement; its line may have moved since.")
+L.append("")
+L.append("- **caught**: a library test failed against it. **killed since**: it survived its run, and a test written")
+L.append("  afterwards fails against it (named in harmless.tsv; each was applied by hand and seen failing).")
+L.append("- **harmless**: it survives, and harmless.tsv says why (equivalent, unreachable, performance, logging or")
+L.append("  metrics only). **timeout**: the tests did not finish in time (a hang a test would notice, or a slow machine).")
+L.append("")
+L.append("| file | mutants | " + " | ".join(cols) + " |")
+L.append("| --- | ---: | " + " | ".join("---:" for _ in cols) + " |")
+tot = collections.Counter()
+for f, c in per_file.items():
+    tot.update(c)
+    L.append(f"| {f} | {sum(c[k] for k in cols)} | " + " | ".join(str(c[k]) for k in cols) + " |")
+L.append(f"| **total** | {sum(tot[k] for k in cols)} | " + " | ".join(str(tot[k]) for k in cols) + " |")
+L.append("")
+L.append(f"## Surviving mutants ({len(survivors)}), each with the reason it is harmless")
+L.append("")
+if survivors:
+    L.append("| mutant | run | reason |")
+    L.append("| --- | --- | --- |")
+    for n, run, r in survivors:
+        L.append(f"| `{n}` | {run} | {r.replace('|', '/')} |")
+    L.append("")
+for title, items in (("Survivors without a reason (TODO)", todo), ("Timed out", timeouts)):
+    if items:
+        L += [f"## {title} ({len(items)})", ""] + [f"- `{n}` ({run})" for n, run in items] + [""]
+if untested:
+    L += [f"## Not tested by any committed run ({len(untested)})", ""] + [f"- `{n}`" for n in untested] + [""]
+open(os.path.join(root, "REPORT.md"), "w").write("\n".join(L))
+print(f"{root}/REPORT.md: " + ", ".join(f"{tot[k]} {k}" for k in cols))
+PY
+  rm -f "$names_file"
+  exit 0
+fi
 
 if [ "$list" = 1 ]; then
   names=$(cargo mutants "${args[@]}" --list "${extra[@]}")

@@ -83,7 +83,7 @@ impl Engine {
                 // partition's leadership moved to or from a replica on this core.
                 let moves = if *existing.locations() != *locations {
                     existing
-                        .relocate(locations, &states, self.id as u32)
+                        .relocate(locations, &states, self.id as u32, self.cores)
                         .map_err(|why| {
                             EngineError::Storage(format!(
                                 "topic '{}' cannot take its new locations: {why}",
@@ -93,6 +93,31 @@ impl Engine {
                 } else {
                     Default::default()
                 };
+                // Before anything awaits: a replica about to lead serves nothing until it leads.
+                for (p, partition) in &moves.lead {
+                    let s = &states[*p as usize];
+                    partition.prepare_to_lead(s.epoch, s.replicas.len() as u32);
+                }
+                let to_lead: Vec<(u32, Rc<Partition>, PartitionState)> = {
+                    // And a partition led here that is deposed at or below the epoch its metadata names this node
+                    // leader at (a promotion that failed, or a deposition by a leadership this view skipped): it
+                    // leads again.
+                    let retry = existing.owned_partitions().filter_map(|partition| {
+                        let s = states.get(partition.id as usize)?;
+                        let deposed = partition.deposed()?;
+                        (s.leader == node
+                            && s.replicas.len() > 1
+                            && deposed <= s.epoch
+                            && !moves.lead.iter().any(|(p, _)| *p == partition.id))
+                        .then(|| (partition.id, partition.clone(), s.clone()))
+                    });
+                    moves
+                        .lead
+                        .iter()
+                        .map(|(p, partition)| (*p, partition.clone(), states[*p as usize].clone()))
+                        .chain(retry)
+                        .collect()
+                };
                 let epochs: Vec<u64> = states.iter().map(|s| s.epoch).collect();
                 if !states.is_empty() {
                     existing.set_states(states);
@@ -100,17 +125,14 @@ impl Engine {
                 for (p, partition) in moves.follow {
                     partition.follow(epochs[p as usize]).await;
                 }
-                let mut promoted = false;
-                for (p, partition) in moves.lead {
-                    let replicas = existing.replicas_of(p).len() as u32;
-                    let wake = self.consumer_wake(&config.name, p);
-                    match partition.lead(epochs[p as usize], replicas, wake).await {
-                        Ok(()) => {
-                            self.ship_from(&partition);
-                            promoted = true;
-                        }
+                let mut failed = None;
+                for (p, partition, s) in &to_lead {
+                    let wake = self.consumer_wake(&config.name, *p);
+                    match partition.lead(s.epoch, s.replicas.len() as u32, wake).await {
+                        Ok(()) => self.ship_from(partition),
                         Err(e) => {
-                            error!(topic = %config.name, partition = p, error = %e, "cannot lead the partition: it answers 503");
+                            error!(topic = %config.name, partition = p, error = %e, "cannot lead the partition: it answers 503 until a view naming it leader is applied again");
+                            failed = Some(e);
                         }
                     }
                 }
@@ -119,9 +141,16 @@ impl Engine {
                         error!(topic = %config.name, partition = partition.id, epoch, error = %e, "cannot record a new epoch in the partition's epoch history");
                     }
                 }
-                if promoted {
+                if !to_lead.is_empty() {
                     // Its followers are asked where they stand (and sent what they lack).
                     self.probe_followers(&existing);
+                }
+                if let Some(e) = failed {
+                    // Listed and retried like a topic that cannot open: the same view then leads it again.
+                    return Err(EngineError::Storage(format!(
+                        "topic '{}': a partition cannot lead: {e}",
+                        config.name
+                    )));
                 }
                 return Ok(());
             }
@@ -995,13 +1024,21 @@ impl Engine {
                 self.join_groups(config, &opening).await
             }
             Some(topic) => {
-                if *topic.locations() != *locations || !topic.has_states(&states) {
+                if *topic.locations() != *locations
+                    || !topic.has_states(&states)
+                    || topic.set_reapply(false)
+                {
                     // Another node came back with another core count (its partitions are on other cores now), or a
-                    // partition's epoch moved.
+                    // partition's epoch moved (or the last such view did not apply on every core).
                     info!(topic = %config.name, "partitions of another node moved to other cores of it, or a partition's epoch moved");
                     let current = (*topic.config()).clone();
-                    self.everywhere(AdminStep::Apply(current, locations, states))
-                        .await?;
+                    if let Err(e) = self
+                        .everywhere(AdminStep::Apply(current, locations, states))
+                        .await
+                    {
+                        topic.set_reapply(true);
+                        return Err(e);
+                    }
                 }
                 let old = topic.config();
                 if *old == config {

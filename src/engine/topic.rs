@@ -323,6 +323,9 @@ pub struct Topic {
     states: RefCell<Rc<[PartitionState]>>,
     /// This node.
     node: NodeIndex,
+    /// Cluster mode, core 0: the last view could not be applied on every core (a replica that could not begin to
+    /// lead): the next learning of the topic applies it again even if nothing changed.
+    reapply: Cell<bool>,
     /// Per group: the partitions owned here that may have something to deliver, so that a probe over many
     /// partitions looks at the few with messages (`ops::consume::apply`). Kept by the partitions' wake-ups; a
     /// partition found with nothing leaves it; a periodic full scan covers anything that became deliverable
@@ -436,7 +439,13 @@ impl Topic {
             ready: RefCell::new(Default::default()),
             states: RefCell::new(replicas.states.into()),
             node,
+            reapply: Cell::new(false),
         }
+    }
+
+    /// Marks (`true`) or takes (`false`: whether it was marked) that the last view must be applied again.
+    pub fn set_reapply(&self, reapply: bool) -> bool {
+        self.reapply.replace(reapply)
     }
 
     /// The partitions this core holds and their roles, as they are now.
@@ -555,6 +564,7 @@ impl Topic {
         locations: Vec<Location>,
         states: &[PartitionState],
         core: u32,
+        cores: usize,
     ) -> Result<RoleMoves, String> {
         let node = self.node;
         let mut moves = RoleMoves::default();
@@ -562,6 +572,13 @@ impl Topic {
             let old = self.locations.borrow();
             if old.len() != locations.len() {
                 return Err(format!("{} partitions, not {}", old.len(), locations.len()));
+            }
+            if !states.is_empty() && states.len() != locations.len() {
+                return Err(format!(
+                    "{} partition states for {} partitions",
+                    states.len(),
+                    locations.len()
+                ));
             }
             let current = self.states.borrow();
             let roles = self.roles.borrow();
@@ -579,7 +596,18 @@ impl Topic {
                         "partition {p} of this node would move from {a:?} to {b:?}"
                     ));
                 }
+                // Every core of this node judges the move alike: this node's side of it must be the core its
+                // replica lives on.
                 let mine = if a.node == node { a } else { b };
+                let name = self.config.borrow().name.clone();
+                if Some(mine.core)
+                    != super::placement::replica_core(&name, states, node, p as u32, cores)
+                {
+                    return Err(format!(
+                        "partition {p} would lead or follow on core {} of this node, not where its replica is",
+                        mine.core
+                    ));
+                }
                 if mine.core != core {
                     continue;
                 }

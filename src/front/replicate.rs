@@ -512,12 +512,16 @@ impl Shipper {
     /// leader's partition stops serving (`Partition::depose`); the stream keeps retrying, and counts that follower
     /// for nothing, until the metadata ends it.
     fn deposed_by(&self, stream: &Stream, e: &OpError) {
+        if stream.closed.get() {
+            // An older stream's answer (this core led, followed, and leads again, or its epoch moved on).
+            return;
+        }
         if let Some(known) = stale_epoch_known(e).filter(|&k| k > stream.epoch) {
             if let Some(p) = self
                 .engine()
                 .topic(&stream.topic)
                 .ok()
-                .filter(|t| t.id() == stream.topic_id)
+                .filter(|t| t.id() == stream.topic_id && t.epoch(stream.partition) == stream.epoch)
                 .and_then(|t| t.owned_partition(stream.partition))
             {
                 p.depose(known);

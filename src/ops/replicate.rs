@@ -708,6 +708,9 @@ mod tests {
             let f = t.followed_partition(0).expect("it follows where it led");
             assert!(Rc::ptr_eq(&f, &p));
             assert_eq!(p.deposed(), Some(9));
+            // Still counted over its replicas: a produce that was waiting for its majority is answered `503`, never
+            // acknowledged on this replica alone.
+            assert!(p.replicated());
             assert_eq!(t.location(0), Location { node: 1, core: 0 });
             let r = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
             assert!(
@@ -743,6 +746,14 @@ mod tests {
             assert_eq!(p.deposed(), None);
             let r = apply(&engine, led(9)).await;
             assert!(r.is_err(), "the old leader's request: {r:?}");
+            // A late answer to a stream of its own older leadership deposes nothing.
+            p.depose(12);
+            p.depose(9);
+            assert_eq!(p.deposed(), None);
+            // What its followers are sent as its durable frontiers (the probe at the promotion) is the frontier its
+            // old leader shipped, not the older one its file holds.
+            let shipped: Vec<u64> = p.durable_frontiers().iter().map(|r| r.committed).collect();
+            assert_eq!(shipped, vec![3]);
             // Nothing is served before a majority has it; then the group starts where its leader had it (3), not
             // where its own file stood (1).
             let none = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();

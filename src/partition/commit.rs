@@ -25,6 +25,30 @@ pub(super) struct Commit {
     /// Some(epoch) once this leader learned that a newer leadership (that epoch) began: it serves nothing more
     /// (`Partition::depose`).
     pub(super) deposed: std::cell::Cell<Option<u64>>,
+    /// The newest epoch this replica began leading at (0: none): a deposition by it or an older one is a stale
+    /// answer to an older stream, not a newer leadership.
+    pub(super) leading: std::cell::Cell<u64>,
+    /// Takes under way (they hold the group shards across awaits): a replica that starts following waits them out
+    /// before it drops the shards (`Serving`).
+    pub(super) serving: std::cell::Cell<usize>,
+    pub(super) served: event_listener::Event,
+}
+
+/// While it lives a take is under way on the partition.
+pub(super) struct Serving<'a>(&'a Commit);
+
+impl<'a> Serving<'a> {
+    pub(super) fn start(commit: &'a Commit) -> Serving<'a> {
+        commit.serving.set(commit.serving.get() + 1);
+        Serving(commit)
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.serving.set(self.0.serving.get() - 1);
+        self.0.served.notify(usize::MAX);
+    }
 }
 
 impl Commit {
@@ -35,6 +59,9 @@ impl Commit {
             acked: std::cell::RefCell::new(Vec::new()),
             moved: event_listener::Event::new(),
             deposed: std::cell::Cell::new(None),
+            leading: std::cell::Cell::new(0),
+            serving: std::cell::Cell::new(0),
+            served: event_listener::Event::new(),
         }
     }
 }
@@ -201,7 +228,9 @@ impl Partition {
     /// duplicate, never lose). Its log stays as it is, for the new leader's truncation. Only a newer epoch than
     /// the one it leads at counts.
     pub fn depose(&self, epoch: u64) {
-        if self.commit.deposed.get().is_some_and(|d| d >= epoch) {
+        if self.commit.deposed.get().is_some_and(|d| d >= epoch)
+            || epoch <= self.commit.leading.get()
+        {
             return;
         }
         tracing::warn!(dir = %self.dir.display(), epoch, "a newer leadership began: this leader serves the partition no more");
@@ -210,25 +239,34 @@ impl Partition {
         self.wake_consumers(None, 1);
     }
 
+    /// A follower replica is about to lead at `epoch`, over `replicas` replicas (itself included): until
+    /// [`Partition::lead`] has run it serves nothing (`503`), and whatever reaches it meanwhile waits for a majority.
+    /// Called before anything awaits once the roles are swapped, so no produce or take finds it unreplicated.
+    pub fn prepare_to_lead(&self, epoch: u64, replicas: u32) {
+        self.commit.deposed.set(Some(epoch));
+        self.set_replicas(replicas);
+    }
+
     /// This follower replica becomes its partition's leader at `epoch`, over `replicas` replicas (itself included):
     /// shipped batches are refused from now on (one being written is finished first), consumers are woken through
     /// `wake`, nothing is served above what a majority has (the commit starts at the log's start, as at an open),
-    /// and its records from its log's end on are this epoch's, durably (`begin_leading`), before a deposition ends
-    /// and it serves. Its groups load at the first touch, each from its file or the frontier its leader shipped,
-    /// whichever is higher. Err: the history could not be written; it stays unable to serve (`503`).
+    /// and its records from its log's end on are this epoch's, durably (`begin_leading`), before the deposition
+    /// ends and it serves. Its groups load at the first touch, each from its file or the frontier its leader
+    /// shipped, whichever is higher. Err: the history could not be written; it stays unable to serve (`503`), and
+    /// a later view naming it leader tries again.
     pub async fn lead(
         &self,
         epoch: u64,
         replicas: u32,
         wake: super::Wake,
     ) -> Result<(), PartitionError> {
+        if self.commit.deposed.get().is_none_or(|d| d < epoch) {
+            self.prepare_to_lead(epoch, replicas);
+        }
         self.log.stop_following().await;
         self.set_wake(wake);
         self.set_replicas(replicas);
-        if let Err(e) = self.begin_leading(epoch, self.log.end_offset()).await {
-            self.commit.deposed.set(Some(epoch));
-            return Err(e);
-        }
+        self.begin_leading(epoch, self.log.end_offset()).await?;
         if self.commit.deposed.get().is_some_and(|d| d <= epoch) {
             self.commit.deposed.set(None);
         }
@@ -237,17 +275,23 @@ impl Partition {
     }
 
     /// This leader's replica becomes a follower: a leadership of `epoch` began elsewhere. It is deposed (if it was
-    /// not yet), ships nothing more and takes shipped batches again; its groups' leases go (a consumer's ack meets
-    /// the new leader: `410`), each group keeping what is durable here as its shipped frontier, so its file never
-    /// moves back. Its log stays as it is: a suffix the new leader lacks makes its batches a `Gap` or `Mismatch`
-    /// until the truncation by epoch exists (`docs/replication.md`, step 4).
+    /// not yet: a produce waiting for its majority is answered `503`), ships nothing more and takes shipped batches
+    /// again; once the takes under way are done, its groups' leases go (a consumer's ack meets the new leader:
+    /// `410`), each group keeping what is durable here as its shipped frontier, so its file never moves back. Its
+    /// log stays as it is: a suffix the new leader lacks makes its batches a `Gap` or `Mismatch` until the
+    /// truncation by epoch exists (`docs/replication.md`, step 4).
     pub async fn follow(&self, epoch: u64) {
         self.depose(epoch);
-        // A load under way installs its shards before they are dropped.
+        // A load under way installs its shards, and a take under way uses them, before they are dropped.
         self.wait_load().await;
+        while self.commit.serving.get() > 0 {
+            let done = self.commit.served.listen();
+            if self.commit.serving.get() > 0 {
+                done.await;
+            }
+        }
         self.log.start_following();
         self.set_wake(std::rc::Rc::new(|_, _| {}));
-        self.set_replicas(1);
         for g in self.groups.borrow().values() {
             if g.shard.borrow_mut().take().is_some() {
                 let shipped = g.frontier.replica.get().unwrap_or(0);

@@ -97,6 +97,9 @@ impl Partition {
     /// A leader starts leading at `epoch`, its log ending at `start` (taken when the epoch changed): the history
     /// gains the entry, durably, unless it holds this epoch or a newer one already.
     pub async fn begin_leading(&self, epoch: u64, start: u64) -> Result<(), PartitionError> {
+        self.commit
+            .leading
+            .set(self.commit.leading.get().max(epoch));
         self.change_history(|h| Ok::<_, PartitionError>(h.begin(epoch, start)))
             .await
             .and_then(|r| r)

@@ -266,7 +266,12 @@ impl Partition {
                 let value = if g.shard.borrow().is_some() {
                     g.frontier.durable()
                 } else {
-                    read(&*self.storage, &g.frontier.path).ok()?
+                    // A replica that led since it followed: its leader's shipped frontier (journaled here) may be
+                    // ahead of its file.
+                    read(&*self.storage, &g.frontier.path)
+                        .ok()?
+                        .max(g.frontier.replica.get().unwrap_or(0))
+                        .max(g.frontier.durable())
                 };
                 Some(journal::FrontierRecord {
                     topic: link.topic.clone(),

@@ -569,6 +569,7 @@ impl Partition {
         budget: &mut ByteBudget,
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
+        let _serving = commit::Serving::start(&self.commit);
         match self
             .ensure_loaded()
             .await

@@ -1291,6 +1291,30 @@ fn a_replay_passes_over_the_entries_of_a_segment_that_is_gone() {
     });
 }
 
+/// Something else where a segment should be (a directory: `EISDIR`, or a file where its directory should be:
+/// `ENOTDIR`): its data is gone whatever the replay does, so the replay passes its entries over as for a segment
+/// that is gone, and the start goes on (the partition meets the same error when it opens, and its topic is
+/// quarantined: `tests/integrity.rs`); it is not an open error that keeps the journal and fails the start.
+#[test]
+fn a_replay_passes_over_the_entries_of_a_segment_with_something_else_in_its_place() {
+    for errno in [libc::EISDIR, libc::ENOTDIR] {
+        run(async move {
+            let sim = Sim::new();
+            let _started = eight_appends_over_two_partitions(&sim).await;
+            let image = sim.power_cut(|_, _| 0);
+            image.fail_opens_under(&partition_dir(0), errno, 100);
+            let report = replay(&storage(&image))
+                .await
+                .unwrap_or_else(|e| panic!("errno {errno}: the replay failed: {e:?}"));
+            assert_eq!(
+                (report.entries, report.skipped),
+                (8, 4),
+                "errno {errno}: {report:?}"
+            );
+        });
+    }
+}
+
 #[test]
 fn a_replay_whose_segment_write_fails_loses_no_acknowledged_record() {
     replay_meets_a_failing_segment("write");
