@@ -1503,23 +1503,9 @@ fn a_leader_deposed_by_a_newer_partition_key_answers_its_waiting_produce_at_once
         })
     };
     std::thread::sleep(ms(300));
-    // A new leadership, in the metastore's node indices (the topic record's placement and followers).
-    let prefix = format!("/berth/{}/", c.name);
-    let record: serde_json::Value = serde_json::from_str(
-        &c.etcd
-            .get(&format!("{prefix}topics/dp"))
-            .expect("etcd")
-            .expect("the topic record"),
-    )
-    .unwrap();
-    let mut indices = vec![record["placement"][0].clone()];
-    indices.extend(record["followers"][0].as_array().unwrap().iter().cloned());
-    let key =
-        serde_json::json!({ "topic_id": topic_id, "replicas": indices, "leader": indices[1] });
+    // A new leadership.
     let put_at = Instant::now();
-    c.etcd
-        .put(&format!("{prefix}partitions/dp/0"), &key.to_string())
-        .expect("put");
+    name_first_follower_leader(&c, "dp", topic_id);
     let (status, text, _) = waiting.join().unwrap();
     let answered_after = put_at.elapsed();
     assert_eq!(status, 503, "{text}");
@@ -1565,22 +1551,8 @@ fn a_follower_named_leader_by_a_newer_partition_key_serves_and_the_old_leader_fo
     }
     wait_replicated(c.node(leader), "lm", 2);
 
-    // Node f1 leads from now on (the metastore's node indices, as in the topic record).
-    let prefix = format!("/berth/{}/", c.name);
-    let record: serde_json::Value = serde_json::from_str(
-        &c.etcd
-            .get(&format!("{prefix}topics/lm"))
-            .expect("etcd")
-            .expect("the topic record"),
-    )
-    .unwrap();
-    let mut indices = vec![record["placement"][0].clone()];
-    indices.extend(record["followers"][0].as_array().unwrap().iter().cloned());
-    let key =
-        serde_json::json!({ "topic_id": topic_id, "replicas": indices, "leader": indices[1] });
-    c.etcd
-        .put(&format!("{prefix}partitions/lm/0"), &key.to_string())
-        .expect("put");
+    // Node f1 leads from now on.
+    name_first_follower_leader(&c, "lm", topic_id);
     wait_for(
         "the new leader in GET /topics",
         Duration::from_secs(15),
@@ -1647,7 +1619,28 @@ fn a_follower_named_leader_by_a_newer_partition_key_serves_and_the_old_leader_fo
     }
 }
 
-/// A partition's replicas (from `GET /topics/T`: node ids, the leader first) as the cluster's node indices.
+/// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the
+/// metastore's node indices (the topic record's placement and followers), as the election will write it.
+fn name_first_follower_leader(c: &Cluster, topic: &str, topic_id: u64) {
+    let prefix = format!("/berth/{}/", c.name);
+    let record: serde_json::Value = serde_json::from_str(
+        &c.etcd
+            .get(&format!("{prefix}topics/{topic}"))
+            .expect("etcd")
+            .expect("the topic record"),
+    )
+    .unwrap();
+    let mut indices = vec![record["placement"][0].clone()];
+    indices.extend(record["followers"][0].as_array().unwrap().iter().cloned());
+    let key =
+        serde_json::json!({ "topic_id": topic_id, "replicas": indices, "leader": indices[1] });
+    c.etcd
+        .put(&format!("{prefix}partitions/{topic}/0"), &key.to_string())
+        .expect("put");
+}
+
+/// A partition's replicas (from `GET /topics/T`: node ids, the leader first until a leadership moves) as the cluster's
+/// node indices.
 fn replica_indices(c: &Cluster, partition: &serde_json::Value) -> Vec<usize> {
     partition["replicas"]
         .as_array()

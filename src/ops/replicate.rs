@@ -396,6 +396,18 @@ mod tests {
         leader: NodeIndex,
         epoch: u64,
     ) -> Option<Rc<crate::partition::Partition>> {
+        apply_led(engine, topic, leader, epoch, Location { node: 0, core: 0 }).await;
+        engine.topic("led").unwrap().owned_partition(0)
+    }
+
+    /// Applies the view of topic "led" (replicas [0, 1]) led by `leader` at `epoch`, served from `location`.
+    async fn apply_led(
+        engine: &Rc<Engine>,
+        topic: &TopicConfig,
+        leader: NodeIndex,
+        epoch: u64,
+        location: Location,
+    ) {
         let mut topic = topic.clone();
         topic.name = "led".into();
         topic.id = 6;
@@ -405,10 +417,9 @@ mod tests {
             epoch,
         }];
         engine
-            .apply_topic(topic, vec![Location { node: 0, core: 0 }], state)
+            .apply_topic(topic, vec![location], state)
             .await
             .unwrap();
-        engine.topic("led").unwrap().owned_partition(0)
     }
 
     fn probe(epoch: u64) -> Replicate {
@@ -656,22 +667,11 @@ mod tests {
     /// Applies the view of topic "led" (as [`led_view`]) served from its leader `leader` (node 0 or 1, core 0 of
     /// each) at `epoch`: a move of leadership, as an election writes it.
     async fn moved_view(engine: &Rc<Engine>, topic: &TopicConfig, leader: NodeIndex, epoch: u64) {
-        let mut topic = topic.clone();
-        topic.name = "led".into();
-        topic.id = 6;
-        let state = vec![PartitionState {
-            replicas: vec![0, 1],
-            leader,
-            epoch,
-        }];
         let location = Location {
             node: leader,
             core: 0,
         };
-        engine
-            .apply_topic(topic, vec![location], state)
-            .await
-            .unwrap();
+        apply_led(engine, topic, leader, epoch, location).await;
     }
 
     /// A leadership that moves away from this node and back: the leader's replica follows on the same core (deposed,
