@@ -731,17 +731,27 @@ fn a_flush_never_starts_a_second_write_of_a_frontier_file() {
     });
 }
 
+/// A partition led here over 3 replicas (no follower has answered yet) holding "a", "b", "c" at offsets 0 to 2,
+/// and the count of consumers its wake-ups asked for.
+async fn replicated_over_three_with_abc(
+    sim: &Rc<Sim>,
+    clock: &Rc<ManualClock>,
+) -> (Rc<Partition>, Rc<std::cell::Cell<usize>>) {
+    let woken = Rc::new(std::cell::Cell::new(0usize));
+    let w = woken.clone();
+    let p = open_waking(sim, clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
+    p.set_replicas(3);
+    assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+    (p, woken)
+}
+
 #[test]
 fn a_replicated_partition_serves_and_answers_only_what_a_majority_of_its_replicas_has() {
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
-        let woken = Rc::new(std::cell::Cell::new(0usize));
-        let w = woken.clone();
-        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
-        p.set_replicas(3);
+        let (p, woken) = replicated_over_three_with_abc(&sim, &clock).await;
         assert!(p.replicated());
-        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
         // On the leader's disk alone: nothing is served, nobody is woken.
         assert_eq!((p.log.end_offset(), p.readable_end()), (3, 0));
         assert_eq!(woken.get(), 0);
@@ -823,11 +833,7 @@ fn a_deposed_leader_serves_nothing_more_and_its_commit_waiters_are_answered_at_o
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
-        let woken = Rc::new(std::cell::Cell::new(0usize));
-        let w = woken.clone();
-        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
-        p.set_replicas(3);
-        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        let (p, woken) = replicated_over_three_with_abc(&sim, &clock).await;
         p.follower_acked(7, 2);
         let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
         assert_eq!(offsets(&taken), vec![0]);
