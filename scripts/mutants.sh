@@ -213,9 +213,11 @@ PY
 }
 
 summarize() {  # summarize OUT_DIR
-  python3 - "$1" "$repo/benches/results/mutants/harmless.tsv" <<'PY'
+  MUTANTS_LIB="$repo/scripts" python3 - "$1" "$repo/benches/results/mutants/harmless.tsv" <<'PY'
 import json, os, re, sys, collections
 out, harmless_path = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.environ["MUTANTS_LIB"])
+from mutants_common import KIND, file_table, load_reasons, strip_pos
 mo = os.path.join(out, "mutants.out")
 outcomes = json.load(open(os.path.join(mo, "outcomes.json")))
 try:
@@ -230,21 +232,11 @@ try:
 except FileNotFoundError:
     pass
 
-def strip_pos(name):  # "src/x.rs:12:5: replace ..." -> "src/x.rs: replace ..."
-    return re.sub(r"^([^:]+):\d+:\d+:", r"\1:", name)
-
-reasons = {}
-if os.path.exists(harmless_path):
-    for line in open(harmless_path):
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, _, reason = line.rstrip("\n").partition("\t")
-        reasons[name.strip()] = reason.strip()
+reasons = load_reasons(harmless_path)
 
 def reason_for(name):
     return reasons.get(name) or reasons.get(strip_pos(name)) or "TODO: kill with a test, or say why it is harmless"
 
-KIND = {"CaughtMutant": "caught", "MissedMutant": "missed", "Timeout": "timeout", "Unviable": "unviable"}
 per_file = collections.OrderedDict()
 def row(f):
     return per_file.setdefault(f, collections.Counter())
@@ -304,14 +296,7 @@ elif not_reached:
 L.append("")
 L.append("## Per file")
 L.append("")
-L.append("| file | in scope | " + " | ".join(cols) + " |")
-L.append("| --- | ---: | " + " | ".join("---:" for _ in cols) + " |")
-tot = collections.Counter()
-for f, c in sorted(per_file.items()):
-    n = sum(c[k] for k in cols)
-    tot.update(c)
-    L.append(f"| {f} | {n} | " + " | ".join(str(c[k]) for k in cols) + " |")
-L.append(f"| **total** | {sum(tot[k] for k in cols)} | " + " | ".join(str(tot[k]) for k in cols) + " |")
+tot = file_table(L, sorted(per_file.items()), cols, "in scope")
 L.append("")
 L.append(f"## Missed mutants ({len(missed)})")
 L.append("")
@@ -396,18 +381,13 @@ for r in "${exclude_res[@]}"; do args+=(--exclude-re "$r"); done
 if [ "$report" = 1 ]; then
   names_file=$(mktemp)
   cargo mutants "${args[@]}" --list "${extra[@]}" > "$names_file"
-  python3 - "$repo/benches/results/mutants" "$subset" "$(git rev-parse --short HEAD)" "$names_file" <<'PY'
+  MUTANTS_LIB="$repo/scripts" python3 - "$repo/benches/results/mutants" "$subset" "$(git rev-parse --short HEAD)" "$names_file" <<'PY'
 import collections, glob, json, os, re, sys
 root, subset, head = sys.argv[1], sys.argv[2], sys.argv[3]
-def key(name):  # "src/x.rs:12:5: replace A with B in F" -> "src/x.rs: replace A with B in F"
-    return re.sub(r"^([^:]+):\d+:\d+:", r"\1:", name)
+sys.path.insert(0, os.environ["MUTANTS_LIB"])
+from mutants_common import KIND, file_table, load_reasons, strip_pos as key
 now = [l.strip() for l in open(sys.argv[4]) if l.strip()]
-reasons = {}
-for line in open(os.path.join(root, "harmless.tsv")):
-    if line.strip() and not line.startswith("#"):
-        n, _, r = line.rstrip("\n").partition("\t")
-        reasons[n.strip()] = r.strip()
-KIND = {"CaughtMutant": "caught", "MissedMutant": "missed", "Timeout": "timeout", "Unviable": "unviable"}
+reasons = load_reasons(os.path.join(root, "harmless.tsv"))
 # The latest run that tested a key decides its outcomes (a later run reflects later code and tests); a key can name
 # several mutants (the same replacement twice in one function): they are paired in line order.
 latest = {}
@@ -465,13 +445,7 @@ L.append("  afterwards fails against it (named in harmless.tsv; each was applied
 L.append("- **harmless**: it survives, and harmless.tsv says why (equivalent, unreachable, performance, logging or")
 L.append("  metrics only). **timeout**: the tests did not finish in time (a hang a test would notice, or a slow machine).")
 L.append("")
-L.append("| file | mutants | " + " | ".join(cols) + " |")
-L.append("| --- | ---: | " + " | ".join("---:" for _ in cols) + " |")
-tot = collections.Counter()
-for f, c in per_file.items():
-    tot.update(c)
-    L.append(f"| {f} | {sum(c[k] for k in cols)} | " + " | ".join(str(c[k]) for k in cols) + " |")
-L.append(f"| **total** | {sum(tot[k] for k in cols)} | " + " | ".join(str(tot[k]) for k in cols) + " |")
+tot = file_table(L, per_file.items(), cols, "mutants")
 L.append("")
 L.append(f"## Surviving mutants ({len(survivors)}), each with the reason it is harmless")
 L.append("")
