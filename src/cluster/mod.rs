@@ -7,6 +7,7 @@
 //! `rpc` carries the operation layer's requests to owners on other nodes. `node` wires them into a running server.
 
 mod control_plane;
+pub mod election;
 pub mod etcd;
 pub mod metastore;
 pub mod node;

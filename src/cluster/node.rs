@@ -224,6 +224,32 @@ impl Metadata for EtcdMetadata {
         Some((record.id(), record.partitions.clone()))
     }
 
+    fn move_leader(
+        &self,
+        r: crate::ops::replicate::MoveLeader,
+    ) -> LocalFuture<'_, EngineResult<()>> {
+        Box::pin(async move {
+            let snapshot = self.replica.snapshot();
+            let Some(record) = snapshot.topic(&r.topic).filter(|t| t.id() == r.topic_id) else {
+                return Err(EngineError::TopicNotFound(r.topic));
+            };
+            let Some(state) = record.partitions.get(r.partition as usize) else {
+                return Err(EngineError::TopicNotFound(r.topic));
+            };
+            if state.epoch != r.epoch {
+                return Ok(());
+            }
+            let moved = self
+                .meta
+                .set_partition(record, r.partition, r.epoch, &state.replicas, r.leader)
+                .await?;
+            if let Some(moved) = moved {
+                info!(topic = %r.topic, partition = r.partition, leader = r.leader, epoch = moved.epoch, "the partition's leadership was handed to a replica with a greater log");
+            }
+            Ok(())
+        })
+    }
+
     fn delete_topic(&self, name: String) -> LocalFuture<'_, EngineResult<()>> {
         Box::pin(async move {
             match self.meta.delete_topic(&name).await? {
@@ -440,13 +466,20 @@ pub async fn join(
     }
     rpc.start();
     info!(node = %settings.node_id, index = me, peer = %peer_addr, topics = known.len(), "joined the cluster");
+    let elections = super::election::Elections::new(
+        meta.clone(),
+        replica.clone(),
+        me,
+        super::election::STAGGER,
+    );
+    elections.consider(&replica.snapshot());
     glommio::spawn_local(follow(
         engine.clone(),
         replica.clone(),
         changes,
         session.clone(),
         me,
-        (retries, start),
+        (retries, start, elections),
     ))
     .detach();
     Ok(Membership {
@@ -517,7 +550,11 @@ async fn follow(
     mut changes: super::metastore::Changes,
     session: Rc<Session>,
     me: NodeIndex,
-    (retries, start): (Rc<RefCell<Retries>>, std::time::Instant),
+    (retries, start, elections): (
+        Rc<RefCell<Retries>>,
+        std::time::Instant,
+        Rc<super::election::Elections>,
+    ),
 ) {
     let mut seen = 0u64;
     let fenced = Rc::new(std::cell::Cell::new(false));
@@ -618,6 +655,8 @@ async fn follow(
                 }
             }
         }
+        // A leader that lost its session, or a partition key that moved: stand for what needs a leader.
+        elections.consider(&snapshot);
         // Topic changes move the partitions each node leads and follows (`GET /cluster`) too.
         if nodes_changed || !done.is_empty() || retries.borrow().listed() != listed_before {
             let view = view_of(&snapshot, me, fenced.get(), &retries.borrow());

@@ -68,17 +68,25 @@ impl Engine {
                         }
                     }
                 }
-                // A replicated partition led here at a newer epoch: its records from its log's end now on are
-                // that epoch's (the ends taken before anything awaits).
-                let led: Vec<_> = existing
+                // A replicated partition led here whose metadata names this node leader again at a newer epoch:
+                // another leader may have served in between (one that fenced a majority this node was not in), so
+                // it begins this leadership as a promoted follower does, with a fencing round, serving nothing
+                // until the round is won (before anything awaits).
+                let led: Vec<Rc<Partition>> = existing
                     .owned_partitions()
                     .filter(|p| !existing.followers(p.id).is_empty())
-                    .filter_map(|p| {
-                        let s = states.get(p.id as usize)?;
-                        (s.leader == node && s.epoch > existing.epoch(p.id))
-                            .then(|| (p.clone(), s.epoch, p.log.end_offset()))
+                    .filter(|p| {
+                        states.get(p.id as usize).is_some_and(|s| {
+                            s.leader == node
+                                && s.epoch > existing.epoch(p.id)
+                                && p.deposed().is_none()
+                        })
                     })
                     .collect();
+                for p in &led {
+                    let s = &states[p.id as usize];
+                    p.prepare_to_lead(s.epoch, s.replicas.len() as u32);
+                }
                 // Cluster mode: the same topic, perhaps with another node's partitions on other cores now, or a
                 // partition's leadership moved to or from a replica on this core.
                 let moves = if *existing.locations() != *locations {
@@ -108,6 +116,7 @@ impl Engine {
                         (s.leader == node
                             && s.replicas.len() > 1
                             && deposed <= s.epoch
+                            && partition.round_under_way() != Some(s.epoch)
                             && !moves.lead.iter().any(|(p, _)| *p == partition.id))
                         .then(|| (partition.id, partition.clone(), s.clone()))
                     });
@@ -125,32 +134,12 @@ impl Engine {
                 for (p, partition) in moves.follow {
                     partition.follow(epochs[p as usize]).await;
                 }
-                let mut failed = None;
                 for (p, partition, s) in &to_lead {
                     let wake = self.consumer_wake(&config.name, *p);
-                    match partition.lead(s.epoch, s.replicas.len() as u32, wake).await {
-                        Ok(()) => self.ship_from(partition),
-                        Err(e) => {
-                            error!(topic = %config.name, partition = p, error = %e, "cannot lead the partition: it answers 503 until a view naming it leader is applied again");
-                            failed = Some(e);
-                        }
-                    }
-                }
-                for (partition, epoch, start) in led {
-                    if let Err(e) = partition.begin_leading(epoch, start).await {
-                        error!(topic = %config.name, partition = partition.id, epoch, error = %e, "cannot record a new epoch in the partition's epoch history");
-                    }
-                }
-                if !to_lead.is_empty() {
-                    // Its followers are asked where they stand (and sent what they lack).
-                    self.probe_followers(&existing);
-                }
-                if let Some(e) = failed {
-                    // Listed and retried like a topic that cannot open: the same view then leads it again.
-                    return Err(EngineError::Storage(format!(
-                        "topic '{}': a partition cannot lead: {e}",
-                        config.name
-                    )));
+                    partition.lead(s.epoch, s.replicas.len() as u32, wake).await;
+                    self.ship_from(partition);
+                    // It serves once its fencing round is won (`front/round.rs`, then `finish_round`).
+                    self.begin_round(&config.name, config.id, *p, s.epoch);
                 }
                 return Ok(());
             }
@@ -171,6 +160,7 @@ impl Engine {
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mut followed = Vec::with_capacity(followers.len());
         let mut opened_all = Ok(());
+        let mut rounds = Vec::new();
         for (p, location) in locations.iter().enumerate() {
             let p = p as u32;
             let follows_here = location.node != mine.node
@@ -182,17 +172,29 @@ impl Engine {
                         if let Some(f) = followers.get(p as usize).filter(|f| !f.is_empty()) {
                             // Its records from its log's end on are this epoch's, durably before it serves.
                             let epoch = states.get(p as usize).map_or(config.id, |s| s.epoch);
+                            let began = partition
+                                .epoch_history()
+                                .last()
+                                .is_some_and(|last| last.epoch >= epoch);
                             if partition.epoch_floor() > epoch {
                                 // It answered a newer leader's fencing round before a restart: it leads no more.
                                 partition.depose(partition.epoch_floor());
+                            } else if !began && epoch != config.id {
+                                // Named leader at an epoch it never began leading at (elected, then stopped before
+                                // its round was won): it runs the round first. (At the topic's creation epoch no
+                                // leadership came before.)
+                                partition.prepare_to_lead(epoch, f.len() as u32 + 1);
+                                rounds.push((p, epoch, f.len() as u32 + 1));
                             }
-                            if let Err(e) = partition
-                                .begin_leading(epoch, partition.log.end_offset())
-                                .await
-                            {
-                                partition.close_deleted().await;
-                                opened_all = Err((p, std::io::Error::other(e.to_string())));
-                                break;
+                            if rounds.last().is_none_or(|&(r, _, _)| r != p) {
+                                if let Err(e) = partition
+                                    .begin_leading(epoch, partition.log.end_offset())
+                                    .await
+                                {
+                                    partition.close_deleted().await;
+                                    opened_all = Err((p, std::io::Error::other(e.to_string())));
+                                    break;
+                                }
                             }
                             // Only what a majority has is served, and produces wait for it.
                             partition.set_replicas(f.len() as u32 + 1);
@@ -241,8 +243,16 @@ impl Engine {
                 states,
             },
         ));
-        self.topics.borrow_mut().insert(name, topic.clone());
+        self.topics.borrow_mut().insert(name.clone(), topic.clone());
         self.probe_followers(&topic);
+        for (p, epoch, replicas) in rounds {
+            if let Some(partition) = topic.owned_partition(p) {
+                partition
+                    .lead(epoch, replicas, self.consumer_wake(&name, p))
+                    .await;
+            }
+            self.begin_round(&name, topic.id(), p, epoch);
+        }
         Ok(())
     }
 

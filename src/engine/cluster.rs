@@ -89,6 +89,12 @@ pub trait Metadata {
     ) -> LocalFuture<'_, EngineResult<Option<Placed>>>;
     /// A topic's id and each partition's replicas, leader and epoch, from this node's replica (no etcd call).
     fn partitions(&self, name: &str) -> Option<(u64, Vec<PartitionState>)>;
+    /// Names `r.leader` leader of its partition at a new epoch if the partition is still at `r.epoch` (Ok either
+    /// way: a partition that moved on is someone else's decision).
+    fn move_leader(
+        &self,
+        r: crate::ops::replicate::MoveLeader,
+    ) -> LocalFuture<'_, EngineResult<()>>;
 }
 
 impl Engine {

@@ -84,6 +84,18 @@ pub enum Ship<'a> {
     Batch(&'a crate::storage::journal::EntryHead, &'a [u8]),
     /// Frontiers of its consumer groups made durable here (all of one partition), in the order they were made.
     Frontiers(&'a [crate::storage::journal::FrontierRecord]),
+    /// A partition this core is to lead at `epoch` needs its fencing round (`front/round.rs`): it serves once
+    /// [`Engine::finish_round`] ran.
+    Round(&'a RoundOf),
+}
+
+/// A partition whose leadership at `epoch` begins with a fencing round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundOf {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub epoch: u64,
 }
 
 /// Takes what the replicated partitions a core leads ship to their followers (`front::replicate`). Called on the
@@ -135,6 +147,8 @@ pub struct Engine {
     metadata: RefCell<Option<Rc<dyn cluster::Metadata>>>,
     /// Cluster mode: where the durable batches of the replicated partitions this core leads go (the shipper).
     ship_sink: RefCell<Option<ShipSink>>,
+    /// Fencing rounds asked for before the shipper existed.
+    pending_rounds: RefCell<Vec<RoundOf>>,
     /// Cluster mode, core 0: topic names the metastore did not have, until when (ms): a negative cache.
     missing: RefCell<std::collections::HashMap<String, u64>>,
     config: Rc<Config>,
@@ -188,6 +202,7 @@ impl Engine {
             view: RefCell::new(Rc::default()),
             metadata: RefCell::new(None),
             ship_sink: RefCell::new(None),
+            pending_rounds: RefCell::new(Vec::new()),
             missing: RefCell::new(Default::default()),
             config,
             clock,
@@ -334,19 +349,67 @@ impl Engine {
     /// Cluster mode: sets where the durable batches of the replicated partitions this core leads go (once, before
     /// serving).
     pub fn set_ship_sink(&self, sink: ShipSink) {
-        *self.ship_sink.borrow_mut() = Some(sink);
+        *self.ship_sink.borrow_mut() = Some(sink.clone());
         // The topics opened at the join, before there was a sink: their followers are probed now.
         let topics: Vec<_> = self.topics.borrow().values().cloned().collect();
         for topic in topics {
             self.probe_followers(&topic);
         }
+        // And the fencing rounds asked for then run.
+        let pending = std::mem::take(&mut *self.pending_rounds.borrow_mut());
+        for round in &pending {
+            sink(Ship::Round(round));
+        }
+    }
+
+    /// A replicated partition this core is to lead at `epoch` runs its fencing round (through the shipper, which
+    /// reaches the other replicas; kept until the shipper exists).
+    pub(crate) fn begin_round(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64) {
+        let round = RoundOf {
+            topic: topic.to_string(),
+            topic_id,
+            partition,
+            epoch,
+        };
+        let sink = self.ship_sink.borrow().clone();
+        match sink {
+            Some(sink) => sink(Ship::Round(&round)),
+            None => self.pending_rounds.borrow_mut().push(round),
+        }
+    }
+
+    /// The fencing round of a partition this core is to lead was won by this replica: it serves, and its followers
+    /// are probed (and sent what they lack, its groups' frontiers included). Err: the partition is no longer led
+    /// here at that epoch, or its history could not be written.
+    pub async fn finish_round(&self, round: &RoundOf) -> EngineResult<()> {
+        let topic = self.topic(&round.topic)?;
+        let partition = topic
+            .owned_partition(round.partition)
+            .filter(|_| topic.id() == round.topic_id)
+            .ok_or_else(|| EngineError::TopicNotFound(round.topic.clone()))?;
+        partition
+            .start_serving(round.epoch)
+            .await
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        self.ship_probe(
+            &round.topic,
+            round.topic_id,
+            round.partition,
+            partition.log.end_offset(),
+        );
+        self.ship_frontiers(&partition.durable_frontiers());
+        Ok(())
     }
 
     /// Asks the followers of the replicated partitions of `topic` led here where they stand, so that what a
     /// majority has is served without waiting for the next produce; and sends them its groups' durable frontiers.
     pub(crate) fn probe_followers(&self, topic: &topic::Topic) {
         for &p in topic.owned().iter() {
-            if let Some(partition) = topic.owned_partition(p).filter(|p| p.replicated()) {
+            // (One still in its fencing round is probed once it is won: `finish_round`.)
+            if let Some(partition) = topic
+                .owned_partition(p)
+                .filter(|p| p.replicated() && p.deposed().is_none())
+            {
                 self.ship_probe(&topic.name(), topic.id(), p, partition.log.end_offset());
                 // And its groups' durable frontiers, for a follower that missed some before this open.
                 self.ship_frontiers(&partition.durable_frontiers());

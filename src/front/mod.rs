@@ -8,6 +8,7 @@ pub mod consume;
 pub mod produce;
 pub mod redrive;
 pub mod replicate;
+pub mod round;
 pub mod settle;
 
 use crate::engine::Engine;

@@ -77,7 +77,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// One core's shipper.
 pub struct Shipper {
-    router: Rc<Router>,
+    pub(super) router: Rc<Router>,
     windows: Windows,
     streams: RefCell<HashMap<(String, u32), Rc<Stream>>>,
     /// Bytes kept by all streams.
@@ -241,12 +241,13 @@ impl Shipper {
                 match ship {
                     Ship::Batch(head, frames) => shipper.ship(head, frames),
                     Ship::Frontiers(records) => shipper.ship_frontiers(records),
+                    Ship::Round(round) => shipper.round(round.clone()),
                 }
             }
         })
     }
 
-    fn engine(&self) -> &Rc<Engine> {
+    pub(super) fn engine(&self) -> &Rc<Engine> {
         self.router.engine()
     }
 
@@ -943,14 +944,28 @@ async fn send(
         first_offset: batch.head.first_offset,
         count: batch.head.count,
         frames: batch.frames.clone(),
-        // In which epochs its records were written, from the leader's history (a probe has none).
+        // In which epochs its records (and the one before them) were written, from the leader's history, with an
+        // epoch that starts right after them (a follower that has them all holds that leader's log as it began:
+        // `Partition::rank`); a probe carries the leader's whole history up to its end.
         epochs: shipper
             .engine()
             .topic(&stream.topic)
             .ok()
             .filter(|t| t.id() == stream.topic_id)
             .and_then(|t| t.owned_partition(stream.partition))
-            .map(|p| p.epochs_covering(batch.head.first_offset, batch.end))
+            .map(|p| {
+                if batch.head.count == 0 {
+                    p.epoch_history()
+                        .entries()
+                        .iter()
+                        .filter(|e| e.epoch <= stream.epoch && e.start <= batch.head.first_offset)
+                        .copied()
+                        .collect()
+                } else {
+                    // From the entry of the record before the batch: the follower checks its own says the same.
+                    p.epochs_covering(batch.head.first_offset.saturating_sub(1), batch.end + 1)
+                }
+            })
             .unwrap_or_default(),
     });
     let result = shipper.router.call(to, request).await;

@@ -72,6 +72,9 @@ pub enum Request {
     /// A new leader's fencing round: this node's replica of the partition takes no request of an older epoch from
     /// here on, and answers where its log stands (`Began`).
     BeginEpoch(replicate::BeginEpoch),
+    /// Core 0, cluster mode, internal (refused from a peer): a fencing round hands a partition's leadership to a
+    /// replica with a greater log (`Done`; `Done` too when the partition moved on first).
+    MoveLeader(replicate::MoveLeader),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -173,6 +176,13 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         }
         Request::Partitions(name) => {
             Reply::Partitions(engine.metadata().and_then(|m| m.partitions(&name)))
+        }
+        Request::MoveLeader(r) => {
+            let metadata = engine.metadata().ok_or_else(|| {
+                OpError::PartitionUnavailable("this node has no metastore".into())
+            })?;
+            metadata.move_leader(r).await?;
+            Reply::Done
         }
         Request::Produce(_)
         | Request::Probe(_)

@@ -43,9 +43,10 @@ pub struct Replicate {
     pub count: u32,
     /// The frames, exactly as the leader's segment holds them.
     pub frames: Bytes,
-    /// The leader's epoch history entries for these records (`EpochHistory::covering`: the one covering
-    /// `first_offset` and each starting inside the batch; empty for a probe, or records from before the history):
-    /// the follower adds those it lacks before it writes the batch. At most [`MAX_EPOCH_ENTRIES`].
+    /// The leader's epoch history entries for these records (`EpochHistory::covering` up to and including the
+    /// batch's end: the one covering `first_offset` and each starting inside the batch or right after it; empty for
+    /// records from before the history): the follower adds those it lacks before it writes the batch. A probe
+    /// carries the leader's entry for its own epoch (none before it has one). At most [`MAX_EPOCH_ENTRIES`].
     pub epochs: Vec<EpochStart>,
 }
 
@@ -120,12 +121,29 @@ pub struct BeginEpoch {
     pub epoch: u64,
 }
 
-/// A replica's answer to [`BeginEpoch`]: its log's end and the epoch of its last record (its epoch history's last
-/// entry; 0 when it has none), by which a fencing round ranks replicas (a later epoch first, then a longer log).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A replica's answer to [`BeginEpoch`]: its log's end and the newest epoch its history places at or below that end
+/// (`Partition::rank`; 0 when it has none), by which a fencing round ranks replicas (a later epoch first, then a
+/// longer log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Began {
     pub end: u64,
     pub last_epoch: u64,
+    /// Each consumer group's durable frontier on this replica (at most [`MAX_FRONTIER_MARKS`], never starts): the
+    /// round's winner raises its own groups to the highest of a majority before it serves, so what was settled
+    /// on a majority is not delivered again after a failover.
+    pub frontiers: Vec<FrontierMark>,
+}
+
+/// Core 0 (internal, never from a peer): a replica that ran a fencing round found another replica's log greater than
+/// its own, and hands it the leadership: the partition key names `leader` at a new epoch, if the partition is still
+/// at `epoch` (`Metastore::set_partition`; the replica set stays as it is).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MoveLeader {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub epoch: u64,
+    pub leader: NodeIndex,
 }
 
 /// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
@@ -172,14 +190,26 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         partition.depose(r.epoch);
     }
     partition.raise_epoch_floor(r.epoch).await?;
-    // The epoch of the last record the log holds (its history may run ahead of it: entries taken for a batch
-    // still queued, or whose write a power cut took).
-    let end = partition.log.end_offset();
+    // A history write of an older leadership under way lands first (none starts from here on: its floor is
+    // checked at its turn), so the rank answered is the one this replica keeps.
+    partition.wait_history_written().await;
+    // The newest epoch its history places at or below its log's end (entries past the end, taken for a batch still
+    // queued or whose write a power cut took, claim nothing): `Partition::rank`.
+    let (last_epoch, end) = partition.rank();
+    let frontiers = partition
+        .durable_frontiers()
+        .into_iter()
+        .take(MAX_FRONTIER_MARKS)
+        .map(|r| FrontierMark {
+            group: r.group,
+            committed: r.committed,
+            start: false,
+        })
+        .collect();
     Ok(Began {
         end,
-        last_epoch: end
-            .checked_sub(1)
-            .map_or(0, |last| partition.epoch_history().epoch_of(last)),
+        last_epoch,
+        frontiers,
     })
 }
 
@@ -261,12 +291,31 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
     let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
     let log = &partition.log;
     if r.count == 0 {
-        // A probe (the leader opened the partition): where this replica's log ends.
-        return Ok(Replicated {
-            end: log.end_offset(),
-            applied: false,
-            refused: false,
-        });
+        // A probe (the leader opened the partition, or began leading): where this replica's log ends. It carries
+        // the leader's entry for its epoch, taken durably first, so that this replica's end counts for the
+        // leader's commit only with the entry (`Partition::rank`); refused when it contradicts this replica's
+        // history (this log holds records past where that leadership began: they are not its leader's).
+        let end = log.end_offset();
+        return match partition.follow_epochs(&r.epochs, end, r.epoch).await {
+            Ok(()) => {
+                // Looked at again: a newer leadership's round, or the metadata, may have moved on meanwhile.
+                followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
+                Ok(Replicated {
+                    end,
+                    applied: false,
+                    refused: false,
+                })
+            }
+            Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
+                tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a probe's epoch contradicts this replica's history: refused");
+                Ok(Replicated {
+                    end,
+                    applied: false,
+                    refused: true,
+                })
+            }
+            Err(crate::partition::FollowEpochsError::Partition(e)) => Err(e.into()),
+        };
     }
     // The batch's epochs first, durably: a replica never holds records its history places in an older epoch. Only
     // for a batch at or past the log's end (pipelined ones wait their turn): one below it is not written anyway, and
@@ -276,7 +325,10 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
     } else {
         &[]
     };
-    match partition.follow_epochs(epochs, log.end_offset()).await {
+    match partition
+        .follow_epochs(epochs, log.end_offset(), r.epoch)
+        .await
+    {
         Ok(()) => {}
         Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
             tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch's epochs contradict this replica's history: refused");
@@ -420,6 +472,22 @@ mod tests {
             .apply_topic(topic, vec![location], state)
             .await
             .unwrap();
+        win_round(engine, epoch).await;
+    }
+
+    /// The fencing round of "led" at `epoch`, if one is under way here, won (as `front/round.rs` ends it when this
+    /// replica's log is the greatest of a majority).
+    async fn win_round(engine: &Rc<Engine>, epoch: u64) {
+        let p = engine.topic("led").unwrap().owned_partition(0);
+        if p.is_some_and(|p| p.round_under_way() == Some(epoch)) {
+            let round = crate::engine::RoundOf {
+                topic: "led".into(),
+                topic_id: 6,
+                partition: 0,
+                epoch,
+            };
+            engine.finish_round(&round).await.unwrap();
+        }
     }
 
     fn probe(epoch: u64) -> Replicate {
@@ -538,6 +606,133 @@ mod tests {
         });
     }
 
+    /// Raft's figure 8, closed two ways. A follower that takes a leader's entry for its epoch with every record
+    /// below its start ranks at that epoch (a probe carries the entry: durable before the answer; one that
+    /// contradicts the replica's log is refused, and one past its end claims nothing). And a leader commits nothing
+    /// of an older epoch until a majority holds everything below where its own epoch starts.
+    #[test]
+    fn a_new_leadership_commits_nothing_until_a_majority_holds_its_start_and_ranks_replicas_by_it()
+    {
+        use crate::partition::DEFAULT_GROUP;
+        use crate::storage::epoch_history::EpochStart;
+        run(async {
+            let (engine, topic, _) = follower_at(8).await;
+            let e = |epoch, start| EpochStart { epoch, start };
+            let shipped = |first_offset, epochs: Vec<EpochStart>| Replicate {
+                first_offset,
+                epochs,
+                ..probe(8)
+            };
+            // The follower of "t" (led by node 1 at epoch 8) holds 2 records of epoch 8.
+            let f = engine.topic("t").unwrap().followed_partition(0).unwrap();
+            f.follow_epochs(&[e(8, 0)], 0, 8).await.unwrap();
+            let frames = {
+                let mut out = Vec::new();
+                for (offset, body) in [(0u64, b"x"), (1, b"y")] {
+                    crate::storage::frame::encode(offset, 1, body, &mut out);
+                }
+                Bytes::from(out)
+            };
+            let batch = Replicate {
+                count: 2,
+                frames,
+                ..shipped(0, vec![e(8, 0)])
+            };
+            assert!(apply(&engine, batch).await.unwrap().applied);
+            assert_eq!(f.rank(), (8, 2));
+            // A probe whose entry starts past its end claims nothing; one at its end ranks it at that epoch,
+            // durably before the answer.
+            let r = apply(&engine, shipped(5, vec![e(8, 0)])).await.unwrap();
+            assert!(!r.refused, "{r:?}");
+            assert_eq!(f.rank(), (8, 2));
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 9,
+            }]);
+            let r = apply(
+                &engine,
+                Replicate {
+                    epoch: 9,
+                    ..shipped(2, vec![e(9, 2)])
+                },
+            )
+            .await
+            .unwrap();
+            assert_eq!((r.end, r.refused), (2, false));
+            assert_eq!(f.rank(), (9, 2), "it holds epoch 9's log as it began");
+            assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
+            // One that starts below its end is refused: this log holds records past where that leadership
+            // began.
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 10,
+            }]);
+            let r = apply(
+                &engine,
+                Replicate {
+                    epoch: 10,
+                    ..shipped(1, vec![e(10, 1)])
+                },
+            )
+            .await
+            .unwrap();
+            assert!(r.refused, "{r:?}");
+            assert_eq!(f.rank(), (9, 2));
+            // A leader whose history says another epoch wrote this replica's last record (Raft's previous-entry
+            // check): refused, though its own epoch would start at this replica's end.
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 12,
+            }]);
+            let diverged = Replicate {
+                epoch: 12,
+                ..shipped(2, vec![e(8, 0), e(11, 1), e(12, 2)])
+            };
+            let r = apply(&engine, diverged).await.unwrap();
+            assert!(r.refused, "{r:?}");
+            assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
+            // Entries of a leadership below the floor never land (a round read its rank without them).
+            f.raise_epoch_floor(13).await.unwrap();
+            let r = f.follow_epochs(&[e(8, 0), e(12, 2)], 2, 12).await;
+            assert!(
+                matches!(
+                    r,
+                    Err(crate::partition::FollowEpochsError::Partition(
+                        PartitionError::StaleEpoch { .. }
+                    ))
+                ),
+                "{r:?}"
+            );
+            assert_eq!(f.rank(), (9, 2));
+
+            // The leader's side: "led" (replicas [0, 1]) at epoch 6 commits as its follower answers...
+            let p = led_view(&engine, &topic, 0, 6).await.unwrap();
+            p.log
+                .append_batch(vec![Bytes::from_static(b"r"); 3])
+                .await
+                .unwrap();
+            p.follower_acked(1, 1);
+            assert_eq!(p.readable_end(), 1);
+            // ...and at epoch 7, which starts at 3, nothing below 3 until its follower has all of it.
+            led_view(&engine, &topic, 0, 7).await;
+            assert_eq!(p.leading_entry(), Some(e(7, 3)));
+            p.follower_acked(1, 2);
+            assert_eq!(
+                p.readable_end(),
+                0,
+                "records 0..2 are on a majority, but not epoch 7's start"
+            );
+            let none = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert!(none.deliveries.is_empty(), "{none:?}");
+            p.follower_acked(1, 3);
+            assert_eq!(p.readable_end(), 3);
+            engine.close_all().await;
+        });
+    }
+
     /// A partition led here whose metadata names another leader at a newer epoch is deposed: a produce to it is
     /// answered `503 partition_unavailable`, and it stays so; a newer epoch naming this node again only records it.
     #[test]
@@ -595,12 +790,15 @@ mod tests {
             let r = begin_epoch(&engine, begin("t", 5, 7)).await;
             assert!(stale(&r, 8), "{r:?}");
             let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
+            assert_eq!((began.end, began.last_epoch), (0, 0));
+            // With each group's durable frontier (the round's winner raises its own to the highest).
             assert_eq!(
-                began,
-                Began {
-                    end: 0,
-                    last_epoch: 0
-                }
+                began.frontiers,
+                vec![FrontierMark {
+                    group: crate::partition::DEFAULT_GROUP.into(),
+                    committed: 0,
+                    start: false
+                }]
             );
             let file =
                 PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
@@ -610,22 +808,17 @@ mod tests {
                 "durable before the answer"
             );
             // Its history may run ahead of its log (entries taken for a batch not written): the answer is the
-            // epoch of its last record, none here.
+            // newest epoch starting at or below its end, none here.
             let f = engine.topic("t").unwrap().followed_partition(0).unwrap();
             f.follow_epochs(
-                &[crate::storage::epoch_history::EpochStart { epoch: 8, start: 0 }],
+                &[crate::storage::epoch_history::EpochStart { epoch: 8, start: 2 }],
                 0,
+                9,
             )
             .await
             .unwrap();
             let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
-            assert_eq!(
-                began,
-                Began {
-                    end: 0,
-                    last_epoch: 0
-                }
-            );
+            assert_eq!((began.end, began.last_epoch), (0, 0));
             // The old leader (node 1, epoch 8) is refused from now on; the metadata still says 8.
             let r = apply(&engine, probe(8)).await;
             assert!(stale(&r, 9), "{r:?}");
@@ -642,13 +835,7 @@ mod tests {
             assert!(stale(&r, 6), "its own epoch: {r:?}");
             assert_eq!(p.deposed(), None);
             let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
-            assert_eq!(
-                began,
-                Began {
-                    end: 2,
-                    last_epoch: 6
-                }
-            );
+            assert_eq!((began.end, began.last_epoch), (2, 6));
             assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));
             let r = begin_epoch(&engine, begin("led", 7, 10)).await;
             assert!(
@@ -738,12 +925,31 @@ mod tests {
             };
             apply_frontiers(&engine, marks(9, 3)).await.unwrap();
 
-            // And back: this node leads at epoch 12, on the core it followed on.
-            moved_view(&engine, &topic, 0, 12).await;
+            // And back: this node leads at epoch 12, on the core it followed on; it serves nothing until its
+            // fencing round is won.
+            let mut view = topic.clone();
+            view.name = "led".into();
+            view.id = 6;
+            let state = vec![PartitionState {
+                replicas: vec![0, 1],
+                leader: 0,
+                epoch: 12,
+            }];
+            let here = Location { node: 0, core: 0 };
+            engine.apply_topic(view, vec![here], state).await.unwrap();
             let q = t.owned_partition(0).expect("it leads again");
             assert!(Rc::ptr_eq(&q, &p));
             assert!(t.followed_partition(0).is_none());
-            assert_eq!(p.deposed(), None);
+            assert_eq!((p.deposed(), p.round_under_way()), (Some(12), Some(12)));
+            let r = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+            assert_eq!(r.stop, Some(crate::partition::Stop::Unavailable), "{r:?}");
+            assert_eq!(
+                p.rank(),
+                (6, 4),
+                "its records are epoch 6's (epoch 9 shipped it no entry)"
+            );
+            win_round(&engine, 12).await;
+            assert_eq!((p.deposed(), p.round_under_way()), (None, None));
             let r = apply(&engine, led(9)).await;
             assert!(r.is_err(), "the old leader's request: {r:?}");
             // A late answer to a stream of its own older leadership deposes nothing.

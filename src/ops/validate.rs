@@ -33,6 +33,7 @@ pub fn on_core_zero(request: &Request) -> bool {
             | Request::CreateGroup(..)
             | Request::DeleteGroup(..)
             | Request::LookupTopic(..)
+            | Request::MoveLeader(_)
     )
 }
 
@@ -126,9 +127,10 @@ pub fn admit(
                     r.frames.len()
                 )));
             }
-            // Its epochs: as a history holds them, the first covering the batch's first offset (or starting inside
-            // it: records older than the history have none), each other one starting inside the batch, none of a
-            // newer leadership than the sender's (a probe has none).
+            // Its epochs: as a history holds them, the first covering the record before the batch (or starting
+            // inside it: records older than the history have none), each other one starting inside the batch or
+            // right after it, none of a newer leadership than the sender's; a probe's, its sender's history up to
+            // the end it probes from.
             if r.epochs.len() > crate::ops::replicate::MAX_EPOCH_ENTRIES {
                 return Err(OpError::BatchTooLarge(format!(
                     "{} epoch entries with one batch: more than {}",
@@ -137,16 +139,18 @@ pub fn admit(
                 )));
             }
             let end = r.first_offset.saturating_add(u64::from(r.count));
-            let inside = r
-                .epochs
-                .iter()
-                .skip(1)
-                .all(|e| e.start > r.first_offset && e.start < end);
+            let inside = r.count == 0
+                || r.epochs
+                    .iter()
+                    .skip(1)
+                    .all(|e| e.start >= r.first_offset && e.start <= end);
+            // A probe: the sender's history up to the end it probes from.
+            let probe = r.count > 0 || r.epochs.iter().all(|e| e.start <= r.first_offset);
             if !crate::storage::epoch_history::ascending(&r.epochs)
-                || r.epochs.first().is_some_and(|e| e.start >= end)
+                || (r.count > 0 && r.epochs.first().is_some_and(|e| e.start > end))
                 || !inside
                 || r.epochs.iter().any(|e| e.epoch > r.epoch)
-                || (r.count == 0 && !r.epochs.is_empty())
+                || !probe
             {
                 return Err(OpError::InvalidParameter(format!(
                     "epoch entries {:?} do not cover a batch of offsets {}..{end}",
@@ -155,6 +159,9 @@ pub fn admit(
             }
             Ok(())
         }
+        Request::MoveLeader(_) => Err(OpError::InvalidParameter(
+            "MoveLeader is internal to a node: a peer cannot send it".into(),
+        )),
         Request::BeginEpoch(r) => {
             validate_name(&r.topic)?;
             if r.leader != peer {
@@ -316,7 +323,8 @@ pub fn expect(request: &Request) -> Expected {
         | Request::Signal(_)
         | Request::LookupTopic(..)
         | Request::GiveBack(_)
-        | Request::ReplicateFrontiers(_) => Expected::Done,
+        | Request::ReplicateFrontiers(_)
+        | Request::MoveLeader(_) => Expected::Done,
     }
 }
 
@@ -401,6 +409,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::Replicate(_) => "Replicate",
         Request::ReplicateFrontiers(_) => "ReplicateFrontiers",
         Request::BeginEpoch(_) => "BeginEpoch",
+        Request::MoveLeader(_) => "MoveLeader",
     }
 }
 
@@ -704,8 +713,10 @@ mod tests {
             admit(&ship(3, 64), 3, 2, 2, &LIMITS),
             Err(OpError::InvalidParameter(_))
         ));
-        // Its epochs: the one covering its first offset, then each starting inside it, ascending; a probe none.
+        // Its epochs: the one covering the record before it, then each starting inside it or right after it,
+        // ascending; a probe's, the sender's history up to the end it probes from.
         use crate::storage::epoch_history::EpochStart;
+        const EPOCH: u64 = 1; // the sender's, as `ship` makes it
         let with = |first: u64, count: u32, epochs: &[(u64, u64)]| match ship(3, 64) {
             Request::Replicate(mut r) => {
                 r.first_offset = first;
@@ -727,17 +738,27 @@ mod tests {
             with(10, 5, &[(1, 10)]),
             with(10, 5, &[(1, 12)]),
             with(10, 5, &[(0, 0), (1, 11)]),
+            with(10, 5, &[(1, 15)]),
+            with(10, 5, &[(0, 0), (1, 15)]),
+            with(10, 0, &[]),
+            with(10, 0, &[(EPOCH, 10)]),
+            with(10, 0, &[(EPOCH, 3)]),
+            with(10, 0, &[(0, 3)]),
+            with(10, 0, &[(0, 3), (EPOCH, 4)]),
+            with(10, 5, &[(0, 0), (1, 10)]),
         ] {
             assert!(admit(&good, 3, 0, 2, &LIMITS).is_ok(), "{good:?}");
         }
         for bad in [
-            with(10, 5, &[(1, 15)]),
-            with(10, 5, &[(0, 0), (1, 10)]),
-            with(10, 5, &[(0, 0), (1, 15)]),
+            with(10, 5, &[(1, 16)]),
+            with(10, 5, &[(0, 0), (1, 9)]),
+            with(10, 5, &[(0, 0), (1, 16)]),
+            with(10, 0, &[(EPOCH, 11)]),
+            with(10, 0, &[(0, 3), (EPOCH, 11)]),
+            with(10, 0, &[(EPOCH, 3), (0, 4)]),
             with(10, 5, &[(1, 0), (0, 12)]),
             with(10, 5, &[(0, 0), (1, 12), (2, 12)]),
             with(10, 5, &[(2, 0)]),
-            with(10, 0, &[(1, 0)]),
         ] {
             assert!(
                 matches!(

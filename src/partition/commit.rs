@@ -32,6 +32,12 @@ pub(super) struct Commit {
     /// before it drops the shards (`Serving`).
     pub(super) serving: std::cell::Cell<usize>,
     pub(super) served: event_listener::Event,
+    /// Where the epoch it leads at starts in its log (its history's entry for that epoch): the commit offset moves
+    /// only once a majority has everything below it, each replica holding that entry (Raft's figure 8: a record of
+    /// an older epoch is never served on the strength of its replica count alone; `docs/replication.md`, step 4).
+    pub(super) since: std::cell::Cell<u64>,
+    /// Some(epoch) while the fencing round of a leadership at that epoch is under way (it serves nothing yet).
+    pub(super) round: std::cell::Cell<Option<u64>>,
 }
 
 /// While it lives a take is under way on the partition.
@@ -62,6 +68,8 @@ impl Commit {
             leading: std::cell::Cell::new(0),
             serving: std::cell::Cell::new(0),
             served: event_listener::Event::new(),
+            since: std::cell::Cell::new(0),
+            round: std::cell::Cell::new(None),
         }
     }
 }
@@ -165,6 +173,10 @@ impl Partition {
         let Some(majority) = majority_end(self.commit.replicas.get(), &mut ends) else {
             return;
         };
+        if majority < self.commit.since.get() {
+            // Not yet on a majority up to where this leadership began: nothing more is committed (figure 8).
+            return;
+        }
         let old = self.commit.end.get();
         if majority > old {
             self.commit.end.set(majority);
@@ -245,33 +257,60 @@ impl Partition {
     pub fn prepare_to_lead(&self, epoch: u64, replicas: u32) {
         self.commit.deposed.set(Some(epoch));
         self.set_replicas(replicas);
+        // Produces waiting for their commit (a leader named again at a newer epoch) are answered `503` at once.
+        self.commit.moved.notify(usize::MAX);
     }
 
-    /// This follower replica becomes its partition's leader at `epoch`, over `replicas` replicas (itself included):
-    /// shipped batches are refused from now on (one being written is finished first), consumers are woken through
-    /// `wake`, nothing is served above what a majority has (the commit starts at the log's start, as at an open),
-    /// and its records from its log's end on are this epoch's, durably (`begin_leading`), before the deposition
-    /// ends and it serves. Its groups load at the first touch, each from its file or the frontier its leader
-    /// shipped, whichever is higher. Err: the history could not be written; it stays unable to serve (`503`), and
-    /// a later view naming it leader tries again.
-    pub async fn lead(
-        &self,
-        epoch: u64,
-        replicas: u32,
-        wake: super::Wake,
-    ) -> Result<(), PartitionError> {
+    /// This replica is to lead its partition at `epoch`, over `replicas` replicas (itself included): shipped batches
+    /// are refused from now on (one being written is finished first), consumers are woken through `wake`, nothing
+    /// is served above what a majority has (the commit starts at the log's start, as at an open). It stays deposed
+    /// (`503`) while its fencing round runs (`front/round.rs`): [`Partition::start_serving`] ends it once the round
+    /// found its log the greatest of a majority. Its groups load at the first touch, each from its file or the
+    /// frontier its leader shipped, whichever is higher.
+    pub async fn lead(&self, epoch: u64, replicas: u32, wake: super::Wake) {
         if self.commit.deposed.get().is_none_or(|d| d < epoch) {
             self.prepare_to_lead(epoch, replicas);
         }
+        self.commit.round.set(Some(epoch));
         self.log.stop_following().await;
         self.set_wake(wake);
         self.set_replicas(replicas);
+    }
+
+    /// The fencing round of its leadership at `epoch` found its log the greatest of a majority: its records from
+    /// its log's end on are this epoch's, durably (`begin_leading`), and the deposition ends: it serves. Err: a
+    /// newer leadership deposed it meanwhile, or the history could not be written (it stays unable to serve,
+    /// `503`, and the round runs again while its metadata names it leader at this epoch).
+    pub async fn start_serving(&self, epoch: u64) -> Result<(), PartitionError> {
+        if self.epoch_floor() > epoch {
+            // It answered a newer leadership's fencing round: that one may lead already.
+            self.depose(self.epoch_floor());
+        }
+        if self.commit.deposed.get().is_some_and(|d| d > epoch) {
+            return self.check_leading();
+        }
         self.begin_leading(epoch, self.log.end_offset()).await?;
+        if self.commit.round.get() == Some(epoch) {
+            self.commit.round.set(None);
+        }
         if self.commit.deposed.get().is_some_and(|d| d <= epoch) {
             self.commit.deposed.set(None);
         }
         tracing::info!(dir = %self.dir.display(), epoch, "this replica leads the partition now");
         Ok(())
+    }
+
+    /// A fencing round that could not finish (the partition's leadership moved on): a view naming this replica
+    /// leader again starts a new one.
+    pub fn round_abandoned(&self, epoch: u64) {
+        if self.commit.round.get() == Some(epoch) {
+            self.commit.round.set(None);
+        }
+    }
+
+    /// The epoch of the fencing round under way, if any.
+    pub fn round_under_way(&self) -> Option<u64> {
+        self.commit.round.get()
     }
 
     /// This leader's replica becomes a follower: a leadership of `epoch` began elsewhere. It is deposed (if it was

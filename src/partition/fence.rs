@@ -100,26 +100,87 @@ impl Partition {
         self.commit
             .leading
             .set(self.commit.leading.get().max(epoch));
+        // Nothing is committed below where this leadership began until its history says where that is.
+        self.commit.since.set(self.commit.since.get().max(start));
         self.change_history(|h| Ok::<_, PartitionError>(h.begin(epoch, start)))
             .await
-            .and_then(|r| r)
+            .and_then(|r| r)?;
+        if let Some(e) = self
+            .epochs
+            .borrow()
+            .entries()
+            .iter()
+            .find(|e| e.epoch == epoch)
+        {
+            self.commit.since.set(e.start);
+        }
+        Ok(())
     }
 
-    /// A follower whose log ends at `end` takes its leader's entries for a batch before writing it there or later
-    /// ([`EpochHistory::follow`]): durable when it returns Ok.
+    /// Where its log stands for a fencing round: (the newest epoch its history places at or below its log's end,
+    /// that end). An entry that starts exactly at the end counts: a replica that took a leader's entry (E, S) and
+    /// holds every record below S holds that leader's log as it began (Viewstamped Replication's log view), and
+    /// ranks above a replica whose last record is of an epoch older than E at the same end. So once a leader's
+    /// commit passed S (a majority holds the entry and the log up to it), no round can pick a log without what it
+    /// served (Raft's figure 8; `docs/replication.md`, step 4). A later epoch first, then a longer log.
+    pub fn rank(&self) -> (u64, u64) {
+        let end = self.log.end_offset();
+        (self.epochs.borrow().epoch_of(end), end)
+    }
+
+    /// Its history's entry for the epoch it leads at (what a probe carries: a follower takes it before it answers,
+    /// so that its answer counts for the commit).
+    pub fn leading_entry(&self) -> Option<EpochStart> {
+        let leading = self.commit.leading.get();
+        self.epochs
+            .borrow()
+            .entries()
+            .iter()
+            .find(|e| e.epoch == leading)
+            .copied()
+    }
+
+    /// A follower whose log ends at `end` takes the entries its leader at `epoch` sent with a batch before writing
+    /// it there or later, or with a probe ([`EpochHistory::follow`]): durable when it returns Ok. Refused
+    /// (`stale_epoch`) when its floor is above `epoch` once its turn to write came: a fencing round that raised the
+    /// floor meanwhile read this replica's rank without these entries ([`Partition::wait_history_written`]), so no
+    /// entry of the older leadership may land after it.
     pub async fn follow_epochs(
         &self,
         entries: &[EpochStart],
         end: u64,
+        epoch: u64,
     ) -> Result<(), FollowEpochsError> {
         if entries.is_empty() {
             return Ok(());
         }
-        match self.change_history(|h| h.follow(entries, end)).await {
+        let floor = &self.epoch_floor;
+        let stale = Cell::new(false);
+        let result = self
+            .change_history(|h| {
+                if floor.get() > epoch {
+                    stale.set(true);
+                    return Err(String::new());
+                }
+                h.follow(entries, end)
+            })
+            .await;
+        match result {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) if stale.get() => {
+                Err(FollowEpochsError::Partition(PartitionError::StaleEpoch {
+                    epoch,
+                    known: floor.get(),
+                }))
+            }
             Ok(Err(why)) => Err(FollowEpochsError::Mismatch(why)),
             Err(e) => Err(FollowEpochsError::Partition(e)),
         }
+    }
+
+    /// Waits out a history write under way: what [`Partition::rank`] says afterwards includes it.
+    pub async fn wait_history_written(&self) {
+        drop(Turn::take(&self.writing_epochs, &self.epochs_written).await);
     }
 
     /// Applies `change` to a copy of the history, one change at a time; when it changed, writes the file and then

@@ -315,9 +315,9 @@ fn a_followers_epoch_history_is_durable_when_taken_and_a_contradiction_changes_n
         let sim = Sim::new();
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
         let (_journal, p) = follower(&storage).await;
-        p.follow_epochs(&[], 0).await.expect("nothing to take");
+        p.follow_epochs(&[], 0, 9).await.expect("nothing to take");
         assert_eq!(sim.contents(&dir().join(epoch_history::FILE_NAME)), None);
-        p.follow_epochs(&[e(7, 0), e(9, 4)], 0)
+        p.follow_epochs(&[e(7, 0), e(9, 4)], 0, 9)
             .await
             .expect("taken");
         let after = sim.power_cut(|_, _| 0);
@@ -328,7 +328,7 @@ fn a_followers_epoch_history_is_durable_when_taken_and_a_contradiction_changes_n
 
         let written = sim.contents(&dir().join(epoch_history::FILE_NAME));
         for bad in [vec![e(9, 5)], vec![e(8, 6)], vec![e(10, 3)]] {
-            let r = p.follow_epochs(&bad, 5).await;
+            let r = p.follow_epochs(&bad, 5, 10).await;
             assert!(
                 matches!(r, Err(FollowEpochsError::Mismatch(_))),
                 "{bad:?}: {r:?}"

@@ -103,8 +103,11 @@ impl EpochHistory {
     }
 
     /// A follower whose log ends at `end` takes its leader's entries for a batch it is about to write there or
-    /// later (as [`covering`] gave them, in ascending order). An entry it holds already changes nothing; a newer one
-    /// is added (replacing any of its own entries at or past that start, which claim no record it holds). Err when
+    /// later (as [`covering`] gave them, in ascending order, from the one covering the record before the batch), or
+    /// its leader's whole history with a probe. Its own entries past `end` go first. Where the leader's entries
+    /// cover record `end - 1`, its own must say the same epoch (and start) wrote it. An entry it holds already changes
+    /// nothing; a newer one is added (replacing any of its own entries at or past that start, which claim no record
+    /// it holds). Err when
     /// they contradict this history (an older epoch it holds at another start, or one it lacks where its own
     /// entries say another epoch wrote; a newer epoch starting below `end`, which would relabel records it holds):
     /// the replica's log does not continue its leader's. Ok(true) when the history changed (to be written before the
@@ -115,6 +118,25 @@ impl EpochHistory {
         }
         let mut next = self.clone();
         let mut changed = false;
+        // Its own entries past its end claim records it does not hold (taken for a batch never written): gone.
+        while next.last().is_some_and(|last| last.start > end) {
+            next.entries.pop();
+            changed = true;
+        }
+        // Raft's previous-entry check: where the leader's entries say which epoch wrote this replica's last record,
+        // its own history must say the same, or its log does not continue the leader's (it holds another
+        // leadership's record there, and everything from there on is suspect).
+        if let Some(prev) = end.checked_sub(1) {
+            let theirs = entries.iter().rev().find(|e| e.start <= prev);
+            let mine = next.covering_index(prev).map(|i| next.entries[i]);
+            if let Some(theirs) = theirs {
+                if mine != Some(*theirs) {
+                    return Err(format!(
+                        "record {prev}: epoch {theirs:?} on the leader, {mine:?} here"
+                    ));
+                }
+            }
+        }
         for &e in entries {
             match next.last() {
                 Some(last) if e.epoch < last.epoch => {
@@ -314,6 +336,27 @@ mod tests {
         assert_eq!(h.entries(), &[e(7, 0), e(9, 10), e(14, 12)]);
         assert!(h.begin(15, 0));
         assert_eq!(h.entries(), &[e(15, 0)]);
+    }
+
+    /// Raft's previous-entry check: a follower takes a leader's entries only where the leader's history says the
+    /// same epoch (from the same start) wrote its last record; and its own entries past its end go first.
+    #[test]
+    fn a_follower_takes_entries_only_from_a_leader_whose_history_wrote_its_last_record() {
+        let e = |epoch, start| EpochStart { epoch, start };
+        // Records 0..2: record 0 of epoch 8, record 1 of epoch 9 (a leadership its next leader never had).
+        let mut h = history(&[(8, 0), (9, 1)]);
+        let leader = [e(8, 0), e(12, 2)];
+        assert!(h.follow(&leader, 2).is_err(), "record 1 is epoch 8's there");
+        assert_eq!(h, history(&[(8, 0), (9, 1)]), "unchanged");
+        assert_eq!(h.follow(&[e(8, 0), e(9, 1), e(12, 2)], 2), Ok(true));
+        assert_eq!(h, history(&[(8, 0), (9, 1), (12, 2)]));
+        // Entries past its end (taken for a batch never written) claim nothing: dropped, then the leader's taken.
+        let mut h = history(&[(8, 0), (9, 5)]);
+        assert_eq!(h.follow(&[e(8, 0)], 2), Ok(true));
+        assert_eq!(h, history(&[(8, 0)]));
+        // A leader whose entries do not reach back to its last record (older than its history): nothing to check.
+        let mut h = history(&[(8, 0)]);
+        assert_eq!(h.follow(&[e(12, 4)], 4), Ok(true));
     }
 
     #[test]

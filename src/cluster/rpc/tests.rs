@@ -240,6 +240,13 @@ fn every_request() -> Vec<Request> {
             leader: 2,
             epoch: 93,
         }),
+        Request::MoveLeader(crate::ops::replicate::MoveLeader {
+            topic: topic(),
+            topic_id: 77,
+            partition: 1,
+            epoch: 95,
+            leader: 3,
+        }),
     ]
 }
 
@@ -334,6 +341,11 @@ fn every_reply() -> Vec<ReplyBody> {
         Ok(Reply::Began(crate::ops::replicate::Began {
             end: 4102,
             last_epoch: 91,
+            frontiers: vec![crate::ops::replicate::FrontierMark {
+                group: "billing".into(),
+                committed: 4000,
+                start: false,
+            }],
         })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
@@ -372,6 +384,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Replicate(_) => 16,
         Request::ReplicateFrontiers(_) => 17,
         Request::BeginEpoch(_) => 18,
+        Request::MoveLeader(_) => 19,
     }
 }
 
@@ -398,7 +411,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..19).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..20).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()

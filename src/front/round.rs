@@ -1,0 +1,347 @@
+//! The fencing round (`docs/replication.md`, step 4), the new leader's side: a replica named leader of a replicated
+//! partition at a new epoch (by an election, a transfer, or a view it starts with) serves nothing until it has fenced
+//! a majority of the partition's replicas at that epoch and found its own log the greatest among them.
+//!
+//! It sends `BeginEpoch` to every other replica (each raises its durable epoch floor, so no older leader can count
+//! it from then on, an old leader is deposed, and each answers its log's end and epoch: `ops::replicate::begin_epoch`),
+//! raises its own floor, and ranks the answers with its own by (epoch, end) (`Partition::rank`). With a majority
+//! answered (itself included):
+//! - its log the greatest: it serves (`Engine::finish_round`: its history records where its epoch starts, and its
+//!   commit offset moves only once a majority holds everything below that start);
+//! - another replica's greater: it hands the leadership to that replica (core 0 writes the partition key naming it,
+//!   at a newer epoch, `Request::MoveLeader`), which then runs its own round. Each hand-over goes to a strictly
+//!   greater log, so they end. Replicas whose node is live are preferred when they alone make a majority (a replica
+//!   that answered but whose session lapsed would be named leader only to be replaced again).
+//!
+//! Any acknowledged record is on a majority, and any two majorities share a replica, so the greatest log of a
+//! majority holds every acknowledged record: the new leader serves them all, and loses none. Without a majority
+//! it retries (50 ms doubling to 1 s) for as long as the partition's metadata names it leader at that epoch.
+
+use super::replicate::Shipper;
+use crate::engine::placement::{replica_core, Location, NodeIndex};
+use crate::engine::{EngineError, RoundOf};
+use crate::ops::replicate::{Began, BeginEpoch, FrontierMark, MoveLeader, MAX_FRONTIER_MARKS};
+use crate::ops::{OpError, Reply, Request};
+use crate::partition::PartitionError;
+use std::rc::Rc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const LAST_RETRY: Duration = Duration::from_secs(1);
+
+/// What a round found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Fewer than a majority answered.
+    NoMajority,
+    /// This replica's log is the greatest of a majority: it leads.
+    Lead,
+    /// Node `.0`'s log is greater: it should lead.
+    HandTo(NodeIndex),
+}
+
+/// Ranks a round's answers: `mine` is this replica's (epoch, end), `answers` the other replicas' with whether their
+/// node is live. A majority of `replicas` must have answered, this one included.
+pub fn decide(
+    me: NodeIndex,
+    mine: (u64, u64),
+    answers: &[(NodeIndex, Began, bool)],
+    replicas: usize,
+) -> Outcome {
+    let majority = replicas / 2 + 1;
+    if 1 + answers.len() < majority {
+        return Outcome::NoMajority;
+    }
+    let live = answers.iter().filter(|a| a.2).count();
+    let pool: Vec<(NodeIndex, (u64, u64))> = std::iter::once((me, mine))
+        .chain(
+            answers
+                .iter()
+                .filter(|a| a.2 || 1 + live < majority)
+                .map(|(n, b, _)| (*n, (b.last_epoch, b.end))),
+        )
+        .collect();
+    assert!(pool.len() >= majority, "a round decides over a majority");
+    // The greatest; this replica wins ties (it need not hand over for an equal log).
+    let (best, rank) = pool
+        .iter()
+        .copied()
+        .fold((me, mine), |acc, x| if x.1 > acc.1 { x } else { acc });
+    if best == me || rank <= mine {
+        Outcome::Lead
+    } else if answers.iter().any(|a| a.0 == best && a.2) {
+        Outcome::HandTo(best)
+    } else {
+        // The greatest log is on a node without a session: named leader it would only be replaced again. The round
+        // runs again (its node registers again, or a majority of live ones answers without it).
+        Outcome::NoMajority
+    }
+}
+
+impl Shipper {
+    /// Starts the fencing round of `round` on this core (its own task).
+    pub(crate) fn round(self: &Rc<Self>, round: RoundOf) {
+        let shipper = self.clone();
+        glommio::spawn_local(async move { shipper.run_round(round).await }).detach();
+    }
+
+    async fn run_round(self: Rc<Self>, round: RoundOf) {
+        let mut delay = FIRST_RETRY;
+        loop {
+            let engine = self.engine().clone();
+            let me = engine.node();
+            // Still this replica's to begin? (A newer view may have moved the leadership, or won it already.)
+            let Some((topic, partition)) = engine
+                .topic(&round.topic)
+                .ok()
+                .filter(|t| t.id() == round.topic_id)
+                .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
+            else {
+                return;
+            };
+            if topic.epoch(round.partition) != round.epoch
+                || topic.location(round.partition).node != me
+                || partition.round_under_way() != Some(round.epoch)
+            {
+                partition.round_abandoned(round.epoch);
+                return;
+            }
+            let replicas = topic.replicas_of(round.partition);
+            let states = topic.states();
+            let mut answers = Vec::new();
+            let outcome = match partition.raise_epoch_floor(round.epoch).await {
+                Err(e) => {
+                    warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "a fencing round cannot raise its own epoch floor");
+                    Outcome::NoMajority
+                }
+                Ok(()) if partition.epoch_floor() > round.epoch => {
+                    // This replica answered a newer leadership's round already: it leads no more.
+                    warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, floor = partition.epoch_floor(), "a newer leadership fenced this replica: this fencing round ends");
+                    partition.depose(partition.epoch_floor());
+                    partition.round_abandoned(round.epoch);
+                    return;
+                }
+                Ok(()) => {
+                    let mut calls = Vec::new();
+                    for &node in replicas.iter().filter(|&&n| n != me) {
+                        let cores = engine.node_cores(node) as usize;
+                        let Some(core) = (cores > 0)
+                            .then(|| {
+                                replica_core(&round.topic, &states, node, round.partition, cores)
+                            })
+                            .flatten()
+                        else {
+                            continue;
+                        };
+                        let router = self.router.clone();
+                        let request = Request::BeginEpoch(BeginEpoch {
+                            topic: round.topic.clone(),
+                            topic_id: round.topic_id,
+                            partition: round.partition,
+                            leader: me,
+                            epoch: round.epoch,
+                        });
+                        calls.push(glommio::spawn_local(async move {
+                            (node, router.call(Location { node, core }, request).await)
+                        }));
+                    }
+                    let mut newer = None;
+                    for call in calls {
+                        match call.await {
+                            (node, Ok(Reply::Began(b))) => {
+                                answers.push((node, b, engine.node_alive(node)))
+                            }
+                            (
+                                _,
+                                Err(OpError::Engine(EngineError::Partition(
+                                    PartitionError::StaleEpoch { known, .. },
+                                ))),
+                            ) if known > round.epoch => newer = Some(known),
+                            (node, other) => {
+                                info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, answer = ?other.map(|_| ()), "a replica did not answer the fencing round")
+                            }
+                        }
+                    }
+                    if let Some(known) = newer {
+                        // A newer leadership fenced a replica first: this one ends here (its view follows).
+                        warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, known, "a newer leadership began: this fencing round ends");
+                        partition.depose(known);
+                        partition.round_abandoned(round.epoch);
+                        return;
+                    }
+                    decide(me, partition.rank(), &answers, replicas.len())
+                }
+            };
+            // Looked at again after the awaits.
+            if partition.round_under_way() != Some(round.epoch) {
+                return;
+            }
+            match outcome {
+                Outcome::Lead => match self.raise_frontiers(&round, &partition, &answers).await {
+                    Err(e) => {
+                        warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but its groups' frontiers cannot be raised yet; the round runs again")
+                    }
+                    Ok(()) => match engine.finish_round(&round).await {
+                        Ok(()) => {
+                            info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "fencing round won: this node leads the partition");
+                            return;
+                        }
+                        Err(e) => {
+                            warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but the partition cannot serve yet; the round runs again")
+                        }
+                    },
+                },
+                Outcome::HandTo(node) => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, to = node, "a replica's log is greater: the leadership goes to it");
+                    let request = Request::MoveLeader(MoveLeader {
+                        topic: round.topic.clone(),
+                        topic_id: round.topic_id,
+                        partition: round.partition,
+                        epoch: round.epoch,
+                        leader: node,
+                    });
+                    match self
+                        .router
+                        .call(Location { node: me, core: 0 }, request)
+                        .await
+                    {
+                        Ok(_) => {
+                            // Moved (or moved on by someone else first): the view that follows makes this
+                            // replica a follower.
+                            partition.round_abandoned(round.epoch);
+                            return;
+                        }
+                        Err(e) => {
+                            warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "cannot hand the leadership over; the round runs again")
+                        }
+                    }
+                }
+                Outcome::NoMajority => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "a fencing round found no majority; it runs again")
+                }
+            }
+            glommio::timer::sleep(delay).await;
+            delay = (delay * 2).min(LAST_RETRY);
+        }
+    }
+}
+
+impl Shipper {
+    /// The round's winner raises each group it knows to the highest durable frontier the answering replicas hold
+    /// (never above its own log's end), journaled and synced before it serves (`Partition::follow_frontiers`, as a
+    /// follower takes its leader's): what a majority settled stays settled after the failover.
+    async fn raise_frontiers(
+        &self,
+        round: &RoundOf,
+        partition: &crate::partition::Partition,
+        answers: &[(NodeIndex, Began, bool)],
+    ) -> Result<(), PartitionError> {
+        let end = partition.log.end_offset();
+        let mut highest: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for (_, began, _) in answers {
+            for m in began.frontiers.iter().take(MAX_FRONTIER_MARKS) {
+                if m.start || crate::engine::topic::validate_name(&m.group).is_err() {
+                    continue;
+                }
+                let v = highest.entry(&m.group).or_insert(0);
+                *v = (*v).max(m.committed.min(end));
+            }
+        }
+        let marks: Vec<FrontierMark> = highest
+            .into_iter()
+            .take(MAX_FRONTIER_MARKS)
+            .map(|(group, committed)| FrontierMark {
+                group: group.to_string(),
+                committed,
+                start: false,
+            })
+            .collect();
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let max_groups = self
+            .engine()
+            .topic(&round.topic)
+            .map_err(|e| PartitionError::Unavailable(e.to_string()))?
+            .config()
+            .max_groups;
+        partition.follow_frontiers(&marks, max_groups).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn began(last_epoch: u64, end: u64) -> Began {
+        Began {
+            end,
+            last_epoch,
+            frontiers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_round_leads_with_the_greatest_log_of_a_majority_and_hands_over_otherwise() {
+        // R = 3: itself and one more is a majority.
+        assert_eq!(decide(0, (5, 10), &[], 3), Outcome::NoMajority);
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 9), true)], 3),
+            Outcome::Lead
+        );
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 10), true)], 3),
+            Outcome::Lead,
+            "an equal log: no hand-over"
+        );
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 11), true)], 3),
+            Outcome::HandTo(1),
+            "a longer log of the same epoch"
+        );
+        assert_eq!(
+            decide(
+                0,
+                (5, 10),
+                &[(1, began(6, 2), true), (2, began(5, 12), true)],
+                3
+            ),
+            Outcome::HandTo(1),
+            "a later epoch first, whatever its length"
+        );
+        // A replica whose node is not live is passed over while the live ones make a majority without it...
+        assert_eq!(
+            decide(
+                0,
+                (5, 10),
+                &[(1, began(5, 11), false), (2, began(5, 9), true)],
+                3
+            ),
+            Outcome::Lead
+        );
+        // ...and counted when they do not: never led from here while its node has no session.
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 11), false)], 3),
+            Outcome::NoMajority
+        );
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 9), false)], 3),
+            Outcome::Lead
+        );
+        // R = 5: three answers needed.
+        assert_eq!(
+            decide(0, (5, 10), &[(1, began(5, 1), true)], 5),
+            Outcome::NoMajority
+        );
+        assert_eq!(
+            decide(
+                0,
+                (3, 10),
+                &[(1, began(4, 3), true), (2, began(3, 12), true)],
+                5
+            ),
+            Outcome::HandTo(1)
+        );
+    }
+}
