@@ -797,3 +797,26 @@ fn appends_queued_together_never_batch_past_the_segment_size() {
         }
     });
 }
+
+/// A segment takes appends until they fill it exactly, and rolls only before one that would take it past
+/// `segment_bytes` (`docs/format.md`): two frames of 2,048 bytes fill a 4 KiB segment, the third starts the next.
+#[test]
+fn a_segment_is_filled_to_exactly_its_size_before_it_rolls() {
+    run(async {
+        let sim = Sim::new();
+        let log = Log::open(storage(&sim), clock(), dir(), OPTS)
+            .await
+            .unwrap();
+        let body = Bytes::from(vec![b'f'; 2048 - 32]);
+        for offset in 0..3 {
+            assert_eq!(log.append(body.clone()).await.unwrap(), offset);
+        }
+        log.close().await;
+        let segments = segment_names(&sim);
+        let bases: Vec<u64> = segments
+            .iter()
+            .map(|n| n.trim_end_matches(".log").parse().unwrap())
+            .collect();
+        assert_eq!(bases, [0, 2], "{segments:?}");
+    });
+}
