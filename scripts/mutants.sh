@@ -390,7 +390,11 @@ now = [l.strip() for l in open(sys.argv[4]) if l.strip()]
 reasons = load_reasons(os.path.join(root, "harmless.tsv"))
 # The latest run that tested a key decides its outcomes (a later run reflects later code and tests); a key can name
 # several mutants (the same replacement twice in one function): they are paired in line order.
+# A mutant tested under its exact current name (file, line, column, replacement, function) takes the latest run
+# that did so; the others are paired by key with the latest run's outcomes that no current name claims exactly (a
+# run that tested some of a key's mutants by name, e.g. with --re, leaves the older outcomes of the rest in place).
 latest = {}
+exact = {}
 runs = sorted(glob.glob(os.path.join(root, "*", "mutants.out", "outcomes.json")))
 for path in runs:
     run = path.split(os.sep)[-3]
@@ -399,19 +403,30 @@ for path in runs:
         s = o.get("scenario")
         if isinstance(s, dict) and "Mutant" in s:
             m = s["Mutant"]
-            per[key(m["name"])].append((m["span"]["start"]["line"], KIND.get(o["summary"], o["summary"]), m["name"]))
+            kind = KIND.get(o["summary"], o["summary"])
+            per[key(m["name"])].append((m["span"]["start"]["line"], kind, m["name"]))
+            exact[m["name"]] = (run, kind)
     for k, v in per.items():
-        latest[k] = (run, sorted(v))
+        latest.setdefault(k, []).append((run, sorted(v)))
+now_set = set(now)
 by_key = collections.defaultdict(list)
 for n in now:
     by_key[key(n)].append(n)
 rows = []  # (file, name, outcome, run, tested name)
 for k, names in by_key.items():
-    run, outs = latest.get(k, (None, []))
+    # The outcomes no current name claims exactly, the latest run's first, each run's in line order.
+    outs = [(run, o) for run, v in reversed(latest.get(k, [])) for o in v if o[2] not in now_set]
     names = sorted(names, key=lambda n: int(n.split(":")[1]))
-    for i, n in enumerate(names):
+    rest = []
+    for n in names:
+        if n in exact:
+            rows.append((n.split(":")[0], n, exact[n][1], exact[n][0], n))
+        else:
+            rest.append(n)
+    for i, n in enumerate(rest):
         if i < len(outs):
-            rows.append((n.split(":")[0], n, outs[i][1], run, outs[i][2]))
+            run, o = outs[i]
+            rows.append((n.split(":")[0], n, o[1], run, o[2]))
         else:
             rows.append((n.split(":")[0], n, "untested", None, None))
 def reason(tested, n):
@@ -438,7 +453,8 @@ for f, n, out, run, tested in sorted(rows, key=lambda r: (r[0], int(r[1].split("
 L = [f"# Mutation testing: every mutant of `--subset {subset}` at {head}, with its latest outcome", ""]
 L.append(f"Written by `scripts/mutants.sh --subset {subset} --report` from the {len(runs)} committed runs in this directory")
 L.append("(each run's own summary.md says what it ran, on which commit, and how long it took). A mutant is matched to")
-L.append("the latest run that tested the same file, function and replacement; its line may have moved since.")
+L.append("the latest run that tested it at the same line and column, or else to an outcome of the same file, function")
+L.append("and replacement at a line no current mutant has (it moved since), the latest run's first, in line order.")
 L.append("")
 L.append("- **caught**: a library test failed against it. **killed since**: it survived its run, and a test written")
 L.append("  afterwards fails against it (named in harmless.tsv; each was applied by hand and seen failing).")
