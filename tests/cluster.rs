@@ -1609,14 +1609,22 @@ fn a_follower_named_leader_by_a_newer_partition_key_serves_and_the_old_leader_fo
     let mut bodies: Vec<String> = got.iter().map(|m| m.body.clone()).collect();
     bodies.sort();
     assert_eq!(bodies, ["a", "b", "c", "d", "e"]);
-    for i in 0..3 {
-        assert!(c.terminate(i).success());
+    stop_and_compare_segments(&mut c, "lm", f1, &[leader, f2]);
+}
+
+/// Stops every running node, then checks that each of `replicas` holds the segment bytes of partition 0 of
+/// `topic` that its leader `leader` holds.
+fn stop_and_compare_segments(c: &mut Cluster, topic: &str, leader: usize, replicas: &[usize]) {
+    for i in 0..c.len() {
+        if c.node(i).running() {
+            assert!(c.terminate(i).success());
+        }
     }
-    let lead = segments(c.node(f1), "lm", 0);
-    for f in [leader, f2] {
+    let lead = segments(c.node(leader), topic, 0);
+    for &f in replicas {
         assert!(
-            segments(c.node(f), "lm", 0) == lead,
-            "{}'s segments differ from the new leader's",
+            segments(c.node(f), topic, 0) == lead,
+            "{}'s segments differ from the leader's",
             c.node(f).id
         );
     }
@@ -1692,20 +1700,11 @@ fn a_leader_killed_with_9_is_replaced_by_an_elected_follower_that_serves_everyth
         (c.node(new_leader).id.as_str(), 22),
         "{r:?}"
     );
-    for i in 0..3 {
-        assert!(c.terminate(i).success());
-    }
-    let lead = segments(c.node(new_leader), "el", 0);
-    for f in (0..3).filter(|&i| i != new_leader) {
-        assert!(
-            segments(c.node(f), "el", 0) == lead,
-            "{}'s segments differ from the new leader's",
-            c.node(f).id
-        );
-    }
+    let others: Vec<usize> = (0..3).filter(|&i| i != new_leader).collect();
+    stop_and_compare_segments(&mut c, "el", new_leader, &others);
 }
 
-/// The fencing round hands the leadership on: the follower that stands first (paused while its leader took more
+/// The fencing round hands the leadership on: the follower that stands first (down while its leader took more
 /// records with the other follower) finds the other follower's log greater, names it leader, and that one serves
 /// every acknowledged record; the first follower's own log would have lost them.
 #[test]
@@ -1778,10 +1777,7 @@ fn an_elected_follower_with_a_shorter_log_hands_the_leadership_to_the_greater_on
         bodies, want,
         "every acknowledged record, from the greater log"
     );
-    for i in [first, second] {
-        assert!(c.terminate(i).success());
-    }
-    assert!(segments(c.node(first), "ho", 0) == segments(c.node(second), "ho", 0));
+    stop_and_compare_segments(&mut c, "ho", second, &[first]);
 }
 
 /// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the

@@ -606,6 +606,27 @@ mod tests {
         });
     }
 
+    /// A probe of follower "t" (of [`follower_at`]) from its leader at `epoch`, the metadata moved to that epoch
+    /// first: its end `first_offset`, carrying `epochs`.
+    async fn probe_at(
+        engine: &Rc<Engine>,
+        epoch: u64,
+        first_offset: u64,
+        epochs: Vec<crate::storage::epoch_history::EpochStart>,
+    ) -> Replicated {
+        engine.topic("t").unwrap().set_states(vec![PartitionState {
+            replicas: vec![1, 0],
+            leader: 1,
+            epoch,
+        }]);
+        let probe = Replicate {
+            first_offset,
+            epochs,
+            ..probe(epoch)
+        };
+        apply(engine, probe).await.unwrap()
+    }
+
     /// Raft's figure 8, closed two ways. A follower that takes a leader's entry for its epoch with every record
     /// below its start ranks at that epoch (a probe carries the entry: durable before the answer; one that
     /// contradicts the replica's log is refused, and one past its end claims nothing). And a leader commits nothing
@@ -645,53 +666,18 @@ mod tests {
             let r = apply(&engine, shipped(5, vec![e(8, 0)])).await.unwrap();
             assert!(!r.refused, "{r:?}");
             assert_eq!(f.rank(), (8, 2));
-            engine.topic("t").unwrap().set_states(vec![PartitionState {
-                replicas: vec![1, 0],
-                leader: 1,
-                epoch: 9,
-            }]);
-            let r = apply(
-                &engine,
-                Replicate {
-                    epoch: 9,
-                    ..shipped(2, vec![e(9, 2)])
-                },
-            )
-            .await
-            .unwrap();
+            let r = probe_at(&engine, 9, 2, vec![e(9, 2)]).await;
             assert_eq!((r.end, r.refused), (2, false));
             assert_eq!(f.rank(), (9, 2), "it holds epoch 9's log as it began");
             assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
             // One that starts below its end is refused: this log holds records past where that leadership
             // began.
-            engine.topic("t").unwrap().set_states(vec![PartitionState {
-                replicas: vec![1, 0],
-                leader: 1,
-                epoch: 10,
-            }]);
-            let r = apply(
-                &engine,
-                Replicate {
-                    epoch: 10,
-                    ..shipped(1, vec![e(10, 1)])
-                },
-            )
-            .await
-            .unwrap();
+            let r = probe_at(&engine, 10, 1, vec![e(10, 1)]).await;
             assert!(r.refused, "{r:?}");
             assert_eq!(f.rank(), (9, 2));
             // A leader whose history says another epoch wrote this replica's last record (Raft's previous-entry
             // check): refused, though its own epoch would start at this replica's end.
-            engine.topic("t").unwrap().set_states(vec![PartitionState {
-                replicas: vec![1, 0],
-                leader: 1,
-                epoch: 12,
-            }]);
-            let diverged = Replicate {
-                epoch: 12,
-                ..shipped(2, vec![e(8, 0), e(11, 1), e(12, 2)])
-            };
-            let r = apply(&engine, diverged).await.unwrap();
+            let r = probe_at(&engine, 12, 2, vec![e(8, 0), e(11, 1), e(12, 2)]).await;
             assert!(r.refused, "{r:?}");
             assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
             // Entries of a leadership below the floor never land (a round read its rank without them).
