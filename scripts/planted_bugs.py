@@ -8,7 +8,7 @@ in a scratch copy by scripts/planted_bugs.sh, which checks that the library test
 import sys
 plants = {
  # 1. journal answers before its fdatasync
- 'reply_before_sync': ('storage/journal.rs',
+ 'reply_before_sync': ('storage/journal/mod.rs',
    """        if self.opts.fsync == FsyncPolicy::Always {
             self.current.borrow_mut().dirty = false;
             if let Err(e) = file.sync().await {""",
@@ -24,7 +24,7 @@ plants = {
             self.current.borrow_mut().dirty = false;
             if let Err(e) = file.sync().await {"""),
  # 2. failed journal fdatasync treated as success
- 'failed_sync_ignored': ('storage/journal.rs',
+ 'failed_sync_ignored': ('storage/journal/mod.rs',
    """            if let Err(e) = file.sync().await {
                 self.poison("sync", &e);
                 for q in pass {
@@ -77,7 +77,7 @@ plants = {
    """        let _ = nonce;
         matches!(self.leases.get(&offset), Some(_slot))"""),
  # 6. replay skips its last entry
- 'replay_skips_last': ('storage/journal.rs',
+ 'replay_skips_last': ('storage/journal/replay.rs',
    """        for entry in found.entries {
             report.entries += 1;""",
    """        let last = found.entries.len().saturating_sub(1);
