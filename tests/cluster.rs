@@ -2855,6 +2855,18 @@ fn an_etcd_pause_under_load_leaves_the_data_plane_serving() {
         return;
     };
     create_topic(c.node(0), "steady", 4);
+    // Every node knows the topic before etcd stops: one that has not heard of it yet would read etcd for a
+    // request naming it (and wait out the pause), which is not what this test is about.
+    for i in 0..2 {
+        wait_for("the topic on every node", Duration::from_secs(10), || {
+            let a = c.node(i).get("/topics/steady");
+            if a.status == 200 {
+                Ok(())
+            } else {
+                Err(a.text())
+            }
+        });
+    }
     let pause = Duration::from_secs(10);
     c.etcd.pause();
     let paused = Instant::now();
