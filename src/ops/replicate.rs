@@ -704,7 +704,7 @@ mod tests {
             assert_eq!(p.readable_end(), 1);
             // ...and at epoch 7, which starts at 3, nothing below 3 until its follower has all of it.
             led_view(&engine, &topic, 0, 7).await;
-            assert_eq!(p.leading_entry(), Some(e(7, 3)));
+            assert_eq!(p.epoch_history().last(), Some(e(7, 3)));
             p.follower_acked(1, 2);
             assert_eq!(
                 p.readable_end(),

@@ -128,18 +128,6 @@ impl Partition {
         (self.epochs.borrow().epoch_of(end), end)
     }
 
-    /// Its history's entry for the epoch it leads at (what a probe carries: a follower takes it before it answers,
-    /// so that its answer counts for the commit).
-    pub fn leading_entry(&self) -> Option<EpochStart> {
-        let leading = self.commit.leading.get();
-        self.epochs
-            .borrow()
-            .entries()
-            .iter()
-            .find(|e| e.epoch == leading)
-            .copied()
-    }
-
     /// A follower whose log ends at `end` takes the entries its leader at `epoch` sent with a batch before writing
     /// it there or later, or with a probe ([`EpochHistory::follow`]): durable when it returns Ok. Refused
     /// (`stale_epoch`) when its floor is above `epoch` once its turn to write came: a fencing round that raised the
