@@ -295,6 +295,45 @@ fn a_redrive_with_a_max_above_one_batch_moves_exactly_max() {
     });
 }
 
+/// A redrive without `max` moves what its own group has not settled, whatever another group of the source has
+/// settled: a group that settled everything in the dead-letter topic holds nothing back in another.
+#[test]
+fn a_redrive_without_max_counts_its_own_groups_backlog_only() {
+    on_executor(async {
+        let sim = Sim::new();
+        let world = quiet_world(sim.clone()).await;
+        for body in ["d1", "d2", "d3"] {
+            produce_one(&world, DLQ, body).await;
+        }
+        for d in consume_some(&world, DLQ).await {
+            settle_in(&world, DLQ, DEFAULT_GROUP, &d, SettleOp::Ack).await;
+        }
+        assert_eq!(
+            committed(&world, DLQ),
+            Some(3),
+            "settled in the default group"
+        );
+        let front = world.fronts[0].clone();
+        let moved = world
+            .complete(async move {
+                front
+                    .redrive(crate::ops::redrive::RedriveParams {
+                        from: DLQ.to_string(),
+                        to: REDRIVEN.to_string(),
+                        group: "g2".to_string(),
+                        max: None,
+                    })
+                    .await
+            })
+            .await;
+        assert_eq!(moved.ok(), Some(3), "moved g2's backlog");
+        let t = world.engines[0].topic(DLQ).expect("topic");
+        let p = t.owned_partitions().next().expect("partition 0");
+        assert_eq!(p.committed("g2"), Some(3), "acked in the source's g2");
+        world.shut_down().await;
+    });
+}
+
 /// Crashes the world's process (kill -9: what it wrote stays, in the page cache) and boots the next one on its disk.
 async fn crash_and_reboot(world: World) -> World {
     let image = world.sim.process_crash();
