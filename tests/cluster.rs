@@ -1780,6 +1780,85 @@ fn an_elected_follower_with_a_shorter_log_hands_the_leadership_to_the_greater_on
     stop_and_compare_segments(&mut c, "ho", second, &[first]);
 }
 
+/// Truncation by epoch: a leader that wrote records no follower took (its produces answered `503
+/// not_enough_replicas`) and was then killed comes back as a follower of the leader elected meanwhile, whose log
+/// holds other records at those offsets: it cuts its unacknowledged tail where the new leader's history says, is
+/// caught up, serves none of the cut records, and ends with the new leader's segments byte for byte.
+#[test]
+fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "500".into(),
+        ],
+        ..Opts::short_ttl()
+    };
+    let Some(mut c) = Cluster::start_with("truncation", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/tr?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "tr").remove(0);
+    let replicas: Vec<usize> = replica_indices(&c, &p);
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let mut want = HashSet::new();
+    for i in 0..5 {
+        let body = format!("m{i}");
+        assert_eq!(produce(c.node(leader), "tr", "", &body).1, i);
+        want.insert(body);
+    }
+    wait_replicated(c.node(leader), "tr", 2);
+    // Both followers killed: two records reach the leader's disk alone, never acknowledged.
+    c.kill9(f1);
+    c.kill9(f2);
+    for body in ["u0", "u1"] {
+        let a = c.node(leader).post("/produce?topic=tr", body.as_bytes());
+        assert_eq!(a.status, 503, "{}", a.text());
+        assert_eq!(a.json()["error"], "not_enough_replicas", "{}", a.text());
+    }
+    c.kill9(leader);
+    c.start_again(f1);
+    c.start_again(f2);
+    // The followers elect one of them; it serves from offset 5, with records of its own there.
+    let a = wait_ok(
+        c.node(f1),
+        "POST",
+        "/produce?topic=tr",
+        b"n0",
+        "a produce once a follower leads",
+    );
+    assert_eq!(a.json()["offset"].as_u64(), Some(5), "{}", a.text());
+    want.insert("n0".to_string());
+    for body in ["n1", "n2"] {
+        produce(c.node(f2), "tr", "", body);
+        want.insert(body.to_string());
+    }
+    let now = partitions(c.node(f1), "tr").remove(0);
+    let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));
+    assert_ne!(new_leader, leader, "{now}");
+    // The old leader comes back as a follower: its tail is cut at 5, and it is caught up.
+    c.start_again(leader);
+    let r = wait_replicated(c.node(new_leader), "tr", 2);
+    assert_eq!(r[0].2, 8, "{r:?}");
+    assert!(
+        c.node(leader).log_text().contains("cut a diverged tail"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    assert_eq!(produce(c.node(leader), "tr", "", "n3").1, 8);
+    want.insert("n3".to_string());
+    let got = drain(c.node(leader), "tr", &want);
+    let bodies: HashSet<String> = got.iter().map(|m| m.body.clone()).collect();
+    assert_eq!(
+        bodies, want,
+        "every acknowledged record, and none of the cut ones"
+    );
+    let others: Vec<usize> = (0..3).filter(|&i| i != new_leader).collect();
+    stop_and_compare_segments(&mut c, "tr", new_leader, &others);
+}
+
 /// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the
 /// metastore's node indices (the topic record's placement and followers), as the election will write it.
 fn name_first_follower_leader(c: &Cluster, topic: &str, topic_id: u64) {

@@ -677,6 +677,21 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             .detach();
             continue;
         }
+        if !f.lagging.get() && !f.answered.get() {
+            // Its end is not known yet in this stream: asked first, before any batch, so that a log that
+            // diverges from this leader's (an old leader's unacknowledged tail) is cut before it is sent anything.
+            if f.in_flight.get() == 0 {
+                if let Dispatch::Gone = probe(&shipper, &stream, &f) {
+                    break;
+                }
+            } else {
+                idle(listener).await;
+                if !shipper.still_leads(&stream) {
+                    break;
+                }
+            }
+            continue;
+        }
         if f.lagging.get() || f.in_flight.get() >= shipper.windows.in_flight {
             idle(listener).await;
             if !shipper.still_leads(&stream) {
@@ -731,39 +746,6 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                     }
                 }
             }
-            Err(false) if !f.answered.get() && f.in_flight.get() == 0 => {
-                // Nothing to send, and its end is not known: ask (a batch of no records at the stream's end).
-                let Some(to) = shipper.follower_location(&stream, f.node) else {
-                    if !shipper.still_leads(&stream) {
-                        break;
-                    }
-                    fail(&f, "its core count is not known");
-                    continue;
-                };
-                let probe = Rc::new(Batch {
-                    head: EntryHead {
-                        topic: stream.topic.clone(),
-                        topic_id: stream.topic_id,
-                        partition: stream.partition,
-                        segment_base: 0,
-                        position: 0,
-                        first_offset: f.next.get(),
-                        count: 0,
-                    },
-                    frames: Bytes::new(),
-                    end: f.next.get(),
-                });
-                f.in_flight.set(f.in_flight.get() + 1);
-                glommio::spawn_local(send(
-                    shipper.clone(),
-                    stream.clone(),
-                    f.clone(),
-                    to,
-                    probe,
-                    false,
-                ))
-                .detach();
-            }
             Err(false) => {
                 idle(listener).await;
                 if !shipper.still_leads(&stream) {
@@ -779,6 +761,43 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
         streams.remove(&key);
     }
     stream.close();
+}
+
+/// Asks follower `f` where its log ends (a batch of no records at its `next` offset, with the leader's whole
+/// history: a follower whose log diverges cuts it there first). `Failed` when its place is not known (asked
+/// again after its backoff), `Gone` when this core no longer leads the partition.
+fn probe(shipper: &Rc<Shipper>, stream: &Rc<Stream>, f: &Rc<Follower>) -> Dispatch {
+    let Some(to) = shipper.follower_location(stream, f.node) else {
+        if !shipper.still_leads(stream) {
+            return Dispatch::Gone;
+        }
+        fail(f, "its core count is not known");
+        return Dispatch::Failed;
+    };
+    let probe = Rc::new(Batch {
+        head: EntryHead {
+            topic: stream.topic.clone(),
+            topic_id: stream.topic_id,
+            partition: stream.partition,
+            segment_base: 0,
+            position: 0,
+            first_offset: f.next.get(),
+            count: 0,
+        },
+        frames: Bytes::new(),
+        end: f.next.get(),
+    });
+    f.in_flight.set(f.in_flight.get() + 1);
+    glommio::spawn_local(send(
+        shipper.clone(),
+        stream.clone(),
+        f.clone(),
+        to,
+        probe,
+        false,
+    ))
+    .detach();
+    Dispatch::Sent
 }
 
 /// What became of a batch handed to [`dispatch`].

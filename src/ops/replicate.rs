@@ -294,7 +294,13 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         // A probe (the leader opened the partition, or began leading): where this replica's log ends. It carries
         // the leader's entry for its epoch, taken durably first, so that this replica's end counts for the
         // leader's commit only with the entry (`Partition::rank`); refused when it contradicts this replica's
-        // history (this log holds records past where that leadership began: they are not its leader's).
+        // history (this log holds records past where that leadership began: they are not its leader's). Records
+        // of another leadership that its leader does not hold are cut first (truncation by epoch): the leader
+        // catches this replica up from the cut.
+        if let Some(at) = partition.truncate_diverged(&r.epochs, r.epoch).await? {
+            tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, at, "cut this replica's diverged log where its leader's history says");
+            followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
+        }
         let end = log.end_offset();
         return match partition.follow_epochs(&r.epochs, end, r.epoch).await {
             Ok(()) => {
@@ -670,19 +676,17 @@ mod tests {
             assert_eq!((r.end, r.refused), (2, false));
             assert_eq!(f.rank(), (9, 2), "it holds epoch 9's log as it began");
             assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
-            // One that starts below its end is refused: this log holds records past where that leadership
-            // began.
+            // One that starts below its end: this log holds a record (1) past where that leadership began, which
+            // its leader does not hold: cut there (truncation by epoch) before the answer, and ranked by what is
+            // left.
             let r = probe_at(&engine, 10, 1, vec![e(10, 1)]).await;
-            assert!(r.refused, "{r:?}");
-            assert_eq!(f.rank(), (9, 2));
-            // A leader whose history says another epoch wrote this replica's last record (Raft's previous-entry
-            // check): refused, though its own epoch would start at this replica's end.
-            let r = probe_at(&engine, 12, 2, vec![e(8, 0), e(11, 1), e(12, 2)]).await;
-            assert!(r.refused, "{r:?}");
-            assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(9, 2)]);
+            assert_eq!((r.end, r.refused), (1, false), "{r:?}");
+            assert_eq!(f.log.end_offset(), 1);
+            assert_eq!(f.epoch_history().entries(), &[e(8, 0), e(10, 1)]);
+            assert_eq!(f.rank(), (10, 1));
             // Entries of a leadership below the floor never land (a round read its rank without them).
             f.raise_epoch_floor(13).await.unwrap();
-            let r = f.follow_epochs(&[e(8, 0), e(12, 2)], 2, 12).await;
+            let r = f.follow_epochs(&[e(8, 0), e(12, 1)], 1, 12).await;
             assert!(
                 matches!(
                     r,
@@ -692,7 +696,7 @@ mod tests {
                 ),
                 "{r:?}"
             );
-            assert_eq!(f.rank(), (9, 2));
+            assert_eq!(f.rank(), (10, 1));
 
             // The leader's side: "led" (replicas [0, 1]) at epoch 6 commits as its follower answers...
             let p = led_view(&engine, &topic, 0, 6).await.unwrap();

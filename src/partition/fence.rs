@@ -166,6 +166,42 @@ impl Partition {
         }
     }
 
+    /// Truncation by epoch, a follower's side (`docs/replication.md`, step 4): where its log and the history of its
+    /// leader at `epoch` (a probe's: the leader's whole history up to its end) first disagree on which leadership
+    /// wrote a record, the log is cut (`Log::truncate_diverged`): those records are another leadership's, never
+    /// acknowledged (the leader's fencing round took the greatest log of a majority, which holds everything that
+    /// was). Returns where it was cut (None: nothing diverges). Refused (`stale_epoch`) when its floor is above
+    /// `epoch`: only the current leadership's history may cut. Its history's entries past the cut go at the next
+    /// `follow_epochs`, which the probe runs next.
+    pub async fn truncate_diverged(
+        &self,
+        leader: &[EpochStart],
+        epoch: u64,
+    ) -> Result<Option<u64>, PartitionError> {
+        self.assert_owner();
+        let end = self.log.end_offset();
+        let Some(at) = self.epochs.borrow().divergence(leader, end) else {
+            return Ok(None);
+        };
+        if self.epoch_floor.get() > epoch {
+            return Err(PartitionError::StaleEpoch {
+                epoch,
+                known: self.epoch_floor.get(),
+            });
+        }
+        tracing::warn!(dir = %self.dir.display(), at, end, epoch, "this replica's log diverges from its leader's: cutting it");
+        match self.log.truncate_diverged(at).await {
+            Ok(end) => Ok(Some(end)),
+            Err(crate::storage::log::FollowError::Append(e)) => Err(e.into()),
+            Err(crate::storage::log::FollowError::Busy) => Err(PartitionError::Storage(
+                "its log is busy with shipped batches; the cut waits for the next probe".into(),
+            )),
+            Err(e) => Err(PartitionError::Storage(format!(
+                "cannot cut its diverged log: {e:?}"
+            ))),
+        }
+    }
+
     /// Waits out a history write under way: what [`Partition::rank`] says afterwards includes it.
     pub async fn wait_history_written(&self) {
         drop(Turn::take(&self.writing_epochs, &self.epochs_written).await);

@@ -86,6 +86,33 @@ impl EpochHistory {
             .map(|e| e.start)
     }
 
+    /// Truncation by epoch: the first offset below `end` (this replica's log's end) where `leader`'s history (a
+    /// probe's: the leader's whole history up to its end) and this one say different leaderships wrote the record,
+    /// the records from there on being another leadership's that the leader does not hold; None when they agree on
+    /// every record both place. A record older than either history is taken as shared (nothing says otherwise).
+    /// Where two histories name the same epoch for a record, they hold the same record: one leader writes an offset
+    /// once in its epoch, and a follower takes it only from that leader (the previous-entry check of `follow`).
+    /// The coverings change only at entries' starts, so those are the only places to look.
+    pub fn divergence(&self, leader: &[EpochStart], end: u64) -> Option<u64> {
+        let theirs = EpochHistory {
+            entries: leader.to_vec(),
+        };
+        let mut at: Vec<u64> = self
+            .entries
+            .iter()
+            .chain(leader)
+            .map(|e| e.start)
+            .filter(|&s| s < end)
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at.into_iter().find(|&o| {
+            let mine = self.covering_index(o).map(|i| self.entries[i]);
+            let other = theirs.covering_index(o).map(|i| theirs.entries[i]);
+            matches!((mine, other), (Some(m), Some(t)) if m != t)
+        })
+    }
+
     /// A leader starts leading at `epoch` with its log ending at `start`: records from there on are this epoch's.
     /// Nothing changes at an epoch not above the last (false). Entries at or past `start` go first: an entry at the
     /// same start wrote no records, and one past it claims records the log no longer has (a power cut took what
@@ -261,6 +288,31 @@ mod tests {
             assert!(h.begin(epoch, start));
         }
         h
+    }
+
+    /// Truncation by epoch: where a replica's log stops being its leader's, read from the two histories.
+    #[test]
+    fn divergence_is_the_first_record_the_two_histories_give_to_different_leaderships() {
+        let mine = history(&[(2, 0), (3, 8)]);
+        // The leader began epoch 5 at 8: this replica's epoch-3 records from 8 on are not its.
+        assert_eq!(mine.divergence(&[e(2, 0), e(5, 8)], 11), Some(8));
+        // Epoch 2 ended at 6 on the leader (its epoch 4 began there): this replica's epoch-2 records 6 and 7
+        // were never the leader's either.
+        assert_eq!(mine.divergence(&[e(2, 0), e(4, 6), e(5, 9)], 11), Some(6));
+        // The same leaderships over every record it holds: nothing to cut, however long either log.
+        assert_eq!(mine.divergence(&[e(2, 0), e(3, 8)], 11), None);
+        assert_eq!(mine.divergence(&[e(2, 0), e(3, 8), e(6, 20)], 11), None);
+        // The leader's epoch 6 starts at this replica's end: it holds nothing past it.
+        assert_eq!(mine.divergence(&[e(2, 0), e(3, 8), e(6, 11)], 11), None);
+        // A shorter log that stops inside the shared part diverges nowhere it holds.
+        assert_eq!(mine.divergence(&[e(2, 0), e(5, 8)], 8), None);
+        assert_eq!(mine.divergence(&[e(2, 0), e(5, 8)], 5), None);
+        // Records older than either history are taken as shared: only what both place is compared.
+        assert_eq!(mine.divergence(&[e(3, 8), e(5, 10)], 11), Some(10));
+        assert_eq!(history(&[(3, 8)]).divergence(&[e(2, 0), e(3, 8)], 11), None);
+        assert_eq!(mine.divergence(&[], 11), None);
+        // One epoch at two starts is two leaderships' records from the earlier start on.
+        assert_eq!(mine.divergence(&[e(2, 0), e(3, 9)], 11), Some(8));
     }
 
     #[test]

@@ -80,6 +80,14 @@ impl Runs {
         self.runs = upper;
     }
 
+    /// Forgets everything at or above `end` (a run straddling it is cut there).
+    pub fn drop_from(&mut self, end: u64) {
+        self.runs.split_off(&end);
+        if let Some((_, e)) = self.runs.iter_mut().next_back() {
+            *e = (*e).min(end);
+        }
+    }
+
     /// Every run, ascending.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.runs.iter().map(|(&s, &e)| (s, e))

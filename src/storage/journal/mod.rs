@@ -271,6 +271,14 @@ pub struct Journal {
     owner: std::rc::Weak<dyn Checkpoint>,
     /// `close` keeps the current file (`keep_on_close`).
     keep_on_close: Cell<bool>,
+    /// A rotation is asked for at the committer's next turn ([`Journal::checkpoint_now`]).
+    rotate_asked: Cell<bool>,
+    /// The index of the newest journal file checkpointed and removed (files go in order).
+    checkpointed_through: Cell<Option<u64>>,
+    /// Checkpoints (or rotations) that failed since open; `checkpoint_event` fires at each checkpoint's end, at a
+    /// failure, and when the journal is poisoned or closes.
+    checkpoint_failures: Cell<u64>,
+    checkpoint_event: Event,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -319,6 +327,10 @@ impl Journal {
             gather_event: Event::new(),
             owner,
             keep_on_close: Cell::new(false),
+            rotate_asked: Cell::new(false),
+            checkpointed_through: Cell::new(None),
+            checkpoint_failures: Cell::new(0),
+            checkpoint_event: Event::new(),
         });
         glommio::spawn_local(journal.clone().run_committer()).detach();
         if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
@@ -416,6 +428,36 @@ impl Journal {
         Ok(())
     }
 
+    /// Makes every entry written so far durable in its segment file and removes every journal file that holds one:
+    /// the committer starts a new file at its next turn, and this returns once that rotation's checkpoint (and any
+    /// older one pending) is done. Rare and not cheap (a sync of every segment the files touched): for a log about
+    /// to cut its own tail (`Log::truncate_diverged`), whose cut batches a replay must never write back. Err when
+    /// the journal is poisoned or closing, or a rotation or checkpoint failed meanwhile (the files stay, in order).
+    pub async fn checkpoint_now(&self) -> Result<(), AppendError> {
+        let target = self.current.borrow().index;
+        let failures = self.checkpoint_failures.get();
+        self.rotate_asked.set(true);
+        self.queue_event.notify(1);
+        loop {
+            let listener = self.checkpoint_event.listen();
+            if self.checkpointed_through.get().is_some_and(|i| i >= target) {
+                return Ok(());
+            }
+            if self.poisoned.get() {
+                return Err(AppendError::Poisoned);
+            }
+            if self.closed.get() {
+                return Err(AppendError::Closed);
+            }
+            if self.checkpoint_failures.get() != failures {
+                return Err(AppendError::Io(
+                    "a journal checkpoint failed (see the log)".into(),
+                ));
+            }
+            listener.await;
+        }
+    }
+
     /// Makes `close` keep the journal file (its segments still written back): the core could not write a frontier
     /// file, and the replay at the next start brings it up to date from the journal.
     pub fn keep_on_close(&self) {
@@ -478,6 +520,7 @@ impl Journal {
     pub async fn close(&self) {
         self.closed.set(true);
         self.queue_event.notify(usize::MAX);
+        self.checkpoint_event.notify(usize::MAX);
         while !self.done.get() {
             let listener = self.done_event.listen();
             if self.done.get() {
@@ -527,6 +570,10 @@ impl Journal {
     async fn run_committer(self: Rc<Self>) {
         loop {
             let listener = self.queue_event.listen();
+            if self.rotate_asked.take() && !self.poisoned.get() && !self.closed.get() {
+                self.rotate().await;
+                continue;
+            }
             let pass = self.take_pass();
             if pass.is_empty() {
                 if self.closed.get() {
@@ -567,6 +614,7 @@ impl Journal {
     fn poison(&self, what: &str, e: &std::io::Error) {
         error!(core = self.core, error = %e, "journal {what} failed: refusing appends until restart");
         self.poisoned.set(true);
+        self.checkpoint_event.notify(usize::MAX);
     }
 
     async fn write_pass(&self, pass: Vec<Queued>) {
@@ -721,6 +769,9 @@ impl Journal {
             Err(e) => {
                 // Keep writing the current file; try again after the next pass.
                 warn!(core = self.core, error = %e, "cannot start a new journal file");
+                self.checkpoint_failures
+                    .set(self.checkpoint_failures.get() + 1);
+                self.checkpoint_event.notify(usize::MAX);
                 return;
             }
         };
@@ -745,8 +796,13 @@ impl Journal {
             };
             if !self.checkpoint(&old).await {
                 self.pending.borrow_mut().push_front(old);
+                self.checkpoint_failures
+                    .set(self.checkpoint_failures.get() + 1);
+                self.checkpoint_event.notify(usize::MAX);
                 return;
             }
+            self.checkpointed_through.set(Some(old.index));
+            self.checkpoint_event.notify(usize::MAX);
         }
     }
 

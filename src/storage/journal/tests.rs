@@ -180,6 +180,59 @@ fn a_journal_file_a_checkpoint_could_not_finish_outlives_no_newer_one() {
     });
 }
 
+/// `checkpoint_now` (a log about to cut its tail): once it returns Ok, no journal file holds an entry written
+/// before it, so a replay writes none of them back; a checkpoint that cannot finish answers Err (its files stay, in
+/// order), never a wait without end, and a later call succeeds once the cause is gone.
+#[test]
+fn a_checkpoint_asked_for_removes_every_file_holding_earlier_entries_or_says_it_could_not() {
+    on_sim_disk(|storage| async move {
+        let dir = Path::new("/data/journal");
+        let fail = Rc::new(Cell::new(false));
+        let owner = Rc::new(FailingFrontiers(fail.clone()));
+        let journal = journal_at(
+            &storage,
+            dir,
+            FsyncPolicy::Always,
+            1 << 20,
+            0,
+            Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
+        )
+        .await;
+        let commit = committer(&storage, &journal).await;
+        commit(1).await.unwrap();
+        let before = storage.list(dir).unwrap();
+        assert_eq!(before.len(), 1);
+        journal.checkpoint_now().await.unwrap();
+        let after = storage.list(dir).unwrap();
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert_ne!(after, before, "the file holding the entry is gone");
+        let locate = |_: &str, _: u64, _: u32| Some(PathBuf::from("/sim"));
+        let has_group = |_: &str, _: u64, _: &str| true;
+        // (The replay of what is left finds no entry: nothing to write back.)
+        let report = replay(&*storage, dir, &locate, &has_group).await.unwrap();
+        assert_eq!(report.entries, 0, "{report:?}");
+        // A checkpoint that cannot write the frontier files: Err, and the files stay.
+        let journal = journal_at(
+            &storage,
+            dir,
+            FsyncPolicy::Always,
+            1 << 20,
+            0,
+            Rc::downgrade(&owner) as std::rc::Weak<dyn Checkpoint>,
+        )
+        .await;
+        let commit = committer(&storage, &journal).await;
+        commit(1).await.unwrap();
+        fail.set(true);
+        assert!(journal.checkpoint_now().await.is_err());
+        assert_eq!(storage.list(dir).unwrap().len(), 2);
+        fail.set(false);
+        commit(1).await.unwrap();
+        journal.checkpoint_now().await.unwrap();
+        assert_eq!(storage.list(dir).unwrap().len(), 1);
+    });
+}
+
 /// A rotation under `interval:MS` syncs the file it leaves first (the interval timer syncs only the current file),
 /// and the new file's name sorts after it (`{core}-{index}`, index + 1: the replay takes files in name order). Here
 /// the checkpoint of the old file cannot finish, so it stays, and the timer never fires: a power cut right after the

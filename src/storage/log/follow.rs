@@ -20,11 +20,16 @@ use futures_channel::oneshot;
 /// Called with each durable batch: its head and its frames (exactly the segment's bytes).
 pub type ShipHook = Box<dyn Fn(&EntryHead, &[u8])>;
 
-/// A shipped batch waiting for the writer task.
+/// A shipped batch, or a cut of a diverged tail, waiting for the writer task.
 pub(super) struct ShipJob {
-    head: EntryHead,
-    frames: Vec<u8>,
+    work: Work,
     reply: oneshot::Sender<Result<u64, FollowError>>,
+}
+
+enum Work {
+    Batch(EntryHead, Vec<u8>),
+    /// [`Log::truncate_diverged`] to this offset.
+    Cut(u64),
 }
 
 /// Why a shipped batch was not applied. Nothing of it was written (a refused batch may leave an empty new segment
@@ -135,13 +140,50 @@ impl Log {
         }
         let (tx, rx) = oneshot::channel();
         self.ships.borrow_mut().push_back(ShipJob {
-            head: head.clone(),
-            frames: frames.to_vec(),
+            work: Work::Batch(head.clone(), frames.to_vec()),
             reply: tx,
         });
         self.queue_event.notify(1);
         rx.await.unwrap_or(Err(AppendError::Closed.into()))?;
         Ok(())
+    }
+
+    /// Follower side, truncation by epoch (`docs/replication.md`, step 4): cuts this log back to `to`, removing
+    /// the records from `to` on, which another leadership wrote and the partition's leader does not hold (the
+    /// caller found where they diverge: `EpochHistory::divergence`). Never below the log's start. Run by the writer
+    /// task between shipped batches, so nothing writes meanwhile: first every journal file holding this log's
+    /// entries is checkpointed away (`Journal::checkpoint_now`; a replay must never write the cut batches back),
+    /// then the later segments are removed, newest first, the one holding `to` is cut at its frame and synced, and
+    /// the directory synced; each step leaves a prefix of the old log. Returns the log's end once it is durable
+    /// (`to`, or the end if it was already at or below it). A failed removal, cut or sync poisons the log until a
+    /// restart (which opens whatever prefix is on disk; the next probe cuts again).
+    pub async fn truncate_diverged(&self, to: u64) -> Result<u64, FollowError> {
+        if self.closed.get() {
+            return Err(AppendError::Closed.into());
+        }
+        if self.is_poisoned() {
+            return Err(AppendError::Poisoned.into());
+        }
+        if self.journal.is_none() {
+            return Err(FollowError::Mismatch(
+                "a follower writes through its core's journal (fsync always or interval)".into(),
+            ));
+        }
+        if self.ships_refused.get() {
+            return Err(FollowError::Mismatch(
+                "this replica leads the partition now".into(),
+            ));
+        }
+        if self.ships.borrow().len() >= MAX_QUEUED_SHIPS {
+            return Err(FollowError::Busy);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.ships.borrow_mut().push_back(ShipJob {
+            work: Work::Cut(to),
+            reply: tx,
+        });
+        self.queue_event.notify(1);
+        rx.await.unwrap_or(Err(AppendError::Closed.into()))
     }
 
     /// Leader side, catch-up of a follower behind what the shipper keeps: the durable frames from offset `from`
@@ -272,7 +314,14 @@ impl Log {
             ))
         } else {
             let _writing = Shipping::start(self);
-            self.apply_checked(&job.head, &job.frames).await
+            match &job.work {
+                Work::Batch(head, frames) => self.apply_checked(head, frames).await,
+                Work::Cut(to) => {
+                    let cut = self.cut(*to).await;
+                    let _ = job.reply.send(cut);
+                    return;
+                }
+            }
         };
         if let Ok(first) = result {
             self.batches.set(self.batches.get() + 1);
@@ -282,6 +331,108 @@ impl Log {
             }
         }
         let _ = job.reply.send(result);
+    }
+
+    /// The writer task's part of [`Log::truncate_diverged`].
+    async fn cut(&self, to: u64) -> Result<u64, FollowError> {
+        let link = self.journal.as_ref().expect("checked by truncate_diverged");
+        let (start, end) = (self.start_offset(), self.end_offset());
+        if to >= end {
+            return Ok(end);
+        }
+        if to < start {
+            return Err(FollowError::Mismatch(format!(
+                "a cut at {to} is below the log's start {start}"
+            )));
+        }
+        link.journal.checkpoint_now().await?;
+        // (The checkpoint flushed this log's write-behind buffer; nothing was buffered since.)
+        if let Err(e) = self.behind.flush() {
+            self.poisoned.set(true);
+            return Err(AppendError::Io(e.to_string()).into());
+        }
+        let (keep, slot, pos, base, path, removed) = {
+            let st = self.state.borrow();
+            // The segment holding the record before `to` (one that starts at `to` goes too: the leader's next
+            // batch may continue the segment before it), or the first one for a cut of everything.
+            let keep = st
+                .segments
+                .partition_point(|s| s.base < to)
+                .saturating_sub(1);
+            let seg = &st.segments[keep];
+            let slot = (to - seg.base) as usize;
+            let pos = match seg.positions.get(slot) {
+                Some(&p) if p != NO_POSITION => u64::from(p),
+                Some(_) => {
+                    return Err(FollowError::Mismatch(format!(
+                        "the frame at {to}, where the log would be cut, was lost to damage"
+                    )))
+                }
+                None => seg.len,
+            };
+            let removed: Vec<(u64, std::path::PathBuf)> = st.segments[keep + 1..]
+                .iter()
+                .map(|s| (s.base, s.path.clone()))
+                .collect();
+            (keep, slot, pos, seg.base, seg.path.clone(), removed)
+        };
+        let fail = |what: &str, e: std::io::Error| {
+            tracing::error!(dir = %self.dir.display(), error = %e, "cutting a diverged tail: {what} failed; refusing appends until restart");
+            self.poisoned.set(true);
+            FollowError::Append(AppendError::Io(e.to_string()))
+        };
+        *self.tail.borrow_mut() = Default::default();
+        // The segment that stays is opened first, so the log always has an open active segment.
+        let held = self.state.borrow().segments[keep].file.clone();
+        let file = match held {
+            Some(file) => file,
+            None => self
+                .storage
+                .open(&path, false)
+                .await
+                .map_err(|e| fail("opening the segment to cut", e))?,
+        };
+        for (gone, path) in removed.iter().rev() {
+            self.storage
+                .remove(path)
+                .await
+                .map_err(|e| fail("a segment's removal", e))?;
+            self.sealed_cache.borrow_mut().take_if(|(b, _)| b == gone);
+            let mut st = self.state.borrow_mut();
+            st.segments.pop();
+            st.next_offset = *gone;
+            st.segments
+                .last_mut()
+                .expect("the segment that stays")
+                .file
+                .get_or_insert_with(|| file.clone());
+        }
+        self.sealed_cache.borrow_mut().take_if(|(b, _)| *b == base);
+        file.truncate(pos)
+            .await
+            .map_err(|e| fail("the segment's cut", e))?;
+        file.sync()
+            .await
+            .map_err(|e| fail("the segment's sync", e))?;
+        self.syncs.set(self.syncs.get() + 1);
+        self.storage
+            .sync_dir(&self.dir)
+            .await
+            .map_err(|e| fail("the directory's sync", e))?;
+        {
+            let mut st = self.state.borrow_mut();
+            assert_eq!(st.segments.len(), keep + 1, "the later segments are gone");
+            let seg = &mut st.segments[keep];
+            seg.file = Some(file);
+            seg.positions.truncate(slot);
+            seg.len = pos;
+            seg.zeroed_to = pos;
+            st.next_offset = to;
+            st.corrupt.drop_from(to);
+            st.dirty = false;
+        }
+        tracing::warn!(dir = %self.dir.display(), from = to, to = end, "cut a diverged tail: records another leadership wrote and the partition's leader does not hold");
+        Ok(to)
     }
 
     async fn apply_checked(&self, head: &EntryHead, frames: &[u8]) -> Result<u64, FollowError> {

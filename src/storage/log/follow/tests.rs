@@ -544,3 +544,132 @@ fn a_replica_that_starts_leading_refuses_queued_and_new_shipped_batches() {
         fj.close().await;
     });
 }
+
+/// Truncation by epoch: a follower whose log ran past the leader's with records of its own (an old leader's
+/// unacknowledged tail, spanning segments) cuts it where the two diverge, durably: neither a process crash (the
+/// journal's replay) nor a power cut brings the cut records back; then, caught up from the leader's log, it holds
+/// the leader's segments byte for byte.
+#[test]
+fn a_diverged_tail_cut_never_comes_back_and_the_log_then_holds_the_leaders_bytes() {
+    run(async {
+        // (seeds whose cut lands inside a segment and a crash follows; seeds whose cut removes segments)
+        let (mut inside, mut removing) = (0, 0);
+        for seed in 1..=12u64 {
+            let (a, b, sa, sb) = two_disks();
+            let (lj, leader, shipped) = leader(&sa).await;
+            let (_fj, follower) = open(&sb).await;
+            let mut rng = Rng(seed * 0x6c8e_9cf5_7093_2bd5);
+            // A common prefix, shipped.
+            let rounds = 2 + rng.below(6) as usize;
+            produce(&leader, &mut rng, rounds).await;
+            apply_all(&follower, &shipped).await;
+            let common = follower.end_offset();
+            assert_eq!(common, leader.end_offset());
+            // The follower's own tail (it led, and nobody else took these), then the leader's new records.
+            let rounds = 1 + rng.below(8) as usize;
+            produce(&follower, &mut rng, rounds).await;
+            let rounds = 3 + rng.below(6) as usize;
+            produce(&leader, &mut rng, rounds).await;
+            shipped.borrow_mut().clear();
+            let diverged_end = follower.end_offset();
+            assert!(diverged_end > common);
+            let segments = |sim: &Sim| {
+                files(sim)
+                    .iter()
+                    .filter(|f| f.0.extension().is_some_and(|e| e == "log"))
+                    .count()
+            };
+            let before = segments(&b);
+            let cut = follower
+                .truncate_diverged(common)
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+            assert_eq!(
+                (cut, follower.end_offset()),
+                (common, common),
+                "seed {seed}"
+            );
+            removing += usize::from(segments(&b) < before);
+            let base = files(&b)
+                .iter()
+                .filter_map(|f| f.0.file_stem()?.to_str()?.parse::<u64>().ok())
+                .max();
+            inside += usize::from(seed % 3 != 0 && base.is_some_and(|base| base < common));
+            // Nothing of the cut tail is readable.
+            assert!(matches!(
+                follower.read_for_follower(common, u64::MAX, 4096).await,
+                Ok(None)
+            ));
+            // Half the seeds: a process crash or a power cut right after the cut, the journal replayed, reopened.
+            let (fj, follower, b) = match seed % 3 {
+                0 => (_fj, follower, b),
+                crash => {
+                    let disk = if crash == 1 {
+                        b.process_crash()
+                    } else {
+                        b.power_cut(|_, _| 0)
+                    };
+                    let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+                    let locate = |name: &str, id: u64, p: u32| {
+                        (name == "t" && id == TOPIC_ID && p == 0).then(dir)
+                    };
+                    let has_group = |_: &str, _: u64, _: &str| false;
+                    journal::replay(&*storage, Path::new("/sim/journal"), &locate, &has_group)
+                        .await
+                        .expect("replay");
+                    let (fj, reopened) = open(&storage).await;
+                    assert_eq!(
+                        reopened.end_offset(),
+                        common,
+                        "seed {seed}: the cut tail came back after a crash"
+                    );
+                    (fj, reopened, disk)
+                }
+            };
+            while let Ok(Some((head, frames))) = leader
+                .read_for_follower(follower.end_offset(), u64::MAX, 4096)
+                .await
+            {
+                follower
+                    .apply_shipped(&head, &frames)
+                    .await
+                    .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+            }
+            assert_eq!(follower.end_offset(), leader.end_offset(), "seed {seed}");
+            for (log, journal) in [(&leader, &lj), (&follower, &fj)] {
+                log.close().await;
+                journal.close().await;
+            }
+            let (la, fb) = (files(&a), files(&b));
+            assert_eq!(
+                la.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                "seed {seed}"
+            );
+            for ((path, x), (_, y)) in la.iter().zip(&fb) {
+                assert!(x == y, "seed {seed}: {} differs", path.display());
+            }
+        }
+        assert!(
+            inside >= 2 && removing >= 2,
+            "cuts inside a segment before a crash: {inside}; cuts that removed segments: {removing}"
+        );
+    });
+}
+
+/// A cut never goes below the log's start, nor to a frame lost to damage; at or past the end it changes nothing.
+#[test]
+fn a_cut_at_or_past_the_end_changes_nothing() {
+    run(async {
+        let (_a, _b, _sa, sb) = two_disks();
+        let (_fj, follower) = open(&sb).await;
+        let mut rng = Rng(7);
+        produce(&follower, &mut rng, 3).await;
+        let end = follower.end_offset();
+        assert_eq!(follower.truncate_diverged(end).await.ok(), Some(end));
+        assert_eq!(follower.truncate_diverged(end + 5).await.ok(), Some(end));
+        assert_eq!(follower.end_offset(), end);
+        assert_eq!(follower.truncate_diverged(0).await.ok(), Some(0));
+        assert_eq!(follower.end_offset(), 0);
+    });
+}
