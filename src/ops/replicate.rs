@@ -148,8 +148,8 @@ pub struct MoveLeader {
 
 /// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
 /// follower replica, or the partition it leads (then deposed). Below the replica's floor or its metadata's epoch:
-/// `stale_epoch`. A newer epoch than its metadata names is taken: the new leader's transaction is what made it, and
-/// this node's metadata may not show it yet.
+/// `stale_epoch`. Above it: `partition_unavailable` until this node's metadata has the epoch (the node RPC handler
+/// reads the metastore fresh for such a request first), and only from the leader the metadata names at it.
 pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> {
     let topic = engine.topic(&r.topic)?;
     if topic.id() != r.topic_id {
@@ -184,6 +184,24 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
             known,
         }
         .into());
+    }
+    // Only at an epoch the metastore made, naming the sender: a replica cannot fence the partition at an epoch of
+    // its choosing (one far ahead would leave every later leader `stale_epoch` for good). The node RPC handler
+    // read the metastore fresh when the epoch was newer than this node knew (`cluster::node`, `behind`); until
+    // this node's view has it, the round is answered `partition_unavailable` and runs again.
+    if r.epoch > topic.epoch(p) {
+        return Err(OpError::PartitionUnavailable(format!(
+            "partition {p} of '{}' is at epoch {} here, not yet {}",
+            r.topic,
+            topic.epoch(p),
+            r.epoch
+        )));
+    }
+    if topic.location(p).node != r.leader {
+        return Err(OpError::InvalidParameter(format!(
+            "node {} does not lead partition {p} of '{}' at epoch {}",
+            r.leader, r.topic, r.epoch
+        )));
     }
     if led {
         // Deposed first: nothing it appends, leases or commits from here on.
@@ -346,7 +364,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         }
         Err(crate::partition::FollowEpochsError::Partition(e)) => return Err(e.into()),
     }
-    let applied = log.apply_shipped(&r.head(), &r.frames).await;
+    let applied = log.apply_shipped_of(r.epoch, &r.head(), &r.frames).await;
     if partition.epoch_floor() > r.epoch {
         // A newer leader's fencing round reached this replica while the batch was written: its old leader must not
         // count it (the new leader took this replica's end before it), so it is not acknowledged.
@@ -779,6 +797,14 @@ mod tests {
             assert!(matches!(r, Err(OpError::InvalidParameter(_))), "{r:?}");
             let r = begin_epoch(&engine, begin("t", 5, 7)).await;
             assert!(stale(&r, 8), "{r:?}");
+            // An epoch the metadata does not have yet (the node RPC handler reads the metastore first): not yet.
+            let r = begin_epoch(&engine, begin("t", 5, 9)).await;
+            assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 9,
+            }]);
             let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
             assert_eq!((began.end, began.last_epoch), (0, 0));
             // With each group's durable frontier (the round's winner raises its own to the highest).
@@ -809,7 +835,7 @@ mod tests {
             .unwrap();
             let began = begin_epoch(&engine, begin("t", 5, 9)).await.unwrap();
             assert_eq!((began.end, began.last_epoch), (0, 0));
-            // The old leader (node 1, epoch 8) is refused from now on; the metadata still says 8.
+            // The old leader's requests (epoch 8) are refused from now on.
             let r = apply(&engine, probe(8)).await;
             assert!(stale(&r, 9), "{r:?}");
             let r = apply_frontiers(&engine, frontiers(8)).await;
@@ -824,6 +850,14 @@ mod tests {
             let r = begin_epoch(&engine, begin("led", 6, 6)).await;
             assert!(stale(&r, 6), "its own epoch: {r:?}");
             assert_eq!(p.deposed(), None);
+            moved_view(&engine, &topic, 1, 9).await;
+            // Only from the leader the metadata names at that epoch.
+            let usurper = BeginEpoch {
+                leader: 0,
+                ..begin("led", 6, 9)
+            };
+            let r = begin_epoch(&engine, usurper).await;
+            assert!(matches!(r, Err(OpError::InvalidParameter(_))), "{r:?}");
             let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
             assert_eq!((began.end, began.last_epoch), (2, 6));
             assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));

@@ -59,6 +59,9 @@ impl Partition {
         if self.epoch_floor.get() >= epoch {
             return Ok(());
         }
+        // Shipped batches of older leaderships still queued are refused at their turn from now on (even if the
+        // write below fails: refusing them only makes their leader send again).
+        self.log.fence_ships(epoch);
         let _turn = Turn::take(&self.raising_floor, &self.floor_raised).await;
         if self.epoch_floor.get() >= epoch {
             return Ok(());
@@ -179,6 +182,9 @@ impl Partition {
         epoch: u64,
     ) -> Result<Option<u64>, PartitionError> {
         self.assert_owner();
+        // A batch of an older leadership being written lands first (its floor fenced the ones still queued), so
+        // the end looked at is the one the answer gives.
+        self.log.ships_settled().await;
         let end = self.log.end_offset();
         let Some(at) = self.epochs.borrow().divergence(leader, end) else {
             return Ok(None);

@@ -314,6 +314,7 @@ impl Partition {
             setup.journal.clone(),
         )
         .await?;
+        log.fence_ships(epoch_floor);
         let groups = setup
             .groups
             .iter()

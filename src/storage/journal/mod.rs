@@ -822,11 +822,19 @@ impl Journal {
                 return false;
             }
         }
-        if let Err(e) = self.storage.remove(&old.path).await {
-            warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file; it and the newer ones stay");
+        match self.storage.remove(&old.path).await {
+            // (Gone already: a checkpoint before this one removed it, and its directory sync failed.)
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: cannot remove a checkpointed journal file; it and the newer ones stay");
+                return false;
+            }
+            _ => {}
+        }
+        // Until the removal is durable the file may come back at a crash (and its replay with it): not done yet.
+        if let Err(e) = self.storage.sync_dir(&self.dir).await {
+            warn!(core = self.core, journal = %old.path.display(), error = %e, "checkpoint: the journal directory's sync failed; the checkpoint runs again later");
             return false;
         }
-        let _ = self.storage.sync_dir(&self.dir).await;
         self.bump(|s| s.checkpoints += 1);
         info!(core = self.core, segments, journal = %old.path.display(), "checkpointed a journal file");
         true

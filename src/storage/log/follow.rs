@@ -27,7 +27,8 @@ pub(super) struct ShipJob {
 }
 
 enum Work {
-    Batch(EntryHead, Vec<u8>),
+    /// A batch of the leadership of this epoch.
+    Batch(EntryHead, Vec<u8>, u64),
     /// [`Log::truncate_diverged`] to this offset.
     Cut(u64),
 }
@@ -112,6 +113,17 @@ impl Log {
     /// leader wrote it (rolling to a new segment first when the leader did), durable through the core's journal;
     /// its offsets are readable when this returns `Ok`.
     pub async fn apply_shipped(&self, head: &EntryHead, frames: &[u8]) -> Result<(), FollowError> {
+        self.apply_shipped_of(u64::MAX, head, frames).await
+    }
+
+    /// [`Log::apply_shipped`] for a batch of the leadership of `epoch`: refused, unwritten, if a newer one fenced
+    /// this replica ([`Log::fence_ships`]) before its turn to be written came.
+    pub async fn apply_shipped_of(
+        &self,
+        epoch: u64,
+        head: &EntryHead,
+        frames: &[u8],
+    ) -> Result<(), FollowError> {
         if self.closed.get() {
             return Err(AppendError::Closed.into());
         }
@@ -140,12 +152,29 @@ impl Log {
         }
         let (tx, rx) = oneshot::channel();
         self.ships.borrow_mut().push_back(ShipJob {
-            work: Work::Batch(head.clone(), frames.to_vec()),
+            work: Work::Batch(head.clone(), frames.to_vec(), epoch),
             reply: tx,
         });
         self.queue_event.notify(1);
         rx.await.unwrap_or(Err(AppendError::Closed.into()))?;
         Ok(())
+    }
+
+    /// A newer leadership fenced this replica at `epoch` (its floor): shipped batches of older ones still queued,
+    /// or shipped later, are refused at their turn to be written, so that once [`Log::ships_settled`] returns the
+    /// log's end moves only by batches of `epoch` or newer.
+    pub fn fence_ships(&self, epoch: u64) {
+        self.ship_fence.set(self.ship_fence.get().max(epoch));
+    }
+
+    /// Returns once no shipped batch is being written (one under way lands first).
+    pub async fn ships_settled(&self) {
+        while self.shipping.get() {
+            let done = self.ship_done.listen();
+            if self.shipping.get() {
+                done.await;
+            }
+        }
     }
 
     /// Follower side, truncation by epoch (`docs/replication.md`, step 4): cuts this log back to `to`, removing
@@ -315,7 +344,13 @@ impl Log {
         } else {
             let _writing = Shipping::start(self);
             match &job.work {
-                Work::Batch(head, frames) => self.apply_checked(head, frames).await,
+                Work::Batch(_, _, epoch) if *epoch < self.ship_fence.get() => {
+                    Err(FollowError::Mismatch(format!(
+                        "a batch of epoch {epoch}: a newer leadership ({}) fenced this replica",
+                        self.ship_fence.get()
+                    )))
+                }
+                Work::Batch(head, frames, _) => self.apply_checked(head, frames).await,
                 Work::Cut(to) => {
                     let cut = self.cut(*to).await;
                     let _ = job.reply.send(cut);
@@ -335,6 +370,15 @@ impl Log {
 
     /// The writer task's part of [`Log::truncate_diverged`].
     async fn cut(&self, to: u64) -> Result<u64, FollowError> {
+        /// Retention leaves the segments alone while it lives (the cut holds indices into them across awaits).
+        struct Cutting<'a>(&'a Log);
+        impl Drop for Cutting<'_> {
+            fn drop(&mut self) {
+                self.0.cutting.set(false);
+            }
+        }
+        self.cutting.set(true);
+        let _cutting = Cutting(self);
         let link = self.journal.as_ref().expect("checked by truncate_diverged");
         let (start, end) = (self.start_offset(), self.end_offset());
         if to >= end {
@@ -345,44 +389,60 @@ impl Log {
                 "a cut at {to} is below the log's start {start}"
             )));
         }
+        // Where, checked before anything is done: the segment holding the record before `to` (one that starts at
+        // `to` goes too: the leader's next batch may continue the segment before it), or the first one for a cut
+        // of everything; and the frame at the cut. One lost to damage moves the cut back to the nearest frame
+        // before it that is whole (cutting more than needed only makes the leader ship more).
+        let (keep, to, pos, base, path, removed) = {
+            let st = self.state.borrow();
+            let keep = st
+                .segments
+                .partition_point(|s| s.base < to)
+                .saturating_sub(1);
+            let seg = &st.segments[keep];
+            let mut slot = (to - seg.base) as usize;
+            if slot > seg.positions.len() {
+                // In a gap between segments (offsets lost at recovery): the cut goes to this segment's end.
+                slot = seg.positions.len();
+            }
+            while seg.positions.get(slot) == Some(&NO_POSITION) {
+                slot = slot.checked_sub(1).ok_or_else(|| {
+                    FollowError::Mismatch(format!(
+                        "the frames from segment {} to {to}, where the log would be cut, were lost to damage",
+                        seg.base
+                    ))
+                })?;
+            }
+            let pos = seg.positions.get(slot).map_or(seg.len, |&p| u64::from(p));
+            let removed: Vec<(u64, std::path::PathBuf)> = st.segments[keep + 1..]
+                .iter()
+                .map(|s| (s.base, s.path.clone()))
+                .collect();
+            (
+                keep,
+                seg.base + slot as u64,
+                pos,
+                seg.base,
+                seg.path.clone(),
+                removed,
+            )
+        };
         link.journal.checkpoint_now().await?;
         // (The checkpoint flushed this log's write-behind buffer; nothing was buffered since.)
         if let Err(e) = self.behind.flush() {
             self.poisoned.set(true);
             return Err(AppendError::Io(e.to_string()).into());
         }
-        let (keep, slot, pos, base, path, removed) = {
-            let st = self.state.borrow();
-            // The segment holding the record before `to` (one that starts at `to` goes too: the leader's next
-            // batch may continue the segment before it), or the first one for a cut of everything.
-            let keep = st
-                .segments
-                .partition_point(|s| s.base < to)
-                .saturating_sub(1);
-            let seg = &st.segments[keep];
-            let slot = (to - seg.base) as usize;
-            let pos = match seg.positions.get(slot) {
-                Some(&p) if p != NO_POSITION => u64::from(p),
-                Some(_) => {
-                    return Err(FollowError::Mismatch(format!(
-                        "the frame at {to}, where the log would be cut, was lost to damage"
-                    )))
-                }
-                None => seg.len,
-            };
-            let removed: Vec<(u64, std::path::PathBuf)> = st.segments[keep + 1..]
-                .iter()
-                .map(|s| (s.base, s.path.clone()))
-                .collect();
-            (keep, slot, pos, seg.base, seg.path.clone(), removed)
-        };
         let fail = |what: &str, e: std::io::Error| {
             tracing::error!(dir = %self.dir.display(), error = %e, "cutting a diverged tail: {what} failed; refusing appends until restart");
             self.poisoned.set(true);
             FollowError::Append(AppendError::Io(e.to_string()))
         };
+        // Nothing past the cut is readable from here on, whatever happens next (a failure poisons the log; the
+        // next start opens whatever prefix is on disk).
+        self.state.borrow_mut().next_offset = to;
         *self.tail.borrow_mut() = Default::default();
-        // The segment that stays is opened first, so the log always has an open active segment.
+        // The segment that stays is opened first; the state changes only once the files did.
         let held = self.state.borrow().segments[keep].file.clone();
         let file = match held {
             Some(file) => file,
@@ -398,14 +458,6 @@ impl Log {
                 .await
                 .map_err(|e| fail("a segment's removal", e))?;
             self.sealed_cache.borrow_mut().take_if(|(b, _)| b == gone);
-            let mut st = self.state.borrow_mut();
-            st.segments.pop();
-            st.next_offset = *gone;
-            st.segments
-                .last_mut()
-                .expect("the segment that stays")
-                .file
-                .get_or_insert_with(|| file.clone());
         }
         self.sealed_cache.borrow_mut().take_if(|(b, _)| *b == base);
         file.truncate(pos)
@@ -421,10 +473,11 @@ impl Log {
             .map_err(|e| fail("the directory's sync", e))?;
         {
             let mut st = self.state.borrow_mut();
-            assert_eq!(st.segments.len(), keep + 1, "the later segments are gone");
+            st.segments.truncate(keep + 1);
             let seg = &mut st.segments[keep];
+            assert_eq!(seg.base, base, "retention held off during the cut");
             seg.file = Some(file);
-            seg.positions.truncate(slot);
+            seg.positions.truncate((to - base) as usize);
             seg.len = pos;
             seg.zeroed_to = pos;
             st.next_offset = to;

@@ -218,6 +218,10 @@ pub struct Log {
     ship_done: Event,
     /// Shipped batches are refused: the replica leads the partition now (`Log::stop_following`).
     ships_refused: Cell<bool>,
+    /// Shipped batches of a leadership older than this are refused at their turn to be written (`fence_ships`).
+    ship_fence: Cell<u64>,
+    /// A cut of a diverged tail runs (`follow.rs`): retention leaves the segments alone meanwhile.
+    cutting: Cell<bool>,
     /// The core's journal, when appends are made durable through it.
     journal: Option<JournalLink>,
 }
@@ -363,6 +367,8 @@ impl Log {
             shipping: Cell::new(false),
             ship_done: Event::new(),
             ships_refused: Cell::new(false),
+            ship_fence: Cell::new(0),
+            cutting: Cell::new(false),
             journal,
         });
         glommio::spawn_local(log.clone().run_writer()).detach();
@@ -970,6 +976,10 @@ impl Log {
     /// Deletes sealed segments whose newest record is older than `retention_ms`; returns the new start offset.
     pub async fn apply_retention(&self, now_ms: u64, retention_ms: u64) -> u64 {
         loop {
+            if self.cutting.get() {
+                // A cut of a diverged tail holds indices into the segments across its awaits: next time.
+                break;
+            }
             let victim = {
                 let st = self.state.borrow();
                 match st.segments.as_slice() {

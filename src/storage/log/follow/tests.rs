@@ -673,3 +673,49 @@ fn a_cut_at_or_past_the_end_changes_nothing() {
         assert_eq!(follower.end_offset(), 0);
     });
 }
+
+/// A newer leadership's fence (its round raised the replica's floor): batches of older leaderships still queued
+/// for the writer are refused at their turn, unwritten, so the end a probe reads after `ships_settled` does not
+/// move under it by an old leader's records; the newer leadership's own batches apply.
+#[test]
+fn batches_of_an_older_leadership_queued_before_a_fence_are_refused_at_their_turn() {
+    run(async {
+        let (_a, _b, sa, sb) = two_disks();
+        let (_lj, leader, shipped) = leader(&sa).await;
+        let (_fj, follower) = open(&sb).await;
+        let mut rng = Rng(11);
+        produce(&leader, &mut rng, 3).await;
+        let batches = std::mem::take(&mut *shipped.borrow_mut());
+        assert!(batches.len() >= 2);
+        // The first batch of epoch 4 applies; the rest are queued (polled once) before the writer runs.
+        let (head, frames) = &batches[0];
+        follower
+            .apply_shipped_of(4, head, frames)
+            .await
+            .expect("applies");
+        let end = follower.end_offset();
+        let mut waiting = Vec::new();
+        for (head, frames) in &batches[1..] {
+            let mut f = Box::pin(follower.apply_shipped_of(4, head, frames));
+            assert!(futures_lite::future::poll_once(&mut f).await.is_none());
+            waiting.push(f);
+        }
+        follower.fence_ships(5);
+        follower.ships_settled().await;
+        for f in waiting {
+            assert!(matches!(f.await, Err(FollowError::Mismatch(_))));
+        }
+        assert_eq!(
+            follower.end_offset(),
+            end,
+            "nothing of epoch 4 landed after the fence"
+        );
+        // The newer leadership ships the same records: they apply.
+        let (head, frames) = &batches[1];
+        follower
+            .apply_shipped_of(5, head, frames)
+            .await
+            .expect("applies");
+        assert!(follower.end_offset() > end);
+    });
+}
