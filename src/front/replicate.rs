@@ -18,12 +18,14 @@
 //! follower, so a group's start and its later values arrive in order. A failed call puts them back for the retry.
 //!
 //! Each answer moves the partition's commit offset (`partition/commit.rs`): what a majority of the replicas has
-//! durable is served, and the produces waiting for it are answered. A leader that opens a replicated partition
-//! probes its followers (a `Replicate` of no records) to learn their ends before any new batch.
+//! durable is served, and the produces waiting for it are answered. Each stream probes each follower (a `Replicate`
+//! of no records, carrying the leader's epoch history) before it sends it any batch: the follower cuts a log that
+//! diverges from the leader's (truncation by epoch, `Partition::truncate_diverged`) and answers its end.
 //!
 //! Every request carries the stream's epoch; a follower on a newer one refuses it (`stale_epoch`) and is retried,
-//! counting for nothing. Not built yet (steps 4-5): elections, `BeginEpoch`, truncation, stepping down; no
-//! replacement of a replica that cannot be caught up from the log.
+//! counting for nothing (the election and the fencing round are in `cluster/election.rs` and `round.rs`). Not built
+//! yet: stepping down without a majority (CheckQuorum); replacement of a replica that cannot be caught up from the
+//! log.
 
 use crate::engine::placement::{replica_core, Location, NodeIndex};
 use crate::engine::{Engine, Ship, ShipSink};
