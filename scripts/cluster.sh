@@ -5,6 +5,9 @@
 #                                target/release/berth: client ports 7071-7073, peer ports 7171-7173, one core each
 #   scripts/cluster.sh status    which processes run, and `berth cluster status`
 #   scripts/cluster.sh restart N starts node nN again on its data (after a kill -9, say) if it is not running
+#   scripts/cluster.sh kill9 N   kills node nN with SIGKILL (as a crash would)
+#   scripts/cluster.sh leader T [P]  prints N, where nN leads partition P (default 0) of topic T
+#   scripts/cluster.sh port      prints the client port of the first node that runs
 #   scripts/cluster.sh stop      stops them (SIGTERM, then SIGKILL after 10 s) and removes the temp dir
 #
 # Environment: BERTH_BIN (default target/release/berth), ETCD_BIN (default: etcd on PATH), BERTH_CORES (cores
@@ -179,10 +182,44 @@ status() {
   "$BERTH" cluster status --server http://127.0.0.1:$((BASE + 1)) || true
 }
 
+kill9() {
+  local i=${1:-}
+  [[ $i =~ ^[0-9]+$ && -n ${NODES[i - 1]:-} && $i -ge 1 ]] || die "usage: $0 kill9 N (N in ${NODES[*]})"
+  running "$STATE/n$i.pid" || die "n$i is not running"
+  kill -KILL "$(cat "$STATE/n$i.pid")"
+  echo "n$i killed (kill -9)"
+}
+
+# The client port of the first node that runs.
+port() {
+  local i
+  for i in "${NODES[@]}"; do
+    if running "$STATE/n$i.pid"; then
+      echo $((BASE + i))
+      return 0
+    fi
+  done
+  die "no node runs"
+}
+
+# N where nN leads partition $2 (default 0) of topic $1, as a running node describes it.
+leader() {
+  local topic=${1:-} p=${2:-0} json id
+  [[ -n $topic ]] || die "usage: $0 leader TOPIC [PARTITION]"
+  json=$(curl -fs "localhost:$(port)/topics/$topic") || die "no topic $topic"
+  # The partitions' objects in order; each names its leader ("leader":"nN").
+  id=$(printf '%s' "$json" | grep -o '"leader":"[^"]*"' | sed -n "$((p + 1))p" | sed 's/.*"n\([0-9]*\)"/\1/')
+  [[ $id =~ ^[0-9]+$ ]] || die "no leader for partition $p of $topic in: $json"
+  echo "$id"
+}
+
 case ${1:-start} in
   start) start ;;
   stop) stop ;;
   status) status ;;
   restart) restart "${2:-}" ;;
-  *) die "usage: $0 [start|stop|status|restart N]" ;;
+  kill9) kill9 "${2:-}" ;;
+  port) port ;;
+  leader) leader "${2:-}" "${3:-}" ;;
+  *) die "usage: $0 [start|stop|status|restart N|kill9 N|leader TOPIC [P]|port]" ;;
 esac

@@ -3349,3 +3349,99 @@ fn a_learnt_topic_over_this_nodes_caps_is_refused_listed_and_retried() {
         }
     });
 }
+
+/// The README's cluster examples (its ```` ```sh cluster ```` blocks), run as written by bash: `scripts/cluster.sh`
+/// starts etcd and three nodes, on free ports instead of 2379 and 7071-7073 (the script's `BERTH_ETCD_PORT` and
+/// `BERTH_PORT_BASE`), with this build's `berth`. Each block must run to its end under `set -eo pipefail` and print
+/// the HTTP statuses its comments show; whatever happens, the cluster is stopped.
+#[test]
+fn the_readme_cluster_examples_run_as_written() {
+    let _g = serial();
+    let Some(etcd) = common::etcd::etcd_binary() else {
+        eprintln!("SKIP the_readme_cluster_examples_run_as_written: no etcd");
+        return;
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let blocks = common::readme::fenced_blocks(&text, "sh cluster");
+    assert!(!blocks.is_empty(), "the README has no ```sh cluster block");
+    let bindable =
+        |port: u32| port < 65_000 && TcpListener::bind(("127.0.0.1", port as u16)).is_ok();
+    // A base whose client (base + 1..3) and peer (base + 101..103) ports are free, and etcd's two.
+    let base = loop {
+        let base = u32::from(common::free_port()) - 1;
+        if [2, 3, 101, 102, 103].iter().all(|d| bindable(base + d)) {
+            break base;
+        }
+    };
+    let etcd_port = loop {
+        let port = u32::from(common::free_port());
+        if bindable(port + 1) && !(base..=base + 103).contains(&port) {
+            break port;
+        }
+    };
+    let state = tempfile::tempdir().expect("a temp dir");
+    let env = [
+        ("BERTH_BIN", env!("CARGO_BIN_EXE_berth").to_string()),
+        ("ETCD_BIN", etcd.display().to_string()),
+        (
+            "BERTH_CLUSTER_STATE",
+            state.path().join("s").display().to_string(),
+        ),
+        ("BERTH_PORT_BASE", base.to_string()),
+        ("BERTH_ETCD_PORT", etcd_port.to_string()),
+    ];
+    let bash = |script: &str| {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("set -eo pipefail\n{script}"))
+            .current_dir(root)
+            .env_remove("BERTH_SERVE_ARGS");
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run bash")
+    };
+    struct Stop<'a>(&'a dyn Fn(&str) -> std::process::Output);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let out = (self.0)("scripts/cluster.sh stop");
+            if !out.status.success() {
+                eprintln!("cluster.sh stop: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+    let _stop = Stop(&bash);
+    for (i, block) in blocks.iter().enumerate() {
+        let mut script = block.clone();
+        for n in 1..=3 {
+            script = script.replace(
+                &format!("localhost:707{n}"),
+                &format!("localhost:{}", base + n),
+            );
+        }
+        let started = Instant::now();
+        let out = bash(&script);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        eprintln!(
+            "README cluster block {} ran in {:?}",
+            i + 1,
+            started.elapsed()
+        );
+        assert!(
+            out.status.success(),
+            "README cluster block {}: exited {}\n--- block\n{block}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+            i + 1,
+            out.status
+        );
+        assert_eq!(
+            common::readme::statuses(&stdout),
+            common::readme::statuses(&common::readme::expected(block)),
+            "README cluster block {}: the statuses it printed are not the ones its comments show\n--- stdout\n{stdout}",
+            i + 1
+        );
+    }
+}

@@ -9,72 +9,14 @@
 
 mod common;
 
+use common::readme::{expected, fenced_blocks, statuses};
 use common::Server;
 use std::process::Command;
-
-/// The ```sh blocks of a Markdown file, in order.
-fn sh_blocks(markdown: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<Vec<&str>> = None;
-    for line in markdown.lines() {
-        match &mut current {
-            None if line.trim_end() == "```sh" => current = Some(Vec::new()),
-            None => {}
-            Some(_) if line.trim_end() == "```" => blocks.push(current.take().unwrap().join("\n")),
-            Some(lines) => lines.push(line),
-        }
-    }
-    assert!(current.is_none(), "an unclosed ```sh block");
-    blocks
-}
-
-/// HTTP statuses in `text`, in order: `HTTP/1.1 NNN` status lines, and a three-digit code alone on a line or after
-/// a JSON reply (what `curl -w '%{http_code}'` prints), with any words after it.
-fn statuses(text: &str) -> Vec<u16> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        // A JSON reply ends without a newline, so a status line may follow it on the same line.
-        if let Some(at) = line.find("HTTP/1.1 ") {
-            if let Some(code) = line[at + 9..].get(..3).and_then(|c| c.parse().ok()) {
-                out.push(code);
-            }
-            continue;
-        }
-        // A JSON reply followed by a code (`{...} 410`), or a code alone (` 200`, `204`).
-        let rest = if line.starts_with('{') || line.starts_with('[') {
-            match line.rfind(['}', ']']) {
-                Some(end) => line[end + 1..].trim_start(),
-                None => continue,
-            }
-        } else {
-            line
-        };
-        let code = rest.split_whitespace().next().unwrap_or("");
-        if code.len() == 3
-            && code.bytes().all(|b| b.is_ascii_digit())
-            && (b'1'..=b'5').contains(&code.as_bytes()[0])
-        {
-            out.push(code.parse().unwrap());
-        }
-    }
-    out
-}
-
-/// The comments of a block (what it printed when it was written), without their `# `.
-fn expected(block: &str) -> String {
-    block
-        .lines()
-        .filter_map(|l| l.trim_start().strip_prefix('#'))
-        .map(|l| l.strip_prefix(' ').unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 fn run_blocks(server: &Server, file: &str) {
     let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
-    let blocks = sh_blocks(&text);
+    let blocks = fenced_blocks(&text, "sh");
     assert!(!blocks.is_empty(), "{file} has no sh block");
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_berth"))
         .parent()

@@ -33,7 +33,7 @@ pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
-fn etcd_binary() -> Option<PathBuf> {
+pub fn etcd_binary() -> Option<PathBuf> {
     // An explicit choice wins; one naming no file means "no etcd" (which also exercises the skip path).
     if let Some(p) = std::env::var_os("BERTH_ETCD_BIN") {
         return Some(PathBuf::from(p)).filter(|p| p.is_file());

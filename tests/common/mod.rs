@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod readme;
 
 use berth::client::{Answer, Client};
 use std::path::{Path, PathBuf};
