@@ -1873,6 +1873,76 @@ fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
     stop_and_compare_segments(&mut c, "tr", new_leader, &others);
 }
 
+/// CheckQuorum: a leader cut off from both its followers, not from etcd, keeps its session, so no follower is
+/// elected; once its records have waited for a majority long enough (`stuck_for`: 5 s here), it gives the
+/// leadership to a live follower, which runs its round with the other and serves every acknowledged record. Healed,
+/// the old leader follows: its unacknowledged record is cut, and the three logs end byte for byte the same.
+#[test]
+fn a_leader_cut_off_from_its_followers_only_gives_its_leadership_to_one_that_can_reach_the_other() {
+    let _g = serial();
+    let opts = Opts {
+        netns: true,
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "500".into(),
+        ],
+        ..Opts::short_ttl()
+    };
+    let Some(mut c) = Cluster::start_with("check_quorum", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/cq?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "cq").remove(0);
+    let replicas: Vec<usize> = replica_indices(&c, &p);
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let mut want = HashSet::new();
+    for i in 0..5 {
+        let body = format!("m{i}");
+        assert_eq!(produce(c.node(leader), "cq", "", &body).1, i);
+        want.insert(body);
+    }
+    wait_replicated(c.node(leader), "cq", 2);
+    c.block(leader, f1);
+    c.block(leader, f2);
+    let cut = Instant::now();
+    let a = c.node(leader).post("/produce?topic=cq", b"u0");
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(a.json()["error"], "not_enough_replicas", "{}", a.text());
+    // Served again through a follower once one of them leads (the leader's session never lapsed).
+    let a = wait_ok(
+        c.node(f1),
+        "POST",
+        "/produce?topic=cq",
+        b"n0",
+        "a produce once a follower leads",
+    );
+    eprintln!(
+        "CheckQuorum: a produce through a follower answered {:?} after the cut",
+        cut.elapsed()
+    );
+    assert_eq!(a.json()["offset"].as_u64(), Some(5), "{}", a.text());
+    want.insert("n0".to_string());
+    assert!(
+        c.node(leader).log_text().contains("CheckQuorum"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    let now = partitions(c.node(f2), "cq").remove(0);
+    let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));
+    assert!([f1, f2].contains(&new_leader), "{now}");
+    c.unblock(leader, f1);
+    c.unblock(leader, f2);
+    let r = wait_replicated(c.node(new_leader), "cq", 2);
+    assert_eq!(r[0].2, 6, "{r:?}");
+    let got = drain(c.node(leader), "cq", &want);
+    let bodies: HashSet<String> = got.iter().map(|m| m.body.clone()).collect();
+    assert_eq!(bodies, want, "every acknowledged record, and not u0");
+    let others: Vec<usize> = (0..3).filter(|&i| i != new_leader).collect();
+    stop_and_compare_segments(&mut c, "cq", new_leader, &others);
+}
+
 /// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the
 /// metastore's node indices (the topic record's placement and followers), as the election will write it.
 fn name_first_follower_leader(c: &Cluster, topic: &str, topic_id: u64) {

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod consume;
 pub mod produce;
+pub mod quorum;
 pub mod redrive;
 pub mod replicate;
 pub mod round;

@@ -23,9 +23,9 @@
 //! diverges from the leader's (truncation by epoch, `Partition::truncate_diverged`) and answers its end.
 //!
 //! Every request carries the stream's epoch; a follower on a newer one refuses it (`stale_epoch`) and is retried,
-//! counting for nothing (the election and the fencing round are in `cluster/election.rs` and `round.rs`). Not built
-//! yet: stepping down without a majority (CheckQuorum); replacement of a replica that cannot be caught up from the
-//! log.
+//! counting for nothing (the election and the fencing round are in `cluster/election.rs` and `round.rs`, stepping
+//! down without a majority in `quorum.rs`). Not built yet: replacement of a replica that cannot be caught up from
+//! the log.
 
 use crate::engine::placement::{replica_core, Location, NodeIndex};
 use crate::engine::{Engine, Ship, ShipSink};
@@ -251,6 +251,16 @@ impl Shipper {
 
     pub(super) fn engine(&self) -> &Rc<Engine> {
         self.router.engine()
+    }
+
+    /// The partitions this core ships (leads, replicated), as (topic, partition).
+    pub(super) fn streamed(&self) -> Vec<(String, u32)> {
+        self.streams.borrow().keys().cloned().collect()
+    }
+
+    /// Whether `drain` stopped it (the core is stopping).
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped.get()
     }
 
     fn ship(self: &Rc<Self>, head: &EntryHead, frames: &[u8]) {

@@ -367,6 +367,39 @@ impl Net {
     pub fn heal(&self, i: usize) {
         ip(&["link", "set", &self.slots[i].host_veth, "up"]).unwrap();
     }
+
+    /// Cuts namespaces `i` and `j` off each other only (a blackhole route to the other's address in each): both
+    /// still reach etcd, the test and every other node.
+    pub fn block(&self, i: usize, j: usize) {
+        for (from, to) in [(i, j), (j, i)] {
+            let dst = format!("{}/32", self.slots[to].ip);
+            ip(&[
+                "-n",
+                &self.slots[from].ns,
+                "route",
+                "add",
+                "blackhole",
+                &dst,
+            ])
+            .unwrap();
+        }
+    }
+
+    /// Undoes [`Net::block`].
+    pub fn unblock(&self, i: usize, j: usize) {
+        for (from, to) in [(i, j), (j, i)] {
+            let dst = format!("{}/32", self.slots[to].ip);
+            ip(&[
+                "-n",
+                &self.slots[from].ns,
+                "route",
+                "del",
+                "blackhole",
+                &dst,
+            ])
+            .unwrap();
+        }
+    }
 }
 
 impl Drop for Net {
@@ -996,6 +1029,16 @@ impl Cluster {
     /// Undoes [`Cluster::cut`].
     pub fn heal(&self, i: usize) {
         self.net().heal(i);
+    }
+
+    /// Cuts nodes `i` and `j` off each other only (netns clusters): see [`Net::block`].
+    pub fn block(&self, i: usize, j: usize) {
+        self.net().block(i, j);
+    }
+
+    /// Undoes [`Cluster::block`].
+    pub fn unblock(&self, i: usize, j: usize) {
+        self.net().unblock(i, j);
     }
 
     /// `GET /cluster` on node `on`, parsed; Err on a transport error, a non-200 answer or a malformed body.

@@ -1,0 +1,128 @@
+//! CheckQuorum (`docs/replication.md`, §4 "Leader isolated from its followers, not from etcd", and step 4): a
+//! leader that keeps its etcd session but cannot reach a majority of its replicas would keep its partitions `503`
+//! for as long as the cut lasts, since no follower is elected while its session lives. So each core looks, once a
+//! second, at every replicated partition it leads and serves: when records have waited for their majority and the
+//! commit offset has not moved for [`stuck_for`], it gives the leadership to a follower whose session is alive
+//! (the first in replica order), through core 0 (`Request::MoveLeader`: an etcd transaction, only if the partition
+//! is still at the epoch it read). That follower runs its fencing round with the replicas it can reach, and the
+//! old leader, named follower by the view that follows, is deposed (its unacknowledged records are cut when it is
+//! reachable again: truncation by epoch). With no live follower it does nothing: no election could succeed.
+//!
+//! A leader that is merely slow (a follower's disk, a long pause) may give its leadership away too: like Raft's
+//! CheckQuorum, it trades a leader change for never staying stuck.
+
+use super::replicate::Shipper;
+use crate::engine::placement::Location;
+use crate::ops::replicate::MoveLeader;
+use crate::ops::{Reply, Request};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How often the partitions are looked at.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// How long a led partition's commit may stand still with records waiting before its leader gives the leadership
+/// away: three replica timeouts (each produce in it was answered `503 not_enough_replicas` by then), and never less
+/// than 5 s (a follower paused or restarting for a moment is not worth a leader change).
+pub fn stuck_for(replica_timeout: Duration) -> Duration {
+    (replica_timeout * 3).max(Duration::from_secs(5))
+}
+
+/// Where one partition's commit stood when it was first seen stuck.
+struct Stuck {
+    epoch: u64,
+    commit: u64,
+    since: Instant,
+}
+
+impl Shipper {
+    /// Starts this core's CheckQuorum task (it ends with the shipper).
+    pub fn start_quorum_checks(self: &Rc<Self>) {
+        glommio::spawn_local(run(Rc::downgrade(self))).detach();
+    }
+}
+
+async fn run(shipper: Weak<Shipper>) {
+    let mut stuck: HashMap<(String, u32), Stuck> = HashMap::new();
+    loop {
+        glommio::timer::sleep(EVERY).await;
+        let Some(shipper) = shipper.upgrade() else {
+            return;
+        };
+        if shipper.is_stopped() {
+            return;
+        }
+        let engine = shipper.engine().clone();
+        let limit = stuck_for(engine.replica_timeout());
+        let now = Instant::now();
+        let led = shipper.streamed();
+        stuck.retain(|key, _| led.contains(key));
+        for key in led {
+            let Ok(topic) = engine.topic(&key.0) else {
+                stuck.remove(&key);
+                continue;
+            };
+            let p = key.1;
+            let Some(partition) = topic.owned_partition(p) else {
+                stuck.remove(&key);
+                continue;
+            };
+            let (commit, end) = (partition.readable_end(), partition.log.end_offset());
+            if !partition.replicated()
+                || partition.deposed().is_some()
+                || partition.round_under_way().is_some()
+                || commit >= end
+            {
+                stuck.remove(&key);
+                continue;
+            }
+            let epoch = topic.epoch(p);
+            let seen = stuck.entry(key.clone()).or_insert(Stuck {
+                epoch,
+                commit,
+                since: now,
+            });
+            if seen.epoch != epoch || seen.commit != commit {
+                *seen = Stuck {
+                    epoch,
+                    commit,
+                    since: now,
+                };
+                continue;
+            }
+            if now.duration_since(seen.since) < limit {
+                continue;
+            }
+            // Once per `limit` at most, whatever comes of it.
+            seen.since = now;
+            let me = engine.node();
+            let Some(to) = topic
+                .replicas_of(p)
+                .into_iter()
+                .find(|&n| n != me && engine.node_alive(n))
+            else {
+                info!(topic = %key.0, partition = p, epoch, commit, end, "no majority for {limit:?} and no live follower: the leadership stays");
+                continue;
+            };
+            warn!(topic = %key.0, partition = p, epoch, commit, end, to, "no majority for {limit:?} while this node keeps its session: the leadership goes to a live follower (CheckQuorum)");
+            let request = Request::MoveLeader(MoveLeader {
+                topic: key.0.clone(),
+                topic_id: topic.id(),
+                partition: p,
+                epoch,
+                leader: to,
+            });
+            let router = shipper.router.clone();
+            drop(shipper);
+            match router.call(Location { node: me, core: 0 }, request).await {
+                Ok(Reply::Done) => {}
+                other => {
+                    warn!(topic = %key.0, partition = p, epoch, answer = ?other.map(|_| ()), "CheckQuorum could not hand the leadership over; it tries again later")
+                }
+            }
+            break;
+        }
+    }
+}
