@@ -187,6 +187,9 @@ kill9() {
   [[ $i =~ ^[0-9]+$ && -n ${NODES[i - 1]:-} && $i -ge 1 ]] || die "usage: $0 kill9 N (N in ${NODES[*]})"
   running "$STATE/n$i.pid" || die "n$i is not running"
   kill -KILL "$(cat "$STATE/n$i.pid")"
+  # Gone before this returns (its io_uring rings are torn down on exit), so `port` never names it.
+  local t
+  for ((t = 0; t < 100; t++)); do running "$STATE/n$i.pid" || break; sleep 0.1; done
   echo "n$i killed (kill -9)"
 }
 

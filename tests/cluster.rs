@@ -3462,11 +3462,17 @@ fn the_readme_cluster_examples_run_as_written() {
         ("BERTH_ETCD_PORT", etcd_port.to_string()),
     ];
     let bash = |script: &str| {
-        let mut cmd = std::process::Command::new("bash");
-        cmd.arg("-c")
+        // Bounded: a block that hangs fails the test (and the cluster is stopped below) instead of the suite.
+        let mut cmd = std::process::Command::new("timeout");
+        cmd.args(["180", "bash", "-c"])
             .arg(format!("set -eo pipefail\n{script}"))
-            .current_dir(root)
-            .env_remove("BERTH_SERVE_ARGS");
+            .current_dir(root);
+        // The developer's own settings of the script stay out of it.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("BERTH_") {
+                cmd.env_remove(k);
+            }
+        }
         for (k, v) in &env {
             cmd.env(k, v);
         }

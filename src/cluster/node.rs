@@ -501,18 +501,6 @@ fn behind(engine: &Engine, request: &Request) -> Option<String> {
         Request::Describe(name) => {
             return engine.topic(name).is_err().then(|| name.clone());
         }
-        // A fencing round of a leadership this node's replica has not seen yet: the replica's core takes it only
-        // at an epoch the metastore gives the sender (`ops::replicate::begin_epoch`), read fresh here first.
-        Request::BeginEpoch(r) => {
-            let known = engine
-                .topic(&r.topic)
-                .ok()
-                .filter(|t| t.id() == r.topic_id && r.partition < t.partition_count())
-                .map(|t| t.epoch(r.partition));
-            return known
-                .is_none_or(|epoch| epoch < r.epoch)
-                .then(|| r.topic.clone());
-        }
         _ => return None,
     };
     let current = match engine.topic(topic) {

@@ -23,6 +23,27 @@ fn is_leftover(dir_name: &str) -> bool {
     dir_name.starts_with(".deleted-")
 }
 
+/// A view of a topic older than the one applied, partition by partition (a metastore read of the topic key alone
+/// carries each partition's state as the topic's creation placed it; a snapshot can be overtaken by a newer one):
+/// a partition never moves back to an older epoch, its state and location stay as they are. Epochs are etcd
+/// revisions, so a newer leadership always has the greater one.
+fn newer_per_partition(
+    existing: &Topic,
+    mut locations: Vec<Location>,
+    mut states: Vec<PartitionState>,
+) -> (Vec<Location>, Vec<PartitionState>) {
+    let (current, placed) = (existing.states(), existing.locations());
+    if states.len() == current.len() && locations.len() == placed.len() {
+        for p in 0..states.len() {
+            if current[p].epoch > states[p].epoch {
+                states[p] = current[p].clone();
+                locations[p] = placed[p].clone();
+            }
+        }
+    }
+    (locations, states)
+}
+
 impl Engine {
     pub fn topics_dir(&self) -> PathBuf {
         self.config.data_dir.join("topics")
@@ -58,6 +79,7 @@ impl Engine {
         let existing = self.topics.borrow().get(&config.name).cloned();
         if let Some(existing) = existing {
             if existing.id() == config.id {
+                let (locations, states) = newer_per_partition(&existing, locations, states);
                 // A partition led here that another node now leads stops serving at once (it is deposed), whatever
                 // else this view changes.
                 let node = self.node.get();

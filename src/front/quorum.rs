@@ -23,6 +23,10 @@ use tracing::{info, warn};
 /// How often the partitions are looked at.
 const EVERY: Duration = Duration::from_secs(1);
 
+/// After a partition's leadership was given away from this core, it is not given away again for this long (a
+/// leader handed the leadership back by its follower's round, its log being the greater, does not ping-pong).
+const AFTER_A_MOVE: Duration = Duration::from_secs(60);
+
 /// How long a led partition's commit may stand still with records waiting before its leader gives the leadership
 /// away: three replica timeouts (each produce in it was answered `503 not_enough_replicas` by then), and never less
 /// than 5 s (a follower paused or restarting for a moment is not worth a leader change).
@@ -30,10 +34,12 @@ pub fn stuck_for(replica_timeout: Duration) -> Duration {
     (replica_timeout * 3).max(Duration::from_secs(5))
 }
 
-/// Where one partition's commit stood when it was first seen stuck.
+/// Where one partition's commit, and what its followers had, stood when it was first seen stuck.
 struct Stuck {
     epoch: u64,
     commit: u64,
+    /// The followers' answered ends: one that moves is a follower catching up, not a lost majority.
+    progress: u64,
     since: Instant,
 }
 
@@ -46,6 +52,7 @@ impl Shipper {
 
 async fn run(shipper: Weak<Shipper>) {
     let mut stuck: HashMap<(String, u32), Stuck> = HashMap::new();
+    let mut moved: HashMap<(String, u32), Instant> = HashMap::new();
     loop {
         glommio::timer::sleep(EVERY).await;
         let Some(shipper) = shipper.upgrade() else {
@@ -57,8 +64,10 @@ async fn run(shipper: Weak<Shipper>) {
         let engine = shipper.engine().clone();
         let limit = stuck_for(engine.replica_timeout());
         let now = Instant::now();
-        let led = shipper.streamed();
+        let led: std::collections::HashSet<(String, u32)> =
+            shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
+        moved.retain(|_, at| now.duration_since(*at) < AFTER_A_MOVE);
         for key in led {
             let Ok(topic) = engine.topic(&key.0) else {
                 stuck.remove(&key);
@@ -79,20 +88,27 @@ async fn run(shipper: Weak<Shipper>) {
                 continue;
             }
             let epoch = topic.epoch(p);
+            let progress = partition
+                .followers_progress()
+                .iter()
+                .map(|f| f.end)
+                .fold(0u64, u64::saturating_add);
             let seen = stuck.entry(key.clone()).or_insert(Stuck {
                 epoch,
                 commit,
+                progress,
                 since: now,
             });
-            if seen.epoch != epoch || seen.commit != commit {
+            if seen.epoch != epoch || seen.commit != commit || seen.progress != progress {
                 *seen = Stuck {
                     epoch,
                     commit,
+                    progress,
                     since: now,
                 };
                 continue;
             }
-            if now.duration_since(seen.since) < limit {
+            if now.duration_since(seen.since) < limit || moved.contains_key(&key) {
                 continue;
             }
             // Once per `limit` at most, whatever comes of it.
@@ -114,6 +130,7 @@ async fn run(shipper: Weak<Shipper>) {
                 epoch,
                 leader: to,
             });
+            moved.insert(key.clone(), now);
             let router = shipper.router.clone();
             drop(shipper);
             match router.call(Location { node: me, core: 0 }, request).await {

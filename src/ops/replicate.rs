@@ -148,8 +148,8 @@ pub struct MoveLeader {
 
 /// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
 /// follower replica, or the partition it leads (then deposed). Below the replica's floor or its metadata's epoch:
-/// `stale_epoch`. Above it: `partition_unavailable` until this node's metadata has the epoch (the node RPC handler
-/// reads the metastore fresh for such a request first), and only from the leader the metadata names at it.
+/// `stale_epoch`. Above it: `partition_unavailable` until this node's metadata has the epoch (its metastore watch
+/// brings it), and only from the leader the metadata names at it.
 pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> {
     let topic = engine.topic(&r.topic)?;
     if topic.id() != r.topic_id {
@@ -186,9 +186,9 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         .into());
     }
     // Only at an epoch the metastore made, naming the sender: a replica cannot fence the partition at an epoch of
-    // its choosing (one far ahead would leave every later leader `stale_epoch` for good). The node RPC handler
-    // read the metastore fresh when the epoch was newer than this node knew (`cluster::node`, `behind`); until
-    // this node's view has it, the round is answered `partition_unavailable` and runs again.
+    // its choosing (one far ahead would leave every later leader `stale_epoch` for good). Until this node's view
+    // has it (the metastore watch brings the partition key the election wrote, in milliseconds), the round is
+    // answered `partition_unavailable` and runs again.
     if r.epoch > topic.epoch(p) {
         return Err(OpError::PartitionUnavailable(format!(
             "partition {p} of '{}' is at epoch {} here, not yet {}",
@@ -861,6 +861,12 @@ mod tests {
             let began = begin_epoch(&engine, begin("led", 6, 9)).await.unwrap();
             assert_eq!((began.end, began.last_epoch), (2, 6));
             assert_eq!((p.deposed(), p.epoch_floor()), (Some(9), 9));
+            // An older view (a metastore read of the topic key alone carries the creation's states) never moves a
+            // partition back: still epoch 9, led by node 1, this replica deposed.
+            led_view(&engine, &topic, 0, 6).await;
+            let t = engine.topic("led").unwrap();
+            assert_eq!((t.epoch(0), t.location(0).node), (9, 1));
+            assert_eq!(p.deposed(), Some(9));
             let r = begin_epoch(&engine, begin("led", 7, 10)).await;
             assert!(
                 matches!(

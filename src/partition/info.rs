@@ -35,6 +35,11 @@ pub struct FollowerInfo {
 }
 
 impl Partition {
+    /// The leader's record of its followers' progress (what they last answered).
+    pub fn followers_progress(&self) -> Vec<FollowerInfo> {
+        self.followers.borrow().clone()
+    }
+
     /// The leader's record of follower `info.node`'s progress.
     pub fn set_follower(&self, info: FollowerInfo) {
         let mut followers = self.followers.borrow_mut();

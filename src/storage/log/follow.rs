@@ -124,6 +124,21 @@ impl Log {
         head: &EntryHead,
         frames: &[u8],
     ) -> Result<(), FollowError> {
+        // Checked before it is copied and queued: a batch larger than any a leader writes is refused here.
+        if frames.len() as u64 > MAX_BATCH_BYTES.max(self.opts.segment_bytes) {
+            return Err(FollowError::Mismatch(format!(
+                "{} bytes: larger than any batch a leader writes",
+                frames.len()
+            )));
+        }
+        self.queue_work(|| Work::Batch(head.clone(), frames.to_vec(), epoch))
+            .await?;
+        Ok(())
+    }
+
+    /// Queues work for the writer task and waits for its answer, unless the log cannot take it now (closed,
+    /// poisoned, without a journal, leading, or `MAX_QUEUED_SHIPS` jobs waiting already: nothing is queued).
+    async fn queue_work(&self, work: impl FnOnce() -> Work) -> Result<u64, FollowError> {
         if self.closed.get() {
             return Err(AppendError::Closed.into());
         }
@@ -140,24 +155,16 @@ impl Log {
                 "this replica leads the partition now".into(),
             ));
         }
-        // Checked before it is copied and queued: a batch larger than any a leader writes is refused here.
-        if frames.len() as u64 > MAX_BATCH_BYTES.max(self.opts.segment_bytes) {
-            return Err(FollowError::Mismatch(format!(
-                "{} bytes: larger than any batch a leader writes",
-                frames.len()
-            )));
-        }
         if self.ships.borrow().len() >= MAX_QUEUED_SHIPS {
             return Err(FollowError::Busy);
         }
         let (tx, rx) = oneshot::channel();
         self.ships.borrow_mut().push_back(ShipJob {
-            work: Work::Batch(head.clone(), frames.to_vec(), epoch),
+            work: work(),
             reply: tx,
         });
         self.queue_event.notify(1);
-        rx.await.unwrap_or(Err(AppendError::Closed.into()))?;
-        Ok(())
+        rx.await.unwrap_or(Err(AppendError::Closed.into()))
     }
 
     /// A newer leadership fenced this replica at `epoch` (its floor): shipped batches of older ones still queued,
@@ -187,32 +194,7 @@ impl Log {
     /// (`to`, or the end if it was already at or below it). A failed removal, cut or sync poisons the log until a
     /// restart (which opens whatever prefix is on disk; the next probe cuts again).
     pub async fn truncate_diverged(&self, to: u64) -> Result<u64, FollowError> {
-        if self.closed.get() {
-            return Err(AppendError::Closed.into());
-        }
-        if self.is_poisoned() {
-            return Err(AppendError::Poisoned.into());
-        }
-        if self.journal.is_none() {
-            return Err(FollowError::Mismatch(
-                "a follower writes through its core's journal (fsync always or interval)".into(),
-            ));
-        }
-        if self.ships_refused.get() {
-            return Err(FollowError::Mismatch(
-                "this replica leads the partition now".into(),
-            ));
-        }
-        if self.ships.borrow().len() >= MAX_QUEUED_SHIPS {
-            return Err(FollowError::Busy);
-        }
-        let (tx, rx) = oneshot::channel();
-        self.ships.borrow_mut().push_back(ShipJob {
-            work: Work::Cut(to),
-            reply: tx,
-        });
-        self.queue_event.notify(1);
-        rx.await.unwrap_or(Err(AppendError::Closed.into()))
+        self.queue_work(|| Work::Cut(to)).await
     }
 
     /// Leader side, catch-up of a follower behind what the shipper keeps: the durable frames from offset `from`
