@@ -37,7 +37,7 @@ fn newer_per_partition(
         for p in 0..states.len() {
             if current[p].epoch > states[p].epoch {
                 states[p] = current[p].clone();
-                locations[p] = placed[p].clone();
+                locations[p] = placed[p];
             }
         }
     }
