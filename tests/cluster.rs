@@ -1794,14 +1794,17 @@ fn an_elected_follower_with_a_shorter_log_hands_the_leadership_to_the_greater_on
     stop_and_compare_segments(&mut c, "ho", second, &[first]);
 }
 
-/// Truncation by epoch: a leader that wrote records no follower took (its produces answered `503
-/// not_enough_replicas`) and was then killed comes back as a follower of the leader elected meanwhile, whose log
-/// holds other records at those offsets: it cuts its unacknowledged tail where the new leader's history says, is
-/// caught up, serves none of the cut records, and ends with the new leader's segments byte for byte.
-#[test]
-fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
-    let _g = serial();
+/// Three nodes (`--node-ttl 2`, `--replica-timeout-ms 500`, replication on; each in its own network namespace
+/// with `netns`) and topic `topic` of one partition with `replicas=3`: five records `m0`..`m4` produced through its
+/// leader and on both followers. Returns the cluster, partition 0's (leader, first follower, second follower) and
+/// the bodies.
+fn five_replicated(
+    name: &str,
+    topic: &str,
+    netns: bool,
+) -> Option<(Cluster, [usize; 3], HashSet<String>)> {
     let opts = Opts {
+        netns,
         extra: vec![
             "--replication-preview".into(),
             "--replica-timeout-ms".into(),
@@ -1809,21 +1812,35 @@ fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
         ],
         ..Opts::short_ttl()
     };
-    let Some(mut c) = Cluster::start_with("truncation", 3, opts) else {
-        return;
-    };
-    let a = c.node(0).put("/topics/tr?partitions=1&replicas=3");
+    let c = Cluster::start_with(name, 3, opts)?;
+    let a = c
+        .node(0)
+        .put(&format!("/topics/{topic}?partitions=1&replicas=3"));
     assert_eq!(a.status, 201, "{}", a.text());
-    let p = partitions(c.node(0), "tr").remove(0);
+    let p = partitions(c.node(0), topic).remove(0);
     let replicas: Vec<usize> = replica_indices(&c, &p);
     let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
     let mut want = HashSet::new();
     for i in 0..5 {
         let body = format!("m{i}");
-        assert_eq!(produce(c.node(leader), "tr", "", &body).1, i);
+        assert_eq!(produce(c.node(leader), topic, "", &body).1, i);
         want.insert(body);
     }
-    wait_replicated(c.node(leader), "tr", 2);
+    wait_replicated(c.node(leader), topic, 2);
+    Some((c, [leader, f1, f2], want))
+}
+
+/// Truncation by epoch: a leader that wrote records no follower took (its produces answered `503
+/// not_enough_replicas`) and was then killed comes back as a follower of the leader elected meanwhile, whose log
+/// holds other records at those offsets: it cuts its unacknowledged tail where the new leader's history says, is
+/// caught up, serves none of the cut records, and ends with the new leader's segments byte for byte.
+#[test]
+fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
+    let _g = serial();
+    let Some((mut c, [leader, f1, f2], mut want)) = five_replicated("truncation", "tr", false)
+    else {
+        return;
+    };
     // Both followers killed: two records reach the leader's disk alone, never acknowledged.
     c.kill9(f1);
     c.kill9(f2);
@@ -1880,30 +1897,10 @@ fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
 #[test]
 fn a_leader_cut_off_from_its_followers_only_gives_its_leadership_to_one_that_can_reach_the_other() {
     let _g = serial();
-    let opts = Opts {
-        netns: true,
-        extra: vec![
-            "--replication-preview".into(),
-            "--replica-timeout-ms".into(),
-            "500".into(),
-        ],
-        ..Opts::short_ttl()
-    };
-    let Some(mut c) = Cluster::start_with("check_quorum", 3, opts) else {
+    let Some((mut c, [leader, f1, f2], mut want)) = five_replicated("check_quorum", "cq", true)
+    else {
         return;
     };
-    let a = c.node(0).put("/topics/cq?partitions=1&replicas=3");
-    assert_eq!(a.status, 201, "{}", a.text());
-    let p = partitions(c.node(0), "cq").remove(0);
-    let replicas: Vec<usize> = replica_indices(&c, &p);
-    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
-    let mut want = HashSet::new();
-    for i in 0..5 {
-        let body = format!("m{i}");
-        assert_eq!(produce(c.node(leader), "cq", "", &body).1, i);
-        want.insert(body);
-    }
-    wait_replicated(c.node(leader), "cq", 2);
     c.block(leader, f1);
     c.block(leader, f2);
     let cut = Instant::now();
