@@ -50,7 +50,7 @@ impl Engine {
     }
 
     /// Topic and group administration is serialised (on core 0): the permit is held for the whole change.
-    async fn admin_permit(&self) -> EngineResult<glommio::sync::Permit<'_>> {
+    pub(super) async fn admin_permit(&self) -> EngineResult<glommio::sync::Permit<'_>> {
         self.admin_lock
             .acquire_permit(1)
             .await

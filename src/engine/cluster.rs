@@ -162,6 +162,9 @@ impl Engine {
     /// moment ago): looks it up there and opens it here. `TopicNotFound` when the metastore does not have it.
     pub async fn lookup_topic(self: &Rc<Self>, name: &str, fresh: bool) -> EngineResult<()> {
         if !fresh && self.topic(name).is_ok() {
+            // Known on core 0; the view that brought it (the metastore watch's, applied on every core under the
+            // admin permit) may not have reached the core that asked yet: waited out, so that its retry finds it.
+            drop(self.admin_permit().await?);
             return Ok(());
         }
         let Some(metadata) = self.metadata() else {
