@@ -68,6 +68,18 @@ async fn open(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Log>) {
     (journal, log)
 }
 
+/// The next process on `disk` (what a crash or power cut left): the journal replayed, then the journal and
+/// partition 0 of `t` opened again.
+async fn restart(disk: &Rc<Sim>) -> (Rc<Journal>, Rc<Log>) {
+    let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+    let locate = |name: &str, id: u64, p: u32| (name == "t" && id == TOPIC_ID && p == 0).then(dir);
+    let has_group = |_: &str, _: u64, _: &str| false;
+    journal::replay(&*storage, Path::new("/sim/journal"), &locate, &has_group)
+        .await
+        .expect("replay");
+    open(&storage).await
+}
+
 type Disks = (Rc<Sim>, Rc<Sim>, Rc<dyn Storage>, Rc<dyn Storage>);
 
 /// The leader's and the follower's simulated disks, and their storage.
@@ -202,14 +214,7 @@ fn a_shipped_batch_applied_survives_a_power_cut_of_the_follower() {
         apply_all(&follower, &shipped).await;
         let end = follower.end_offset();
         let cut = b.power_cut(|_, _| 0);
-        let storage: Rc<dyn Storage> = Rc::new(SimStorage(cut.clone()));
-        let locate =
-            |name: &str, id: u64, p: u32| (name == "t" && id == TOPIC_ID && p == 0).then(dir);
-        let has_group = |_: &str, _: u64, _: &str| false;
-        journal::replay(&*storage, Path::new("/sim/journal"), &locate, &has_group)
-            .await
-            .expect("replay");
-        let (_j, reopened) = open(&storage).await;
+        let (_j, reopened) = restart(&cut).await;
         assert_eq!(
             reopened.end_offset(),
             end,
@@ -609,15 +614,7 @@ fn a_diverged_tail_cut_never_comes_back_and_the_log_then_holds_the_leaders_bytes
                     } else {
                         b.power_cut(|_, _| 0)
                     };
-                    let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
-                    let locate = |name: &str, id: u64, p: u32| {
-                        (name == "t" && id == TOPIC_ID && p == 0).then(dir)
-                    };
-                    let has_group = |_: &str, _: u64, _: &str| false;
-                    journal::replay(&*storage, Path::new("/sim/journal"), &locate, &has_group)
-                        .await
-                        .expect("replay");
-                    let (fj, reopened) = open(&storage).await;
+                    let (fj, reopened) = restart(&disk).await;
                     assert_eq!(
                         reopened.end_offset(),
                         common,
