@@ -193,6 +193,8 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             count: 1,
             frames: bytes::Bytes::from_static(frames),
             epochs: Vec::new(),
+            hold: 0,
+            promote: false,
         })
     };
     assert!(matches!(

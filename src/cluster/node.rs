@@ -80,6 +80,7 @@ fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) 
                     leads: leads as u64,
                     follows: follows as u64,
                     cores: n.cores,
+                    session: n.session,
                 }
             })
             .collect(),
@@ -353,6 +354,27 @@ pub fn server_series(server: &RpcServer) -> Vec<ExtraSeries> {
     ]
 }
 
+/// Before this node registers: if its `nodes/<id>` record names another incarnation than its data directory's (the
+/// disk was wiped or replaced since), writes `DATA/joined` with etcd's revision (`storage::learner`).
+async fn note_new_disk(
+    meta: &Rc<Metastore>,
+    spec: &NodeSpec,
+    data_dir: &std::path::Path,
+) -> Result<(), MetaError> {
+    let (record, revision) = meta.member(&spec.id).await?;
+    if let Some(m) =
+        record.filter(|m| !m.incarnation.is_empty() && m.incarnation != spec.incarnation)
+    {
+        warn!(node = %spec.id, was = %m.incarnation, now = %spec.incarnation, revision, "this node's data directory is not the one the cluster knew: its replicas of topics created at or before revision {revision} start as learners (they neither lead nor count in a fencing round until a leader has caught them up)");
+        crate::storage::learner::write_joined(data_dir, revision.max(0) as u64).map_err(|e| {
+            MetaError::Invalid(format!(
+                "cannot write the data directory's joined file: {e}"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// Core 0: registers this node (waiting out a crashed predecessor's lease), loads the metastore, opens the topics
 /// this node owns partitions of, publishes the node table on every core, starts the node RPC server, and keeps it
 /// all current from the watch.
@@ -379,7 +401,19 @@ pub async fn join(
     // A node restarted right after a crash finds its old session still alive in etcd until the lease runs out.
     let deadline = std::time::Instant::now() + Duration::from_secs(settings.node_ttl_s + 5);
     let session = loop {
-        match meta.register(spec.clone()).await {
+        // A data directory the cluster did not know (wiped, replaced): noted, with etcd's revision, before the
+        // registration records the new incarnation, so that this node's replicas of older topics start as learners
+        // (`storage::learner`), crash or not.
+        let noted = match crate::storage::learner::read_joined(&config.data_dir) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => note_new_disk(&meta, &spec, &config.data_dir).await,
+            Err(e) => return Err(format!("cannot read the data directory's joined file: {e}")),
+        };
+        let registered = match noted {
+            Ok(()) => meta.register(spec.clone()).await,
+            Err(e) => Err(e),
+        };
+        match registered {
             Ok(session) => break session,
             Err(e @ MetaError::NodeIdInUse { .. }) | Err(e @ MetaError::Etcd(_))
                 if std::time::Instant::now() < deadline =>

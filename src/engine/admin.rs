@@ -201,10 +201,11 @@ impl Engine {
                             if partition.epoch_floor() > epoch {
                                 // It answered a newer leader's fencing round before a restart: it leads no more.
                                 partition.depose(partition.epoch_floor());
-                            } else if !began && epoch != config.id {
+                            } else if !began && (epoch != config.id || partition.is_learner()) {
                                 // Named leader at an epoch it never began leading at (elected, then stopped before
                                 // its round was won): it runs the round first. (At the topic's creation epoch no
-                                // leadership came before.)
+                                // leadership came before, unless this replica is a learner: its disk lost what it
+                                // led with, and the round hands the leadership to the greatest log.)
                                 partition.prepare_to_lead(epoch, f.len() as u32 + 1);
                                 rounds.push((p, epoch, f.len() as u32 + 1));
                             }
@@ -292,6 +293,14 @@ impl Engine {
             Rc::new(|_, _| {})
         };
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        // A replicated topic older than this node's disk (`storage::learner`): a replica opened from nothing is a
+        // learner. (A small file read at each open: opens are rare, and the file is written once, at start.)
+        let learner_if_new = if config.replicas > 1 && self.clustered() {
+            crate::storage::learner::read_joined(&self.config.data_dir)?
+                .filter(|&revision| config.id <= revision)
+        } else {
+            None
+        };
         Partition::open(PartitionSetup {
             storage: self.storage.clone(),
             clock: self.clock.clone(),
@@ -311,6 +320,7 @@ impl Engine {
             redelivery: config.redelivery(),
             groups: config.all_groups(),
             wake,
+            learner_if_new,
         })
         .await
     }

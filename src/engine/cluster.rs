@@ -34,6 +34,10 @@ pub struct NodeEntry {
     /// Its core count (where its follower replicas are: `placement::follower_core`).
     #[serde(default)]
     pub cores: u32,
+    /// Its metastore session (the lease id; 0 while dead): a new one means it restarted or registered again, so a
+    /// leader asks it afresh where its replicas stand.
+    #[serde(default)]
+    pub session: i64,
 }
 
 /// The cluster view a core holds, replaced whole by an admin step.
@@ -118,6 +122,17 @@ impl Engine {
     }
 
     /// Node `index` holds a live session (always true for this node unless fenced, and without a cluster).
+    /// Node `index`'s metastore session as this core's view has it (0: dead or unknown; always 0 outside a
+    /// cluster).
+    pub fn node_session(&self, index: NodeIndex) -> i64 {
+        self.view
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.index == index)
+            .map_or(0, |n| n.session)
+    }
+
     pub fn node_alive(&self, index: NodeIndex) -> bool {
         let view = self.view.borrow();
         if !self.clustered() {

@@ -9,8 +9,13 @@
 //! leader's log (`Log::read_for_follower`: runs of whole frames, at most `CATCH_UP_BYTES` each, up to where the
 //! kept batches start, sent like batches and counted the same way). One that cannot be (it needs what retention
 //! removed, a damaged frame, or an offset the log skipped), or whose log does not line up with the leader's, is
-//! marked lagging and gets nothing more (a replica replaced from empty: step 5, not built yet). Nothing here waits on
-//! the data path: the sink only queues, and each follower has its own task.
+//! marked lagging and gets nothing more (a whole-segment copy for it: step 5, not built yet). Nothing here waits on
+//! the data path: the sink only queues, and each follower has its own task. A follower whose node registers again
+//! (a new metastore session: a crash, a restart, a new disk) is probed again.
+//!
+//! A follower on a wiped or replaced disk answers as a learner (`storage::learner`): it is sent every group's
+//! frontier, then asked (`promote`, with `hold`: everything this leader could have acknowledged lies below it) to
+//! promote itself once its log reaches `hold`.
 //!
 //! The consumer groups' frontiers go the same way: each frontier the leader made durable (`Ship::Frontiers`: a
 //! moved frontier its core's flush journaled, a group's start) waits in each follower's `frontiers` (the newest
@@ -74,6 +79,8 @@ const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
 /// Bytes of the leader's log read at a time to catch a follower up (whole frames; one larger frame alone). 1 MiB.
 const CATCH_UP_BYTES: u64 = 1 << 20;
+/// A learner with nothing else to send is asked to promote itself at most this often.
+const PROMOTE_EVERY: Duration = Duration::from_secs(1);
 /// A follower's task with nothing to do looks this often whether its topic is still there.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -114,6 +121,9 @@ struct Stream {
     kept: Rc<Cell<usize>>,
     followers: Vec<Rc<Follower>>,
     closed: Cell<bool>,
+    /// The leader's log end when the stream opened: every record acknowledged before it lies below (what a learner
+    /// must hold, with the commit offset, to be promoted).
+    opened_at: u64,
 }
 
 /// One follower of a stream.
@@ -137,6 +147,16 @@ struct Follower {
     /// The frontiers waiting for it (kept by the next stream of the partition when this one is replaced).
     frontiers: RefCell<Rc<FrontierQueue>>,
     in_flight: Cell<usize>,
+    /// It last answered as a learner (`storage::learner`).
+    learner: Cell<bool>,
+    /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
+    /// a new one), and it is probed again.
+    session: Cell<i64>,
+    /// Since it answered as a learner in this stream: the groups whose frontiers were queued for it and have not
+    /// been delivered yet (None: not queued). Empty: it has them all, and each request asks it to promote itself.
+    owed: RefCell<Option<std::collections::BTreeSet<String>>>,
+    /// When a probe last asked this learner to promote itself (at most one a second).
+    promote_asked: Cell<Option<std::time::Instant>>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
     /// The next retry's wait: doubled by each failure, back to `FIRST_RETRY` after an answer.
@@ -414,6 +434,10 @@ impl Shipper {
                         sent: Cell::new(0),
                         verified: Cell::new(false),
                         frontiers: RefCell::new(FrontierQueue::new()),
+                        learner: Cell::new(false),
+                        session: Cell::new(0),
+                        owed: RefCell::new(None),
+                        promote_asked: Cell::new(None),
                         in_flight: Cell::new(0),
                         backoff: Cell::new(None),
                         delay: Cell::new(FIRST_RETRY),
@@ -422,6 +446,7 @@ impl Shipper {
                 })
                 .collect(),
             closed: Cell::new(false),
+            opened_at: head.first_offset,
         });
         for f in &stream.followers {
             glommio::spawn_local(run_follower(self.clone(), stream.clone(), f.clone())).detach();
@@ -473,11 +498,59 @@ impl Shipper {
                 node: f.node,
                 end: f.acked.get(),
                 lagging: f.lagging.get(),
+                learner: f.learner.get(),
             });
             if f.answered.get() {
                 p.follower_acked(f.node, f.credit.get());
             }
         }
+    }
+
+    /// Follower `f` answered, as a learner or not. A learner is owed every group's frontier, once per stream (queued
+    /// like any frontier move; each request asks it to promote itself once they are all delivered).
+    fn learner_answered(&self, stream: &Stream, f: &Follower, learner: bool) {
+        let was = f.learner.replace(learner);
+        if !learner {
+            if was {
+                debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a learner was promoted");
+            }
+            return;
+        }
+        if f.owed.borrow().is_some() {
+            return;
+        }
+        let Some(partition) = self
+            .engine()
+            .topic(&stream.topic)
+            .ok()
+            .filter(|t| t.id() == stream.topic_id)
+            .and_then(|t| t.owned_partition(stream.partition))
+        else {
+            return;
+        };
+        let queue = f.frontiers.borrow().clone();
+        if queue.in_flight.get() {
+            // Marks taken before this are older than the ones about to be queued: they must not count as paying
+            // the debt. Queued at a later answer (a learner is asked again while it stays one: `run_follower`).
+            return;
+        }
+        let mut waiting = queue.waiting.borrow_mut();
+        let mut owed = std::collections::BTreeSet::new();
+        for r in partition.durable_frontiers() {
+            queue_frontier(
+                &mut waiting,
+                &r.group,
+                Pending {
+                    committed: r.committed,
+                    start: false,
+                },
+            );
+            owed.insert(r.group);
+        }
+        drop(waiting);
+        debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, groups = owed.len(), "a follower is a learner: its groups' frontiers are sent before it is asked to promote itself");
+        *f.owed.borrow_mut() = Some(owed);
+        f.wake.notify(1);
     }
 
     /// A batch of the leader's log from `from` for a follower behind what the stream keeps (at most
@@ -688,6 +761,35 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             ))
             .detach();
             continue;
+        }
+        if f.learner.get()
+            && !f.lagging.get()
+            && f.in_flight.get() == 0
+            && f.acked.get() >= stream.end.get()
+            && f.owed.borrow().as_ref().is_none_or(|owed| owed.is_empty())
+            && f.promote_asked
+                .get()
+                .is_none_or(|at| at.elapsed() >= PROMOTE_EVERY)
+        {
+            // A learner with nothing else to send: asked (a probe) to promote itself once it has every group's
+            // frontier, or asked where it stands so that its answer queues them.
+            f.promote_asked.set(Some(std::time::Instant::now()));
+            if let Dispatch::Gone = probe(&shipper, &stream, &f) {
+                break;
+            }
+            continue;
+        }
+        let session = shipper.engine().node_session(f.node);
+        if f.answered.get() && session != 0 && session != f.session.get() && f.in_flight.get() == 0
+        {
+            // Its node restarted since it last answered (a crash, or a new disk): where it stands is asked again,
+            // whatever it lacks is sent from there (a learner then gets its frontiers and is promoted), and a
+            // follower found lagging before gets its chance again.
+            debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's node registered again: asking where it stands");
+            f.answered.set(false);
+            f.lagging.set(false);
+            f.owed.replace(None);
+            f.session.set(session);
         }
         if !f.lagging.get() && !f.answered.get() {
             // Its end is not known yet in this stream: asked first, before any batch, so that a log that
@@ -918,7 +1020,14 @@ async fn send_frontiers(
     });
     let result = shipper.router.call(to, request).await;
     match result {
-        Ok(Reply::Done) => queue.delay.set(FIRST_RETRY),
+        Ok(Reply::Done) => {
+            queue.delay.set(FIRST_RETRY);
+            if let Some(owed) = f.owed.borrow_mut().as_mut() {
+                for m in &marks {
+                    owed.remove(&m.group);
+                }
+            }
+        }
         other => {
             let why = match &other {
                 Ok(_) => "an answer out of protocol".to_string(),
@@ -964,6 +1073,12 @@ async fn send(
     batch: Rc<Batch>,
     resend: bool,
 ) {
+    let partition = shipper
+        .engine()
+        .topic(&stream.topic)
+        .ok()
+        .filter(|t| t.id() == stream.topic_id)
+        .and_then(|t| t.owned_partition(stream.partition));
     let request = Request::Replicate(Replicate {
         topic: stream.topic.clone(),
         topic_id: stream.topic_id,
@@ -978,12 +1093,8 @@ async fn send(
         // In which epochs its records (and the one before them) were written, from the leader's history, with an
         // epoch that starts right after them (a follower that has them all holds that leader's log as it began:
         // `Partition::rank`); a probe carries the leader's whole history up to its end.
-        epochs: shipper
-            .engine()
-            .topic(&stream.topic)
-            .ok()
-            .filter(|t| t.id() == stream.topic_id)
-            .and_then(|t| t.owned_partition(stream.partition))
+        epochs: partition
+            .as_ref()
             .map(|p| {
                 if batch.head.count == 0 {
                     p.epoch_history()
@@ -998,6 +1109,12 @@ async fn send(
                 }
             })
             .unwrap_or_default(),
+        // Anything this leader acknowledged is below its end when the stream opened (before it: in its log when it
+        // began leading, or when it started again) or below its commit offset (since).
+        hold: stream
+            .opened_at
+            .max(partition.as_ref().map_or(u64::MAX, |p| p.readable_end())),
+        promote: f.owed.borrow().as_ref().is_some_and(|owed| owed.is_empty()),
     });
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);
@@ -1006,7 +1123,10 @@ async fn send(
             end,
             applied,
             refused,
+            learner,
         })) => {
+            f.session.set(shipper.engine().node_session(f.node));
+            shipper.learner_answered(&stream, &f, learner);
             if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);

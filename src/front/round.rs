@@ -41,24 +41,32 @@ pub enum Outcome {
     HandTo(NodeIndex),
 }
 
-/// Ranks a round's answers: `mine` is this replica's (epoch, end), `answers` the other replicas' with whether their
-/// node is live. A majority of `replicas` must have answered, this one included.
+/// Ranks a round's answers: `mine` is this replica's (epoch, end) and whether it is a learner, `answers` the other
+/// replicas' with whether their node is live. A majority of `replicas` must have answered, this one included, not
+/// counting learners (`storage::learner`: replicas on a new disk that no leader has caught up yet), which are never
+/// ranked either: an empty log in a majority could otherwise make a log that lacks acknowledged records the
+/// greatest. A learner that won an election hands the leadership to the greatest log.
 pub fn decide(
     me: NodeIndex,
     mine: (u64, u64),
+    me_learner: bool,
     answers: &[(NodeIndex, Began, bool)],
     replicas: usize,
 ) -> Outcome {
     let majority = replicas / 2 + 1;
-    if 1 + answers.len() < majority {
+    let own = usize::from(!me_learner);
+    let voters: Vec<&(NodeIndex, Began, bool)> = answers.iter().filter(|a| !a.1.learner).collect();
+    if own + voters.len() < majority {
         return Outcome::NoMajority;
     }
-    let live = answers.iter().filter(|a| a.2).count();
-    let pool: Vec<(NodeIndex, (u64, u64))> = std::iter::once((me, mine))
+    let live = voters.iter().filter(|a| a.2).count();
+    let pool: Vec<(NodeIndex, (u64, u64))> = (!me_learner)
+        .then_some((me, mine))
+        .into_iter()
         .chain(
-            answers
+            voters
                 .iter()
-                .filter(|a| a.2 || 1 + live < majority)
+                .filter(|a| a.2 || own + live < majority)
                 .map(|(n, b, _)| (*n, (b.last_epoch, b.end))),
         )
         .collect();
@@ -67,8 +75,8 @@ pub fn decide(
     let (best, rank) = pool
         .iter()
         .copied()
-        .fold((me, mine), |acc, x| if x.1 > acc.1 { x } else { acc });
-    if best == me || rank <= mine {
+        .fold(pool[0], |acc, x| if x.1 > acc.1 { x } else { acc });
+    if !me_learner && (best == me || rank <= mine) {
         Outcome::Lead
     } else if answers.iter().any(|a| a.0 == best && a.2) {
         Outcome::HandTo(best)
@@ -170,7 +178,13 @@ impl Shipper {
                         partition.round_abandoned(round.epoch);
                         return;
                     }
-                    decide(me, partition.rank(), &answers, replicas.len())
+                    decide(
+                        me,
+                        partition.rank(),
+                        partition.is_learner(),
+                        &answers,
+                        replicas.len(),
+                    )
                 }
             };
             // Looked at again after the awaits.
@@ -279,24 +293,25 @@ mod tests {
             end,
             last_epoch,
             frontiers: Vec::new(),
+            learner: false,
         }
     }
 
     #[test]
     fn a_round_leads_with_the_greatest_log_of_a_majority_and_hands_over_otherwise() {
         // R = 3: itself and one more is a majority.
-        assert_eq!(decide(0, (5, 10), &[], 3), Outcome::NoMajority);
+        assert_eq!(decide(0, (5, 10), false, &[], 3), Outcome::NoMajority);
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 9), true)], 3),
+            decide(0, (5, 10), false, &[(1, began(5, 9), true)], 3),
             Outcome::Lead
         );
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 10), true)], 3),
+            decide(0, (5, 10), false, &[(1, began(5, 10), true)], 3),
             Outcome::Lead,
             "an equal log: no hand-over"
         );
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 11), true)], 3),
+            decide(0, (5, 10), false, &[(1, began(5, 11), true)], 3),
             Outcome::HandTo(1),
             "a longer log of the same epoch"
         );
@@ -304,6 +319,7 @@ mod tests {
             decide(
                 0,
                 (5, 10),
+                false,
                 &[(1, began(6, 2), true), (2, began(5, 12), true)],
                 3
             ),
@@ -315,6 +331,7 @@ mod tests {
             decide(
                 0,
                 (5, 10),
+                false,
                 &[(1, began(5, 11), false), (2, began(5, 9), true)],
                 3
             ),
@@ -322,26 +339,82 @@ mod tests {
         );
         // ...and counted when they do not: never led from here while its node has no session.
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 11), false)], 3),
+            decide(0, (5, 10), false, &[(1, began(5, 11), false)], 3),
             Outcome::NoMajority
         );
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 9), false)], 3),
+            decide(0, (5, 10), false, &[(1, began(5, 9), false)], 3),
             Outcome::Lead
         );
         // R = 5: three answers needed.
         assert_eq!(
-            decide(0, (5, 10), &[(1, began(5, 1), true)], 5),
+            decide(0, (5, 10), false, &[(1, began(5, 1), true)], 5),
             Outcome::NoMajority
         );
         assert_eq!(
             decide(
                 0,
                 (3, 10),
+                false,
                 &[(1, began(4, 3), true), (2, began(3, 12), true)],
                 5
             ),
             Outcome::HandTo(1)
+        );
+    }
+
+    fn learner(last_epoch: u64, end: u64) -> Began {
+        Began {
+            learner: true,
+            ..began(last_epoch, end)
+        }
+    }
+
+    /// A replica on a new disk neither counts for the majority nor is ranked; one that won an election hands over.
+    #[test]
+    fn learners_neither_count_nor_rank_and_a_learner_never_leads() {
+        // R = 3, itself and a learner: no majority, though two answered (the third may hold what nobody else does).
+        assert_eq!(
+            decide(0, (5, 3), false, &[(1, learner(5, 0), true)], 3),
+            Outcome::NoMajority
+        );
+        // A learner's log, however great, is not taken over a replica's.
+        assert_eq!(
+            decide(
+                0,
+                (5, 3),
+                false,
+                &[(1, learner(6, 9), true), (2, began(5, 2), true)],
+                3
+            ),
+            Outcome::Lead
+        );
+        // A learner that won an election: the greatest of the others leads, even an equal or shorter log...
+        assert_eq!(
+            decide(
+                0,
+                (5, 9),
+                true,
+                &[(1, began(5, 3), true), (2, began(5, 4), true)],
+                3
+            ),
+            Outcome::HandTo(2)
+        );
+        // ...and without a majority of replicas that are not learners, nobody does.
+        assert_eq!(
+            decide(0, (5, 9), true, &[(1, began(5, 3), true)], 3),
+            Outcome::NoMajority
+        );
+        assert_eq!(
+            decide(
+                0,
+                (5, 9),
+                true,
+                &[(1, began(5, 3), true), (2, began(5, 4), false)],
+                3
+            ),
+            Outcome::NoMajority,
+            "the greatest on a node without a session"
         );
     }
 }

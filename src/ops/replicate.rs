@@ -48,6 +48,12 @@ pub struct Replicate {
     /// records from before the history): the follower adds those it lacks before it writes the batch. A probe
     /// carries the leader's entry for its own epoch (none before it has one). At most [`MAX_EPOCH_ENTRIES`].
     pub epochs: Vec<EpochStart>,
+    /// Every record the leader could have acknowledged lies below it (the greater of its log's end when its stream
+    /// began and its commit offset): a learner whose log reaches it holds them all.
+    pub hold: u64,
+    /// The leader has sent this replica its groups' frontiers since it learned the replica is a learner: a learner
+    /// that holds `hold` promotes itself.
+    pub promote: bool,
 }
 
 /// Most epoch entries one shipped batch carries (a history holds no more).
@@ -62,6 +68,9 @@ pub struct Replicated {
     /// The batch itself was refused (it does not continue this replica's log where it claims to, or its frames do
     /// not verify under this node's limits): sending it again cannot help.
     pub refused: bool,
+    /// This replica is a learner (`storage::learner`), after the request: its leader sends it its groups'
+    /// frontiers, then asks it to promote itself.
+    pub learner: bool,
 }
 
 impl Replicate {
@@ -132,6 +141,8 @@ pub struct Began {
     /// round's winner raises its own groups to the highest of a majority before it serves, so what was settled
     /// on a majority is not delivered again after a failover.
     pub frontiers: Vec<FrontierMark>,
+    /// It is a learner (`storage::learner`): the round neither counts nor ranks it.
+    pub learner: bool,
 }
 
 /// Core 0 (internal, never from a peer): a replica that ran a fencing round found another replica's log greater than
@@ -228,6 +239,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         end,
         last_epoch,
         frontiers,
+        learner: partition.is_learner(),
     })
 }
 
@@ -304,9 +316,29 @@ async fn fenced(
     followed(engine, topic_name, topic_id, p, leader, epoch)
 }
 
-/// Applies a shipped batch on the core holding this node's follower replica of its partition.
+/// Applies a shipped batch on the core holding this node's follower replica of its partition. A learner that the
+/// request promotes (`promote`, and its log, applied or probed, ends at or past `hold`) is promoted before the answer,
+/// which says whether it still is one.
 pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
     let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
+    let (promote, hold) = (r.promote, r.hold);
+    let (topic, partition_id) = (r.topic.clone(), r.partition);
+    let mut answer = apply_to(engine, &partition, r).await?;
+    // Applied, or a probe not refused: its log continues this leader's up to its end.
+    if promote && partition.is_learner() && !answer.refused && answer.end >= hold {
+        if let Err(e) = partition.promote().await {
+            tracing::warn!(topic = %topic, partition = partition_id, error = %e, "a learner could not be promoted; its leader asks again");
+        }
+    }
+    answer.learner = partition.is_learner();
+    Ok(answer)
+}
+
+async fn apply_to(
+    engine: &Rc<Engine>,
+    partition: &Rc<crate::partition::Partition>,
+    r: Replicate,
+) -> OpResult<Replicated> {
     let log = &partition.log;
     if r.count == 0 {
         // A probe (the leader opened the partition, or began leading): where this replica's log ends. It carries
@@ -328,6 +360,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
                     end,
                     applied: false,
                     refused: false,
+                    learner: false,
                 })
             }
             Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
@@ -336,6 +369,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
                     end,
                     applied: false,
                     refused: true,
+                    learner: false,
                 })
             }
             Err(crate::partition::FollowEpochsError::Partition(e)) => Err(e.into()),
@@ -360,6 +394,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
                 end: log.end_offset(),
                 applied: false,
                 refused: true,
+                learner: false,
             });
         }
         Err(crate::partition::FollowEpochsError::Partition(e)) => return Err(e.into()),
@@ -379,11 +414,13 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
             end: log.end_offset(),
             applied: true,
             refused: false,
+            learner: false,
         }),
         Err(FollowError::Gap { end }) => Ok(Replicated {
             end,
             applied: false,
             refused: false,
+            learner: false,
         }),
         Err(FollowError::Mismatch(why)) => {
             tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch does not continue this replica: refused");
@@ -391,6 +428,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
                 end: log.end_offset(),
                 applied: false,
                 refused: true,
+                learner: false,
             })
         }
         Err(FollowError::Append(e)) => Err(crate::partition::PartitionError::from(e).into()),
@@ -527,6 +565,8 @@ mod tests {
             count: 0,
             frames: Bytes::new(),
             epochs: Vec::new(),
+            hold: 0,
+            promote: false,
         }
     }
 
@@ -569,7 +609,8 @@ mod tests {
                 Replicated {
                     end: 0,
                     applied: false,
-                    refused: false
+                    refused: false,
+                    learner: false,
                 }
             );
             let r = apply_frontiers(&engine, frontiers(7)).await;
@@ -591,6 +632,91 @@ mod tests {
             assert!(stale(&r), "{r:?}");
             assert!(apply(&engine, probe(9)).await.is_ok());
             assert!(apply_frontiers(&engine, frontiers(9)).await.is_ok());
+            engine.close_all().await;
+        });
+    }
+
+    /// A replica on a new disk (`replica.learner`) answers every request as a learner, and promotes itself only when
+    /// its leader asks (`promote`) and its log, applied or probed, reaches `hold`: durably, so a power cut right
+    /// after does not make it a learner again, and a learner answers a fencing round as one.
+    #[test]
+    fn a_learner_promotes_itself_only_when_asked_and_holding_what_its_leader_could_have_acknowledged(
+    ) {
+        use crate::storage::epoch_history::EpochStart;
+        run(async {
+            let sim = Sim::new();
+            let (engine, _, _) = follower_on(sim.clone(), 8).await;
+            let dir = PathBuf::from("/sim/topics/t/0");
+            crate::storage::learner::write(&SimStorage(sim.clone()), &dir, 99)
+                .await
+                .unwrap();
+            engine.close_all().await;
+            let sim = sim.power_cut(|_, _| 0);
+            let (engine, _, _) = follower_on(sim.clone(), 8).await;
+            let f = engine.topic("t").unwrap().followed_partition(0).unwrap();
+            assert!(f.is_learner(), "its file makes it a learner at open");
+            let r = apply(&engine, probe(8)).await.unwrap();
+            assert!(r.learner && !r.refused, "{r:?}");
+            // Asked, but its log (empty) does not reach what its leader could have acknowledged.
+            let asked = |hold| Replicate {
+                promote: true,
+                hold,
+                ..probe(8)
+            };
+            let r = apply(&engine, asked(2)).await.unwrap();
+            assert!(r.learner && f.is_learner(), "{r:?}");
+            // Holding it, but not asked (its frontiers are not all there yet).
+            let frames = {
+                let mut out = Vec::new();
+                for (offset, body) in [(0u64, b"x"), (1, b"y")] {
+                    crate::storage::frame::encode(offset, 1, body, &mut out);
+                }
+                Bytes::from(out)
+            };
+            let batch = |promote| Replicate {
+                count: 2,
+                frames: frames.clone(),
+                epochs: vec![EpochStart { epoch: 8, start: 0 }],
+                hold: 2,
+                promote,
+                ..probe(8)
+            };
+            let r = apply(&engine, batch(false)).await.unwrap();
+            assert!(r.applied && r.learner, "{r:?}");
+            // A fencing round neither counts nor ranks it: it says so.
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 9,
+            }]);
+            let began = begin_epoch(
+                &engine,
+                BeginEpoch {
+                    topic: "t".into(),
+                    topic_id: 5,
+                    partition: 0,
+                    leader: 1,
+                    epoch: 9,
+                },
+            )
+            .await
+            .unwrap();
+            assert!(began.learner && began.end == 2, "{began:?}");
+            // Asked, holding it: promoted before the answer, durably.
+            let r = apply(
+                &engine,
+                Replicate {
+                    epoch: 9,
+                    ..asked(2)
+                },
+            )
+            .await
+            .unwrap();
+            assert!(!r.learner && !f.is_learner(), "{r:?}");
+            engine.close_all().await;
+            let (engine, _, _) = follower_on(sim.power_cut(|_, _| 0), 8).await;
+            let f = engine.topic("t").unwrap().followed_partition(0).unwrap();
+            assert!(!f.is_learner(), "promoted for good");
             engine.close_all().await;
         });
     }

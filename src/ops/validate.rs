@@ -679,6 +679,8 @@ mod tests {
                 count: 1,
                 frames: Bytes::from(vec![0u8; len]),
                 epochs: Vec::new(),
+                hold: 0,
+                promote: false,
             })
         };
         assert!(admit(&ship(3, 64), 3, 0, 2, &LIMITS).is_ok());

@@ -81,6 +81,33 @@ impl Partition {
         Ok(())
     }
 
+    /// A replica on a new disk that no leader has promoted yet (`storage::learner`): a fencing round neither counts
+    /// nor ranks it.
+    pub fn is_learner(&self) -> bool {
+        self.learner.get()
+    }
+
+    /// Promotes this learner (its leader found that its log reaches past everything that leader could have
+    /// acknowledged, and sent it its groups' frontiers): `replica.learner` removed durably, then it counts in
+    /// fencing rounds like any replica. On a failed removal it stays a learner, and the next request tries again.
+    pub async fn promote(&self) -> Result<(), PartitionError> {
+        self.assert_owner();
+        if !self.learner.get() {
+            return Ok(());
+        }
+        if self.closed.get() {
+            // Its directory may already belong to a new topic of the same name.
+            return Err(PartitionError::Closed);
+        }
+        crate::storage::learner::remove(&*self.storage, &self.dir)
+            .await
+            .map_err(|e| PartitionError::Storage(format!("cannot promote a learner: {e}")))?;
+        if self.learner.replace(false) {
+            tracing::info!(dir = %self.dir.display(), end = self.log.end_offset(), "a learner caught up: promoted (it counts in fencing rounds from now on)");
+        }
+        Ok(())
+    }
+
     /// Waits out a floor or history write under way (a closing partition: nothing starts one after `closed`).
     pub(super) async fn wait_fence_writes(&self) {
         drop(Turn::take(&self.raising_floor, &self.floor_raised).await);

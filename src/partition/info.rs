@@ -32,6 +32,9 @@ pub struct FollowerInfo {
     /// It fell behind what the leader keeps to resend (or answered out of line): it gets nothing until it is
     /// caught up from the segments (docs/replication.md, step 5).
     pub lagging: bool,
+    /// It answered as a learner (a replica on a new disk, `storage::learner`) and has not been promoted yet.
+    #[serde(default)]
+    pub learner: bool,
 }
 
 impl Partition {

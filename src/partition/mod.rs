@@ -208,6 +208,9 @@ pub struct Partition {
     commit: commit::Commit,
     /// The replica's durable epoch floor (`fence.rs`, `replica.epoch`): what its file holds.
     epoch_floor: Cell<u64>,
+    /// A replica on a new disk, until a leader promotes it (`storage::learner`): a fencing round neither counts nor
+    /// ranks it.
+    learner: Cell<bool>,
     /// A raise of the floor is being written; `floor_raised` wakes the next.
     raising_floor: Cell<bool>,
     floor_raised: event_listener::Event,
@@ -232,6 +235,9 @@ pub struct PartitionSetup {
     pub redelivery: Redelivery,
     pub groups: Vec<String>,
     pub wake: Wake,
+    /// Some(revision): if the partition's directory does not exist yet, it starts as a learner (`storage::learner`:
+    /// this node's disk is not the one the cluster knew when the revision was read, and the topic is older).
+    pub learner_if_new: Option<u64>,
 }
 
 /// Nonces a group's shard may issue before they could reach the next shard's range. 2^32.
@@ -304,6 +310,20 @@ impl Partition {
     /// Opens the partition's log (recovery runs here) and wires the wake-up for parked consumers.
     pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
         // Before the log opens, so that a failed read leaves nothing running.
+        if let Some(revision) = setup.learner_if_new {
+            // Nothing there yet (no directory, or an empty one a crash left before the log's first segment).
+            let fresh = match setup.storage.list(&setup.dir) {
+                Ok(names) => names.is_empty(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+                Err(e) => return Err(e),
+            };
+            if fresh {
+                setup.storage.create_dir_all(&setup.dir)?;
+                crate::storage::learner::write(&*setup.storage, &setup.dir, revision).await?;
+                tracing::warn!(dir = %setup.dir.display(), "a replica on a new disk: a learner until its leader has caught it up");
+            }
+        }
+        let learner = crate::storage::learner::read(&*setup.storage, &setup.dir)?;
         let epoch_floor = crate::storage::epoch_floor::read(&*setup.storage, &setup.dir)?;
         let epochs = crate::storage::epoch_history::read(&*setup.storage, &setup.dir)?;
         let log = Log::open_with(
@@ -344,6 +364,7 @@ impl Partition {
             followers: RefCell::new(Vec::new()),
             commit: commit::Commit::new(),
             epoch_floor: Cell::new(epoch_floor),
+            learner: Cell::new(learner),
             raising_floor: Cell::new(false),
             floor_raised: event_listener::Event::new(),
             epochs: RefCell::new(epochs),

@@ -77,6 +77,7 @@ async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
         redelivery: Redelivery::default(),
         groups: vec![DEFAULT_GROUP.to_string(), "g".to_string()],
         wake: Rc::new(|_, _| {}),
+        learner_if_new: None,
     })
     .await
     .expect("the partition opens");

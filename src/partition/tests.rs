@@ -67,6 +67,7 @@ async fn open_waking(sim: &Rc<Sim>, clock: &Rc<ManualClock>, wake: super::Wake) 
         redelivery: Redelivery::default(),
         groups: vec![DEFAULT_GROUP.to_string()],
         wake,
+        learner_if_new: None,
     })
     .await
     .expect("open the partition")

@@ -11,6 +11,7 @@ pub mod frame;
 pub mod frontier;
 pub mod incarnation;
 pub mod journal;
+pub mod learner;
 pub mod log;
 pub mod runs;
 pub mod sim;

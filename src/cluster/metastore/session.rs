@@ -121,6 +121,21 @@ impl Metastore {
         })
     }
 
+    /// Node `id`'s member record as etcd holds it now (None: it never registered), with etcd's revision at the
+    /// read: a node reads it before it registers, to tell whether its data directory is the one the cluster knew
+    /// (`storage::learner`).
+    pub async fn member(&self, id: &str) -> Result<(Option<MemberRecord>, i64), MetaError> {
+        let read = self
+            .etcd
+            .txn(&[], &[TxnOp::get(self.keys.member(id))], &[])
+            .await?;
+        let record = match ranges(&read, 1)?[0].kvs.first() {
+            Some(kv) => Some(decode_member(id, kv)?),
+            None => None,
+        };
+        Ok((record, read.revision))
+    }
+
     /// One registration: read the member, alive and counter keys; grant a lease; write member (and counter, the
     /// first time) and alive key in a txn comparing what was read. `previous` is this session's own lost lease:
     /// if etcd still holds the alive key under it, it is revoked first. `keep_index` re-registers a known node:

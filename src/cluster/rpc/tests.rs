@@ -80,6 +80,7 @@ fn info_value() -> PartitionInfo {
         counters: [11, 12],
         io_counts: (13, 14),
         followers: vec![crate::partition::FollowerInfo {
+            learner: false,
             node: 2,
             end: 15,
             lagging: true,
@@ -213,6 +214,8 @@ fn every_request() -> Vec<Request> {
                     start: 4101,
                 },
             ],
+            hold: 4100,
+            promote: true,
         }),
         Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
             topic: topic(),
@@ -337,6 +340,7 @@ fn every_reply() -> Vec<ReplyBody> {
             end: 4102,
             applied: false,
             refused: true,
+            learner: true,
         })),
         Ok(Reply::Began(crate::ops::replicate::Began {
             end: 4102,
@@ -346,6 +350,7 @@ fn every_reply() -> Vec<ReplyBody> {
                 committed: 4000,
                 start: false,
             }],
+            learner: true,
         })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
