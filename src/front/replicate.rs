@@ -516,6 +516,10 @@ impl Shipper {
             }
             return;
         }
+        if !was {
+            // A learner again (its disk wiped again after a promotion): owed every frontier again.
+            f.owed.replace(None);
+        }
         if f.owed.borrow().is_some() {
             return;
         }
@@ -762,6 +766,18 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             .detach();
             continue;
         }
+        let session = shipper.engine().node_session(f.node);
+        if f.answered.get() && session != 0 && session != f.session.get() && f.in_flight.get() == 0
+        {
+            // Its node restarted since it last answered (a crash, or a new disk): where it stands is asked again,
+            // whatever it lacks is sent from there (a learner then gets its frontiers and is promoted), and a
+            // follower found lagging before gets its chance again.
+            debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's node registered again: asking where it stands");
+            f.answered.set(false);
+            f.lagging.set(false);
+            f.owed.replace(None);
+            f.session.set(session);
+        }
         if f.learner.get()
             && !f.lagging.get()
             && f.in_flight.get() == 0
@@ -778,18 +794,6 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 break;
             }
             continue;
-        }
-        let session = shipper.engine().node_session(f.node);
-        if f.answered.get() && session != 0 && session != f.session.get() && f.in_flight.get() == 0
-        {
-            // Its node restarted since it last answered (a crash, or a new disk): where it stands is asked again,
-            // whatever it lacks is sent from there (a learner then gets its frontiers and is promoted), and a
-            // follower found lagging before gets its chance again.
-            debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's node registered again: asking where it stands");
-            f.answered.set(false);
-            f.lagging.set(false);
-            f.owed.replace(None);
-            f.session.set(session);
         }
         if !f.lagging.get() && !f.answered.get() {
             // Its end is not known yet in this stream: asked first, before any batch, so that a log that
@@ -1110,10 +1114,16 @@ async fn send(
             })
             .unwrap_or_default(),
         // Anything this leader acknowledged is below its end when the stream opened (before it: in its log when it
-        // began leading, or when it started again) or below its commit offset (since).
-        hold: stream
-            .opened_at
-            .max(partition.as_ref().map_or(u64::MAX, |p| p.readable_end())),
+        // began leading, or when it started again) or below its commit offset (since); and anything the commit
+        // counted this follower for (its disk may have held more than the commit needed it for, R = 5) below what
+        // it was credited with.
+        hold: partition.as_ref().map_or(u64::MAX, |p| {
+            stream
+                .opened_at
+                .max(p.readable_end())
+                .max(p.follower_counted(f.node))
+                .max(f.credit.get())
+        }),
         promote: f.owed.borrow().as_ref().is_some_and(|owed| owed.is_empty()),
     });
     let result = shipper.router.call(to, request).await;
@@ -1125,7 +1135,10 @@ async fn send(
             refused,
             learner,
         })) => {
-            f.session.set(shipper.engine().node_session(f.node));
+            if f.session.get() == 0 {
+                // Its first answer in this stream: the session it answered under (a later one is a restart).
+                f.session.set(shipper.engine().node_session(f.node));
+            }
             shipper.learner_answered(&stream, &f, learner);
             if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.

@@ -149,6 +149,17 @@ impl Partition {
         self.recompute_commit();
     }
 
+    /// The end the commit counts follower `node` for (0: none): what it was ever credited with in this leadership,
+    /// which a learner on that node must hold again before it is promoted.
+    pub fn follower_counted(&self, node: u32) -> u64 {
+        self.commit
+            .acked
+            .borrow()
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map_or(0, |&(_, e)| e)
+    }
+
     /// The leader's own log grew: with followers ahead of it (they cannot be, today), the commit may move.
     pub(super) fn leader_appended(&self, n: usize) {
         bump(&self.counters.produced, n as u64);

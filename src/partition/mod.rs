@@ -311,9 +311,10 @@ impl Partition {
     pub async fn open(setup: PartitionSetup) -> std::io::Result<Rc<Partition>> {
         // Before the log opens, so that a failed read leaves nothing running.
         if let Some(revision) = setup.learner_if_new {
-            // Nothing there yet (no directory, or an empty one a crash left before the log's first segment).
+            // No log there yet: no directory, or one a crash left before the log's first segment (with or without
+            // a learner file, or its temp file): a replica that ever opened has a segment.
             let fresh = match setup.storage.list(&setup.dir) {
-                Ok(names) => names.is_empty(),
+                Ok(names) => !names.iter().any(|n| n.ends_with(".log")),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
                 Err(e) => return Err(e),
             };
