@@ -1,13 +1,14 @@
 //! `berth-bench`: berth's load generator, a crate and binary of its own (the server binary holds the server). One pinned glommio executor per client CPU, each driving its connections in a
 //! closed loop (or paced, open loop, at `--rate`), recording per-core HDR histograms per operation and the messages
 //! they carried; then a table, JSON, `.hgrm` percentile files and an SVG plot, plus the server's own per-core
-//! histograms from `/metrics`. The same loop drives berth (HTTP, single messages or `--batch N`), beanstalkd and
-//! Redis Streams (`--protocol`), so the baselines are measured by the same client in the same way. Against several
-//! berth nodes (`--server URL1,URL2,...`) each core's connections go round robin over them, and the results are
-//! also kept per node.
+//! histograms from `/metrics`. The same loop drives berth (HTTP, single messages or `--batch N`), beanstalkd,
+//! Redis Streams and NATS JetStream (`--protocol`), so the baselines are measured by the same client in the same
+//! way. Against several berth nodes (`--server URL1,URL2,...`) each core's connections go round robin over them,
+//! and the results are also kept per node.
 
 mod beanstalk;
 mod http;
+mod nats;
 mod redis;
 pub mod report;
 mod resp;
@@ -50,6 +51,11 @@ pub enum Protocol {
     /// Redis Streams (XADD / XREADGROUP / XACK in a consumer group), as a baseline in the same run; needs
     /// `--server HOST:PORT` of a running redis-server (and `--server-pid` for its CPU).
     Redis,
+    /// NATS JetStream (publish with acks / pull consumer fetch / double-acked `+ACK`) on a file-backed work-queue
+    /// stream of `--nats-replicas` replicas, as a baseline in the same run; needs `--server HOST:PORT` of a running
+    /// nats-server with JetStream (one server of a cluster will do; and `--server-pid` for its CPU, or the
+    /// cluster's).
+    Nats,
 }
 
 impl Protocol {
@@ -58,6 +64,7 @@ impl Protocol {
             Protocol::Berth => "berth",
             Protocol::Beanstalkd => "beanstalkd",
             Protocol::Redis => "redis",
+            Protocol::Nats => "nats",
         }
     }
 }
@@ -76,12 +83,12 @@ const MAX_TOPIC_CAP: usize = 1 << 20;
 #[command(
     name = "berth-bench",
     version,
-    about = "berth's load generator: per-core HDR histograms of produce, consume and ack against berth, beanstalkd or Redis Streams"
+    about = "berth's load generator: per-core HDR histograms of produce, consume and ack against berth, beanstalkd, Redis Streams or NATS JetStream"
 )]
 struct Cli {
     /// Server(s) to load [default: an embedded `berth serve` on --server-cpus, with a temp data dir]. berth only:
-    /// several, comma separated, and each client core spreads its connections over them round robin. beanstalkd
-    /// and redis: HOST:PORT of a running server.
+    /// several, comma separated, and each client core spreads its connections over them round robin. beanstalkd,
+    /// redis and nats: HOST:PORT of a running server.
     #[arg(long, env = "BERTH_SERVER")]
     server: Option<String>,
     /// HTTPS: trust only the CA certificate(s) in this PEM file (as curl's --cacert), for a server started with
@@ -142,11 +149,12 @@ pub struct BenchArgs {
     /// produce | consume | cycle.
     #[arg(long, value_enum, default_value = "cycle")]
     pub workload: Workload,
-    /// berth, or beanstalkd or redis as a baseline.
+    /// berth, or beanstalkd, redis or nats (JetStream) as a baseline.
     #[arg(long, value_enum, default_value = "berth")]
     pub protocol: Protocol,
     /// Messages per request: produce sends N records in one request (berth: `application/vnd.berth.frames`;
-    /// redis: N pipelined XADDs), consume asks for up to N (`max=N`; redis `COUNT N`) and acks them in one request.
+    /// redis: N pipelined XADDs; nats: N pipelined publishes), consume asks for up to N (`max=N`; redis `COUNT N`;
+    /// nats a fetch of `batch` N) and acks them in one request (nats: N pipelined acks).
     /// 1 is version 1's single-message requests. At most the server's default `max_batch_records` (1000).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -216,6 +224,11 @@ pub struct BenchArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
+    /// nats: the `num_replicas` of the bench's JetStream stream (and its consumer) [default: 1]; up to 5, and at most
+    /// the cluster's servers.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_replicas: Option<usize>,
 }
 
 /// `--server-pid` in the JSON settings: a number when one pid was given (as before lists were accepted), else a list.
@@ -282,6 +295,14 @@ impl BenchArgs {
                 return Err(format!(
                     "--topic {topic:?}: not a topic name ([A-Za-z0-9._-]{{1,128}})"
                 ));
+            }
+        }
+        if let Some(r) = self.nats_replicas {
+            if self.protocol != Protocol::Nats {
+                return Err("--nats-replicas: --protocol nats only".into());
+            }
+            if !(1..=5).contains(&r) {
+                return Err("--nats-replicas must be 1..=5 (JetStream's limit)".into());
             }
         }
         if let Some(cap) = self.max_in_flight {
@@ -359,10 +380,10 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
         return Err(format!(
             "--protocol {} needs --server HOST:PORT of a running {}",
             protocol.name(),
-            if protocol == Protocol::Redis {
-                "redis-server"
-            } else {
-                "beanstalkd"
+            match protocol {
+                Protocol::Redis => "redis-server",
+                Protocol::Nats => "nats-server with JetStream",
+                _ => "beanstalkd",
             }
         ));
     }
@@ -421,6 +442,18 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
     match protocol {
         Protocol::Beanstalkd => {}
         Protocol::Redis => redis::create_group(addr, &topic)?,
+        Protocol::Nats => nats::create_stream(
+            addr,
+            &nats::Setup {
+                stream: &topic,
+                replicas: plan.args.nats_replicas.unwrap_or(1),
+                ack_wait: Duration::from_millis(
+                    parse_duration_ms(&plan.visibility)
+                        .map_err(|e| format!("--visibility: {}", e.0))?,
+                ),
+                max_waiting: (2 * plan.args.connections * plan.client_cpus.len()).max(512),
+            },
+        )?,
         Protocol::Berth if owned_topic => {
             let cap = topic_cap(&plan);
             let mut path = format!(
@@ -557,6 +590,11 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
         Protocol::Berth => {}
         Protocol::Redis => {
             let _ = redis::command(addr, &[b"DEL", topic.as_bytes()]);
+        }
+        Protocol::Nats => {
+            if let Err(e) = nats::delete_stream(addr, &topic) {
+                eprintln!("berth-bench: cannot delete the bench stream: {e}");
+            }
         }
         Protocol::Beanstalkd => {}
     }
@@ -795,6 +833,14 @@ async fn connection(
                 .map_err(connect)?;
             drive(d, job).await
         }
+        Protocol::Nats => {
+            // A fetch waits up to 1 s for a first message (`expires`), as berth's wait=1s and redis's BLOCK 1000.
+            let wait = waits.then_some(Duration::from_secs(1));
+            let d = nats::Nats::connect(addr, &job.topic, job.batch, message, wait)
+                .await
+                .map_err(connect)?;
+            drive(d, job).await
+        }
     }
 }
 
@@ -816,9 +862,10 @@ pub struct Consumed<H> {
     pub handles: Vec<H>,
     /// Of those, the messages whose body had the expected length.
     pub intact: usize,
-    /// The request succeeded (berth 200 with well-formed frames; beanstalkd RESERVED; redis a reply of entries).
+    /// The request succeeded (berth 200 with well-formed frames; beanstalkd RESERVED; redis a reply of entries;
+    /// nats a full batch, or a 404/408 status after what there was).
     pub ok: bool,
-    /// Nothing was deliverable (berth 204, beanstalkd TIMED_OUT, redis nil).
+    /// Nothing was deliverable (berth 204, beanstalkd TIMED_OUT, redis nil, nats a 404/408 status alone).
     pub empty: bool,
 }
 
@@ -837,7 +884,7 @@ pub struct Pipelined<H> {
 }
 
 /// One connection of a protocol, in the load generator's terms. Each call is one request (berth), or one write of
-/// pipelined commands (beanstalkd, redis), and returns when every answer is in.
+/// pipelined commands (beanstalkd, redis, nats), and returns when every answer is in.
 pub(crate) trait Driver {
     /// What acks a delivered message.
     type Handle;
@@ -987,6 +1034,11 @@ mod tests {
             (vec!["--workload", "dance"], "dance"),
             (vec!["--topic", "a/b"], "--topic"),
             (vec!["--topic", "t", "--protocol", "redis"], "--topic"),
+            (vec!["--nats-replicas", "3"], "--nats-replicas"),
+            (
+                vec!["--protocol", "nats", "--nats-replicas", "7"],
+                "--nats-replicas",
+            ),
         ] {
             let err = plan(&args)
                 .err()

@@ -84,7 +84,7 @@ pub(super) fn topic_cap(plan: &Plan) -> usize {
     })
 }
 
-/// `--server URL[,URL...]`: each URL with its address (`http://` and `redis://` prefixes and a trailing `/` are
+/// `--server URL[,URL...]`: each URL with its address (`http://`, `redis://` and `nats://` prefixes and a trailing `/` are
 /// dropped for the address; the URL is kept as given, as the report's key).
 pub(super) fn parse_servers(list: &str) -> Result<Vec<(String, SocketAddr)>, String> {
     let mut out: Vec<(String, SocketAddr)> = Vec::new();
@@ -96,6 +96,7 @@ pub(super) fn parse_servers(list: &str) -> Result<Vec<(String, SocketAddr)>, Str
             .trim_start_matches("http://")
             .trim_start_matches("https://")
             .trim_start_matches("redis://")
+            .trim_start_matches("nats://")
             .trim_end_matches('/');
         let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
             .map_err(|e| format!("--server {url}: {e}"))?

@@ -1,4 +1,4 @@
-//! What the load generator's three protocol clients (berth's HTTP, beanstalkd, Redis) share on the wire: the
+//! What the load generator's protocol clients (berth's HTTP, beanstalkd, Redis, NATS) share on the wire: the
 //! connection setup and the read that grows a reply buffer.
 
 use futures_lite::AsyncReadExt;
