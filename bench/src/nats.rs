@@ -15,7 +15,9 @@
 //! published without headers and arrive as plain `MSG`s.
 //!
 //! `create_stream` sets up a file-backed work-queue stream (acked messages are deleted, as berth's) with
-//! `--nats-replicas` replicas and one durable pull consumer with explicit acks, through the JetStream API.
+//! `--nats-replicas` replicas and one durable pull consumer with explicit acks, through the JetStream API, then
+//! moves the stream's and the consumer's leaders to the server the bench is connected to (leader stepdowns with
+//! `placement.preferred`), as berth's bench loads a partition through its leader.
 
 use super::{Consumed, Driver, Pipelined};
 use futures_lite::AsyncWriteExt;
@@ -40,8 +42,13 @@ const MAX_LINE_BYTES: usize = 1 << 20;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A draining consume (`--workload consume`) that the server refuses at once with 408 Requests Pending (other
-/// fetches wait for the messages there are) asks again, waiting this long for its batch.
+/// fetches wait for the messages there are) asks again for up to this long, each fetch waiting this long for a
+/// first message.
 const DRAIN_RETRY_WAIT: Duration = Duration::from_millis(100);
+
+/// The pause before a no-wait fetch refused with 408 Requests Pending asks again: the fetches already waiting are
+/// served meanwhile (a consume asks again until its wait is over).
+const PENDING_RETRY_PAUSE: Duration = Duration::from_millis(1);
 
 fn bad(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
@@ -62,8 +69,8 @@ pub enum Frame<'a> {
     Pong,
     Ok,
     Err(&'a [u8]),
-    /// `INFO {...}`: the first line of a connection, and again when the cluster changes.
-    Info,
+    /// `INFO {...}`: the first line of a connection, and again when the cluster changes; its JSON.
+    Info(&'a [u8]),
 }
 
 fn number(digits: &[u8]) -> Option<usize> {
@@ -150,7 +157,7 @@ pub fn parse(buf: &[u8]) -> io::Result<Option<(Frame<'_>, usize)>> {
         b"PONG" => Frame::Pong,
         b"+OK" => Frame::Ok,
         b"-ERR" => Frame::Err(line.get(5..).unwrap_or_default()),
-        b"INFO" => Frame::Info,
+        b"INFO" => Frame::Info(line.get(5..).unwrap_or_default().trim_ascii()),
         _ => {
             return Err(bad(format!(
                 "nats-server: unexpected {:?}",
@@ -231,7 +238,7 @@ impl Exchange {
                 header,
                 payload,
             } => (subject, reply, header, payload),
-            Frame::Pong | Frame::Ok | Frame::Info => return Ok(false),
+            Frame::Pong | Frame::Ok | Frame::Info(_) => return Ok(false),
         };
         if let Some(handle) = reply.filter(|r| r.starts_with(b"$JS.ACK.")) {
             // A message of the fetch (only one fetch is ever open on a connection).
@@ -344,9 +351,10 @@ pub struct Nats {
     next_subject: String,
     /// The fetch a consume sends first.
     fetch: String,
-    /// The fetch it sends after a 408 Requests Pending: one that waits in line.
+    /// The fetch it sends again after a 408 Requests Pending (after a short pause, until `wait` is over).
     fetch_again: String,
-    /// How long the first fetch may wait for a message.
+    /// How long a consume may wait for a message (its fetch's `expires`, and how long it asks again while
+    /// refused with Requests Pending).
     wait: Duration,
 }
 
@@ -368,16 +376,20 @@ impl Nats {
         pub_tail.extend_from_slice(&message);
         pub_tail.extend_from_slice(b"\r\n");
         // A waiting consume of one message waits in line at once (a no-wait fetch would be refused while other
-        // connections' fetches wait); of a batch, it takes what is there, or waits for a first message.
+        // connections' fetches wait; a fetch of one returns with its first message anyway). Of a batch, it is
+        // berth's `max=N`: a no-wait fetch with `expires` takes what is there, or waits for a first message and
+        // returns with it; refused with 408 Requests Pending (there are messages, but fewer than the fetches
+        // already waiting want), it asks the same again after a short pause (not a fetch without no_wait: that
+        // one would wait for a whole batch or its expiry).
         let (fetch, fetch_again) = match wait {
             Some(w) if batch == 1 => (fetch_body(1, Some(w), false), fetch_body(1, Some(w), false)),
             Some(w) => (
                 fetch_body(batch, Some(w), true),
-                fetch_body(batch, Some(w), false),
+                fetch_body(batch, Some(w), true),
             ),
             None => (
                 fetch_body(batch, None, true),
-                fetch_body(batch, Some(DRAIN_RETRY_WAIT), false),
+                fetch_body(batch, Some(DRAIN_RETRY_WAIT), true),
             ),
         };
         let mut n = Nats {
@@ -405,7 +417,7 @@ impl Nats {
         let deadline = Instant::now() + REPLY_TIMEOUT;
         loop {
             match parse(&self.buf[self.pos..])? {
-                Some((Frame::Info, used)) => {
+                Some((Frame::Info(_), used)) => {
                     self.pos += used;
                     break;
                 }
@@ -464,7 +476,7 @@ impl Nats {
         let read = super::wire::read_more(
             &mut self.stream,
             &mut self.buf,
-            64 << 10,
+            16 << 10,
             MAX_REPLY_BYTES,
             "nats-server",
         );
@@ -551,13 +563,20 @@ impl Nats {
         }
     }
 
-    /// A consume after the rest of `x` (if its fetch was refused with Requests Pending: the fetch that waits in
-    /// line), with the time it ended.
+    /// A consume after the rest of `x` (while its fetch is refused with Requests Pending: `fetch_again` after a
+    /// short pause, until the consume's wait is over, when it counts as empty, as berth's 204 after its wait), with
+    /// the time it ended.
     async fn finish_consume(
         &mut self,
         mut x: Exchange,
     ) -> io::Result<(Consumed<Vec<u8>>, Instant)> {
-        if matches!(x.end, Some((End::RequestsPending, _))) {
+        let give_up = Instant::now() + self.wait;
+        while matches!(x.end, Some((End::RequestsPending, _))) {
+            if Instant::now() >= give_up {
+                x.end = Some((End::Drained(408), Instant::now()));
+                break;
+            }
+            glommio::timer::sleep(PENDING_RETRY_PAUSE).await;
             let again = std::mem::take(&mut self.fetch_again);
             let retried = self.exchange(&[], 0, Some(&again)).await;
             self.fetch_again = again;
@@ -622,6 +641,12 @@ struct Blocking {
     buf: Vec<u8>,
     inbox: String,
     next_id: u64,
+    /// The INFO line's `server_name`: the server this connection (and the bench's, to the same address) is on.
+    server_name: String,
+    /// The INFO line's `version`.
+    version: String,
+    /// Whether the server is in a cluster (the INFO line has `cluster`).
+    clustered: bool,
 }
 
 impl Blocking {
@@ -636,17 +661,23 @@ impl Blocking {
             buf: Vec::new(),
             inbox: format!("_INBOX.{}.", random_token()),
             next_id: 1,
+            server_name: String::new(),
+            version: String::new(),
+            clustered: false,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut connected = false;
-        let mut got_info = false;
+        let mut info: Option<serde_json::Value> = None;
         while !connected {
             let Some(used) = b.next_frame(deadline, |frame| match frame {
-                Frame::Info if !got_info => {
-                    got_info = true;
+                Frame::Info(json) if info.is_none() => {
+                    info = Some(
+                        serde_json::from_slice(json)
+                            .map_err(|e| format!("an INFO line that is not JSON: {e}"))?,
+                    );
                     Ok(true)
                 }
-                Frame::Pong if got_info => {
+                Frame::Pong if info.is_some() => {
                     connected = true;
                     Ok(false)
                 }
@@ -657,6 +688,11 @@ impl Blocking {
                 return Err(format!("nats-server at {addr}: no answer to CONNECT"));
             };
             if used {
+                let i = info.as_ref().expect("INFO was read");
+                let text = |key: &str| i[key].as_str().unwrap_or_default().to_string();
+                b.server_name = text("server_name");
+                b.version = text("version");
+                b.clustered = i.get("cluster").is_some();
                 let hello = format!("{}SUB {}* 1\r\n", connect_line(true), b.inbox);
                 b.s.write_all(hello.as_bytes())
                     .map_err(|e| format!("nats-server at {addr}: {e}"))?;
@@ -807,8 +843,222 @@ pub struct Setup<'a> {
 /// How long setup asks again while a cluster elects its leaders.
 const SETUP_PATIENCE: Duration = Duration::from_secs(20);
 
-/// Creates the bench's stream (deleting one of its name first) and its durable pull consumer; says on stderr which
-/// servers lead them.
+/// How long setup waits for the stream's and the consumer's leaders to be on the server the bench is connected to,
+/// with the stream's replicas current.
+const PLACEMENT_PATIENCE: Duration = Duration::from_secs(20);
+
+/// A leader stepdown that has not moved the leader this long after it was asked is asked again.
+const STEPDOWN_AGAIN: Duration = Duration::from_secs(3);
+
+/// The leader of a stream or consumer info (`cluster.leader`; empty while there is none).
+fn leader_of(info: &serde_json::Value) -> &str {
+    info["cluster"]["leader"].as_str().unwrap_or_default()
+}
+
+/// The followers of a stream or consumer info (`cluster.replicas`): name and whether it is current.
+fn replicas_of(info: &serde_json::Value) -> Vec<(String, bool)> {
+    info["cluster"]["replicas"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    (
+                        r["name"].as_str().unwrap_or("?").to_string(),
+                        r["current"].as_bool() == Some(true),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `n2 (current), n3 (not current)`.
+fn describe_replicas(replicas: &[(String, bool)]) -> String {
+    if replicas.is_empty() {
+        return "none".to_string();
+    }
+    replicas
+        .iter()
+        .map(|(name, current)| {
+            format!(
+                "{name} ({})",
+                if *current { "current" } else { "not current" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where the stream and its consumer are, once `place_leaders` is done.
+struct Placement {
+    stream_leader: String,
+    consumer_leader: String,
+    num_replicas: u64,
+    replicas: Vec<(String, bool)>,
+    /// The leaders moved here: (what, from).
+    moved: Vec<(&'static str, String)>,
+}
+
+impl Placement {
+    /// The report line on stderr (benches/nats.sh reads it: keep its `key=value` words).
+    fn report(&self, stream: &str, here: &str, version: &str) -> String {
+        let moved = if self.moved.is_empty() {
+            "none".to_string()
+        } else {
+            self.moved
+                .iter()
+                .map(|(what, from)| format!("{what}:{from}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let replicas = self
+            .replicas
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "nats: stream {stream} num_replicas={} stream_leader={} replicas={} consumer {CONSUMER} \
+             consumer_leader={} connected_to={here} moved_from={moved} (followers: {}; nats-server {version})",
+            self.num_replicas,
+            self.stream_leader,
+            if replicas.is_empty() { "-" } else { &replicas },
+            self.consumer_leader,
+            describe_replicas(&self.replicas),
+        )
+    }
+}
+
+/// Asks the leader of `what` (`subject`: its `$JS.API....LEADER.STEPDOWN...`) to hand over to `here`.
+fn step_down_to(b: &mut Blocking, what: &str, subject: &str, here: &str) -> Result<(), String> {
+    let body = serde_json::json!({ "placement": { "preferred": here } }).to_string();
+    // 400: inspected below (a server without placement in its stepdown refuses any body as a bad request).
+    let reply = b.api(subject, &body, Duration::from_secs(5), &[400])?;
+    match reply.get("error") {
+        None => Ok(()),
+        Some(e) if e["err_code"].as_u64() == Some(10003) => Err(format!(
+            "{subject}: {e}: nats-server {} refuses a leader stepdown with a placement (placement.preferred is \
+             not supported: nats-server 2.11 or later has it), so the {what} leader cannot be moved to {here}",
+            b.version
+        )),
+        Some(e) => Err(format!("{subject} (to move the {what} leader to {here}): {e}")),
+    }
+}
+
+/// Moves the stream's leader and its consumer's leader to the server `b` is connected to (the bench sends all its
+/// load there, as berth's bench sends to a partition's leader) and waits until both are there and the stream's
+/// followers are current; fails otherwise, or when the stream does not have `replicas` replicas.
+fn place_leaders(b: &mut Blocking, setup: &Setup<'_>) -> Result<Placement, String> {
+    let stream = setup.stream;
+    let here = b.server_name.clone();
+    if here.is_empty() {
+        return Err(format!(
+            "nats-server at {}: no server_name in its INFO line",
+            b.addr
+        ));
+    }
+    let stream_info = format!("$JS.API.STREAM.INFO.{stream}");
+    let consumer_info = format!("$JS.API.CONSUMER.INFO.{stream}.{CONSUMER}");
+    let deadline = Instant::now() + PLACEMENT_PATIENCE;
+    let mut moved = Vec::new();
+    let mut asked: [Option<Instant>; 2] = [None, None];
+    loop {
+        let patience = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1));
+        let s = b.api(&stream_info, "", patience, &[])?;
+        let c = b.api(&consumer_info, "", patience, &[])?;
+        let num_replicas = s["config"]["num_replicas"].as_u64().unwrap_or(0);
+        if num_replicas != setup.replicas as u64 {
+            return Err(format!(
+                "stream {stream}: num_replicas {num_replicas}, not the {} asked for",
+                setup.replicas
+            ));
+        }
+        let replicas = replicas_of(&s);
+        let placed = Placement {
+            stream_leader: leader_of(&s).to_string(),
+            consumer_leader: leader_of(&c).to_string(),
+            num_replicas,
+            replicas,
+            moved: moved.clone(),
+        };
+        if !b.clustered {
+            // One server: everything is on it.
+            return Ok(Placement {
+                stream_leader: here.clone(),
+                consumer_leader: here,
+                ..placed
+            });
+        }
+        let peers: Vec<&str> = std::iter::once(placed.stream_leader.as_str())
+            .chain(placed.replicas.iter().map(|(name, _)| name.as_str()))
+            .collect();
+        let all_known =
+            !placed.stream_leader.is_empty() && placed.replicas.len() + 1 == setup.replicas;
+        if all_known && !peers.contains(&here.as_str()) {
+            return Err(format!(
+                "stream {stream} (R = {}) is on {}, not on {here}, the server the bench is connected to: its \
+                 leader cannot move there (use --nats-replicas as large as the cluster, or connect to one of them)",
+                setup.replicas,
+                peers.join(", ")
+            ));
+        }
+        let current = all_known && placed.replicas.iter().all(|(_, current)| *current);
+        if placed.stream_leader == here && placed.consumer_leader == here && current {
+            return Ok(placed);
+        }
+        if Instant::now() >= deadline {
+            let unsupported = if moved.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; leader stepdowns preferring {here} were asked for ({}) but did not put the leaders there: \
+                     does nats-server {} honor placement.preferred (2.11 and later do)?",
+                    moved
+                        .iter()
+                        .map(|(what, from)| format!("{what} from {from}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    b.version
+                )
+            };
+            return Err(format!(
+                "stream {stream} and consumer {CONSUMER} not led by {here} (the server the bench is connected to) \
+                 with current followers after {} s: stream leader {:?}, followers {}, consumer leader {:?}{unsupported}",
+                PLACEMENT_PATIENCE.as_secs(),
+                placed.stream_leader,
+                describe_replicas(&placed.replicas),
+                placed.consumer_leader,
+            ));
+        }
+        let due = |at: Option<Instant>| at.is_none_or(|t| t.elapsed() >= STEPDOWN_AGAIN);
+        if !placed.stream_leader.is_empty() && placed.stream_leader != here && due(asked[0]) {
+            step_down_to(
+                b,
+                "stream",
+                &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                &here,
+            )?;
+            moved.push(("stream", placed.stream_leader.clone()));
+            asked[0] = Some(Instant::now());
+        }
+        if !placed.consumer_leader.is_empty() && placed.consumer_leader != here && due(asked[1]) {
+            step_down_to(
+                b,
+                "consumer",
+                &format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{CONSUMER}"),
+                &here,
+            )?;
+            moved.push(("consumer", placed.consumer_leader.clone()));
+            asked[1] = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Creates the bench's stream (deleting one of its name first) and its durable pull consumer, moves both leaders to
+/// the server at `addr` (the one the load goes to) and checks the stream's replicas; says on stderr where they are.
 pub fn create_stream(addr: SocketAddr, setup: &Setup<'_>) -> Result<(), String> {
     let mut b = Blocking::connect(addr)?;
     let stream = setup.stream;
@@ -826,7 +1076,7 @@ pub fn create_stream(addr: SocketAddr, setup: &Setup<'_>) -> Result<(), String> 
         "num_replicas": setup.replicas,
         "retention": "workqueue",
     });
-    let created = b.api(
+    b.api(
         &format!("$JS.API.STREAM.CREATE.{stream}"),
         &config.to_string(),
         SETUP_PATIENCE,
@@ -842,24 +1092,14 @@ pub fn create_stream(addr: SocketAddr, setup: &Setup<'_>) -> Result<(), String> 
             "max_waiting": setup.max_waiting,
         },
     });
-    let consumer = b.api(
+    b.api(
         &format!("$JS.API.CONSUMER.CREATE.{stream}.{CONSUMER}"),
         &consumer.to_string(),
         SETUP_PATIENCE,
         &[],
     )?;
-    let leader = |v: &serde_json::Value| {
-        v["cluster"]["leader"]
-            .as_str()
-            .unwrap_or("(not clustered)")
-            .to_string()
-    };
-    eprintln!(
-        "nats: stream {stream} (R = {}) led by {}, consumer {CONSUMER} by {}",
-        setup.replicas,
-        leader(&created),
-        leader(&consumer)
-    );
+    let placed = place_leaders(&mut b, setup)?;
+    eprintln!("{}", placed.report(stream, &b.server_name, &b.version));
     Ok(())
 }
 
@@ -890,7 +1130,7 @@ mod tests {
             at += used;
         }
         assert_eq!(at, wire.len());
-        assert_eq!(frames[0], Frame::Info);
+        assert_eq!(frames[0], Frame::Info(b"{\"x\":1}"));
         assert_eq!(frames[1], Frame::Ping);
         assert_eq!(
             frames[2],
@@ -990,6 +1230,34 @@ mod tests {
         assert_eq!(refused.end.map(|e| e.0), Some(End::RequestsPending));
         assert!(!is_pub_ack(b"{\"error\":{\"code\":503}}"));
         assert!(x.on_frame(Frame::Err(b"'nope'"), inbox, 3).is_err());
+    }
+
+    #[test]
+    fn the_placement_report_has_what_nats_sh_checks() {
+        let info = serde_json::json!({
+            "config": {"num_replicas": 3},
+            "cluster": {"leader": "n1", "replicas": [
+                {"name": "n2", "current": true},
+                {"name": "n3", "current": false},
+            ]},
+        });
+        assert_eq!(leader_of(&info), "n1");
+        assert_eq!(leader_of(&serde_json::json!({})), "");
+        let replicas = replicas_of(&info);
+        assert_eq!(
+            describe_replicas(&replicas),
+            "n2 (current), n3 (not current)"
+        );
+        let placed = Placement {
+            stream_leader: "n1".into(),
+            consumer_leader: "n1".into(),
+            num_replicas: 3,
+            replicas,
+            moved: vec![("stream", "n3".into())],
+        };
+        let line = placed.report("s", "n1", "2.15.1");
+        assert!(line.starts_with("nats: stream s num_replicas=3 stream_leader=n1 replicas=n2,n3 "));
+        assert!(line.contains(" consumer_leader=n1 connected_to=n1 moved_from=stream:n3 "));
     }
 
     #[test]
