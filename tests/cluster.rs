@@ -2011,6 +2011,39 @@ fn a_wiped_follower_rejoining_a_running_leader_gets_its_groups_frontiers_before_
     stop_and_compare_segments(&mut c, "lf", leader, &[f2]);
 }
 
+/// A leader paused (SIGSTOP) past its node TTL, then continued: a follower is elected meanwhile and serves; the old
+/// leader wakes believing it leads at its old epoch, but a produce it takes then finds no follower that answers that
+/// epoch (each was fenced by the new leader's round), so it is never acknowledged there; the old leader follows the
+/// new one, every acknowledged record is served once, and the three logs end byte for byte the same.
+#[test]
+fn a_leader_paused_past_its_ttl_and_continued_follows_the_leader_elected_meanwhile() {
+    let _g = serial();
+    let Some((mut c, [leader, f1, f2], mut want)) = five_replicated("sigstop", "ss", false) else {
+        return;
+    };
+    c.pause(leader);
+    let paused = Instant::now();
+    let (acked, mut tried) = produce_until_ok(c.node(f1), "ss", "during");
+    eprintln!("a produce through a follower answered {:?} after the pause", paused.elapsed());
+    want.insert(acked);
+    let now = partitions(c.node(f2), "ss").remove(0);
+    let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));
+    assert_ne!(new_leader, leader, "{now}");
+    c.resume(leader);
+    // At once, through the old leader itself: answered only once it is on a majority of the new leadership.
+    let (acked, more) = produce_until_ok(c.node(leader), "ss", "resumed");
+    want.insert(acked);
+    tried.extend(more);
+    let got = once(&drain(c.node(leader), "ss", &want));
+    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
+    assert!(got.difference(&want).all(|b| tried.contains(b)), "{got:?}");
+    let now = partitions(c.node(f2), "ss").remove(0);
+    let current = c.index_of(now["leader"].as_str().expect("a leader"));
+    wait_replicated(c.node(current), "ss", 2);
+    let others: Vec<usize> = (0..3).filter(|&i| i != current).collect();
+    stop_and_compare_segments(&mut c, "ss", current, &others);
+}
+
 /// Disk loss of a leader: all three replicas down, the leader's data directory wiped, all three back. Still named
 /// leader (nobody was elected), it opens its replica as a learner, so it runs a fencing round, which hands the
 /// leadership to the greatest log; every acknowledged record is served, and the wiped replica ends with its new
