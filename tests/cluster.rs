@@ -2024,7 +2024,10 @@ fn a_leader_paused_past_its_ttl_and_continued_follows_the_leader_elected_meanwhi
     c.pause(leader);
     let paused = Instant::now();
     let (acked, mut tried) = produce_until_ok(c.node(f1), "ss", "during");
-    eprintln!("a produce through a follower answered {:?} after the pause", paused.elapsed());
+    eprintln!(
+        "a produce through a follower answered {:?} after the pause",
+        paused.elapsed()
+    );
     want.insert(acked);
     let now = partitions(c.node(f2), "ss").remove(0);
     let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));

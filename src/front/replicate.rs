@@ -487,12 +487,7 @@ impl Shipper {
 
     /// Records a follower's progress on the partition (`GET /topics/T`).
     fn report(&self, stream: &Stream, f: &Follower) {
-        let partition = self
-            .engine()
-            .topic(&stream.topic)
-            .ok()
-            .filter(|t| t.id() == stream.topic_id)
-            .and_then(|t| t.owned_partition(stream.partition));
+        let partition = self.led_partition(stream);
         if let Some(p) = partition {
             p.set_follower(FollowerInfo {
                 node: f.node,
@@ -523,13 +518,7 @@ impl Shipper {
         if f.owed.borrow().is_some() {
             return;
         }
-        let Some(partition) = self
-            .engine()
-            .topic(&stream.topic)
-            .ok()
-            .filter(|t| t.id() == stream.topic_id)
-            .and_then(|t| t.owned_partition(stream.partition))
-        else {
+        let Some(partition) = self.led_partition(stream) else {
             return;
         };
         let queue = f.frontiers.borrow().clone();
@@ -560,13 +549,7 @@ impl Shipper {
     /// A batch of the leader's log from `from` for a follower behind what the stream keeps (at most
     /// `CATCH_UP_BYTES`, ending where the kept batches start), or None when the log cannot give one.
     async fn catch_up_batch(&self, stream: &Stream, from: u64) -> CatchUp {
-        let Some(partition) = self
-            .engine()
-            .topic(&stream.topic)
-            .ok()
-            .filter(|t| t.id() == stream.topic_id)
-            .and_then(|t| t.owned_partition(stream.partition))
-        else {
+        let Some(partition) = self.led_partition(stream) else {
             return CatchUp::Never;
         };
         let until = stream
@@ -619,14 +602,18 @@ impl Shipper {
         }
     }
 
-    /// The topic still exists with this id, and this core still leads the partition.
-    fn still_leads(&self, stream: &Stream) -> bool {
+    /// The stream's partition, while its topic still exists with this id and this core leads it.
+    fn led_partition(&self, stream: &Stream) -> Option<Rc<crate::partition::Partition>> {
         self.engine()
             .topic(&stream.topic)
             .ok()
             .filter(|t| t.id() == stream.topic_id)
             .and_then(|t| t.owned_partition(stream.partition))
-            .is_some()
+    }
+
+    /// The topic still exists with this id, and this core still leads the partition.
+    fn still_leads(&self, stream: &Stream) -> bool {
+        self.led_partition(stream).is_some()
     }
 
     /// Where follower `node` holds its replica of the stream's partition.
@@ -1077,12 +1064,7 @@ async fn send(
     batch: Rc<Batch>,
     resend: bool,
 ) {
-    let partition = shipper
-        .engine()
-        .topic(&stream.topic)
-        .ok()
-        .filter(|t| t.id() == stream.topic_id)
-        .and_then(|t| t.owned_partition(stream.partition));
+    let partition = shipper.led_partition(&stream);
     let request = Request::Replicate(Replicate {
         topic: stream.topic.clone(),
         topic_id: stream.topic_id,
