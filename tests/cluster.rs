@@ -2047,6 +2047,60 @@ fn a_leader_paused_past_its_ttl_and_continued_follows_the_leader_elected_meanwhi
     stop_and_compare_segments(&mut c, "ss", current, &others);
 }
 
+/// A leader cut off from etcd only (network namespaces, a blackhole route to etcd's address in its namespace): its
+/// session expires, a follower is elected and fences it (the old leader still reaches its peers), and serves; a
+/// produce through the old leader meanwhile is never answered on its old leadership alone. Healed, it registers
+/// again and follows; every acknowledged record is served once, and the three logs end byte for byte the same.
+#[test]
+fn a_leader_cut_from_etcd_only_is_replaced_and_follows_once_healed() {
+    let _g = serial();
+    let Some((mut c, [leader, f1, f2], mut want)) = five_replicated("etcd_cut", "ec", true) else {
+        return;
+    };
+    c.net().block_etcd(leader);
+    let cut = Instant::now();
+    let old = c.node(leader).id.clone();
+    wait_for(
+        "a follower elected in the cut leader's place",
+        Duration::from_secs(20),
+        || {
+            let now = partitions(c.node(f2), "ec").remove(0);
+            if now["leader"].as_str().is_some_and(|l| l != old) {
+                Ok(())
+            } else {
+                Err(now.to_string())
+            }
+        },
+    );
+    let (acked, mut tried) = produce_until_ok(c.node(f1), "ec", "during");
+    eprintln!(
+        "a produce through a follower answered {:?} after the cut",
+        cut.elapsed()
+    );
+    want.insert(acked);
+    // Through the old leader while it is still cut: 200 only on the new leadership's majority.
+    for n in 0..5 {
+        let body = format!("cut-{n}");
+        tried.insert(body.clone());
+        let a = c.node(leader).post("/produce?topic=ec", body.as_bytes());
+        if a.status == 200 {
+            want.insert(body);
+        }
+    }
+    c.net().unblock_etcd(leader);
+    let (acked, more) = produce_until_ok(c.node(leader), "ec", "healed");
+    want.insert(acked);
+    tried.extend(more);
+    let got = once(&drain(c.node(f2), "ec", &want));
+    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
+    assert!(got.difference(&want).all(|b| tried.contains(b)), "{got:?}");
+    let now = partitions(c.node(f2), "ec").remove(0);
+    let current = c.index_of(now["leader"].as_str().expect("a leader"));
+    wait_replicated(c.node(current), "ec", 2);
+    let others: Vec<usize> = (0..3).filter(|&i| i != current).collect();
+    stop_and_compare_segments(&mut c, "ec", current, &others);
+}
+
 /// Disk loss of a leader: all three replicas down, the leader's data directory wiped, all three back. Still named
 /// leader (nobody was elected), it opens its replica as a learner, so it runs a fencing round, which hands the
 /// leadership to the greatest log; every acknowledged record is served, and the wiped replica ends with its new

@@ -213,8 +213,9 @@ pub struct Slot {
     pub ip: String,
 }
 
-/// A bridge in this namespace with an address (`gateway`), and one network namespace per node joined to it by a
-/// veth pair: the nodes reach each other and etcd (listening on the gateway) over the bridge, the test reaches
+/// A bridge in this namespace with two addresses (`gateway`, and `etcd_ip`, where the nodes reach etcd), and one
+/// network namespace per node joined to it by a veth pair: the nodes reach each other and etcd over the bridge, the
+/// test reaches
 /// every node at its address, and [`Net::cut`] takes one node's link down (nothing in or out) until
 /// [`Net::heal`]. Names carry this process's pid (`berth-<pid>-<seq>-<i>`, `bb<pid hex>g<seq hex>`), so leftovers
 /// of a killed test binary are recognised and swept.
@@ -223,6 +224,9 @@ pub struct Net {
     /// The first three octets of the /24 (`10.x.y`).
     pub subnet: String,
     pub gateway: String,
+    /// A second address of the bridge, on which etcd listens for the nodes ([`Net::block_etcd`] cuts one node off
+    /// it alone).
+    pub etcd_ip: String,
     tag: String,
     pub slots: Vec<Slot>,
 }
@@ -295,6 +299,7 @@ impl Net {
             h = h.wrapping_add(1);
         };
         let gateway = format!("{subnet}.1");
+        let etcd_ip = format!("{subnet}.2");
         ip(&[
             "link",
             "add",
@@ -309,6 +314,7 @@ impl Net {
             bridge,
             subnet,
             gateway,
+            etcd_ip,
             tag,
             slots: Vec::new(),
         };
@@ -316,6 +322,13 @@ impl Net {
             "addr",
             "add",
             &format!("{}/24", net.gateway),
+            "dev",
+            &net.bridge,
+        ])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", net.etcd_ip),
             "dev",
             &net.bridge,
         ])?;
@@ -383,6 +396,19 @@ impl Net {
             ])
             .unwrap();
         }
+    }
+
+    /// Cuts namespace `i` off etcd only (a blackhole route to `etcd_ip`): it still reaches every node, and the test
+    /// reaches it.
+    pub fn block_etcd(&self, i: usize) {
+        let dst = format!("{}/32", self.etcd_ip);
+        ip(&["-n", &self.slots[i].ns, "route", "add", "blackhole", &dst]).unwrap();
+    }
+
+    /// Undoes [`Net::block_etcd`].
+    pub fn unblock_etcd(&self, i: usize) {
+        let dst = format!("{}/32", self.etcd_ip);
+        ip(&["-n", &self.slots[i].ns, "route", "del", "blackhole", &dst]).unwrap();
     }
 
     /// Undoes [`Net::block`].
@@ -689,7 +715,10 @@ impl Cluster {
         } else {
             None
         };
-        let extra_ips: Vec<String> = net.iter().map(|n| n.gateway.clone()).collect();
+        let extra_ips: Vec<String> = net
+            .iter()
+            .flat_map(|n| [n.gateway.clone(), n.etcd_ip.clone()])
+            .collect();
         let etcd = Etcd::start_on(test, &extra_ips)?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("berth-cluster-{test}-"))
@@ -736,7 +765,7 @@ impl Cluster {
                 (
                     slot.ip.clone(),
                     Some(slot.ns.clone()),
-                    self.etcd.url_on(&net.gateway),
+                    self.etcd.url_on(&net.etcd_ip),
                 )
             }
             None => ("127.0.0.1".to_string(), None, self.etcd.url.clone()),
