@@ -1911,6 +1911,27 @@ fn an_old_leaders_unacknowledged_tail_is_cut_when_it_returns_as_a_follower() {
     stop_and_compare_segments(&mut c, "tr", new_leader, &others);
 }
 
+/// Drains `topic` through `node` and checks what came: every body of `want` (acknowledged) once, and beside them only
+/// bodies of `tried` (produces not answered 200, which may have been written).
+fn assert_served(node: &Node, topic: &str, want: &HashSet<String>, tried: &HashSet<String>) {
+    let got = once(&drain(node, topic, want));
+    assert!(got.is_superset(want), "{got:?} lacks some of {want:?}");
+    assert!(
+        got.difference(want).all(|b| tried.contains(b)),
+        "only tries not answered 200 beside them: {got:?}"
+    );
+}
+
+/// Partition 0 of `topic`'s leader as node `via` names it: once its followers have its log, every node is stopped
+/// and their segments compared with the leader's, byte for byte.
+fn assert_logs_are_the_leaders(c: &mut Cluster, topic: &str, via: usize) {
+    let now = partitions(c.node(via), topic).remove(0);
+    let current = c.index_of(now["leader"].as_str().expect("a leader"));
+    wait_replicated(c.node(current), topic, 2);
+    let others: Vec<usize> = (0..3).filter(|&i| i != current).collect();
+    stop_and_compare_segments(c, topic, current, &others);
+}
+
 /// Waits (20 s at most) until node `i` has opened partition 0 of `topic` as a learner.
 fn wait_learner(c: &Cluster, i: usize, topic: &str) {
     wait_for(
@@ -2037,14 +2058,8 @@ fn a_leader_paused_past_its_ttl_and_continued_follows_the_leader_elected_meanwhi
     let (acked, more) = produce_until_ok(c.node(leader), "ss", "resumed");
     want.insert(acked);
     tried.extend(more);
-    let got = once(&drain(c.node(leader), "ss", &want));
-    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
-    assert!(got.difference(&want).all(|b| tried.contains(b)), "{got:?}");
-    let now = partitions(c.node(f2), "ss").remove(0);
-    let current = c.index_of(now["leader"].as_str().expect("a leader"));
-    wait_replicated(c.node(current), "ss", 2);
-    let others: Vec<usize> = (0..3).filter(|&i| i != current).collect();
-    stop_and_compare_segments(&mut c, "ss", current, &others);
+    assert_served(c.node(leader), "ss", &want, &tried);
+    assert_logs_are_the_leaders(&mut c, "ss", f2);
 }
 
 /// A leader cut off from etcd only (network namespaces, a blackhole route to etcd's address in its namespace): its
@@ -2091,14 +2106,8 @@ fn a_leader_cut_from_etcd_only_is_replaced_and_follows_once_healed() {
     let (acked, more) = produce_until_ok(c.node(leader), "ec", "healed");
     want.insert(acked);
     tried.extend(more);
-    let got = once(&drain(c.node(f2), "ec", &want));
-    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
-    assert!(got.difference(&want).all(|b| tried.contains(b)), "{got:?}");
-    let now = partitions(c.node(f2), "ec").remove(0);
-    let current = c.index_of(now["leader"].as_str().expect("a leader"));
-    wait_replicated(c.node(current), "ec", 2);
-    let others: Vec<usize> = (0..3).filter(|&i| i != current).collect();
-    stop_and_compare_segments(&mut c, "ec", current, &others);
+    assert_served(c.node(f2), "ec", &want, &tried);
+    assert_logs_are_the_leaders(&mut c, "ec", f2);
 }
 
 /// Disk loss of a leader: all three replicas down, the leader's data directory wiped, all three back. Still named
@@ -2131,14 +2140,9 @@ fn a_leader_back_on_a_wiped_disk_hands_its_leadership_to_the_greatest_log() {
     );
     let mut want = want;
     want.insert(acked);
-    let got = once(&drain(c.node(leader), "ll", &want));
-    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
-    assert!(got.difference(&want).all(|b| tried.contains(b)), "{got:?}");
+    assert_served(c.node(leader), "ll", &want, &tried);
     // The wiped replica ends with its new leader's log, byte for byte.
-    let now = c.index_of(now["leader"].as_str().expect("a leader"));
-    wait_replicated(c.node(now), "ll", 2);
-    let others: Vec<usize> = (0..3).filter(|&i| i != now).collect();
-    stop_and_compare_segments(&mut c, "ll", now, &others);
+    assert_logs_are_the_leaders(&mut c, "ll", leader);
 }
 
 /// Disk loss: a follower whose data directory is wiped comes back as a learner (`replica.learner`). While it is one, a
@@ -2208,12 +2212,7 @@ fn a_follower_on_a_wiped_disk_is_a_learner_until_caught_up_and_then_can_lead() {
         Some(c.node(f2).id.as_str()),
         "{now}"
     );
-    let got = once(&drain(c.node(f2), "ln", &want));
-    assert!(got.is_superset(&want), "{got:?} lacks some of {want:?}");
-    assert!(
-        got.difference(&want).all(|b| tried.contains(b)),
-        "only tries not answered 200 beside them: {got:?}"
-    );
+    assert_served(c.node(f2), "ln", &want, &tried);
     let others: Vec<usize> = (0..3).filter(|&i| i != f2).collect();
     stop_and_compare_segments(&mut c, "ln", f2, &others);
 }

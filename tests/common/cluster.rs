@@ -384,47 +384,31 @@ impl Net {
     /// Cuts namespaces `i` and `j` off each other only (a blackhole route to the other's address in each): both
     /// still reach etcd, the test and every other node.
     pub fn block(&self, i: usize, j: usize) {
-        for (from, to) in [(i, j), (j, i)] {
-            let dst = format!("{}/32", self.slots[to].ip);
-            ip(&[
-                "-n",
-                &self.slots[from].ns,
-                "route",
-                "add",
-                "blackhole",
-                &dst,
-            ])
-            .unwrap();
-        }
+        self.blackhole("add", i, &self.slots[j].ip);
+        self.blackhole("add", j, &self.slots[i].ip);
     }
 
     /// Cuts namespace `i` off etcd only (a blackhole route to `etcd_ip`): it still reaches every node, and the test
     /// reaches it.
     pub fn block_etcd(&self, i: usize) {
-        let dst = format!("{}/32", self.etcd_ip);
-        ip(&["-n", &self.slots[i].ns, "route", "add", "blackhole", &dst]).unwrap();
+        self.blackhole("add", i, &self.etcd_ip);
     }
 
     /// Undoes [`Net::block_etcd`].
     pub fn unblock_etcd(&self, i: usize) {
-        let dst = format!("{}/32", self.etcd_ip);
-        ip(&["-n", &self.slots[i].ns, "route", "del", "blackhole", &dst]).unwrap();
+        self.blackhole("del", i, &self.etcd_ip);
     }
 
     /// Undoes [`Net::block`].
     pub fn unblock(&self, i: usize, j: usize) {
-        for (from, to) in [(i, j), (j, i)] {
-            let dst = format!("{}/32", self.slots[to].ip);
-            ip(&[
-                "-n",
-                &self.slots[from].ns,
-                "route",
-                "del",
-                "blackhole",
-                &dst,
-            ])
-            .unwrap();
-        }
+        self.blackhole("del", i, &self.slots[j].ip);
+        self.blackhole("del", j, &self.slots[i].ip);
+    }
+
+    /// `op` ("add" or "del") a blackhole route to `ip` in namespace `i`.
+    fn blackhole(&self, op: &str, i: usize, ip_addr: &str) {
+        let dst = format!("{ip_addr}/32");
+        ip(&["-n", &self.slots[i].ns, "route", op, "blackhole", &dst]).unwrap();
     }
 }
 
