@@ -56,73 +56,13 @@ client_cpu=$((ncpu - 1))
 node_cpu() {  # node_cpu I: the CPU of node I (1-based)
   if ((ncpu >= nodes + 1)); then echo $(($1 - 1)); else echo 0; fi
 }
-pin() {  # $(pin CPU) COMMAND...: a taskset prefix when there is taskset (it execs: $! stays the command's pid)
-  if command -v taskset >/dev/null; then echo "taskset -c $1"; fi
-}
 etcd_port=${BERTH_BENCH_ETCD_PORT:-23790}
 base=${BERTH_BENCH_PORT_BASE:-17470}
-etcd_url=http://127.0.0.1:$etcd_port
 tmp=$(mktemp -d /tmp/berth-cluster-bench.XXXXXX)
-pids=()
-cleanup() {
-  local pid status=$?
-  if ((status != 0)); then  # keep the logs of a failed run
-    mkdir -p "$out/logs-failed" && cp "$tmp"/*.log "$out/logs-failed/" 2>/dev/null || true
-  fi
-  # Nodes first (a clean stop revokes their etcd leases), etcd last.
-  for ((k = ${#pids[@]} - 1; k >= 0; k--)); do
-    pid=${pids[k]}
-    kill -TERM "$pid" 2>/dev/null || continue
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-wait_up() {  # wait_up URL SECONDS PID [curl args]: until curl URL succeeds; fails if PID is gone
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    curl -fs -o /dev/null --max-time 1 "${@:4}" "$1" && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-
-$(pin "$client_cpu") "$etcd_bin" --name=berth-bench --data-dir="$tmp/etcd" \
-  --listen-client-urls="$etcd_url" --advertise-client-urls="$etcd_url" \
-  --listen-peer-urls=http://127.0.0.1:$((etcd_port + 1)) \
-  --initial-advertise-peer-urls=http://127.0.0.1:$((etcd_port + 1)) \
-  --initial-cluster=berth-bench=http://127.0.0.1:$((etcd_port + 1)) >"$tmp/etcd.log" 2>&1 &
-etcd_pid=$!
-pids+=("$etcd_pid")
-wait_up "$etcd_url/v3/kv/range" 20 "$etcd_pid" -X POST -d '{"key":"AA=="}' ||
-  { tail -20 "$tmp/etcd.log" >&2; die "etcd did not come up (port $etcd_port taken?)"; }
-
-urls=()
-node_pids=()
-for i in $(seq "$nodes"); do
-  cpu=$(node_cpu "$i")
-  BERTH_LOG=info NO_COLOR=1 $(pin "$cpu") "$berth" serve --listen 127.0.0.1:$((base + i)) --data-dir "$tmp/n$i" \
-    --cores 1 --cpus "$cpu" --fsync never --cluster "$etcd_url" --cluster-name bench --node-id "n$i" \
-    --advertise 127.0.0.1:$((base + i)) --peer-listen 127.0.0.1:$((base + 100 + i)) >"$tmp/n$i.log" 2>&1 &
-  pids+=($!)
-  node_pids+=($!)
-  urls+=("http://127.0.0.1:$((base + i))")
-done
-for i in $(seq "$nodes"); do
-  wait_up "${urls[i - 1]}/health" 30 "${node_pids[i - 1]}" ||
-    { tail -20 "$tmp/n$i.log" >&2; die "node n$i did not become healthy"; }
-done
-alive() {  # alive URL: how many nodes URL's /cluster shows alive
-  curl -fs "$1/cluster" | python3 -c 'import json,sys; print(sum(n["alive"] for n in json.load(sys.stdin)["nodes"]))'
-}
-for u in "${urls[@]}"; do
-  for _ in $(seq 100); do [[ $(alive "$u" 2>/dev/null || echo 0) == "$nodes" ]] && break; sleep 0.1; done
-  [[ $(alive "$u") == "$nodes" ]] || die "$u does not see $nodes live nodes"
-done
-all_pids=$(IFS=,; echo "${node_pids[*]}")
+# pin, wait_up, the EXIT trap, start_etcd, start_berth_nodes
+source benches/lib/common.sh
+start_etcd "$etcd_bin" "$etcd_port" "$client_cpu"
+start_berth_nodes "$nodes" "$base" node_cpu --fsync never
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"

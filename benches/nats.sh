@@ -53,27 +53,10 @@ replicas=3
 ncpu=$(nproc)
 client_cpu=$((ncpu - 1))
 node_cpu=0
-pin() { if command -v taskset >/dev/null; then echo "taskset -c $1"; fi; }
 base=${NATS_BENCH_PORT_BASE:-24220}
 tmp=$(mktemp -d /tmp/berth-nats-bench.XXXXXX)
-pids=()
-stop() {  # stop PID...: TERM, then KILL after 10 s
-  local pid
-  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "$@"; do
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-}
-cleanup() {
-  local status=$?
-  if ((status != 0)); then
-    mkdir -p "$out/logs-failed" && cp "$tmp"/*.log "$tmp"/*.err "$out/logs-failed/" 2>/dev/null || true
-  fi
-  ((${#pids[@]} == 0)) || stop "${pids[@]}"
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# pin, stop_pids, the EXIT trap (it stops what is in pids)
+source benches/lib/common.sh
 
 routes=$(for i in $(seq "$nodes"); do echo "nats-route://127.0.0.1:$((base + 100 + i))"; done | paste -sd, -)
 
@@ -101,13 +84,7 @@ start_cluster() {  # start_cluster SYNC ROUND: SYNC default | always; sets pids 
     pids+=($!)
   done
   for i in $(seq "$nodes"); do
-    local up=0
-    for _ in $(seq 300); do
-      if curl -fs -o /dev/null --max-time 1 "http://127.0.0.1:$((base + 200 + i))/healthz"; then up=1; break; fi
-      kill -0 "${pids[i - 1]}" 2>/dev/null || break
-      sleep 0.1
-    done
-    ((up)) || { tail -20 "$tmp/$run-n$i.log" >&2; die "nats-server n$i ($sync sync) not healthy (port $((base + i)) taken?)"; }
+    wait_up "http://127.0.0.1:$((base + 200 + i))/healthz" 30 "${pids[i - 1]}" || { tail -20 "$tmp/$run-n$i.log" >&2; die "nats-server n$i ($sync sync) not healthy (port $((base + i)) taken?)"; }
   done
   all_pids=$(IFS=,; echo "${pids[*]}")
   # What each server made of the jetstream block: sync_always must be true with sync_interval: always, and not
@@ -173,7 +150,7 @@ for r in $(seq "$repeat"); do
     for workload in produce cycle; do
       bench "$workload-$sync-round$r" --workload "$workload"
     done
-    stop "${pids[@]}"
+    stop_pids "${pids[@]}"
     pids=()
     rm -rf "$tmp/round$r-$sync-n"[0-9]*/
   done
