@@ -15,7 +15,8 @@
 # the temp dir's path are kept, default /tmp/berth-cluster.state), BERTH_CLUSTER_KEEP=1 (stop keeps the data),
 # BERTH_ETCD_PORT (default 2379; etcd's peer port is the next one), BERTH_PORT_BASE (default 7070: node i
 # serves clients on BASE+i and node RPC on BASE+100+i), BERTH_SERVE_ARGS (more `berth serve` options for every
-# node, e.g. --replication-preview).
+# node, e.g. --replication-preview), BERTH_NODES (how many nodes `start` runs, 1 to 9, default 3; the other
+# commands use the running cluster's count).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +25,10 @@ ETCD=${ETCD_BIN:-$(command -v etcd || true)}
 CORES=${BERTH_CORES:-1}
 NAME=${BERTH_CLUSTER_NAME:-default}
 STATE=${BERTH_CLUSTER_STATE:-/tmp/berth-cluster.state}
-NODES=(1 2 3)
+# The node count: BERTH_NODES, else the one the running cluster was started with, else 3.
+COUNT=${BERTH_NODES:-$(cat "$STATE/nodes" 2>/dev/null || echo 3)}
+[[ $COUNT =~ ^[1-9]$ ]] || { echo "cluster.sh: BERTH_NODES must be 1 to 9, not '$COUNT'" >&2; exit 2; }
+mapfile -t NODES < <(seq 1 "$COUNT")
 ETCD_PORT=${BERTH_ETCD_PORT:-2379}
 BASE=${BERTH_PORT_BASE:-7070}
 EXTRA_ARGS=${BERTH_SERVE_ARGS:-}
@@ -92,6 +96,7 @@ start() {
   local dir
   dir=$(mktemp -d /tmp/berth-cluster.XXXXXX)
   echo "$dir" >"$STATE/dir"
+  echo "$COUNT" >"$STATE/nodes"
 
   "$ETCD" --name=berth-dev --data-dir="$dir/etcd" \
     --listen-client-urls=$ETCD_URL --advertise-client-urls=$ETCD_URL \

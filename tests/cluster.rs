@@ -2217,6 +2217,255 @@ fn a_follower_on_a_wiped_disk_is_a_learner_until_caught_up_and_then_can_lead() {
     stop_and_compare_segments(&mut c, "ln", f2, &others);
 }
 
+/// Three replicas of one partition on four nodes, with five records acknowledged: the cluster, the topic's
+/// replicas in order (the leader first) and the node that holds none.
+fn four_nodes_three_replicas(
+    name: &str,
+    topic: &str,
+) -> Option<(Cluster, Vec<usize>, usize, HashSet<String>)> {
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "500".into(),
+        ],
+        ..Opts::short_ttl()
+    };
+    let c = Cluster::start_with(name, 4, opts)?;
+    let a = c
+        .node(0)
+        .put(&format!("/topics/{topic}?partitions=1&replicas=3"));
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), topic).remove(0);
+    let replicas = replica_indices(&c, &p);
+    let spare = (0..4)
+        .find(|i| !replicas.contains(i))
+        .expect("a node without a replica");
+    let mut want = HashSet::new();
+    for i in 0..5 {
+        let body = format!("m{i}");
+        assert_eq!(produce(c.node(replicas[0]), topic, "", &body).1, i);
+        want.insert(body);
+    }
+    wait_replicated(c.node(replicas[0]), topic, 2);
+    Some((c, replicas, spare, want))
+}
+
+/// Node `id`'s entry in `GET /cluster` through node `via`.
+fn cluster_entry(c: &Cluster, via: usize, id: &str) -> serde_json::Value {
+    let a = c.node(via).get("/cluster");
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == id)
+        .unwrap_or_else(|| panic!("{id} in {}", a.text()))
+        .clone()
+}
+
+/// Produces through node `via` until partition 0 of `topic` is on three replicas, none of them `gone`, its followers
+/// at the leader's end and none a learner, and `GET /cluster` shows `gone` drained; every body answered `200` goes
+/// into `want`, every one tried into `tried`. Returns the replicas, the leader first, and how long it took.
+fn produce_until_moved_off(
+    c: &Cluster,
+    via: usize,
+    topic: &str,
+    gone: usize,
+    want: &mut HashSet<String>,
+    tried: &mut HashSet<String>,
+) -> (Vec<usize>, Duration) {
+    let started = Instant::now();
+    let replicas = wait_for(
+        &format!("{}'s replicas moved to other nodes", c.node(gone).id),
+        Duration::from_secs(60),
+        || {
+            let body = format!("during-{}", tried.len());
+            tried.insert(body.clone());
+            if let Ok(a) =
+                c.node(via)
+                    .call("POST", &format!("/produce?topic={topic}"), body.as_bytes())
+            {
+                if a.status == 200 {
+                    want.insert(body);
+                }
+            }
+            std::thread::sleep(ms(50));
+            let entry = cluster_entry(c, via, &c.node(gone).id);
+            let p = partitions(c.node(via), topic).remove(0);
+            let replicas = replica_indices(c, &p);
+            let leader = c.index_of(p["leader"].as_str().unwrap_or("?"));
+            let lp = partitions(c.node(leader), topic).remove(0);
+            let followers = lp["followers"].as_array().cloned().unwrap_or_default();
+            let caught_up = followers.len() == 2
+                && followers.iter().all(|f| {
+                    f["learner"] == false
+                        && f["lagging"] == false
+                        && f["end_offset"] == lp["end_offset"]
+                });
+            if entry["drained"] == true
+                && replicas.len() == 3
+                && !replicas.contains(&gone)
+                && caught_up
+            {
+                let mut ordered = vec![leader];
+                ordered.extend(replicas.iter().copied().filter(|&r| r != leader));
+                Ok(ordered)
+            } else {
+                Err(format!("{entry} {lp}"))
+            }
+        },
+    );
+    (replicas, started.elapsed())
+}
+
+/// Drain (`POST /cluster/nodes/ID/drain`, `docs/replication.md` step 5) of the node that leads a partition of three
+/// replicas, under produces: the leadership goes to an in-sync follower, a replica is added on the fourth node (a
+/// learner until caught up and promoted), and the drained node's replica is removed, one change at a time, each at
+/// a new epoch; the drained node ends holding nothing (its directory trashed), every acknowledged record is served
+/// once, and the three replicas' logs are the same bytes.
+#[test]
+fn a_drained_leader_hands_its_partition_to_other_nodes_one_replica_at_a_time_under_load() {
+    let _g = serial();
+    let Some((mut c, replicas, spare, mut want)) = four_nodes_three_replicas("drain", "dr") else {
+        return;
+    };
+    let (leader, f1) = (replicas[0], replicas[1]);
+    let first_epoch = partitions(c.node(f1), "dr")[0]["epoch"].as_u64().unwrap();
+    let mut tried = want.clone();
+    let a = c
+        .node(f1)
+        .post(&format!("/cluster/nodes/{}/drain", c.node(leader).id), b"");
+    assert_eq!(a.status, 202, "{}", a.text());
+    assert_eq!(a.json()["draining"], true);
+    let (now, took) = produce_until_moved_off(&c, f1, "dr", leader, &mut want, &mut tried);
+    eprintln!(
+        "drained {} in {took:?}; replicas now {now:?}",
+        c.node(leader).id
+    );
+    assert!(
+        now.contains(&spare),
+        "the fourth node took a replica: {now:?}"
+    );
+    let entry = cluster_entry(&c, f1, &c.node(leader).id);
+    assert_eq!(
+        (entry["leads"].as_u64(), entry["follows"].as_u64()),
+        (Some(0), Some(0)),
+        "{entry}"
+    );
+    assert_eq!(entry["removed"], false);
+    let p = partitions(c.node(f1), "dr").remove(0);
+    assert!(p["epoch"].as_u64().unwrap() > first_epoch, "{p}");
+    wait_for(
+        "the drained node's replica trashed",
+        Duration::from_secs(10),
+        || {
+            let dir = c.node(leader).data_dir.join("topics/dr/0");
+            if dir.exists() {
+                Err(format!("{} still exists", dir.display()))
+            } else {
+                Ok(())
+            }
+        },
+    );
+    // A new topic is not placed on the drained node.
+    let a = c.node(f1).put("/topics/after?partitions=4&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    for p in partitions(c.node(f1), "after") {
+        assert!(!replica_indices(&c, &p).contains(&leader), "{p}");
+    }
+    // The drain ends: the node is listed as before (it gets replicas again only as partitions need them).
+    let a = c
+        .node(f1)
+        .call(
+            "DELETE",
+            &format!("/cluster/nodes/{}/drain", c.node(leader).id),
+            b"",
+        )
+        .expect("DELETE");
+    assert_eq!(a.status, 200, "{}", a.text());
+    wait_for(
+        "the drain ended in GET /cluster",
+        Duration::from_secs(10),
+        || {
+            let entry = cluster_entry(&c, f1, &c.node(leader).id);
+            if entry.get("draining").is_none() {
+                Ok(())
+            } else {
+                Err(entry.to_string())
+            }
+        },
+    );
+    assert_served(c.node(f1), "dr", &want, &tried);
+    let new_leader = now[0];
+    stop_and_compare_segments(&mut c, "dr", new_leader, &now[1..]);
+}
+
+/// Removal (`DELETE /cluster/nodes/ID`) of a follower gone for good: refused for a live node (`409 node_alive`) and
+/// an unknown one (`404 node_not_found`); for the dead one, its replica is removed first and one is added on the
+/// fourth node, caught up and promoted, so the partition is back at three in-sync replicas; the removed node may not
+/// come back under its id.
+#[test]
+fn a_removed_dead_follower_is_replaced_and_may_not_come_back() {
+    let _g = serial();
+    let Some((mut c, replicas, spare, mut want)) = four_nodes_three_replicas("remove", "rm") else {
+        return;
+    };
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let a = c
+        .node(leader)
+        .call("DELETE", &format!("/cluster/nodes/{}", c.node(f1).id), b"")
+        .expect("DELETE");
+    assert_eq!(
+        (a.status, a.json()["error"].clone()),
+        (409, serde_json::json!("node_alive")),
+        "{}",
+        a.text()
+    );
+    let a = c
+        .node(leader)
+        .call("DELETE", "/cluster/nodes/nobody", b"")
+        .expect("DELETE");
+    assert_eq!(
+        (a.status, a.json()["error"].clone()),
+        (404, serde_json::json!("node_not_found")),
+        "{}",
+        a.text()
+    );
+    c.kill9(f2);
+    let f2_id = c.node(f2).id.clone();
+    c.wait_alive(leader, &f2_id, false);
+    let a = c
+        .node(leader)
+        .call("DELETE", &format!("/cluster/nodes/{f2_id}"), b"")
+        .expect("DELETE");
+    assert_eq!(a.status, 202, "{}", a.text());
+    assert_eq!(a.json()["removed"], true);
+    let mut tried = want.clone();
+    let (now, took) = produce_until_moved_off(&c, leader, "rm", f2, &mut want, &mut tried);
+    eprintln!("replaced {f2_id} in {took:?}; replicas now {now:?}");
+    assert!(now.contains(&spare) && now.contains(&f1), "{now:?}");
+    assert_eq!(cluster_entry(&c, leader, &f2_id)["removed"], true);
+    let a = c
+        .node(leader)
+        .call("DELETE", &format!("/cluster/nodes/{f2_id}/drain"), b"")
+        .expect("DELETE");
+    assert_eq!(
+        (a.status, a.json()["error"].clone()),
+        (409, serde_json::json!("node_removed")),
+        "{}",
+        a.text()
+    );
+    let (acked, tries) = produce_until_ok(c.node(spare), "rm", "after");
+    want.insert(acked);
+    tried.extend(tries);
+    let log = c.start_refused(f2);
+    assert!(log.contains("was removed from the cluster"), "{log}");
+    assert_served(c.node(leader), "rm", &want, &tried);
+    let current = now[0];
+    stop_and_compare_segments(&mut c, "rm", current, &now[1..]);
+}
+
 /// CheckQuorum: a leader cut off from both its followers, not from etcd, keeps its session, so no follower is
 /// elected; once its records have waited for a majority long enough (`stuck_for`: 5 s here), it gives the
 /// leadership to a live follower, which runs its round with the other and serves every acknowledged record. Healed,

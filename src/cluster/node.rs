@@ -81,6 +81,8 @@ fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) 
                     follows: follows as u64,
                     cores: n.cores,
                     session: n.session,
+                    draining: n.drain.is_some(),
+                    removed: n.drain.is_some_and(|d| d.removed),
                 }
             })
             .collect(),
@@ -240,14 +242,48 @@ impl Metadata for EtcdMetadata {
             if state.epoch != r.epoch {
                 return Ok(());
             }
+            let replicas = if r.replicas.is_empty() {
+                &state.replicas
+            } else {
+                &r.replicas
+            };
             let moved = self
                 .meta
-                .set_partition(record, r.partition, r.epoch, &state.replicas, r.leader)
+                .set_partition(record, r.partition, r.epoch, replicas, r.leader)
                 .await?;
             if let Some(moved) = moved {
-                info!(topic = %r.topic, partition = r.partition, leader = r.leader, epoch = moved.epoch, "the partition's leadership was handed to a replica with a greater log");
+                info!(topic = %r.topic, partition = r.partition, leader = r.leader, replicas = ?moved.replicas, epoch = moved.epoch, "the partition's leadership or replica set moved");
             }
             Ok(())
+        })
+    }
+
+    fn drain_node(
+        &self,
+        id: String,
+        action: crate::engine::cluster::DrainAction,
+    ) -> LocalFuture<'_, EngineResult<()>> {
+        use crate::engine::cluster::DrainAction;
+        Box::pin(async move {
+            let removed = action == DrainAction::Remove;
+            if removed && self.replica.snapshot().node(&id).is_some_and(|n| n.alive) {
+                return Err(EngineError::NodeAlive(id));
+            }
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let done = if action == DrainAction::End {
+                self.meta.end_drain(&id).await?
+            } else {
+                self.meta.set_drain(&id, removed, now_ms).await?
+            };
+            match done {
+                Some(d) if d.removed && action != DrainAction::Remove => {
+                    Err(EngineError::NodeRemoved(id))
+                }
+                Some(_) => Ok(()),
+                None => Err(EngineError::NodeNotFound(id)),
+            }
         })
     }
 
@@ -408,6 +444,21 @@ pub async fn join(
             Ok(Some(_)) => Ok(()),
             Ok(None) => note_new_disk(&meta, &spec, &config.data_dir).await,
             Err(e) => return Err(format!("cannot read the data directory's joined file: {e}")),
+        };
+        // A node removed for good (`DELETE /cluster/nodes/ID`) does not come back under its id: its replicas were
+        // moved to other nodes.
+        let noted = match noted {
+            Ok(()) => match meta.drain_of(&spec.id).await {
+                Ok(Some(d)) if d.removed => {
+                    return Err(format!(
+                        "node '{}' was removed from the cluster (DELETE /cluster/nodes/{}): start it under a new --node-id, with an empty data directory",
+                        spec.id, spec.id
+                    ))
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
         };
         let registered = match noted {
             Ok(()) => meta.register(spec.clone()).await,

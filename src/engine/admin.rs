@@ -150,11 +150,15 @@ impl Engine {
                         .collect()
                 };
                 let epochs: Vec<u64> = states.iter().map(|s| s.epoch).collect();
+                let changed = (!states.is_empty()).then(|| states.clone());
                 if !states.is_empty() {
                     existing.set_states(states);
                 }
                 for (p, partition) in moves.follow {
                     partition.follow(epochs[p as usize]).await;
+                }
+                if let Some(states) = changed {
+                    self.change_members(&existing, &config, &states).await?;
                 }
                 for (p, partition, s) in &to_lead {
                     let wake = self.consumer_wake(&config.name, *p);
@@ -279,6 +283,65 @@ impl Engine {
         Ok(())
     }
 
+    /// A view of an open topic whose replica sets changed for this node (a drain, a removal: `front::mover`): this
+    /// core opens the follower replicas it gains, each as a learner on an empty directory (whatever an older
+    /// replica of this node left there goes to the trash first: a replica added to a set holds nothing until its
+    /// leader has caught it up and promoted it), and closes those it holds no more, their directories to the trash.
+    async fn change_members(
+        self: &Rc<Self>,
+        topic: &Rc<Topic>,
+        config: &TopicConfig,
+        states: &[PartitionState],
+    ) -> EngineResult<()> {
+        let (open, leave) = topic.membership(states, self.id as u32, self.cores);
+        if open.is_empty()
+            && leave.is_empty()
+            && *topic.all_followers() == *placement::followers(states)
+        {
+            return Ok(());
+        }
+        let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
+        let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
+        let mut opened = Vec::with_capacity(open.len());
+        let mut failed = None;
+        for p in open {
+            let partition_dir = dir.join(p.to_string());
+            if self.storage.list(&partition_dir).is_ok() {
+                if let Err(e) = self.trash(&partition_dir) {
+                    failed = Some(storage(e));
+                    break;
+                }
+            }
+            let epoch = states[p as usize].epoch;
+            match self.open_replica(config, p, false, Some(epoch)).await {
+                Ok(partition) => {
+                    info!(topic = %config.name, partition = p, epoch, "this node is a new replica of the partition: a learner until its leader has caught it up");
+                    opened.push((p, partition));
+                }
+                Err(e) => {
+                    failed = Some(storage(e));
+                    break;
+                }
+            }
+        }
+        for partition in topic.set_members(states, opened, &leave) {
+            partition.depose(u64::MAX);
+            partition.close_deleted().await;
+            let partition_dir = dir.join(partition.id.to_string());
+            info!(topic = %config.name, partition = partition.id, "this node is no longer a replica of the partition: its data goes to the trash");
+            if let Err(e) = self.trash(&partition_dir) {
+                warn!(topic = %config.name, partition = partition.id, error = %e, "cannot trash a replica this node no longer holds");
+            }
+        }
+        match failed {
+            Some(e) => {
+                error!(topic = %config.name, error = %e, "cannot open a replica this node was given");
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Opens partition `p` of a topic on this core: as its leader (`leads`: it serves consumers, wakes them as
     /// records arrive) or as a follower replica (its log takes what the leader ships; nothing is served from it).
     async fn open_partition(
@@ -286,6 +349,18 @@ impl Engine {
         config: &TopicConfig,
         p: u32,
         leads: bool,
+    ) -> std::io::Result<Rc<Partition>> {
+        self.open_replica(config, p, leads, None).await
+    }
+
+    /// `open_partition`, and with `added` (the epoch of the replica set that added this node) a learner if its
+    /// directory holds no log.
+    async fn open_replica(
+        self: &Rc<Self>,
+        config: &TopicConfig,
+        p: u32,
+        leads: bool,
+        added: Option<u64>,
     ) -> std::io::Result<Rc<Partition>> {
         let wake: crate::partition::Wake = if leads {
             self.consumer_wake(&config.name, p)
@@ -295,7 +370,9 @@ impl Engine {
         let dir = TopicConfig::dir(&self.config.data_dir, &config.name);
         // A replicated topic older than this node's disk (`storage::learner`): a replica opened from nothing is a
         // learner. (A small file read at each open: opens are rare, and the file is written once, at start.)
-        let learner_if_new = if config.replicas > 1 && self.clustered() {
+        let learner_if_new = if added.is_some() {
+            added
+        } else if config.replicas > 1 && self.clustered() {
             crate::storage::learner::read_joined(&self.config.data_dir)?
                 .filter(|&revision| config.id <= revision)
         } else {

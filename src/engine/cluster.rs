@@ -38,6 +38,12 @@ pub struct NodeEntry {
     /// leader asks it afresh where its replicas stand.
     #[serde(default)]
     pub session: i64,
+    /// Its replicas move to other nodes (`POST /cluster/nodes/ID/drain`), and (`removed`) it is gone for good
+    /// (`DELETE /cluster/nodes/ID`).
+    #[serde(default)]
+    pub draining: bool,
+    #[serde(default)]
+    pub removed: bool,
 }
 
 /// The cluster view a core holds, replaced whole by an admin step.
@@ -99,6 +105,20 @@ pub trait Metadata {
         &self,
         r: crate::ops::replicate::MoveLeader,
     ) -> LocalFuture<'_, EngineResult<()>>;
+    /// Marks node `id` drained, or removed for good (its replicas move to other nodes: `front::mover`), or ends its
+    /// drain. A removal is refused while the node holds a session, and is never ended.
+    fn drain_node(&self, id: String, action: DrainAction) -> LocalFuture<'_, EngineResult<()>>;
+}
+
+/// What `POST /cluster/nodes/ID/drain`, `DELETE /cluster/nodes/ID` and `DELETE /cluster/nodes/ID/drain` ask of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrainAction {
+    /// Its replicas move to other nodes; it takes no new ones.
+    Drain,
+    /// It is gone for good: as a drain, and it may not register again under its id.
+    Remove,
+    /// The drain ends: it takes replicas again (none move back by themselves).
+    End,
 }
 
 impl Engine {

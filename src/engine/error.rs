@@ -38,6 +38,12 @@ pub enum EngineError {
     Storage(String),
     /// The partition layer's error.
     Partition(PartitionError),
+    /// 404 node_not_found: no node of this id ever joined the cluster.
+    NodeNotFound(String),
+    /// 409 node_alive: `DELETE /cluster/nodes/ID` for a node that holds a session (drain it instead, or stop it).
+    NodeAlive(String),
+    /// 409 node_removed: the end of a drain asked for a node removed for good.
+    NodeRemoved(String),
 }
 
 impl std::fmt::Display for EngineError {
@@ -84,6 +90,15 @@ impl std::fmt::Display for EngineError {
             Self::Overloaded => write!(f, "a core's request channel is full; retry shortly"),
             Self::Storage(e) => write!(f, "storage error: {e}"),
             Self::Partition(e) => write!(f, "{e}"),
+            Self::NodeNotFound(id) => write!(f, "no node '{id}' ever joined the cluster"),
+            Self::NodeRemoved(id) => write!(
+                f,
+                "node '{id}' was removed from the cluster for good: its drain does not end"
+            ),
+            Self::NodeAlive(id) => write!(
+                f,
+                "node '{id}' is alive: a removal is for a node gone for good (stop it first, or drain it: POST /cluster/nodes/{id}/drain)"
+            ),
         }
     }
 }

@@ -25,6 +25,11 @@ pub struct PartitionState {
     pub replicas: Vec<NodeIndex>,
     pub leader: NodeIndex,
     pub epoch: u64,
+    /// The replicas the topic's creation gave the partition (empty: `replicas`, which a partition whose replica set
+    /// never changed has). A replica set changes when a node is drained or removed (`cluster::mover`); where a
+    /// node's replicas live on its cores is ranked over these, which never change, so a change of one partition's
+    /// replicas moves no other replica between cores (`replica_core`).
+    pub placed: Vec<NodeIndex>,
 }
 
 impl PartitionState {
@@ -36,6 +41,16 @@ impl PartitionState {
             replicas: vec![node],
             leader: node,
             epoch: topic_id,
+            placed: Vec::new(),
+        }
+    }
+
+    /// The replicas the topic's creation gave the partition.
+    pub fn placed(&self) -> &[NodeIndex] {
+        if self.placed.is_empty() {
+            &self.replicas
+        } else {
+            &self.placed
         }
     }
 }
@@ -65,12 +80,14 @@ pub fn followers(states: &[PartitionState]) -> Vec<Vec<NodeIndex>> {
 }
 
 /// The core of node `node` that holds its replica of partition `p`, leading or following (None: it holds none),
-/// given each partition's replica set and the node's core count: the partitions whose replicas include the node are
-/// ranked in partition order and the rank picks the core, so a node's replicas spread over its cores. It depends on
-/// the replica sets alone, never on which replica leads: a replica keeps its core (its log in that core's journal)
-/// through every change of leadership, and a follower that becomes leader serves where it followed. With one replica
-/// per partition (R = 1) it is the core a partition had before replication existed (its rank among the node's
-/// partitions). Every node computes it alike: a node to open its replicas, a leader to address its followers.
+/// given each partition's replica set and the node's core count: the partitions whose creation placed a replica on
+/// the node are ranked in partition order and the rank picks the core, so a node's replicas spread over its cores; a
+/// replica a later change of the replica set put on the node (a drain, a removal) is on the core its partition
+/// number picks. It never depends on which replica leads, nor on other partitions' changes of replicas: a replica
+/// keeps its core (its log in that core's journal) through every change of leadership, and a follower that becomes
+/// leader serves where it followed. With one replica per partition (R = 1) it is the core a partition had before
+/// replication existed (its rank among the node's partitions). Every node computes it alike: a node to open its
+/// replicas, a leader to address its followers.
 pub fn replica_core(
     topic: &str,
     states: &[PartitionState],
@@ -78,12 +95,16 @@ pub fn replica_core(
     p: u32,
     cores: usize,
 ) -> Option<u32> {
-    if !states.get(p as usize)?.replicas.contains(&node) {
+    let state = states.get(p as usize)?;
+    if !state.replicas.contains(&node) {
         return None;
+    }
+    if !state.placed().contains(&node) {
+        return Some(core_of(topic, p, cores.max(1)) as u32);
     }
     let rank = states[..p as usize]
         .iter()
-        .filter(|s| s.replicas.contains(&node))
+        .filter(|s| s.placed().contains(&node))
         .count() as u32;
     Some(core_of(topic, rank, cores.max(1)) as u32)
 }
@@ -121,6 +142,7 @@ mod tests {
 
     fn state(replicas: &[NodeIndex], leader: NodeIndex) -> PartitionState {
         PartitionState {
+            placed: Vec::new(),
             replicas: replicas.to_vec(),
             leader,
             epoch: 1,
@@ -172,6 +194,35 @@ mod tests {
                 replica_core("t", &states, l.node, p as u32, 4)
             );
         }
+    }
+
+    #[test]
+    fn a_change_of_one_partitions_replicas_moves_no_other_replica_between_cores() {
+        // Six partitions on nodes 0-2; partition 2 gains node 3, then loses node 1 (a drain of node 1, one member at
+        // a time): no other replica changes core on any node, and the new one has a core.
+        let placed: Vec<PartitionState> = (0..6).map(|p| state(&[0, 1, 2], p % 3)).collect();
+        let mut changed = placed.clone();
+        changed[2].placed = changed[2].replicas.clone();
+        changed[2].replicas.push(3);
+        let mut removed = changed.clone();
+        removed[2].replicas.retain(|&n| n != 1);
+        for states in [&changed, &removed] {
+            for node in 0..3 {
+                for p in (0..6).filter(|&p| p != 2) {
+                    assert_eq!(
+                        replica_core("t", states, node, p, 4),
+                        replica_core("t", &placed, node, p, 4),
+                        "node {node}, partition {p}"
+                    );
+                }
+            }
+            assert!(replica_core("t", states, 3, 2, 4).is_some_and(|c| c < 4));
+        }
+        assert_eq!(replica_core("t", &removed, 1, 2, 4), None);
+        assert_eq!(
+            replica_core("t", &removed, 0, 2, 4),
+            replica_core("t", &placed, 0, 2, 4)
+        );
     }
 
     #[test]

@@ -340,8 +340,8 @@ pub struct Replicas {
     pub followers: Vec<Vec<NodeIndex>>,
     /// Some(partition) for the follower replicas this core holds (empty: none).
     pub followed: Vec<Option<Rc<Partition>>>,
-    /// Each partition's replicas, leader and epoch, as the metastore had them (the replica sets are those the topic
-    /// was opened with: a topic already open here neither gains nor loses replicas; `docs/replication.md`, step 5).
+    /// Each partition's replicas, leader and epoch, as the metastore had them (replica sets that change later are
+    /// taken by `Topic::set_members`).
     pub states: Vec<PartitionState>,
 }
 
@@ -479,7 +479,7 @@ impl Topic {
     }
 
     /// Takes the metastore's newer view of each partition's replicas, leader and epoch (a change of the replica set
-    /// does not open or close replicas on this core yet: `docs/replication.md`, step 5).
+    /// opens and closes replicas through `membership` and `set_members`).
     pub fn set_states(&self, states: Vec<PartitionState>) {
         let mut current = self.states.borrow_mut();
         if current.len() == states.len() {
@@ -596,6 +596,11 @@ impl Topic {
                         "partition {p} of this node would move from {a:?} to {b:?}"
                     ));
                 }
+                if a.node == node && !state.replicas.contains(&node) {
+                    // Led here, and this node holds no replica any more (a view that skipped the leadership's move
+                    // and this node's removal): it leaves (`membership`, `set_members`).
+                    continue;
+                }
                 // Every core of this node judges the move alike: this node's side of it must be the core its
                 // replica lives on.
                 let mine = if a.node == node { a } else { b };
@@ -655,6 +660,76 @@ impl Topic {
         *self.remote_owners.borrow_mut() = remote_owners(&locations, node);
         *self.locations.borrow_mut() = locations.into();
         Ok(moves)
+    }
+
+    /// Cluster mode: how `states` changes which partitions core `core` (of `cores`) holds a replica of, this node's
+    /// replica sets having changed (a drain, a removal: `front::mover`). Returns the partitions it must open as
+    /// follower replicas (this node was added to their replica set, and the replica's core is this one) and those
+    /// it must close (this node is no longer one of their replicas).
+    pub fn membership(
+        &self,
+        states: &[PartitionState],
+        core: u32,
+        cores: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let node = self.node;
+        let roles = self.roles.borrow();
+        let name = self.config.borrow().name.clone();
+        let held = |p: usize| {
+            roles.partitions.get(p).is_some_and(Option::is_some)
+                || roles.followed.get(p).is_some_and(Option::is_some)
+        };
+        let (mut open, mut leave) = (Vec::new(), Vec::new());
+        for (p, s) in states.iter().enumerate() {
+            let mine = s.replicas.contains(&node);
+            if mine
+                && s.leader != node
+                && !held(p)
+                && super::placement::replica_core(&name, states, node, p as u32, cores)
+                    == Some(core)
+            {
+                open.push(p as u32);
+            } else if !mine && held(p) {
+                leave.push(p as u32);
+            }
+        }
+        (open, leave)
+    }
+
+    /// Takes a change of replica sets (`states`, applied already by `set_states`) on this core: `opened` are the new
+    /// follower replicas it holds, `leave` the partitions it holds no replica of any more, which it returns (the
+    /// caller closes them); every partition's followers are the new ones.
+    pub fn set_members(
+        &self,
+        states: &[PartitionState],
+        opened: Vec<(u32, Rc<Partition>)>,
+        leave: &[u32],
+    ) -> Vec<Rc<Partition>> {
+        let old = self.roles();
+        let count = self.partition_count() as usize;
+        let mut partitions = old.partitions.clone();
+        let mut followed = old.followed.clone();
+        if followed.len() < count {
+            followed.resize(count, None);
+        }
+        let mut left = Vec::new();
+        for &p in leave {
+            left.extend(partitions[p as usize].take());
+            left.extend(followed[p as usize].take());
+        }
+        for (p, partition) in opened {
+            debug_assert!(followed[p as usize].is_none() && partitions[p as usize].is_none());
+            followed[p as usize] = Some(partition);
+        }
+        let locations = self.locations();
+        *self.roles.borrow_mut() = Rc::new(Roles::new(
+            partitions,
+            followed,
+            super::placement::followers(states),
+            &locations,
+            self.node,
+        ));
+        left
     }
 
     /// The owned partition `p`, if this core owns it.

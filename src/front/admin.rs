@@ -174,6 +174,12 @@ impl Front {
                     "follows": n.follows,
                     "self": n.index == view.node,
                 });
+                if n.draining {
+                    // Its replicas are moving off it: drained once it leads and follows nothing.
+                    v["draining"] = serde_json::json!(true);
+                    v["removed"] = serde_json::json!(n.removed);
+                    v["drained"] = serde_json::json!(n.leads + n.follows == 0);
+                }
                 // Its own data directory's incarnation (others' are in their `nodes/<id>` records in etcd).
                 if n.index == view.node {
                     v["incarnation"] = serde_json::json!(engine.config().incarnation);

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod consume;
+pub mod mover;
 pub mod produce;
 pub mod quorum;
 pub mod redrive;

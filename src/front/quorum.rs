@@ -129,6 +129,7 @@ async fn run(shipper: Weak<Shipper>) {
                 partition: p,
                 epoch,
                 leader: to,
+                replicas: Vec::new(),
             });
             moved.insert(key.clone(), now);
             let router = shipper.router.clone();

@@ -214,6 +214,7 @@ impl Shipper {
                         partition: round.partition,
                         epoch: round.epoch,
                         leader: node,
+                        replicas: Vec::new(),
                     });
                     match self
                         .router

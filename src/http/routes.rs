@@ -6,6 +6,7 @@
 use super::request::{query_pairs, Request};
 use super::response::Response;
 use super::status::{error_response, lookup_first};
+use crate::engine::cluster::DrainAction;
 use crate::engine::placement::NodeIndex;
 use crate::engine::topic::validate_name;
 use crate::front::Front;
@@ -94,6 +95,9 @@ enum Route {
     DeleteGroup(String, String),
     /// `POST /topics/T/redrive` (`ops/redrive.rs`).
     Redrive(String),
+    /// `POST /cluster/nodes/ID/drain`, `DELETE /cluster/nodes/ID` (the node's replicas move to other nodes:
+    /// `front::mover`) and `DELETE /cluster/nodes/ID/drain`.
+    DrainNode(String, DrainAction),
 }
 
 impl Route {
@@ -144,6 +148,35 @@ impl Route {
                 },
             ),
             (_, Some(T::Redrive(t))) => ("POST", (method == "POST").then_some(Route::Redrive(t))),
+            (p, None) if p.starts_with("/cluster/nodes/") => {
+                let rest = &p["/cluster/nodes/".len()..];
+                match rest.split_once('/') {
+                    Some((id, "drain")) if !id.is_empty() => (
+                        "POST, DELETE",
+                        match method {
+                            "POST" => {
+                                Some(Route::DrainNode(percent_decode(id), DrainAction::Drain))
+                            }
+                            "DELETE" => {
+                                Some(Route::DrainNode(percent_decode(id), DrainAction::End))
+                            }
+                            _ => None,
+                        },
+                    ),
+                    None if !rest.is_empty() => (
+                        "DELETE",
+                        (method == "DELETE")
+                            .then(|| Route::DrainNode(percent_decode(rest), DrainAction::Remove)),
+                    ),
+                    _ => {
+                        return Err(Response::error(
+                            404,
+                            "not_found",
+                            &format!("no route for {path}"),
+                        ))
+                    }
+                }
+            }
             _ => {
                 return Err(Response::error(
                     404,
@@ -222,6 +255,7 @@ async fn admin(front: &Front, route: Route, query: &Query) -> OpResult<Response>
         Route::DescribeGroup(t, g) => describe_group(front, &t, &g).await,
         Route::DeleteGroup(t, g) => delete_group(front, &t, &g).await,
         Route::Redrive(t) => redrive(front, &t, query).await,
+        Route::DrainNode(id, action) => drain_node(front, id, action).await,
         Route::Health | Route::Produce | Route::Consume | Route::Settle(_) => {
             unreachable!("data-path routes are served in place")
         }
@@ -425,6 +459,37 @@ async fn metrics(front: &Front) -> OpResult<Response> {
 }
 
 // ---- Each route's handler: parse (`ops::<op>::parse`), run (`Front`), render (`ops::<op>::render`) ----
+
+/// `POST /cluster/nodes/ID/drain`, `DELETE /cluster/nodes/ID`: `202`, the moves under way (`GET /cluster` shows
+/// them: the node's `leads` and `follows` fall to 0). `DELETE /cluster/nodes/ID/drain`: `200`.
+async fn drain_node(front: &Front, id: String, action: DrainAction) -> OpResult<Response> {
+    validate_name(&id).map_err(|e| ops::OpError::InvalidParameter(format!("node id: {e}")))?;
+    let engine = front.engine();
+    let preview = engine
+        .config()
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.replication_preview);
+    if !preview {
+        return Err(ops::OpError::InvalidParameter(
+            "moving a node's replicas needs a cluster started with --replication-preview".into(),
+        ));
+    }
+    front
+        .router()
+        .call(
+            front.router().core(0),
+            ops::Request::DrainNode(id.clone(), action),
+        )
+        .await?;
+    Ok(match action {
+        DrainAction::End => Response::json(200, &json!({"node": id, "draining": false})),
+        _ => Response::json(
+            202,
+            &json!({"node": id, "draining": true, "removed": action == DrainAction::Remove}),
+        ),
+    })
+}
 
 async fn create_topic(front: &Front, name: &str, query: &Query) -> OpResult<Response> {
     validate_name(name)?;

@@ -75,6 +75,9 @@ pub enum Request {
     /// Core 0, cluster mode, internal (refused from a peer): a fencing round hands a partition's leadership to a
     /// replica with a greater log (`Done`; `Done` too when the partition moved on first).
     MoveLeader(replicate::MoveLeader),
+    /// Core 0, cluster mode, internal (refused from a peer): `POST /cluster/nodes/ID/drain`, `DELETE
+    /// /cluster/nodes/ID` (the node's replicas move to other nodes) or `DELETE /cluster/nodes/ID/drain` (`Done`).
+    DrainNode(String, crate::engine::cluster::DrainAction),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -182,6 +185,15 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
                 OpError::PartitionUnavailable("this node has no metastore".into())
             })?;
             metadata.move_leader(r).await?;
+            Reply::Done
+        }
+        Request::DrainNode(id, action) => {
+            let metadata = engine.metadata().ok_or_else(|| {
+                OpError::InvalidParameter(
+                    "this node is not in a cluster: there is no node to drain or remove".into(),
+                )
+            })?;
+            metadata.drain_node(id, action).await?;
             Reply::Done
         }
         Request::Produce(_)

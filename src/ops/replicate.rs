@@ -147,7 +147,8 @@ pub struct Began {
 
 /// Core 0 (internal, never from a peer): a replica that ran a fencing round found another replica's log greater than
 /// its own, and hands it the leadership: the partition key names `leader` at a new epoch, if the partition is still
-/// at `epoch` (`Metastore::set_partition`; the replica set stays as it is).
+/// at `epoch` (`Metastore::set_partition`). A leader moving a drained node's replica (`front::mover`) sends it too,
+/// with the partition's new replica set.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MoveLeader {
     pub topic: String,
@@ -155,6 +156,8 @@ pub struct MoveLeader {
     pub partition: u32,
     pub epoch: u64,
     pub leader: NodeIndex,
+    /// The new replica set, `leader` among them (empty: the replica set stays as it is).
+    pub replicas: Vec<NodeIndex>,
 }
 
 /// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
@@ -496,6 +499,7 @@ mod tests {
 
     fn states(epoch: u64) -> Vec<PartitionState> {
         vec![PartitionState {
+            placed: Vec::new(),
             replicas: vec![1, 0],
             leader: 1,
             epoch,
@@ -526,6 +530,7 @@ mod tests {
         topic.name = "led".into();
         topic.id = 6;
         let state = vec![PartitionState {
+            placed: Vec::new(),
             replicas: vec![0, 1],
             leader,
             epoch,
@@ -685,6 +690,7 @@ mod tests {
             assert!(r.applied && r.learner, "{r:?}");
             // A fencing round neither counts nor ranks it: it says so.
             engine.topic("t").unwrap().set_states(vec![PartitionState {
+                placed: Vec::new(),
                 replicas: vec![1, 0],
                 leader: 1,
                 epoch: 9,
@@ -765,6 +771,7 @@ mod tests {
         epochs: Vec<crate::storage::epoch_history::EpochStart>,
     ) -> Replicated {
         engine.topic("t").unwrap().set_states(vec![PartitionState {
+            placed: Vec::new(),
             replicas: vec![1, 0],
             leader: 1,
             epoch,
@@ -927,6 +934,7 @@ mod tests {
             let r = begin_epoch(&engine, begin("t", 5, 9)).await;
             assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
             engine.topic("t").unwrap().set_states(vec![PartitionState {
+                placed: Vec::new(),
                 replicas: vec![1, 0],
                 leader: 1,
                 epoch: 9,
@@ -1087,6 +1095,7 @@ mod tests {
             view.name = "led".into();
             view.id = 6;
             let state = vec![PartitionState {
+                placed: Vec::new(),
                 replicas: vec![0, 1],
                 leader: 0,
                 epoch: 12,

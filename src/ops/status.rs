@@ -53,6 +53,9 @@ fn engine_status(e: &EngineError) -> (u16, &'static str) {
         EngineError::Overloaded => (503, "overloaded"),
         EngineError::Storage(_) => (500, "storage_error"),
         EngineError::Partition(p) => partition_status(p),
+        EngineError::NodeNotFound(_) => (404, "node_not_found"),
+        EngineError::NodeAlive(_) => (409, "node_alive"),
+        EngineError::NodeRemoved(_) => (409, "node_removed"),
     }
 }
 

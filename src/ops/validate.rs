@@ -34,6 +34,7 @@ pub fn on_core_zero(request: &Request) -> bool {
             | Request::DeleteGroup(..)
             | Request::LookupTopic(..)
             | Request::MoveLeader(_)
+            | Request::DrainNode(..)
     )
 }
 
@@ -159,9 +160,10 @@ pub fn admit(
             }
             Ok(())
         }
-        Request::MoveLeader(_) => Err(OpError::InvalidParameter(
-            "MoveLeader is internal to a node: a peer cannot send it".into(),
-        )),
+        Request::MoveLeader(_) | Request::DrainNode(..) => Err(OpError::InvalidParameter(format!(
+            "{} is internal to a node: a peer cannot send it",
+            kind(request)
+        ))),
         Request::BeginEpoch(r) => {
             validate_name(&r.topic)?;
             if r.leader != peer {
@@ -324,7 +326,8 @@ pub fn expect(request: &Request) -> Expected {
         | Request::LookupTopic(..)
         | Request::GiveBack(_)
         | Request::ReplicateFrontiers(_)
-        | Request::MoveLeader(_) => Expected::Done,
+        | Request::MoveLeader(_)
+        | Request::DrainNode(..) => Expected::Done,
     }
 }
 
@@ -410,6 +413,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::ReplicateFrontiers(_) => "ReplicateFrontiers",
         Request::BeginEpoch(_) => "BeginEpoch",
         Request::MoveLeader(_) => "MoveLeader",
+        Request::DrainNode(..) => "DrainNode",
     }
 }
 
@@ -478,6 +482,26 @@ mod tests {
             let e = admit(&r, 5, 0, 2, &LIMITS).unwrap_err();
             assert!(
                 matches!(e, OpError::InvalidParameter(ref m) if m.contains("not accepted over node RPC")),
+                "{r:?}: {e}"
+            );
+        }
+        // A node's own moves of leadership and replicas (its fencing rounds, CheckQuorum, drains) and the drains
+        // its clients ask for: a peer can send neither.
+        let internal = [
+            Request::MoveLeader(crate::ops::replicate::MoveLeader {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                epoch: 1,
+                leader: 5,
+                replicas: vec![5, 6, 7],
+            }),
+            Request::DrainNode("n1".into(), crate::engine::cluster::DrainAction::Remove),
+        ];
+        for r in internal {
+            let e = admit(&r, 5, 0, 2, &LIMITS).unwrap_err();
+            assert!(
+                matches!(e, OpError::InvalidParameter(ref m) if m.contains("internal to a node")),
                 "{r:?}: {e}"
             );
         }

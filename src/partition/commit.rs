@@ -97,6 +97,8 @@ impl Partition {
             0
         });
         self.commit.acked.borrow_mut().clear();
+        // What its followers had is learnt again from their answers (the set may have changed with the epoch).
+        self.followers.borrow_mut().clear();
     }
 
     /// Whether produces wait for followers and consumers see only committed records.

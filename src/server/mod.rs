@@ -345,6 +345,7 @@ async fn core_main(
         let s = crate::front::replicate::Shipper::new(router.clone());
         core.set_ship_sink(s.sink());
         s.start_quorum_checks();
+        s.start_mover();
         shipper = Some(s);
         let server = membership.as_ref().map(|m| m.rpc.clone());
         let engine = Rc::downgrade(&core);

@@ -963,6 +963,26 @@ impl Cluster {
         node.wait_healthy();
     }
 
+    /// Node `i` again (stopped before), expecting it to refuse to start: waits (20 s at most) for it to exit with a
+    /// failure, and returns its log.
+    pub fn start_refused(&mut self, i: usize) -> String {
+        let node = &mut self.nodes[i];
+        assert!(node.child.is_none(), "node {} is still running", node.id);
+        node.spawn();
+        let mut child = node.child.take().expect("spawned");
+        let status = wait_for(
+            &format!("{} to refuse to start", node.id),
+            Duration::from_secs(20),
+            || match child.try_wait() {
+                Ok(Some(status)) => Ok(status),
+                Ok(None) => Err("still running".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        );
+        assert!(!status.success(), "{} started: {status}", node.id);
+        node.log_text()
+    }
+
     /// kill -9 (if running), then node `i` again on the same data dir, ports, namespace and flags, once etcd has
     /// expired its old session (a node id whose lease is still alive is refused, docs/cluster.md) and no socket
     /// listens on its ports any more; waits for `/health`. Does not wait for the others to see it alive.

@@ -17,6 +17,7 @@ const NODES: &str = "nodes/";
 const ALIVE: &str = "alive/";
 const TOPICS: &str = "topics/";
 const PARTITIONS: &str = "partitions/";
+const DRAINS: &str = "drains/";
 
 /// The keys of one cluster, all under one prefix (ending in `/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub enum KeyKind {
     Topic(String),
     /// `partitions/<topic>/<p>`
     Partition(String, u32),
+    /// `drains/<id>`
+    Drain(String),
 }
 
 impl Keys {
@@ -91,6 +94,17 @@ impl Keys {
         format!("{}{PARTITIONS}{topic}/", self.prefix).into_bytes()
     }
 
+    /// `drains/<id>`: node `id` is being drained (`POST /cluster/nodes/ID/drain`) or was removed for good
+    /// (`DELETE /cluster/nodes/ID`): its replicas move to other nodes (`cluster::mover`).
+    pub fn drain(&self, id: &str) -> Vec<u8> {
+        format!("{}{DRAINS}{id}", self.prefix).into_bytes()
+    }
+
+    /// Prefix of every drain key.
+    pub fn drains(&self) -> Vec<u8> {
+        format!("{}{DRAINS}", self.prefix).into_bytes()
+    }
+
     /// Prefix of every member key.
     pub fn members(&self) -> Vec<u8> {
         format!("{}{NODES}", self.prefix).into_bytes()
@@ -116,6 +130,8 @@ impl Keys {
             Some(KeyKind::Member(id))
         } else if let Some(id) = named(ALIVE) {
             Some(KeyKind::Alive(id))
+        } else if let Some(id) = named(DRAINS) {
+            Some(KeyKind::Drain(id))
         } else if let Some(rest) = rest.strip_prefix(PARTITIONS) {
             let (topic, p) = rest.rsplit_once('/')?;
             validate_name(topic).ok()?;
@@ -149,6 +165,16 @@ pub struct MemberRecord {
     /// before it existed. A node that registers with another one lost what its data directory held.
     #[serde(default)]
     pub incarnation: String,
+}
+
+/// `drains/<id>`: a node whose replicas move elsewhere. Written once per drain or removal (a removal replaces a
+/// drain); a drain is ended by deleting the key, a removal is for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    /// `DELETE /cluster/nodes/ID`: the node is gone for good and may not register again under its id.
+    pub removed: bool,
+    /// Wall clock of the request.
+    pub since_ms: u64,
 }
 
 /// `alive/<id>`, attached to the node's session lease. The value is for people reading etcd; the lease id that
@@ -354,6 +380,7 @@ pub fn decode_partition(kv: &KeyValue) -> Result<PartitionRecord, MetaError> {
     Ok(PartitionRecord {
         topic_id: stored.topic_id,
         state: PartitionState {
+            placed: Vec::new(),
             replicas,
             leader: stored.leader,
             epoch: kv.mod_revision as u64,
@@ -372,6 +399,14 @@ pub fn decode_member(id: &str, kv: &KeyValue) -> Result<MemberRecord, MetaError>
         return Err(corrupt(kv, format!("names node '{}'", member.id)));
     }
     Ok(member)
+}
+
+pub fn encode_drain(drain: &DrainRecord) -> Vec<u8> {
+    serde_json::to_vec(drain).expect("a drain record serialises")
+}
+
+pub fn decode_drain(kv: &KeyValue) -> Result<DrainRecord, MetaError> {
+    serde_json::from_slice(&kv.value).map_err(|e| corrupt(kv, e))
 }
 
 pub fn encode_alive(lease: i64, since_ms: u64) -> Vec<u8> {
@@ -528,6 +563,7 @@ mod tests {
             PartitionRecord {
                 topic_id: 5,
                 state: PartitionState {
+                    placed: Vec::new(),
                     replicas: vec![2, 0, 1],
                     leader: 0,
                     epoch: 9,

@@ -15,11 +15,13 @@
 //! | `node-counter` | next node index, e.g. `3` | a node's first registration, in its registration txn |
 //! | `nodes/<id>` | `{"id","index","advertise","peer_addr","cores"}`, permanent | registration txn |
 //! | `alive/<id>` | `{"lease","since_ms"}`, attached to the session lease | registration txn; goes with the lease |
+//! | `drains/<id>` | `{"removed","since_ms"}`: the node's replicas move to other nodes | `set_drain` (drain, removal) |
 //! | `topics/<name>` | `{"config": TopicConfig, "placement": [node index per partition]}` | `create_topic` txn (if absent), `change_topic` txn (if mod revision unchanged), `delete_topic` |
 //!
 //! A topic's id is the revision that created its key (stored as `id: 0` in `config`), so a topic created again
 //! under the same name has a new id.
 
+mod drains;
 mod keys;
 mod placement;
 mod replica;
@@ -31,7 +33,9 @@ mod watched;
 #[cfg(test)]
 mod tests;
 
-pub use keys::{Keys, MemberRecord, PartitionRecord, PartitionState, TopicRecord, MAX_REPLICAS};
+pub use keys::{
+    DrainRecord, Keys, MemberRecord, PartitionRecord, PartitionState, TopicRecord, MAX_REPLICAS,
+};
 pub use placement::spread;
 pub use replica::{Changes, Replica, ReplicaStatus};
 pub use session::{NodeSpec, Session, SessionState};

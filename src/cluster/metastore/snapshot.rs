@@ -5,8 +5,8 @@
 //! differs.
 
 use super::keys::{
-    decode_member, decode_partition, decode_topic, KeyKind, Keys, MemberRecord, PartitionRecord,
-    PartitionState, TopicRecord,
+    decode_drain, decode_member, decode_partition, decode_topic, DrainRecord, KeyKind, Keys,
+    MemberRecord, PartitionRecord, PartitionState, TopicRecord,
 };
 use crate::cluster::etcd::{Event, EventKind, KeyValue};
 use crate::engine::placement::{Location, NodeIndex};
@@ -27,6 +27,8 @@ pub struct NodeInfo {
     /// The session lease while alive, 0 when dead. A new value means the node lost its session (or restarted) and
     /// registered again, even if no snapshot ever showed it dead.
     pub session: i64,
+    /// Its replicas are moving to other nodes (`drains/<id>`): a drain, or (`removed`) a removal for good.
+    pub drain: Option<DrainRecord>,
 }
 
 /// One difference between two snapshots.
@@ -59,6 +61,8 @@ pub struct Snapshot {
     partition_keys: BTreeMap<String, BTreeMap<u32, PartitionRecord>>,
     /// The topics as everyone reads them: `stored` with the partition keys of the same topic id applied.
     topics: BTreeMap<String, Arc<TopicRecord>>,
+    /// Node id → its drain or removal (`drains/<id>`).
+    drains: BTreeMap<String, DrainRecord>,
 }
 
 impl Snapshot {
@@ -101,6 +105,15 @@ impl Snapshot {
             Some(KeyKind::Alive(id)) => {
                 self.sessions.insert(id, kv.lease);
             }
+            Some(KeyKind::Drain(id)) => match decode_drain(kv) {
+                Ok(drain) => {
+                    self.drains.insert(id, drain);
+                }
+                Err(e) => {
+                    warn!(error = %e, "metastore: ignoring a drain record");
+                    self.drains.remove(&id);
+                }
+            },
             Some(KeyKind::Topic(name)) => {
                 match decode_topic(&name, kv) {
                     Ok(topic) => {
@@ -163,7 +176,10 @@ impl Snapshot {
         for (&p, key) in self.partition_keys.get(topic.name()).into_iter().flatten() {
             if key.topic_id == topic.id() {
                 if let Some(state) = states.get_mut(p as usize) {
+                    // The creation's replicas stay known: they rank a node's replicas over its cores.
+                    let placed = std::mem::take(&mut state.replicas);
                     *state = key.state.clone();
+                    state.placed = placed;
                 }
             }
         }
@@ -177,6 +193,9 @@ impl Snapshot {
             }
             Some(KeyKind::Alive(id)) => {
                 self.sessions.remove(&id);
+            }
+            Some(KeyKind::Drain(id)) => {
+                self.drains.remove(&id);
             }
             Some(KeyKind::Topic(name)) => {
                 self.stored.remove(&name);
@@ -209,6 +228,7 @@ impl Snapshot {
             cores: member.cores,
             alive: session.is_some(),
             session: session.unwrap_or(0),
+            drain: self.drains.get(&member.id).copied(),
         }
     }
 

@@ -73,17 +73,26 @@ impl Metastore {
                         TxnOp::get(key.clone()),
                         range_prefix(self.keys.members()),
                         range_prefix(self.keys.alives()),
+                        range_prefix(self.keys.drains()),
                     ],
                     &[],
                 )
                 .await?;
-            let r = ranges(&read, 3)?;
+            let r = ranges(&read, 4)?;
             if let Some(kv) = r[0].kvs.first() {
                 return Ok((false, decode_topic(&config.name, kv)?));
             }
-            let nodes =
-                Snapshot::from_kvs(&self.keys, read.revision, r[1].kvs.iter().chain(&r[2].kvs));
-            let live = nodes.live_nodes();
+            let nodes = Snapshot::from_kvs(
+                &self.keys,
+                read.revision,
+                r[1].kvs.iter().chain(&r[2].kvs).chain(&r[3].kvs),
+            );
+            // A node being drained or removed takes no new partition.
+            let live: Vec<_> = nodes
+                .live_nodes()
+                .into_iter()
+                .filter(|&n| nodes.node_by_index(n).is_some_and(|n| n.drain.is_none()))
+                .collect();
             let placement = spread(&config.name, config.partitions, &live);
             if placement.is_empty() {
                 return Err(MetaError::NoLiveNodes);
@@ -293,7 +302,9 @@ impl Metastore {
             version: 0,
             lease: 0,
         };
-        let record = decode_partition(&written)?;
+        let mut record = decode_partition(&written)?;
+        // As a snapshot has it: with the replicas the creation placed.
+        record.state.placed = topic.initial_states().swap_remove(p as usize).replicas;
         info!(topic = %topic.name(), partition = p, replicas = ?record.state.replicas, leader, epoch = record.state.epoch, "metastore: partition moved");
         Ok(Some(record.state))
     }

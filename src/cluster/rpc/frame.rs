@@ -24,8 +24,11 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// unsettled age), which a version 8 peer could not decode in any describe or stats reply. 10: `Replicate` carries
 /// its records' `epochs` (the leader's epoch history entries for them), which a version 9 peer could not decode.
 /// 11: a probe carries the leader's entry for its epoch and a batch the entry starting right after it (a version 10
-/// peer refuses both at admission), and `Request::MoveLeader` exists (internal to a node).
-pub const VERSION: u8 = 12;
+/// peer refuses both at admission), and `Request::MoveLeader` exists (internal to a node). 12: `Replicate` carries
+/// `hold` and `promote`, its answers and `Began` whether the replica is a learner. 13: `PartitionState` carries
+/// `placed` (the replicas its topic's creation placed), `MoveLeader` a new replica set, `NodeEntry` `draining` and
+/// `removed`, and `Request::DrainNode` exists (internal to a node).
+pub const VERSION: u8 = 13;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -152,11 +152,13 @@ fn every_request() -> Vec<Request> {
             vec![Location { node: 1, core: 0 }, Location { node: 2, core: 3 }],
             vec![
                 crate::engine::placement::PartitionState {
+                    placed: Vec::new(),
                     replicas: vec![1, 2],
                     leader: 1,
                     epoch: 91,
                 },
                 crate::engine::placement::PartitionState {
+                    placed: Vec::new(),
                     replicas: vec![2, 1],
                     leader: 2,
                     epoch: 92,
@@ -249,7 +251,9 @@ fn every_request() -> Vec<Request> {
             partition: 1,
             epoch: 95,
             leader: 3,
+            replicas: vec![3, 1, 4],
         }),
+        Request::DrainNode("n3".into(), crate::engine::cluster::DrainAction::Remove),
     ]
 }
 
@@ -330,6 +334,7 @@ fn every_reply() -> Vec<ReplyBody> {
         Ok(Reply::Partitions(Some((
             77,
             vec![crate::engine::placement::PartitionState {
+                placed: Vec::new(),
                 replicas: vec![2, 0, 1],
                 leader: 0,
                 epoch: 91,
@@ -390,6 +395,7 @@ fn request_variant(r: &Request) -> usize {
         Request::ReplicateFrontiers(_) => 17,
         Request::BeginEpoch(_) => 18,
         Request::MoveLeader(_) => 19,
+        Request::DrainNode(..) => 20,
     }
 }
 
@@ -416,7 +422,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..20).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..21).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
