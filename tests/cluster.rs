@@ -2332,6 +2332,16 @@ fn a_drained_leader_hands_its_partition_to_other_nodes_one_replica_at_a_time_und
     };
     let (leader, f1) = (replicas[0], replicas[1]);
     let first_epoch = partitions(c.node(f1), "dr")[0]["epoch"].as_u64().unwrap();
+    // And an unreplicated topic with a partition on every node: the drained node's moves too (a learner added,
+    // promoted, given the leadership, then the drained one removed).
+    let a = c.node(f1).put("/topics/single?partitions=4&replicas=1");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let mut single = HashSet::new();
+    for i in 0..16 {
+        let body = format!("s{i}");
+        produce(c.node(f1), "single", &format!("&key=k{i}"), &body);
+        single.insert(body);
+    }
     let mut tried = want.clone();
     let a = c
         .node(f1)
@@ -2397,6 +2407,10 @@ fn a_drained_leader_hands_its_partition_to_other_nodes_one_replica_at_a_time_und
         },
     );
     assert_served(c.node(f1), "dr", &want, &tried);
+    assert_eq!(once(&drain(c.node(f1), "single", &single)), single);
+    for p in partitions(c.node(f1), "single") {
+        assert_eq!(replica_indices(&c, &p).len(), 1, "{p}");
+    }
     let new_leader = now[0];
     stop_and_compare_segments(&mut c, "dr", new_leader, &now[1..]);
 }
@@ -2432,6 +2446,9 @@ fn a_removed_dead_follower_is_replaced_and_may_not_come_back() {
         "{}",
         a.text()
     );
+    // A topic of one replica per partition, one of them on f2 alone: f2 may not be removed while it holds it.
+    let a = c.node(leader).put("/topics/solo?partitions=4&replicas=1");
+    assert_eq!(a.status, 201, "{}", a.text());
     c.kill9(f2);
     let f2_id = c.node(f2).id.clone();
     c.wait_alive(leader, &f2_id, false);
@@ -2439,7 +2456,28 @@ fn a_removed_dead_follower_is_replaced_and_may_not_come_back() {
         .node(leader)
         .call("DELETE", &format!("/cluster/nodes/{f2_id}"), b"")
         .expect("DELETE");
-    assert_eq!(a.status, 202, "{}", a.text());
+    assert_eq!(
+        (a.status, a.json()["error"].clone()),
+        (409, serde_json::json!("only_copy")),
+        "{}",
+        a.text()
+    );
+    let a = c
+        .node(leader)
+        .call("DELETE", "/topics/solo", b"")
+        .expect("DELETE");
+    assert!(a.status == 200 || a.status == 204, "{}", a.text());
+    // Once this node's copy of the metastore has the topic gone.
+    let a = wait_for("the removal accepted", Duration::from_secs(10), || {
+        let a = c
+            .node(leader)
+            .call("DELETE", &format!("/cluster/nodes/{f2_id}"), b"")?;
+        if a.status == 202 {
+            Ok(a)
+        } else {
+            Err(a.text())
+        }
+    });
     assert_eq!(a.json()["removed"], true);
     let mut tried = want.clone();
     let (now, took) = produce_until_moved_off(&c, leader, "rm", f2, &mut want, &mut tried);

@@ -43,20 +43,21 @@ pub fn candidacies(snapshot: &Snapshot, me: NodeIndex) -> Vec<Candidacy> {
     let mut out = Vec::new();
     for record in snapshot.topics() {
         for (p, state) in record.partitions.iter().enumerate() {
+            // Only voters stand, and a majority of the voters must be live (learners: `PartitionState::learners`).
+            let voters = state.voters();
             if state.replicas.len() < 2
                 || state.leader == me
-                || !state.replicas.contains(&me)
+                || !voters.contains(&me)
                 || live.contains(&state.leader)
             {
                 continue;
             }
-            let standing: Vec<NodeIndex> = state
-                .replicas
+            let standing: Vec<NodeIndex> = voters
                 .iter()
                 .copied()
                 .filter(|n| *n != state.leader && live.contains(n))
                 .collect();
-            if standing.len() < state.replicas.len() / 2 + 1 {
+            if standing.len() < voters.len() / 2 + 1 {
                 continue;
             }
             let turn = standing
@@ -137,7 +138,14 @@ impl Elections {
             info!(topic = %c.topic, partition = c.partition, epoch = c.epoch, dead = state.leader, "the partition's leader is down: this node stands for election");
             match self
                 .meta
-                .set_partition(record, c.partition, c.epoch, &state.replicas, self.me)
+                .set_partition_with(
+                    record,
+                    c.partition,
+                    c.epoch,
+                    &state.replicas,
+                    self.me,
+                    &state.learners,
+                )
                 .await
             {
                 Ok(Some(won)) => {

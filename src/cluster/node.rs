@@ -242,14 +242,18 @@ impl Metadata for EtcdMetadata {
             if state.epoch != r.epoch {
                 return Ok(());
             }
-            let replicas = if r.replicas.is_empty() {
-                &state.replicas
+            let (replicas, learners) = if r.replicas.is_empty() {
+                (&state.replicas, &state.learners)
             } else {
-                &r.replicas
+                (&r.replicas, &r.learners)
             };
+            if learners.contains(&r.leader) {
+                // A replica that does not vote yet never leads (a round's hand-over never names one: it ranks none).
+                return Ok(());
+            }
             let moved = self
                 .meta
-                .set_partition(record, r.partition, r.epoch, replicas, r.leader)
+                .set_partition_with(record, r.partition, r.epoch, replicas, r.leader, learners)
                 .await?;
             if let Some(moved) = moved {
                 info!(topic = %r.topic, partition = r.partition, leader = r.leader, replicas = ?moved.replicas, epoch = moved.epoch, "the partition's leadership or replica set moved");
@@ -266,8 +270,29 @@ impl Metadata for EtcdMetadata {
         use crate::engine::cluster::DrainAction;
         Box::pin(async move {
             let removed = action == DrainAction::Remove;
-            if removed && self.replica.snapshot().node(&id).is_some_and(|n| n.alive) {
-                return Err(EngineError::NodeAlive(id));
+            let snapshot = self.replica.snapshot();
+            if removed {
+                if let Some(node) = snapshot.node(&id) {
+                    if node.alive {
+                        return Err(EngineError::NodeAlive(id));
+                    }
+                    // Its partitions of which it is the only voter (R = 1, or every other replica a learner) have
+                    // no other copy: removing it would lose them for good.
+                    let only: Vec<String> = snapshot
+                        .topics()
+                        .flat_map(|t| {
+                            t.partitions
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, s)| s.voters() == [node.index])
+                                .map(|(p, _)| format!("{}/{p}", t.name()))
+                        })
+                        .take(5)
+                        .collect();
+                    if !only.is_empty() {
+                        return Err(EngineError::NodeHoldsOnlyCopy(id, only));
+                    }
+                }
             }
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -94,12 +94,13 @@ impl Engine {
                 // another leader may have served in between (one that fenced a majority this node was not in), so
                 // it begins this leadership as a promoted follower does, with a fencing round, serving nothing
                 // until the round is won (before anything awaits).
+                // (So does one whose replica set changed: it gained its first follower, or lost its last one.)
                 let led: Vec<Rc<Partition>> = existing
                     .owned_partitions()
-                    .filter(|p| !existing.followers(p.id).is_empty())
                     .filter(|p| {
                         states.get(p.id as usize).is_some_and(|s| {
-                            s.leader == node
+                            (!existing.followers(p.id).is_empty() || s.replicas.len() > 1)
+                                && s.leader == node
                                 && s.epoch > existing.epoch(p.id)
                                 && p.deposed().is_none()
                         })
@@ -136,7 +137,8 @@ impl Engine {
                         let s = states.get(partition.id as usize)?;
                         let deposed = partition.deposed()?;
                         (s.leader == node
-                            && s.replicas.len() > 1
+                            && (s.replicas.len() > 1
+                                || led.iter().any(|l| Rc::ptr_eq(l, &partition)))
                             && deposed <= s.epoch
                             && partition.round_under_way() != Some(s.epoch)
                             && !moves.lead.iter().any(|(p, _)| *p == partition.id))
@@ -238,7 +240,13 @@ impl Engine {
                 partitions.push(None);
             }
             if follows_here {
-                match self.open_partition(&config, p, false).await {
+                // A replica a move added (not one the creation placed), or one the partition key still names a
+                // learner: opened from nothing (this node restarted before it opened it), it is a learner.
+                let added = states.get(p as usize).and_then(|s| {
+                    (s.learners.contains(&mine.node) || !s.placed().contains(&mine.node))
+                        .then_some(s.epoch)
+                });
+                match self.open_replica(&config, p, false, added).await {
                     Ok(partition) => followed.push(Some(partition)),
                     Err(e) => {
                         opened_all = Err((p, e));
@@ -304,6 +312,26 @@ impl Engine {
         let storage = |e: std::io::Error| EngineError::Storage(e.to_string());
         let mut opened = Vec::with_capacity(open.len());
         let mut failed = None;
+        // The core's journal may still hold entries of a replica this node had of these partitions before: they go
+        // to their segments now, so that a replay at the next start never writes them into what replaces them.
+        let checkpointed = async {
+            match self.journal() {
+                Some(journal) => journal
+                    .checkpoint_now()
+                    .await
+                    .map_err(|e| EngineError::Storage(format!("journal checkpoint: {e:?}"))),
+                None => Ok(()),
+            }
+        };
+        let reused = open
+            .iter()
+            .any(|p| self.storage.list(&dir.join(p.to_string())).is_ok());
+        if reused {
+            if let Err(e) = checkpointed.await {
+                error!(topic = %config.name, error = %e, "cannot open a replica this node was given");
+                return Err(e);
+            }
+        }
         for p in open {
             let partition_dir = dir.join(p.to_string());
             if self.storage.list(&partition_dir).is_ok() {
@@ -324,10 +352,26 @@ impl Engine {
                 }
             }
         }
-        for partition in topic.set_members(states, opened, &leave) {
+        let left = topic.set_members(states, opened, &leave);
+        for partition in &left {
             partition.depose(u64::MAX);
+        }
+        // What the journal holds of them goes to their segments before their directories go (see above).
+        let flushed = if left.is_empty() {
+            Ok(())
+        } else {
+            match self.journal() {
+                Some(journal) => journal.checkpoint_now().await.map_err(|e| format!("{e:?}")),
+                None => Ok(()),
+            }
+        };
+        for partition in left {
             partition.close_deleted().await;
             let partition_dir = dir.join(partition.id.to_string());
+            if let Err(e) = &flushed {
+                warn!(topic = %config.name, partition = partition.id, error = %e, "a replica this node no longer holds stays on disk: the journal could not be checkpointed");
+                continue;
+            }
             info!(topic = %config.name, partition = partition.id, "this node is no longer a replica of the partition: its data goes to the trash");
             if let Err(e) = self.trash(&partition_dir) {
                 warn!(topic = %config.name, partition = partition.id, error = %e, "cannot trash a replica this node no longer holds");

@@ -44,6 +44,9 @@ pub enum EngineError {
     NodeAlive(String),
     /// 409 node_removed: the end of a drain asked for a node removed for good.
     NodeRemoved(String),
+    /// 409 only_copy: `DELETE /cluster/nodes/ID` for a node that holds the only voting replica of these partitions
+    /// (`topic/partition`, the first few).
+    NodeHoldsOnlyCopy(String, Vec<String>),
 }
 
 impl std::fmt::Display for EngineError {
@@ -91,6 +94,10 @@ impl std::fmt::Display for EngineError {
             Self::Storage(e) => write!(f, "storage error: {e}"),
             Self::Partition(e) => write!(f, "{e}"),
             Self::NodeNotFound(id) => write!(f, "no node '{id}' ever joined the cluster"),
+            Self::NodeHoldsOnlyCopy(id, partitions) => write!(
+                f,
+                "node '{id}' holds the only copy of partitions {partitions:?}: removing it would lose them (bring it back, or delete those topics first)"
+            ),
             Self::NodeRemoved(id) => write!(
                 f,
                 "node '{id}' was removed from the cluster for good: its drain does not end"

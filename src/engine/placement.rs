@@ -30,6 +30,10 @@ pub struct PartitionState {
     /// node's replicas live on its cores is ranked over these, which never change, so a change of one partition's
     /// replicas moves no other replica between cores (`replica_core`).
     pub placed: Vec<NodeIndex>,
+    /// Replicas added by a move (`front::mover`) that have not been promoted by a later change of the partition key:
+    /// they take batches and count for the commit once they hold them, but never vote in a fencing round or an
+    /// election, nor lead (empty for every partition whose replica set never changed).
+    pub learners: Vec<NodeIndex>,
 }
 
 impl PartitionState {
@@ -42,7 +46,17 @@ impl PartitionState {
             leader: node,
             epoch: topic_id,
             placed: Vec::new(),
+            learners: Vec::new(),
         }
+    }
+
+    /// The replicas that vote (in fencing rounds and elections): all but the learners.
+    pub fn voters(&self) -> Vec<NodeIndex> {
+        self.replicas
+            .iter()
+            .copied()
+            .filter(|n| !self.learners.contains(n))
+            .collect()
     }
 
     /// The replicas the topic's creation gave the partition.
@@ -143,6 +157,7 @@ mod tests {
     fn state(replicas: &[NodeIndex], leader: NodeIndex) -> PartitionState {
         PartitionState {
             placed: Vec::new(),
+            learners: Vec::new(),
             replicas: replicas.to_vec(),
             leader,
             epoch: 1,

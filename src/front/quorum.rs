@@ -130,6 +130,7 @@ async fn run(shipper: Weak<Shipper>) {
                 epoch,
                 leader: to,
                 replicas: Vec::new(),
+                learners: Vec::new(),
             });
             moved.insert(key.clone(), now);
             let router = shipper.router.clone();

@@ -487,6 +487,17 @@ impl Shipper {
 
     /// Records a follower's progress on the partition (`GET /topics/T`).
     fn report(&self, stream: &Stream, f: &Follower) {
+        // Only answers to this leadership's stream, from a node that is still one of the partition's replicas: an
+        // answer to a stream of an older epoch (its replica set perhaps larger: a member removed since) counts for
+        // nothing, or records only the old set had could be committed and served.
+        let current = self.engine().topic(&stream.topic).ok().is_some_and(|t| {
+            t.id() == stream.topic_id
+                && t.epoch(stream.partition) == stream.epoch
+                && t.replicas_of(stream.partition).contains(&f.node)
+        });
+        if stream.closed.get() || !current {
+            return;
+        }
         let partition = self.led_partition(stream);
         if let Some(p) = partition {
             p.set_follower(FollowerInfo {

@@ -178,12 +178,23 @@ impl Shipper {
                         partition.round_abandoned(round.epoch);
                         return;
                     }
+                    // Replicas the partition key names learners (added by a move, not promoted yet) neither count nor
+                    // rank, whatever they answer: the majority is over the voters.
+                    let learners = states
+                        .get(round.partition as usize)
+                        .map(|s| s.learners.clone())
+                        .unwrap_or_default();
+                    for (node, b, _) in &mut answers {
+                        if learners.contains(node) {
+                            b.learner = true;
+                        }
+                    }
                     decide(
                         me,
                         partition.rank(),
-                        partition.is_learner(),
+                        partition.is_learner() || learners.contains(&me),
                         &answers,
-                        replicas.len(),
+                        replicas.len() - learners.len(),
                     )
                 }
             };
@@ -215,6 +226,7 @@ impl Shipper {
                         epoch: round.epoch,
                         leader: node,
                         replicas: Vec::new(),
+                        learners: Vec::new(),
                     });
                     match self
                         .router

@@ -525,6 +525,7 @@ async fn describe_topic(front: &Front, name: &str) -> OpResult<Response> {
             replicas: s.replicas.iter().map(|&n| id_of(n)).collect(),
             leader: id_of(s.leader),
             epoch: s.epoch,
+            learners: s.learners.iter().map(|&n| id_of(n)).collect(),
         })
     };
     Ok(ops::topics::render_described(

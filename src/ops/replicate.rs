@@ -156,8 +156,10 @@ pub struct MoveLeader {
     pub partition: u32,
     pub epoch: u64,
     pub leader: NodeIndex,
-    /// The new replica set, `leader` among them (empty: the replica set stays as it is).
+    /// The new replica set, `leader` among them (empty: the replica set and its learners stay as they are).
     pub replicas: Vec<NodeIndex>,
+    /// With a new replica set: those of them that do not vote yet.
+    pub learners: Vec<NodeIndex>,
 }
 
 /// Fences this node's replica of a partition at a new leader's epoch (`BeginEpoch`), on the core holding it: its
@@ -500,6 +502,7 @@ mod tests {
     fn states(epoch: u64) -> Vec<PartitionState> {
         vec![PartitionState {
             placed: Vec::new(),
+            learners: Vec::new(),
             replicas: vec![1, 0],
             leader: 1,
             epoch,
@@ -531,6 +534,7 @@ mod tests {
         topic.id = 6;
         let state = vec![PartitionState {
             placed: Vec::new(),
+            learners: Vec::new(),
             replicas: vec![0, 1],
             leader,
             epoch,
@@ -691,6 +695,7 @@ mod tests {
             // A fencing round neither counts nor ranks it: it says so.
             engine.topic("t").unwrap().set_states(vec![PartitionState {
                 placed: Vec::new(),
+                learners: Vec::new(),
                 replicas: vec![1, 0],
                 leader: 1,
                 epoch: 9,
@@ -772,6 +777,7 @@ mod tests {
     ) -> Replicated {
         engine.topic("t").unwrap().set_states(vec![PartitionState {
             placed: Vec::new(),
+            learners: Vec::new(),
             replicas: vec![1, 0],
             leader: 1,
             epoch,
@@ -935,6 +941,7 @@ mod tests {
             assert!(matches!(r, Err(OpError::PartitionUnavailable(_))), "{r:?}");
             engine.topic("t").unwrap().set_states(vec![PartitionState {
                 placed: Vec::new(),
+                learners: Vec::new(),
                 replicas: vec![1, 0],
                 leader: 1,
                 epoch: 9,
@@ -1096,6 +1103,7 @@ mod tests {
             view.id = 6;
             let state = vec![PartitionState {
                 placed: Vec::new(),
+                learners: Vec::new(),
                 replicas: vec![0, 1],
                 leader: 0,
                 epoch: 12,

@@ -56,6 +56,7 @@ fn engine_status(e: &EngineError) -> (u16, &'static str) {
         EngineError::NodeNotFound(_) => (404, "node_not_found"),
         EngineError::NodeAlive(_) => (409, "node_alive"),
         EngineError::NodeRemoved(_) => (409, "node_removed"),
+        EngineError::NodeHoldsOnlyCopy(..) => (409, "only_copy"),
     }
 }
 

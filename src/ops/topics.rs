@@ -226,6 +226,8 @@ pub struct Holders {
     pub replicas: Vec<String>,
     pub leader: String,
     pub epoch: u64,
+    /// Replicas added by a move that do not vote yet (shown only when there are some).
+    pub learners: Vec<String>,
 }
 
 /// The answer to `GET /topics/T`: settings, groups, and each partition with its groups' state and who holds it
@@ -248,6 +250,9 @@ pub fn render_described(
                 v["replicas"] = json!(h.replicas);
                 v["leader"] = json!(h.leader);
                 v["epoch"] = json!(h.epoch);
+                if !h.learners.is_empty() {
+                    v["learners"] = json!(h.learners);
+                }
             }
             if !p.followers.is_empty() {
                 // A replicated partition's leader: how far each follower has it.
@@ -282,6 +287,9 @@ pub fn render_described(
             v["replicas"] = json!(h.replicas);
             v["leader"] = json!(h.leader);
             v["epoch"] = json!(h.epoch);
+            if !h.learners.is_empty() {
+                v["learners"] = json!(h.learners);
+            }
         }
         parts.push(v);
     }

@@ -495,6 +495,7 @@ mod tests {
                 epoch: 1,
                 leader: 5,
                 replicas: vec![5, 6, 7],
+                learners: vec![7],
             }),
             Request::DrainNode("n1".into(), crate::engine::cluster::DrainAction::Remove),
         ];

@@ -101,6 +101,13 @@ impl Partition {
         self.followers.borrow_mut().clear();
     }
 
+    /// Whether this leadership's commit has reached where it began (a majority of the current replicas holds every
+    /// record up to there): before that the commit offset says nothing about the followers (it starts at the log's
+    /// start at every new epoch). Always true for an unreplicated partition.
+    pub fn commit_settled(&self) -> bool {
+        !self.replicated() || self.commit.end.get() >= self.commit.since.get()
+    }
+
     /// Whether produces wait for followers and consumers see only committed records.
     pub fn replicated(&self) -> bool {
         self.commit.replicas.get() > 1

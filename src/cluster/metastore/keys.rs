@@ -220,6 +220,9 @@ struct StoredPartition {
     topic_id: u64,
     replicas: Vec<NodeIndex>,
     leader: NodeIndex,
+    /// Replicas that do not vote yet (added by a move, not promoted); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    learners: Vec<NodeIndex>,
 }
 
 impl TopicRecord {
@@ -345,13 +348,45 @@ pub fn decode_topic(name: &str, kv: &KeyValue) -> Result<TopicRecord, MetaError>
 }
 
 /// The value of `partitions/<topic>/<p>` for `topic_id`, `replicas` and `leader`.
+#[cfg(test)]
 pub fn encode_partition(topic_id: u64, replicas: &[NodeIndex], leader: NodeIndex) -> Vec<u8> {
+    encode_partition_with(topic_id, replicas, leader, &[])
+}
+
+/// [`encode_partition`] with the replicas that do not vote yet.
+pub fn encode_partition_with(
+    topic_id: u64,
+    replicas: &[NodeIndex],
+    leader: NodeIndex,
+    learners: &[NodeIndex],
+) -> Vec<u8> {
     serde_json::to_vec(&StoredPartition {
         topic_id,
         replicas: replicas.to_vec(),
         leader,
+        learners: learners.to_vec(),
     })
     .expect("a partition record serialises")
+}
+
+/// Err(why) unless `learners` are distinct replicas other than the leader.
+pub fn check_learners(
+    replicas: &[NodeIndex],
+    leader: NodeIndex,
+    learners: &[NodeIndex],
+) -> Result<(), String> {
+    let mut distinct = learners.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != learners.len()
+        || learners.contains(&leader)
+        || learners.iter().any(|l| !replicas.contains(l))
+    {
+        return Err(format!(
+            "learners {learners:?}: distinct replicas of {replicas:?}, not the leader {leader}"
+        ));
+    }
+    Ok(())
 }
 
 /// Decodes `partitions/<topic>/<p>`: one to [`MAX_REPLICAS`] distinct replicas, the leader one of them, a topic id;
@@ -377,13 +412,16 @@ pub fn decode_partition(kv: &KeyValue) -> Result<PartitionRecord, MetaError> {
     if stored.topic_id == 0 || kv.mod_revision <= 0 {
         return Err(corrupt(kv, "no topic id or no mod revision"));
     }
+    check_learners(&replicas, stored.leader, &stored.learners).map_err(|e| corrupt(kv, e))?;
     Ok(PartitionRecord {
         topic_id: stored.topic_id,
         state: PartitionState {
             placed: Vec::new(),
+
             replicas,
             leader: stored.leader,
             epoch: kv.mod_revision as u64,
+            learners: stored.learners,
         },
     })
 }
@@ -564,6 +602,7 @@ mod tests {
                 topic_id: 5,
                 state: PartitionState {
                     placed: Vec::new(),
+                    learners: Vec::new(),
                     replicas: vec![2, 0, 1],
                     leader: 0,
                     epoch: 9,

@@ -2,8 +2,7 @@
 //! swap on the key's mod revision, retried), deletion, and direct reads. Called on core 0.
 
 use super::keys::{
-    decode_partition, decode_topic, encode_partition, encode_topic, PartitionState, TopicRecord,
-    MAX_REPLICAS,
+    decode_partition, decode_topic, encode_topic, PartitionState, TopicRecord, MAX_REPLICAS,
 };
 use super::placement::{followers, spread};
 use super::snapshot::Snapshot;
@@ -256,6 +255,21 @@ impl Metastore {
         replicas: &[NodeIndex],
         leader: NodeIndex,
     ) -> Result<Option<PartitionState>, MetaError> {
+        self.set_partition_with(topic, p, epoch, replicas, leader, &[])
+            .await
+    }
+
+    /// [`Metastore::set_partition`] with the replicas that do not vote yet (`learners`: distinct replicas other than
+    /// the leader).
+    pub async fn set_partition_with(
+        &self,
+        topic: &TopicRecord,
+        p: u32,
+        epoch: u64,
+        replicas: &[NodeIndex],
+        leader: NodeIndex,
+        learners: &[NodeIndex],
+    ) -> Result<Option<PartitionState>, MetaError> {
         let mut distinct = replicas.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
@@ -271,6 +285,8 @@ impl Metastore {
                 topic.name()
             )));
         }
+        super::keys::check_learners(replicas, leader, learners)
+            .map_err(|e| MetaError::Invalid(format!("partition {p} of '{}': {e}", topic.name())))?;
         let key = self.keys.partition(topic.name(), p);
         let unchanged = if epoch == topic.id() {
             Compare::absent(key.clone())
@@ -282,7 +298,7 @@ impl Metastore {
             CompareOp::Equal,
             CompareTarget::CreateRevision(topic.id() as i64),
         );
-        let value = encode_partition(topic.id(), replicas, leader);
+        let value = super::keys::encode_partition_with(topic.id(), replicas, leader, learners);
         let t = self
             .etcd
             .txn(

@@ -153,12 +153,14 @@ fn every_request() -> Vec<Request> {
             vec![
                 crate::engine::placement::PartitionState {
                     placed: Vec::new(),
+                    learners: Vec::new(),
                     replicas: vec![1, 2],
                     leader: 1,
                     epoch: 91,
                 },
                 crate::engine::placement::PartitionState {
                     placed: Vec::new(),
+                    learners: Vec::new(),
                     replicas: vec![2, 1],
                     leader: 2,
                     epoch: 92,
@@ -252,6 +254,7 @@ fn every_request() -> Vec<Request> {
             epoch: 95,
             leader: 3,
             replicas: vec![3, 1, 4],
+            learners: vec![4],
         }),
         Request::DrainNode("n3".into(), crate::engine::cluster::DrainAction::Remove),
     ]
@@ -335,6 +338,7 @@ fn every_reply() -> Vec<ReplyBody> {
             77,
             vec![crate::engine::placement::PartitionState {
                 placed: Vec::new(),
+                learners: Vec::new(),
                 replicas: vec![2, 0, 1],
                 leader: 0,
                 epoch: 91,
