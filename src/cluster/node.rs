@@ -284,7 +284,15 @@ impl Metadata for EtcdMetadata {
                             t.partitions
                                 .iter()
                                 .enumerate()
-                                .filter(|(_, s)| s.voters() == [node.index])
+                                .filter(|(_, s)| {
+                                    s.voters().iter().all(|&v| {
+                                        v == node.index
+                                            || snapshot
+                                                .node_by_index(v)
+                                                .and_then(|n| n.drain)
+                                                .is_some_and(|d| d.removed)
+                                    })
+                                })
                                 .map(|(p, _)| format!("{}/{p}", t.name()))
                         })
                         .take(5)

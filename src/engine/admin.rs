@@ -108,6 +108,7 @@ impl Engine {
                     .collect();
                 for p in &led {
                     let s = &states[p.id as usize];
+                    p.set_learners(&s.learners);
                     p.prepare_to_lead(s.epoch, s.replicas.len() as u32);
                 }
                 // Cluster mode: the same topic, perhaps with another node's partitions on other cores now, or a
@@ -127,6 +128,7 @@ impl Engine {
                 // Before anything awaits: a replica about to lead serves nothing until it leads.
                 for (p, partition) in &moves.lead {
                     let s = &states[*p as usize];
+                    partition.set_learners(&s.learners);
                     partition.prepare_to_lead(s.epoch, s.replicas.len() as u32);
                 }
                 let to_lead: Vec<(u32, Rc<Partition>, PartitionState)> = {
@@ -159,15 +161,19 @@ impl Engine {
                 for (p, partition) in moves.follow {
                     partition.follow(epochs[p as usize]).await;
                 }
-                if let Some(states) = changed {
-                    self.change_members(&existing, &config, &states).await?;
-                }
+
                 for (p, partition, s) in &to_lead {
                     let wake = self.consumer_wake(&config.name, *p);
+                    partition.set_learners(&s.learners);
                     partition.lead(s.epoch, s.replicas.len() as u32, wake).await;
                     self.ship_from(partition);
                     // It serves once its fencing round is won (`front/round.rs`, then `finish_round`).
                     self.begin_round(&config.name, config.id, *p, s.epoch);
+                }
+                // Replicas gained or lost here, after the leaders above were started (a journal checkpoint may run
+                // first); a failure fails the view, which core 0 then applies again.
+                if let Some(states) = changed {
+                    self.change_members(&existing, &config, &states).await?;
                 }
                 return Ok(());
             }
@@ -198,6 +204,9 @@ impl Engine {
                 match self.open_partition(&config, p, true).await {
                     Ok(partition) => {
                         if let Some(f) = followers.get(p as usize).filter(|f| !f.is_empty()) {
+                            if let Some(s) = states.get(p as usize) {
+                                partition.set_learners(&s.learners);
+                            }
                             // Its records from its log's end on are this epoch's, durably before it serves.
                             let epoch = states.get(p as usize).map_or(config.id, |s| s.epoch);
                             let began = partition
@@ -323,10 +332,7 @@ impl Engine {
                 None => Ok(()),
             }
         };
-        let reused = open
-            .iter()
-            .any(|p| self.storage.list(&dir.join(p.to_string())).is_ok());
-        if reused {
+        if !open.is_empty() {
             if let Err(e) = checkpointed.await {
                 error!(topic = %config.name, error = %e, "cannot open a replica this node was given");
                 return Err(e);
@@ -355,6 +361,8 @@ impl Engine {
         let left = topic.set_members(states, opened, &leave);
         for partition in &left {
             partition.depose(u64::MAX);
+            // Closed first: a batch its writer had queued is journaled before the checkpoint below.
+            partition.close_deleted().await;
         }
         // What the journal holds of them goes to their segments before their directories go (see above).
         let flushed = if left.is_empty() {
@@ -366,7 +374,6 @@ impl Engine {
             }
         };
         for partition in left {
-            partition.close_deleted().await;
             let partition_dir = dir.join(partition.id.to_string());
             if let Err(e) = &flushed {
                 warn!(topic = %config.name, partition = partition.id, error = %e, "a replica this node no longer holds stays on disk: the journal could not be checkpointed");

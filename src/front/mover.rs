@@ -77,6 +77,17 @@ pub fn next_step(v: &PartitionView) -> Option<Step> {
     if let Some(&ready) = v.learners.iter().find(|&&l| (v.in_sync)(l)) {
         return Some(Step::Promote(ready));
     }
+    // A voter without a session in a set larger than R (the one a move added, or the one it is moving off) goes: a
+    // move that waits for it would wait for good (with two voters, every commit needed both).
+    if v.replicas.len() > v.target {
+        if let Some(&dead) = v
+            .replicas
+            .iter()
+            .find(|&&n| n != v.leader && !v.learners.contains(&n) && !(v.alive)(n))
+        {
+            return Some(Step::Remove(dead));
+        }
+    }
     let room = v.learners.is_empty() && v.replicas.len() < MAX_REPLICAS;
     let add = || {
         room.then(|| v.candidates.first().map(|&n| Step::Add(n)))
@@ -203,7 +214,13 @@ async fn run(shipper: Weak<Shipper>) {
                     })
                     .collect();
                 candidates.sort_unstable();
-                let candidates: Vec<NodeIndex> = candidates.into_iter().map(|c| c.2).collect();
+                // A new replica is caught up from the leader's log only: one that no longer starts at 0 (retention)
+                // could never fill it (the whole-segment copy is not built), so none is added.
+                let candidates: Vec<NodeIndex> = if partition.log.start_offset() > 0 {
+                    Vec::new()
+                } else {
+                    candidates.into_iter().map(|c| c.2).collect()
+                };
                 let step = next_step(&PartitionView {
                     replicas: &state.replicas,
                     learners: &state.learners,
@@ -317,6 +334,20 @@ mod tests {
         // A learner that died goes (a new one is added after).
         assert_eq!(
             step(&[0, 1, 2, 3], &[3], 0, 3, &[2], &[3], &[], &[4]),
+            Some(Step::Remove(3))
+        );
+        // So does a promoted one, or the leaving one, once dead in a set larger than R.
+        assert_eq!(
+            step(&[0, 1, 2, 3], &[], 0, 3, &[2], &[3], &[], &[4]),
+            Some(Step::Remove(3))
+        );
+        assert_eq!(
+            step(&[0, 1, 2, 3], &[], 0, 3, &[2], &[2], &[], &[4]),
+            Some(Step::Remove(2))
+        );
+        // R = 1 moving, its new replica promoted and then dead: the leaving leader drops it rather than wait.
+        assert_eq!(
+            step(&[0, 3], &[], 0, 1, &[0], &[3], &[], &[4]),
             Some(Step::Remove(3))
         );
     }

@@ -114,8 +114,13 @@ async fn run(shipper: Weak<Shipper>) {
             // Once per `limit` at most, whatever comes of it.
             seen.since = now;
             let me = engine.node();
-            let Some(to) = topic
-                .replicas_of(p)
+            // A voter: a learner of the partition key never leads.
+            let voters = topic
+                .states()
+                .get(p as usize)
+                .map(|s| s.voters())
+                .unwrap_or_default();
+            let Some(to) = voters
                 .into_iter()
                 .find(|&n| n != me && engine.node_alive(n))
             else {

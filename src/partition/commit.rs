@@ -38,6 +38,10 @@ pub(super) struct Commit {
     pub(super) since: std::cell::Cell<u64>,
     /// Some(epoch) while the fencing round of a leadership at that epoch is under way (it serves nothing yet).
     pub(super) round: std::cell::Cell<Option<u64>>,
+    /// Followers the partition key names learners (added by a move, not promoted yet): their answers are recorded
+    /// (a move waits for them to be in sync) but the majority is over the other replicas, so a learner being
+    /// caught up never holds the commit back.
+    pub(super) learners: std::cell::RefCell<Vec<u32>>,
 }
 
 /// While it lives a take is under way on the partition.
@@ -70,6 +74,7 @@ impl Commit {
             served: event_listener::Event::new(),
             since: std::cell::Cell::new(0),
             round: std::cell::Cell::new(None),
+            learners: std::cell::RefCell::new(Vec::new()),
         }
     }
 }
@@ -99,6 +104,12 @@ impl Partition {
         self.commit.acked.borrow_mut().clear();
         // What its followers had is learnt again from their answers (the set may have changed with the epoch).
         self.followers.borrow_mut().clear();
+    }
+
+    /// The replicas the partition key names learners: they count for no majority (`Commit::learners`). Set with the
+    /// replica count, before the partition leads at a new epoch.
+    pub fn set_learners(&self, learners: &[u32]) {
+        *self.commit.learners.borrow_mut() = learners.to_vec();
     }
 
     /// Whether this leadership's commit has reached where it began (a majority of the current replicas holds every
@@ -181,16 +192,25 @@ impl Partition {
 
     fn recompute_commit(&self) {
         let leader = self.log.end_offset();
+        let learners = self.commit.learners.borrow();
         let mut ends: Vec<u64> = std::iter::once(leader)
             .chain(
                 self.commit
                     .acked
                     .borrow()
                     .iter()
+                    .filter(|(n, _)| !learners.contains(n))
                     .map(|&(_, e)| e.min(leader)),
             )
             .collect();
-        let Some(majority) = majority_end(self.commit.replicas.get(), &mut ends) else {
+        let voters = self
+            .commit
+            .replicas
+            .get()
+            .saturating_sub(learners.len() as u32)
+            .max(1);
+        drop(learners);
+        let Some(majority) = majority_end(voters, &mut ends) else {
             return;
         };
         if majority < self.commit.since.get() {

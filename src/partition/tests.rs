@@ -808,6 +808,39 @@ fn a_replicated_partition_serves_and_answers_only_what_a_majority_of_its_replica
     });
 }
 
+/// A replica the partition key names a learner (added by a move, being caught up) is recorded but holds no commit
+/// back: R = 4 with one learner commits at a majority of the three voters, and the learner's answers alone commit
+/// nothing.
+#[test]
+fn a_learner_of_the_partition_key_counts_for_no_majority() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken = Rc::new(std::cell::Cell::new(0usize));
+        let w = woken.clone();
+        let p = open_waking(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
+        p.set_learners(&[9]);
+        p.set_replicas(4);
+        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        // One voter besides the leader, the learner silent: two of the three voters, committed (counting the
+        // learner it would take three of four).
+        p.follower_acked(7, 2);
+        assert_eq!(p.readable_end(), 2);
+        // The learner has everything: nothing more is committed on its word.
+        p.follower_acked(9, 3);
+        assert_eq!(p.readable_end(), 2);
+        assert_eq!(p.follower_counted(9), 3, "its answers are still recorded");
+        p.set_learners(&[]);
+        p.set_replicas(4);
+        p.follower_acked(7, 3);
+        assert_eq!(
+            p.readable_end(),
+            0,
+            "four voters: the leader and one follower are not a majority"
+        );
+    });
+}
+
 /// Each append counts its records once, in the partition's `produced` counter and in the wake-up of parked
 /// consumers (exactly as many as became deliverable), whatever offset the batch starts at.
 #[test]
