@@ -1824,6 +1824,19 @@ fn five_replicated(
     topic: &str,
     netns: bool,
 ) -> Option<(Cluster, [usize; 3], HashSet<String>)> {
+    let (c, r, want) = replicated_with_five(name, topic, 3, netns)?;
+    Some((c, [r[0], r[1], r[2]], want))
+}
+
+/// `nodes` nodes (`--replication-preview`, a 500 ms replica timeout, a 2 s TTL), a topic of one partition with
+/// three replicas, and five records acknowledged through its leader and on both followers: the cluster, the
+/// replicas in order (the leader first), and the records.
+fn replicated_with_five(
+    name: &str,
+    topic: &str,
+    nodes: usize,
+    netns: bool,
+) -> Option<(Cluster, Vec<usize>, HashSet<String>)> {
     let opts = Opts {
         netns,
         extra: vec![
@@ -1833,22 +1846,21 @@ fn five_replicated(
         ],
         ..Opts::short_ttl()
     };
-    let c = Cluster::start_with(name, 3, opts)?;
+    let c = Cluster::start_with(name, nodes, opts)?;
     let a = c
         .node(0)
         .put(&format!("/topics/{topic}?partitions=1&replicas=3"));
     assert_eq!(a.status, 201, "{}", a.text());
     let p = partitions(c.node(0), topic).remove(0);
     let replicas: Vec<usize> = replica_indices(&c, &p);
-    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
     let mut want = HashSet::new();
     for i in 0..5 {
         let body = format!("m{i}");
-        assert_eq!(produce(c.node(leader), topic, "", &body).1, i);
+        assert_eq!(produce(c.node(replicas[0]), topic, "", &body).1, i);
         want.insert(body);
     }
-    wait_replicated(c.node(leader), topic, 2);
-    Some((c, [leader, f1, f2], want))
+    wait_replicated(c.node(replicas[0]), topic, 2);
+    Some((c, replicas, want))
 }
 
 /// Truncation by epoch: a leader that wrote records no follower took (its produces answered `503
@@ -2223,31 +2235,10 @@ fn four_nodes_three_replicas(
     name: &str,
     topic: &str,
 ) -> Option<(Cluster, Vec<usize>, usize, HashSet<String>)> {
-    let opts = Opts {
-        extra: vec![
-            "--replication-preview".into(),
-            "--replica-timeout-ms".into(),
-            "500".into(),
-        ],
-        ..Opts::short_ttl()
-    };
-    let c = Cluster::start_with(name, 4, opts)?;
-    let a = c
-        .node(0)
-        .put(&format!("/topics/{topic}?partitions=1&replicas=3"));
-    assert_eq!(a.status, 201, "{}", a.text());
-    let p = partitions(c.node(0), topic).remove(0);
-    let replicas = replica_indices(&c, &p);
+    let (c, replicas, want) = replicated_with_five(name, topic, 4, false)?;
     let spare = (0..4)
         .find(|i| !replicas.contains(i))
         .expect("a node without a replica");
-    let mut want = HashSet::new();
-    for i in 0..5 {
-        let body = format!("m{i}");
-        assert_eq!(produce(c.node(replicas[0]), topic, "", &body).1, i);
-        want.insert(body);
-    }
-    wait_replicated(c.node(replicas[0]), topic, 2);
     Some((c, replicas, spare, want))
 }
 

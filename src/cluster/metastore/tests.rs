@@ -808,3 +808,57 @@ fn etcd_paused_past_the_ttl_but_within_the_grace_never_loses_the_session() {
         assert!(matches!(node.state(), SessionState::Live { .. }));
     });
 }
+
+/// Drains (`drains/<id>`): only for a node that registered; a drain is ended by deleting its key, a removal never
+/// is, nor turned back into a drain; every replica sees them on the node's entry, and a new topic is not placed on
+/// a leaving node.
+#[test]
+fn a_drain_ends_a_removal_does_not_and_a_leaving_node_takes_no_new_topic() {
+    let Some(p) =
+        start_etcd("a_drain_ends_a_removal_does_not_and_a_leaving_node_takes_no_new_topic")
+    else {
+        return;
+    };
+    run(async {
+        let s = store(&p.url);
+        let replica = s.replica().await.unwrap();
+        let (n1, n2) = (
+            s.register(spec("n1")).await.unwrap(),
+            s.register(spec("n2")).await.unwrap(),
+        );
+        assert_eq!(s.set_drain("nobody", false, 1).await.unwrap(), None);
+        assert_eq!(s.end_drain("nobody").await.unwrap(), None);
+        let drained = s
+            .set_drain("n2", false, 5)
+            .await
+            .unwrap()
+            .expect("n2 exists");
+        assert!(!drained.removed);
+        until(&replica, "n2 draining", |snap| {
+            snap.node("n2").is_some_and(|n| n.drain == Some(drained))
+        })
+        .await;
+        // A new topic goes to n1 alone.
+        let (_, record) = s.create_topic(topic("fresh", 4)).await.unwrap();
+        assert_eq!(record.placement, [n1.index(); 4]);
+        // Ended: n2 takes topics again.
+        assert_eq!(s.end_drain("n2").await.unwrap(), Some(drained));
+        assert_eq!(s.drain_of("n2").await.unwrap(), None);
+        let (_, record) = s.create_topic(topic("later", 4)).await.unwrap();
+        assert!(
+            record.placement.contains(&n2.index()),
+            "{:?}",
+            record.placement
+        );
+        // A removal holds: a drain asked after it returns it, and it does not end.
+        let removed = s.set_drain("n2", true, 9).await.unwrap().unwrap();
+        assert!(removed.removed);
+        assert_eq!(s.set_drain("n2", false, 10).await.unwrap(), Some(removed));
+        assert_eq!(s.end_drain("n2").await.unwrap(), Some(removed));
+        assert_eq!(s.drain_of("n2").await.unwrap(), Some(removed));
+        until(&replica, "n2 removed", |snap| {
+            snap.node("n2").is_some_and(|n| n.drain == Some(removed))
+        })
+        .await;
+    });
+}
