@@ -102,12 +102,31 @@ fn produce(node: &Node, topic: &str, extra: &str, body: &str) -> (u64, u64) {
 }
 
 fn create_topic(node: &Node, topic: &str, partitions: u64) {
-    let a = node.put(&format!("/topics/{topic}?partitions={partitions}"));
-    assert_eq!(
-        a.status,
-        201,
-        "create {topic} through {}: {}",
+    put_topic(node, &format!("/topics/{topic}?partitions={partitions}"));
+}
+
+/// `PUT path` through `node`, retried as a client retries a `503` (etcd out of reach for a moment: on this shared
+/// 2-core machine its answer can take longer than the node's 5 s timeout), until `201`, or `200` after a retry (the
+/// first try may have created the topic before its answer was lost). 30 s at most.
+fn put_topic(node: &Node, path: &str) {
+    let mut tries = 0;
+    let a = wait_for(
+        &format!("PUT {path} through {}", node.id),
+        Duration::from_secs(30),
+        || {
+            tries += 1;
+            match node.call("PUT", path, b"") {
+                Ok(a) if a.status == 503 => Err(a.text()),
+                Ok(a) => Ok(a),
+                Err(e) => Err(e),
+            }
+        },
+    );
+    assert!(
+        a.status == 201 || (tries > 1 && a.status == 200),
+        "PUT {path} through {}: {} {}",
         node.id,
+        a.status,
         a.text()
     );
 }
@@ -1847,10 +1866,10 @@ fn replicated_with_five(
         ..Opts::short_ttl()
     };
     let c = Cluster::start_with(name, nodes, opts)?;
-    let a = c
-        .node(0)
-        .put(&format!("/topics/{topic}?partitions=1&replicas=3"));
-    assert_eq!(a.status, 201, "{}", a.text());
+    put_topic(
+        c.node(0),
+        &format!("/topics/{topic}?partitions=1&replicas=3"),
+    );
     let p = partitions(c.node(0), topic).remove(0);
     let replicas: Vec<usize> = replica_indices(&c, &p);
     let mut want = HashSet::new();

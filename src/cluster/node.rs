@@ -35,10 +35,10 @@ fn engine_error(e: MetaError) -> EngineError {
         MetaError::Invalid(s) => EngineError::InvalidSetting(s),
         MetaError::Contended(_) => EngineError::Overloaded,
         MetaError::Etcd(e) => {
-            EngineError::TopicUnavailable(format!("the metastore (etcd) failed: {e}"))
+            EngineError::ClusterUnavailable(format!("the metastore (etcd) failed: {e}; retry"))
         }
         MetaError::NoLiveNodes => {
-            EngineError::TopicUnavailable("no live node to place partitions on".into())
+            EngineError::ClusterUnavailable("no live node to place partitions on".into())
         }
         other => EngineError::Storage(other.to_string()),
     }
@@ -152,7 +152,7 @@ async fn caught_up(replica: &Replica, revision: i64) -> EngineResult<std::sync::
     super::within(CAUGHT_UP_TIMEOUT, replica.caught_up(revision))
         .await
         .ok_or_else(|| {
-            EngineError::TopicUnavailable(format!(
+            EngineError::ClusterUnavailable(format!(
                 "the change was made in the metastore, but this node's replica did not reach it within {} s; retry",
                 CAUGHT_UP_TIMEOUT.as_secs()
             ))
@@ -468,7 +468,9 @@ pub async fn join(
         incarnation: config.incarnation.clone(),
     };
     // A node restarted right after a crash finds its old session still alive in etcd until the lease runs out.
-    let deadline = std::time::Instant::now() + Duration::from_secs(settings.node_ttl_s + 5);
+    // And one started while etcd is out of reach for a moment keeps trying for at least 30 s.
+    let deadline =
+        std::time::Instant::now() + Duration::from_secs((settings.node_ttl_s + 5).max(30));
     let session = loop {
         // A data directory the cluster did not know (wiped, replaced): noted, with etcd's revision, before the
         // registration records the new incarnation, so that this node's replicas of older topics start as learners
@@ -963,7 +965,7 @@ mod tests {
             let e = metadata.create_topic(config.clone()).await.unwrap_err();
             let waited = started.elapsed();
             assert!(
-                matches!(&e, EngineError::TopicUnavailable(why) if why.contains("did not reach it")),
+                matches!(&e, EngineError::ClusterUnavailable(why) if why.contains("did not reach it")),
                 "{e:?}"
             );
             assert!(

@@ -47,6 +47,9 @@ pub enum EngineError {
     /// 409 only_copy: `DELETE /cluster/nodes/ID` for a node that holds the only voting replica of these partitions
     /// (`topic/partition`, the first few).
     NodeHoldsOnlyCopy(String, Vec<String>),
+    /// 503 topic_unavailable, for a reason of the cluster's (etcd out of reach, no live node, a replica behind), said
+    /// as it is: a topic change could not be made or seen now; retry.
+    ClusterUnavailable(String),
 }
 
 impl std::fmt::Display for EngineError {
@@ -94,6 +97,7 @@ impl std::fmt::Display for EngineError {
             Self::Storage(e) => write!(f, "storage error: {e}"),
             Self::Partition(e) => write!(f, "{e}"),
             Self::NodeNotFound(id) => write!(f, "no node '{id}' ever joined the cluster"),
+            Self::ClusterUnavailable(why) => write!(f, "{why}"),
             Self::NodeHoldsOnlyCopy(id, partitions) => write!(
                 f,
                 "node '{id}' holds the only copy of partitions {partitions:?}: removing it would lose them (bring it back, or delete those topics first)"

@@ -57,6 +57,7 @@ fn engine_status(e: &EngineError) -> (u16, &'static str) {
         EngineError::NodeAlive(_) => (409, "node_alive"),
         EngineError::NodeRemoved(_) => (409, "node_removed"),
         EngineError::NodeHoldsOnlyCopy(..) => (409, "only_copy"),
+        EngineError::ClusterUnavailable(_) => (503, "topic_unavailable"),
     }
 }
 
