@@ -332,6 +332,19 @@ impl Net {
             "dev",
             &net.bridge,
         ])?;
+        // A bridge takes the lowest MAC address among its ports unless it has its own: a slot added later whose
+        // veth happened to have a lower one changed it, and the namespaces already running kept the old one in their
+        // neighbour caches, so their packets to the bridge's addresses (etcd's) went out another port instead, for
+        // as long as those entries lived (a node's etcd calls timed out for 30 s). A fixed, locally administered
+        // address per bridge never changes.
+        let mac = format!(
+            "02:62:{:02x}:{:02x}:{:02x}:{:02x}",
+            (pid >> 16) & 0xff,
+            (pid >> 8) & 0xff,
+            pid & 0xff,
+            seq & 0xff
+        );
+        ip(&["link", "set", "dev", &net.bridge, "address", &mac])?;
         ip(&["link", "set", &net.bridge, "up"])?;
         Ok(net)
     }
