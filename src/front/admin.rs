@@ -86,8 +86,12 @@ impl Front {
                 Ok(Reply::Described(part)) => all.extend(part),
                 Ok(other) => unreachable!("a describe answered {other:?}"),
                 // Another node that cannot be reached (dead, cut off, restarting): its partitions are left out,
-                // and the description says they are unavailable, rather than the whole answer being a 503.
-                Err(OpError::PartitionUnavailable(_)) if remote => {}
+                // and the description says they are unavailable, rather than the whole answer being a 503. So
+                // are those of a node that does not know the topic yet (created a moment ago through another node,
+                // its metastore watch behind): this node knows it, so it is no `404`.
+                Err(OpError::PartitionUnavailable(_))
+                | Err(OpError::Engine(crate::engine::EngineError::TopicNotFound(_)))
+                    if remote => {}
                 Err(e) => return Err(e),
             }
         }
