@@ -14,7 +14,7 @@ pub mod node;
 pub mod rpc;
 #[cfg(test)]
 mod test_etcd;
-mod unopened;
+pub(crate) mod unopened;
 
 use glommio::net::TcpStream;
 use std::future::Future;

@@ -52,7 +52,7 @@ impl From<MetaError> for EngineError {
 
 /// A topic as the engine takes it: settings with the metastore's id, where each partition lives, and each
 /// partition's replicas, leader and epoch.
-fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> Placed {
+pub(crate) fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> Placed {
     let mut config = record.config.clone();
     config.id = record.id();
     (
@@ -63,7 +63,12 @@ fn as_engine(record: &TopicRecord, snapshot: &Snapshot) -> Placed {
 }
 
 /// The node table, fencing and the topics not opened here, as every core holds them.
-fn view_of(snapshot: &Snapshot, me: NodeIndex, fenced: bool, retries: &Retries) -> ClusterView {
+pub(crate) fn view_of(
+    snapshot: &Snapshot,
+    me: NodeIndex,
+    fenced: bool,
+    retries: &Retries,
+) -> ClusterView {
     ClusterView {
         node: me,
         nodes: snapshot
@@ -99,7 +104,7 @@ fn ms_since(start: std::time::Instant) -> u64 {
 
 /// Core 0: opens (or brings up to date) a topic of the metastore here. A failure (this node's caps, a core that
 /// could not open its share) is logged and listed for a retry; a success clears it.
-async fn learn(
+pub(crate) async fn learn(
     engine: &Rc<Engine>,
     record: &TopicRecord,
     snapshot: &Snapshot,

@@ -424,7 +424,7 @@ impl Engine {
         let learner_if_new = if added.is_some() {
             added
         } else if config.replicas > 1 && self.clustered() {
-            crate::storage::learner::read_joined(&self.config.data_dir)?
+            crate::storage::learner::read_joined_in(&*self.storage, &self.config.data_dir)?
                 .filter(|&revision| config.id <= revision)
         } else {
             None

@@ -271,6 +271,12 @@ impl Engine {
         self.clock.now_ms()
     }
 
+    /// Sleeps `d` on this core's clock (the simulation's manual clock under it), to the millisecond.
+    pub fn sleep(&self, d: std::time::Duration) -> crate::clock::Sleep {
+        self.clock
+            .sleep_until(self.clock.now_ms() + d.as_millis() as u64)
+    }
+
     pub fn metrics(&self) -> &CoreMetrics {
         &self.metrics
     }
@@ -421,6 +427,18 @@ impl Engine {
     pub(crate) fn ship(&self, head: &crate::storage::journal::EntryHead, frames: &[u8]) {
         let sink = self.ship_sink.borrow().clone();
         if let Some(sink) = sink {
+            // A leader in its fencing round, or deposed, ships nothing, not even a probe: its log may lack what a
+            // majority holds, and the epoch history its stream sends would cut that from its followers. (Found by
+            // the node simulation: a batch of an older leadership, durable only once a stalled disk answered, was
+            // shipped at the epoch of a round not yet won.) Its stream starts once the round is won
+            // (`finish_round`), and catches its followers up from its log.
+            let serving = self.topic(&head.topic).ok().is_none_or(|t| {
+                t.owned_partition(head.partition)
+                    .is_none_or(|p| p.round_under_way().is_none() && p.deposed().is_none())
+            });
+            if !serving {
+                return;
+            }
             sink(Ship::Batch(head, frames));
         }
     }

@@ -28,7 +28,7 @@ use crate::ops::replicate::MoveLeader;
 use crate::ops::{Reply, Request};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// How often a core looks at the partitions it leads.
@@ -142,9 +142,15 @@ impl Shipper {
 
 async fn run(shipper: Weak<Shipper>) {
     // Per partition, the epoch at which a step was asked, and when.
-    let mut asked: HashMap<(String, u32), (u64, Instant)> = HashMap::new();
+    let mut asked: HashMap<(String, u32), (u64, u64)> = HashMap::new();
     loop {
-        glommio::timer::sleep(EVERY).await;
+        // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
+        let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
+            return;
+        };
+        clock
+            .sleep_until(clock.now_ms() + EVERY.as_millis() as u64)
+            .await;
         let Some(shipper) = shipper.upgrade() else {
             return;
         };
@@ -159,8 +165,8 @@ async fn run(shipper: Weak<Shipper>) {
         let me = engine.node();
         let leaving = |n: NodeIndex| view.nodes.iter().any(|e| e.index == n && e.draining);
         let alive = |n: NodeIndex| engine.node_alive(n);
-        let now = Instant::now();
-        asked.retain(|_, (_, at)| now.duration_since(*at) < RETRY_AFTER);
+        let now = engine.now_ms();
+        asked.retain(|_, (_, at)| now.saturating_sub(*at) < RETRY_AFTER.as_millis() as u64);
         let mut steps = Vec::new();
         for name in engine.topic_names() {
             let Ok(topic) = engine.topic(&name) else {

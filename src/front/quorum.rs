@@ -17,7 +17,7 @@ use crate::ops::replicate::MoveLeader;
 use crate::ops::{Reply, Request};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// How often the partitions are looked at.
@@ -40,7 +40,7 @@ struct Stuck {
     commit: u64,
     /// The followers' answered ends: one that moves is a follower catching up, not a lost majority.
     progress: u64,
-    since: Instant,
+    since: u64,
 }
 
 impl Shipper {
@@ -52,9 +52,15 @@ impl Shipper {
 
 async fn run(shipper: Weak<Shipper>) {
     let mut stuck: HashMap<(String, u32), Stuck> = HashMap::new();
-    let mut moved: HashMap<(String, u32), Instant> = HashMap::new();
+    let mut moved: HashMap<(String, u32), u64> = HashMap::new();
     loop {
-        glommio::timer::sleep(EVERY).await;
+        // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
+        let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
+            return;
+        };
+        clock
+            .sleep_until(clock.now_ms() + EVERY.as_millis() as u64)
+            .await;
         let Some(shipper) = shipper.upgrade() else {
             return;
         };
@@ -63,11 +69,11 @@ async fn run(shipper: Weak<Shipper>) {
         }
         let engine = shipper.engine().clone();
         let limit = stuck_for(engine.replica_timeout());
-        let now = Instant::now();
+        let now = engine.now_ms();
         let led: std::collections::HashSet<(String, u32)> =
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
-        moved.retain(|_, at| now.duration_since(*at) < AFTER_A_MOVE);
+        moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);
         for key in led {
             let Ok(topic) = engine.topic(&key.0) else {
                 stuck.remove(&key);
@@ -108,7 +114,8 @@ async fn run(shipper: Weak<Shipper>) {
                 };
                 continue;
             }
-            if now.duration_since(seen.since) < limit || moved.contains_key(&key) {
+            if now.saturating_sub(seen.since) < limit.as_millis() as u64 || moved.contains_key(&key)
+            {
                 continue;
             }
             // Once per `limit` at most, whatever comes of it.

@@ -156,7 +156,7 @@ struct Follower {
     /// been delivered yet (None: not queued). Empty: it has them all, and each request asks it to promote itself.
     owed: RefCell<Option<std::collections::BTreeSet<String>>>,
     /// When a probe last asked this learner to promote itself (at most one a second).
-    promote_asked: Cell<Option<std::time::Instant>>,
+    promote_asked: Cell<Option<u64>>,
     /// Set after a failed call: no send before the retry.
     backoff: Cell<Option<Duration>>,
     /// The next retry's wait: doubled by each failure, back to `FIRST_RETRY` after an answer.
@@ -734,7 +734,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
         }
         let listener = f.wake.listen();
         if let Some(wait) = f.backoff.get() {
-            glommio::timer::sleep(wait).await;
+            shipper.engine().sleep(wait).await;
             f.backoff.set(None);
             if !shipper.still_leads(&stream) {
                 break;
@@ -783,11 +783,11 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             && f.owed.borrow().as_ref().is_none_or(|owed| owed.is_empty())
             && f.promote_asked
                 .get()
-                .is_none_or(|at| at.elapsed() >= PROMOTE_EVERY)
+                .is_none_or(|at| shipper.engine().now_ms() >= at + PROMOTE_EVERY.as_millis() as u64)
         {
             // A learner with nothing else to send: asked (a probe) to promote itself once it has every group's
             // frontier, or asked where it stands so that its answer queues them.
-            f.promote_asked.set(Some(std::time::Instant::now()));
+            f.promote_asked.set(Some(shipper.engine().now_ms()));
             if let Dispatch::Gone = probe(&shipper, &stream, &f) {
                 break;
             }
@@ -801,7 +801,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                     break;
                 }
             } else {
-                idle(listener).await;
+                idle(shipper.engine(), listener).await;
                 if !shipper.still_leads(&stream) {
                     break;
                 }
@@ -809,7 +809,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             continue;
         }
         if f.lagging.get() || f.in_flight.get() >= shipper.windows.in_flight {
-            idle(listener).await;
+            idle(shipper.engine(), listener).await;
             if !shipper.still_leads(&stream) {
                 break;
             }
@@ -826,7 +826,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 // kept batches start (they follow on as usual).
                 // (Runs in flight on the core are bounded like kept batches.)
                 if shipper.catching.get() >= shipper.windows.core_bytes {
-                    idle(listener).await;
+                    idle(shipper.engine(), listener).await;
                     if !shipper.still_leads(&stream) {
                         break;
                     }
@@ -863,7 +863,7 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                 }
             }
             Err(false) => {
-                idle(listener).await;
+                idle(shipper.engine(), listener).await;
                 if !shipper.still_leads(&stream) {
                     break;
                 }
@@ -957,8 +957,8 @@ fn dispatch(
 }
 
 /// Waits for a wake-up, at most `IDLE_CHECK`./// Waits for a wake-up, at most `IDLE_CHECK`.
-async fn idle(listener: event_listener::EventListener) {
-    futures_lite::future::or(listener, glommio::timer::sleep(IDLE_CHECK)).await;
+async fn idle(engine: &Engine, listener: event_listener::EventListener) {
+    futures_lite::future::or(listener, engine.sleep(IDLE_CHECK)).await;
 }
 
 /// A call failed: everything not acknowledged is sent again after a backoff. The calls in flight with it fail
@@ -1058,7 +1058,7 @@ async fn send_frontiers(
                 why, "replicate frontiers: retrying after {wait:?}"
             );
             queue.delay.set((wait * 2).min(MAX_RETRY));
-            glommio::timer::sleep(wait).await;
+            shipper.engine().sleep(wait).await;
         }
     }
     queue.in_flight.set(false);

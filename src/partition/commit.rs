@@ -210,6 +210,11 @@ impl Partition {
             .saturating_sub(learners.len() as u32)
             .max(1);
         drop(learners);
+        let voters = if crate::planted::planted(crate::planted::Bug::MinorityCommit) {
+            1
+        } else {
+            voters
+        };
         let Some(majority) = majority_end(voters, &mut ends) else {
             return;
         };

@@ -30,6 +30,7 @@
 mod checks;
 mod faults;
 mod net;
+pub(crate) mod nodes;
 mod oracle;
 #[cfg(test)]
 mod tests;

@@ -18,7 +18,7 @@
 //!
 //! A damaged file reads as the cautious answer: `joined` as "every topic is older", `replica.learner` as "a learner".
 
-use crate::storage::backend::Storage;
+use crate::storage::backend::{Storage, SyncVia};
 use crate::storage::frontier;
 use std::io::Write;
 use std::path::Path;
@@ -31,8 +31,16 @@ pub const FILE_NAME: &str = "replica.learner";
 
 /// The revision in `DATA/joined`: None when the node never lost its disk (no file). Start-up code: blocking calls.
 pub fn read_joined(data_dir: &Path) -> std::io::Result<Option<u64>> {
+    read_joined_in(
+        &crate::storage::backend::Disk::new(SyncVia::Inline),
+        data_dir,
+    )
+}
+
+/// [`read_joined`] through the storage backend (the engine's opens; the simulation's disks).
+pub fn read_joined_in(storage: &dyn Storage, data_dir: &Path) -> std::io::Result<Option<u64>> {
     let path = data_dir.join(JOINED);
-    match std::fs::read(&path) {
+    match storage.read(&path) {
         Ok(bytes) => Ok(Some(frontier::decode(&bytes).unwrap_or_else(|| {
             error!(file = %path.display(), len = bytes.len(), "the data directory's joined file fails its check: every replicated partition opened from nothing here starts as a learner");
             u64::MAX

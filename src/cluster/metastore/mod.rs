@@ -33,6 +33,10 @@ mod watched;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub(crate) use keys::{
+    check_learners, encode_alive, encode_member, encode_partition_with, encode_topic,
+};
 pub use keys::{
     DrainRecord, Keys, MemberRecord, PartitionRecord, PartitionState, TopicRecord, MAX_REPLICAS,
 };

@@ -1,0 +1,40 @@
+//! Bugs planted on purpose, so that the node simulation (`sim::nodes`) can show it finds them: each is a known way
+//! to lose acknowledged records in a replicated partition. Test builds only: outside them [`planted`] is a constant
+//! `false` and the checks compile away.
+
+/// A bug the simulation must find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    /// The commit offset moves once the leader alone has a record durable, not a majority (`partition/commit.rs`).
+    MinorityCommit,
+    /// A follower whose log diverges from its new leader's keeps its old tail (`Partition::truncate_diverged`).
+    NoTruncation,
+    /// A new leader serves without its fencing round: it fences no replica (an old leader goes on committing) and
+    /// ranks no log (it may lack acknowledged records a majority holds) (`front/round.rs`).
+    NoFencing,
+}
+
+#[cfg(test)]
+thread_local! {
+    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Plants `bug` (None: none) for what runs on this thread from now on.
+#[cfg(test)]
+pub fn plant(bug: Option<Bug>) {
+    PLANTED.with(|p| p.set(bug));
+}
+
+/// Whether `bug` is planted on this thread (always false outside test builds).
+#[inline(always)]
+pub fn planted(bug: Bug) -> bool {
+    #[cfg(test)]
+    {
+        PLANTED.with(|p| p.get() == Some(bug))
+    }
+    #[cfg(not(test))]
+    {
+        let _ = bug;
+        false
+    }
+}
