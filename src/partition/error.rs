@@ -82,6 +82,10 @@ impl From<AppendError> for PartitionError {
             AppendError::NoSpace => Self::NoSpace,
             AppendError::Poisoned => Self::LogUnavailable,
             AppendError::Closed => Self::Closed,
+            AppendError::NotLeading => Self::Unavailable(
+                "this replica stopped leading the partition before the record was written; it was not written"
+                    .into(),
+            ),
         }
     }
 }

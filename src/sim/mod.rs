@@ -25,7 +25,8 @@
 //! each process's steps); `world.rs` the simulated process and how the driver waits for it; `workload.rs` the plan
 //! and the client operations; `oracle.rs` what clients were told; `faults.rs` kills, power cuts, I/O faults and bit
 //! flips; `checks.rs` the checks after each step and the drain at the end; `net.rs` the simulated mesh;
-//! `tests.rs` the seeds in the suite and targeted scenarios.
+//! `tests.rs` the seeds in the suite and targeted scenarios; `nodes/` the same extended to three replicating nodes
+//! (its own driver, network, etcd and oracle).
 
 mod checks;
 mod faults;

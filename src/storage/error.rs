@@ -12,4 +12,7 @@ pub enum AppendError {
     Poisoned,
     /// The log is closing.
     Closed,
+    /// The replica stopped leading while the append waited its turn to be written (a replicated partition
+    /// deposed): it was not written, as a follower's log grows only by what its leader ships.
+    NotLeading,
 }

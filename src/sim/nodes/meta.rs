@@ -28,6 +28,8 @@ pub(super) struct SimEtcd {
     pub(super) cut: RefCell<BTreeSet<NodeIndex>>,
     /// Partition keys written (elections, hand-overs, moves).
     pub(super) moves: Cell<u64>,
+    /// What was written, for the driver's event log.
+    pub(super) notes: RefCell<Vec<String>>,
 }
 
 impl SimEtcd {
@@ -39,6 +41,7 @@ impl SimEtcd {
             next_lease: Cell::new(0x1000),
             cut: RefCell::new(BTreeSet::new()),
             moves: Cell::new(0),
+            notes: RefCell::new(Vec::new()),
         })
     }
 
@@ -176,8 +179,11 @@ impl SimEtcd {
             leader,
             learners,
         );
-        self.put(key, value, 0);
+        let revision = self.put(key, value, 0);
         self.moves.set(self.moves.get() + 1);
+        self.notes.borrow_mut().push(format!(
+            "etcd: partition {p} at epoch {revision} (was {epoch}): led by {leader} of {replicas:?}, learners {learners:?}"
+        ));
         true
     }
 }

@@ -171,6 +171,20 @@ struct Cluster {
     fault_percent: u64,
 }
 
+thread_local! {
+    /// The simulated time of the seed this thread runs, for the log lines' timestamps.
+    static NOW_MS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Log timestamps in simulated milliseconds.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "t={}", NOW_MS.with(|n| n.get()))
+    }
+}
+
 /// Runs one seed, on an executor of its own.
 pub fn run_node_seed(seed: u64) {
     // `BERTH_SIM_LOG=warn` (a tracing filter): berth's own log lines, as the nodes write them.
@@ -179,7 +193,7 @@ pub fn run_node_seed(seed: u64) {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_writer(std::io::stderr)
-                .without_time()
+                .with_timer(SimTime)
                 .finish(),
         )
     });
@@ -537,6 +551,10 @@ impl Cluster {
     /// and elections.
     async fn tick(&self, rng: &mut Rng) {
         let now = self.clock.now_ms();
+        let written = std::mem::take(&mut *self.etcd.notes.borrow_mut());
+        for n in written {
+            self.note(n);
+        }
         let mut fencing = Vec::new();
         let mut watches = Vec::new();
         let snapshot_revision = self.etcd.revision();
@@ -867,6 +885,7 @@ impl Cluster {
     async fn settle(&self) {
         let mut last = u64::MAX;
         for round in 0.. {
+            NOW_MS.with(|n| n.set(self.clock.now_ms()));
             assert!(
                 round < SETTLE_ROUNDS,
                 "node simulation seed {} found: the cluster never settles (a task that never stops sending)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::nodes",

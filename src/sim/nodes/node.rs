@@ -42,7 +42,8 @@ pub(super) struct SimNode {
 
 pub(super) fn node_config(index: NodeIndex, incarnation: &str) -> Config {
     Config {
-        data_dir: PathBuf::from("/sim"),
+        // A directory per node: the log lines name it.
+        data_dir: PathBuf::from(format!("/sim/n{index}")),
         fsync: FsyncPolicy::Always,
         segment_bytes: 2048,
         journal_file_bytes: 4096,

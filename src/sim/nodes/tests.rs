@@ -8,17 +8,21 @@ fn env(name: &str) -> Option<u64> {
 }
 
 /// Runs seeds `first..first + count` on one executor per thread (two threads); the first panic is passed on.
-fn run_seeds(first: u64, count: u64, bug: Option<Bug>) {
+fn run_seeds(first: u64, count: u64) {
     let threads = 2u64;
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             std::thread::spawn(move || {
-                plant(bug);
-                let mut s = first + t;
-                while s < first + count {
-                    run_node_seed(s);
-                    s += threads;
-                }
+                glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                    .make()
+                    .expect("executor")
+                    .run(async move {
+                        let mut s = first + t;
+                        while s < first + count {
+                            run_node_seed_here(s).await;
+                            s += threads;
+                        }
+                    })
             })
         })
         .collect();
@@ -38,7 +42,7 @@ fn three_simulated_nodes_under_kills_power_cuts_a_lost_disk_pauses_and_partition
         return;
     }
     let seeds = env("BERTH_SIM_NODE_SEEDS").unwrap_or(2000);
-    run_seeds(env("BERTH_SIM_FIRST").unwrap_or(1), seeds, None);
+    run_seeds(env("BERTH_SIM_FIRST").unwrap_or(1), seeds);
 }
 
 thread_local! {
@@ -57,24 +61,24 @@ fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
             }
         }));
     });
-    std::thread::spawn(move || {
-        QUIET.with(|q| q.set(true));
-        plant(Some(bug));
-        (1..=limit).find_map(|seed| {
-            std::panic::catch_unwind(|| run_node_seed(seed))
-                .err()
-                .map(|e| {
-                    let message = e
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    (seed, message)
-                })
+    // A thread per seed: a failed seed's executor goes with its thread (glommio keeps descriptors per thread).
+    (1..=limit).find_map(|seed| {
+        std::thread::spawn(move || {
+            QUIET.with(|q| q.set(true));
+            plant(Some(bug));
+            run_node_seed(seed);
+        })
+        .join()
+        .err()
+        .map(|e| {
+            let message = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            (seed, message)
         })
     })
-    .join()
-    .expect("the search thread")
 }
 
 fn finds(bug: Bug) {

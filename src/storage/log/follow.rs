@@ -103,10 +103,19 @@ impl Log {
         }
     }
 
-    /// A leader's replica becomes a follower: it ships nothing more, and takes shipped batches again.
+    /// A leader's replica becomes a follower: it ships nothing more, and takes shipped batches again. Its own
+    /// appends still queued (behind a slow sync, say) are refused, not written: the writer would put them after
+    /// what the new leader ships, or after a truncation by epoch, as records no leader wrote there. (Found by the
+    /// node simulation: a deposed leader's queued appends landed where its cut diverged tail had been, and a power
+    /// cut later made that log the greatest of its fencing round.) The batch being written, if any, lands first,
+    /// like the rest of its old log.
     pub fn start_following(&self) {
         *self.on_ship.borrow_mut() = None;
         self.ships_refused.set(false);
+        let queued: Vec<_> = self.queue.borrow_mut().drain(..).collect();
+        for p in queued {
+            let _ = p.reply.send(Err(AppendError::NotLeading));
+        }
     }
 
     /// Follower side: writes a batch shipped by the leader at the end of this log, at the segment and position the

@@ -716,3 +716,53 @@ fn batches_of_an_older_leadership_queued_before_a_fence_are_refused_at_their_tur
         assert!(follower.end_offset() > end);
     });
 }
+
+/// A leader deposed while its appends wait behind a stalled sync: the one being written lands, the ones still
+/// queued are refused (`NotLeading`) and never written, and a cut then leaves the log where it was cut, whatever
+/// the writer does next (found by the node simulation: queued appends landed where a cut diverged tail had been).
+#[test]
+fn a_deposed_leaders_queued_appends_are_refused_not_written_after_its_cut() {
+    run(async {
+        let disk = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+        let (journal, log) = open(&storage).await;
+        log.append(Bytes::from_static(b"before"))
+            .await
+            .expect("an append");
+        disk.hold_syncs();
+        let mut writing = Box::pin(log.append(Bytes::from_static(b"being written")));
+        assert!(futures_lite::future::poll_once(&mut writing)
+            .await
+            .is_none());
+        // The writer takes it and waits on the held sync.
+        for _ in 0..20 {
+            futures_lite::future::yield_now().await;
+        }
+        assert!(futures_lite::future::poll_once(&mut writing)
+            .await
+            .is_none());
+        let mut queued: Vec<_> = (0..3)
+            .map(|i| Box::pin(log.append(Bytes::from(format!("queued {i}")))))
+            .collect();
+        for q in &mut queued {
+            assert!(futures_lite::future::poll_once(q).await.is_none());
+        }
+        log.start_following();
+        disk.release_syncs();
+        assert_eq!(writing.await.expect("the batch being written lands"), 1);
+        for q in queued {
+            assert!(
+                matches!(q.await, Err(super::super::AppendError::NotLeading)),
+                "a queued append of a deposed leader is refused"
+            );
+        }
+        assert_eq!(log.end_offset(), 2, "nothing queued was written");
+        assert_eq!(log.truncate_diverged(1).await.expect("a cut"), 1);
+        for _ in 0..20 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(log.end_offset(), 1, "nothing lands after the cut");
+        log.close().await;
+        journal.close().await;
+    });
+}
