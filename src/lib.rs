@@ -21,7 +21,7 @@ pub mod http;
 pub mod join;
 pub mod ops;
 pub mod partition;
-pub mod planted;
+pub(crate) mod planted;
 pub mod server;
 #[cfg(test)]
 mod sim;

@@ -70,7 +70,8 @@ async fn run(shipper: Weak<Shipper>) {
         let engine = shipper.engine().clone();
         let limit = stuck_for(engine.replica_timeout());
         let now = engine.now_ms();
-        let led: std::collections::HashSet<(String, u32)> =
+        // In order (a deterministic simulation replays the same moves).
+        let led: std::collections::BTreeSet<(String, u32)> =
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
         moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);

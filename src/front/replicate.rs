@@ -275,7 +275,9 @@ impl Shipper {
 
     /// The partitions this core ships (leads, replicated), as (topic, partition).
     pub(super) fn streamed(&self) -> Vec<(String, u32)> {
-        self.streams.borrow().keys().cloned().collect()
+        let mut led: Vec<(String, u32)> = self.streams.borrow().keys().cloned().collect();
+        led.sort_unstable();
+        led
     }
 
     /// Whether `drain` stopped it (the core is stopping).

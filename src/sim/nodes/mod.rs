@@ -12,10 +12,13 @@
 //! empty one, once per seed: the guarantee is about one lost disk), a node paused (its messages held, its session
 //! lapsing) and resumed, links between nodes cut and healed, a node cut from etcd, and each node's watch of etcd
 //! lagging. After every answer the oracle checks that a record served or acknowledged at an offset is always the
-//! same one; at the end, with every node running and every link healed, that every acknowledged record is served at
-//! the offset its produce was told, with nothing unproduced in between. So a commit on a minority, a missing
-//! truncation or a missing fence shows as an acknowledged record lost or replaced (`tests.rs` plants each, through
-//! `crate::planted`, and checks it is found).
+//! same one, and that no record is at two offsets; at the end, with every node running and every link healed, that
+//! every acknowledged record is served at the offset its produce was told, with nothing unproduced in between,
+//! within two minutes of simulated time. So a commit on a minority, a missing truncation or a missing fence shows as
+//! an acknowledged record lost, replaced, or never served again (`tests.rs` plants each, through `crate::planted`,
+//! and checks it is found: a finding of the oracle, not a harness failure). Not modelled: etcd's grace (a node
+//! fences itself when etcd expires its session, not `etcd_grace_s` later), a paused node's own tasks (they run on;
+//! only its messages and its session stop), consumer groups, drains (the mover runs but nothing asks it to move).
 //!
 //! A failing seed prints itself: `BERTH_SIM_SEED=N cargo test --release --lib sim::nodes` replays it,
 //! `BERTH_SIM_NODE_SEEDS=N` runs that many, `BERTH_SIM_TRACE=1` (with `-- --nocapture`) prints every event.
@@ -67,6 +70,8 @@ struct Oracle {
     acked: BTreeMap<(u32, u64), String>,
     /// (partition, offset) → body, as reads served them.
     served: BTreeMap<(u32, u64), String>,
+    /// Body → where an answer placed it (a record written twice shows at two places).
+    placed: BTreeMap<String, (u32, u64)>,
     log: Vec<String>,
 }
 
@@ -112,12 +117,15 @@ impl Oracle {
                 ));
             }
         }
-        if acked {
-            if let Some((&(q, o), _)) = self.acked.iter().find(|(_, b)| *b == body) {
-                self.fail(format!(
-                    "{body} acknowledged at {p}:{offset} and at {q}:{o}"
-                ));
+        match self.placed.get(body) {
+            Some(&(q, o)) if (q, o) != (p, offset) => self.fail(format!(
+                "{body} at {p}:{offset}, and an earlier answer placed it at {q}:{o} (a record written twice)"
+            )),
+            _ => {
+                self.placed.insert(body.to_string(), (p, offset));
             }
+        }
+        if acked {
             self.acked.insert((p, offset), body.to_string());
         } else {
             self.served.insert((p, offset), body.to_string());
@@ -873,7 +881,7 @@ impl Cluster {
             }
             assert!(
                 self.clock.now_ms() - started < 600_000,
-                "node simulation seed {}: an operation of the driver is stuck\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::nodes",
+                "node simulation seed {}, harness: an operation of the driver is stuck\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::nodes",
                 self.seed,
                 self.seed
             );
@@ -888,7 +896,7 @@ impl Cluster {
             NOW_MS.with(|n| n.set(self.clock.now_ms()));
             assert!(
                 round < SETTLE_ROUNDS,
-                "node simulation seed {} found: the cluster never settles (a task that never stops sending)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::nodes",
+                "node simulation seed {}, harness: the cluster never settles (a task that never stops sending)\nreplay: BERTH_SIM_SEED={} cargo test --release --lib sim::nodes",
                 self.seed,
                 self.seed
             );

@@ -1,6 +1,6 @@
 //! The simulated network between nodes, in place of node RPC: every call and every reply is a message that waits a
 //! random delay (so messages overtake each other), and is lost when either end is down or the link between them is
-//! cut, at sending or at delivery. A lost call or reply fails the call at once (the connection broke), as does a
+//! cut when it is delivered. A lost call or reply fails the call at once (the connection broke), as does a
 //! call that gets no answer within `timeout_ms` (a peer paused). Messages to or from a paused node wait until it
 //! runs again. One pump delivers them all, a random ready one at a time, so the seed decides every order.
 

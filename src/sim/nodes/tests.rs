@@ -88,7 +88,7 @@ fn finds(bug: Bug) {
             let first = message.lines().next().unwrap_or_default().to_string();
             eprintln!("{bug:?}: found by seed {seed}: {first}");
             assert!(
-                message.contains("node simulation seed"),
+                message.contains(&format!("node simulation seed {seed} found: ")),
                 "{bug:?}: seed {seed} failed, but not with a finding of the oracle: {message}"
             );
         }
