@@ -164,6 +164,36 @@ async fn caught_up(replica: &Replica, revision: i64) -> EngineResult<std::sync::
         })
 }
 
+/// A partition key to write: the topic, and the partition's replicas and learners.
+pub(crate) type MoveWrite<'a> = (&'a TopicRecord, Vec<NodeIndex>, Vec<NodeIndex>);
+
+/// What a `MoveLeader` asks the metastore to write, read from `snapshot`: the topic and the partition's new replica
+/// set and learners; None when there is nothing to write (the partition moved on from the epoch asked, or the
+/// leader named does not vote yet: a round's hand-over never names a learner, it ranks none).
+pub(crate) fn move_to_write<'a>(
+    snapshot: &'a Snapshot,
+    r: &crate::ops::replicate::MoveLeader,
+) -> EngineResult<Option<MoveWrite<'a>>> {
+    let Some(record) = snapshot.topic(&r.topic).filter(|t| t.id() == r.topic_id) else {
+        return Err(EngineError::TopicNotFound(r.topic.clone()));
+    };
+    let Some(state) = record.partitions.get(r.partition as usize) else {
+        return Err(EngineError::TopicNotFound(r.topic.clone()));
+    };
+    if state.epoch != r.epoch {
+        return Ok(None);
+    }
+    let (replicas, learners) = if r.replicas.is_empty() {
+        (&state.replicas, &state.learners)
+    } else {
+        (&r.replicas, &r.learners)
+    };
+    if learners.contains(&r.leader) {
+        return Ok(None);
+    }
+    Ok(Some((record, replicas.clone(), learners.clone())))
+}
+
 /// The engine's metadata service over etcd (core 0).
 struct EtcdMetadata {
     meta: Rc<Metastore>,
@@ -238,27 +268,12 @@ impl Metadata for EtcdMetadata {
     ) -> LocalFuture<'_, EngineResult<()>> {
         Box::pin(async move {
             let snapshot = self.replica.snapshot();
-            let Some(record) = snapshot.topic(&r.topic).filter(|t| t.id() == r.topic_id) else {
-                return Err(EngineError::TopicNotFound(r.topic));
-            };
-            let Some(state) = record.partitions.get(r.partition as usize) else {
-                return Err(EngineError::TopicNotFound(r.topic));
-            };
-            if state.epoch != r.epoch {
+            let Some((record, replicas, learners)) = move_to_write(&snapshot, &r)? else {
                 return Ok(());
-            }
-            let (replicas, learners) = if r.replicas.is_empty() {
-                (&state.replicas, &state.learners)
-            } else {
-                (&r.replicas, &r.learners)
             };
-            if learners.contains(&r.leader) {
-                // A replica that does not vote yet never leads (a round's hand-over never names one: it ranks none).
-                return Ok(());
-            }
             let moved = self
                 .meta
-                .set_partition_with(record, r.partition, r.epoch, replicas, r.leader, learners)
+                .set_partition_with(record, r.partition, r.epoch, &replicas, r.leader, &learners)
                 .await?;
             if let Some(moved) = moved {
                 info!(topic = %r.topic, partition = r.partition, leader = r.leader, replicas = ?moved.replicas, epoch = moved.epoch, "the partition's leadership or replica set moved");

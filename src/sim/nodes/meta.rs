@@ -268,28 +268,20 @@ impl Metadata for SimMetadata {
     ) -> LocalFuture<'_, EngineResult<()>> {
         Box::pin(async move {
             self.reachable()?;
-            // As `EtcdMetadata::move_leader`: from this node's snapshot, only if the partition is still at the
-            // epoch asked, never naming a learner.
+            // As `EtcdMetadata::move_leader`: from this node's snapshot, the same decision.
             let snapshot = self.seen.borrow().clone();
-            let Some(record) = snapshot.topic(&r.topic).filter(|t| t.id() == r.topic_id) else {
-                return Err(EngineError::TopicNotFound(r.topic));
-            };
-            let Some(state) = record.partitions.get(r.partition as usize) else {
-                return Err(EngineError::TopicNotFound(r.topic));
-            };
-            if state.epoch != r.epoch {
-                return Ok(());
+            if let Some((record, replicas, learners)) =
+                crate::cluster::node::move_to_write(&snapshot, &r)?
+            {
+                self.etcd.set_partition(
+                    record,
+                    r.partition,
+                    r.epoch,
+                    &replicas,
+                    r.leader,
+                    &learners,
+                );
             }
-            let (replicas, learners) = if r.replicas.is_empty() {
-                (&state.replicas, &state.learners)
-            } else {
-                (&r.replicas, &r.learners)
-            };
-            if learners.contains(&r.leader) {
-                return Ok(());
-            }
-            self.etcd
-                .set_partition(record, r.partition, r.epoch, replicas, r.leader, learners);
             Ok(())
         })
     }
