@@ -180,7 +180,11 @@ impl Partition {
                     stale.set(true);
                     return Err(String::new());
                 }
-                h.follow(entries, end)
+                // The log may have grown while this waited its turn (pipelined batches landed): its end now says
+                // which of its own entries claim records it does not hold. (Found by the node simulation: given the
+                // end from before its turn, a batch's entries dropped the entries of records landed meanwhile, and a
+                // replica later elected cut acknowledged records from the others.)
+                h.follow(entries, end.max(self.log.end_offset()))
             })
             .await;
         match result {
