@@ -195,6 +195,7 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             epochs: Vec::new(),
             hold: 0,
             promote: false,
+            nonces: 0,
         })
     };
     assert!(matches!(

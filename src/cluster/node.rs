@@ -812,8 +812,11 @@ async fn follow(
 pub struct RpcNodes {
     engine: Rc<Engine>,
     config: RpcConfig,
-    clients: RefCell<HashMap<NodeIndex, (String, Rc<RpcClient>)>>,
+    clients: RefCell<HashMap<NodeIndex, PeerClient>>,
 }
+
+/// A peer's client with its address and the metastore session the peer had when last looked at.
+type PeerClient = (String, i64, Rc<RpcClient>);
 
 impl RpcNodes {
     pub fn new(engine: Rc<Engine>, config: &Config, settings: &ClusterSettings) -> Rc<RpcNodes> {
@@ -828,7 +831,7 @@ impl RpcNodes {
     pub fn series(&self) -> Vec<ExtraSeries> {
         let view = self.engine.cluster_view();
         let mut out = Vec::new();
-        for (node, (_, client)) in self.clients.borrow().iter() {
+        for (node, (_, _, client)) in self.clients.borrow().iter() {
             let peer = view
                 .nodes
                 .iter()
@@ -883,8 +886,16 @@ impl RpcNodes {
             )));
         };
         let mut clients = self.clients.borrow_mut();
-        if let Some((addr, client)) = clients.get(&node) {
+        if let Some((addr, session, client)) = clients.get_mut(&node) {
             if *addr == entry.peer_addr {
+                if entry.session != *session {
+                    // It registered again (a restart, or its session came back): a reconnection backing off after
+                    // its absence tries at once, so that it is reachable as soon as it is live.
+                    *session = entry.session;
+                    if entry.session != 0 {
+                        client.reconnect_now();
+                    }
+                }
                 return Ok(client.clone());
             }
         }
@@ -899,7 +910,10 @@ impl RpcNodes {
                 let _ = client.send_one_way(u.core, Request::GiveBack(give));
             }
         }));
-        clients.insert(node, (entry.peer_addr.clone(), client.clone()));
+        clients.insert(
+            node,
+            (entry.peer_addr.clone(), entry.session, client.clone()),
+        );
         Ok(client)
     }
 }

@@ -233,6 +233,14 @@ impl Engine {
                                     opened_all = Err((p, std::io::Error::other(e.to_string())));
                                     break;
                                 }
+                                // No round: its nonces wait for a majority's promise at the first take.
+                                self.open_nonces_later(
+                                    &config.name,
+                                    config.id,
+                                    p,
+                                    epoch,
+                                    &partition,
+                                );
                             }
                             // Only what a majority has is served, and produces wait for it.
                             partition.set_replicas(f.len() as u32 + 1);

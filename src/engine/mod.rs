@@ -87,6 +87,9 @@ pub enum Ship<'a> {
     /// A partition this core is to lead at `epoch` needs its fencing round (`front/round.rs`): it serves once
     /// [`Engine::finish_round`] ran.
     Round(&'a RoundOf),
+    /// A partition led here at the round's epoch ran its nonce window low (`partition/nonces.rs`): a higher ceiling
+    /// is to be promised by a majority of its replicas.
+    RaiseNonces(&'a RoundOf),
 }
 
 /// A partition whose leadership at `epoch` begins with a fencing round.
@@ -368,6 +371,46 @@ impl Engine {
         }
     }
 
+    /// What a replicated partition led here calls for a raise of its nonce ceiling: the shipper promises one on a
+    /// majority of its replicas (`front/round.rs`, `raise_nonces`), as it runs rounds. The sink is the one set when
+    /// the hook is made; until a shipper exists, a raise is asked for again at the next take.
+    fn nonce_hook(self: &Rc<Self>, round: RoundOf) -> crate::partition::nonces::NonceHook {
+        let engine = Rc::downgrade(self);
+        Rc::new(move || {
+            let sink = engine.upgrade().and_then(|e| e.ship_sink.borrow().clone());
+            match sink {
+                Some(sink) => sink(Ship::RaiseNonces(&round)),
+                None => {
+                    if let Some(p) = engine.upgrade().and_then(|e| {
+                        e.topic(&round.topic)
+                            .ok()
+                            .and_then(|t| t.owned_partition(round.partition))
+                    }) {
+                        p.nonce_raise_failed();
+                    }
+                }
+            }
+        })
+    }
+
+    /// A replicated partition opened here as its leader, serving without a fencing round (its topic's creation
+    /// epoch, or an epoch it began before a restart): its first take asks a majority to promise its nonces.
+    pub(crate) fn open_nonces_later(
+        self: &Rc<Self>,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        epoch: u64,
+        p: &crate::partition::Partition,
+    ) {
+        p.open_nonces_later(self.nonce_hook(RoundOf {
+            topic: topic.to_string(),
+            topic_id,
+            partition,
+            epoch,
+        }));
+    }
+
     /// A replicated partition this core is to lead at `epoch` runs its fencing round (through the shipper, which
     /// reaches the other replicas; kept until the shipper exists).
     pub(crate) fn begin_round(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64) {
@@ -384,15 +427,21 @@ impl Engine {
         }
     }
 
-    /// The fencing round of a partition this core is to lead was won by this replica: it serves, and its followers
-    /// are probed (and sent what they lack, its groups' frontiers included). Err: the partition is no longer led
+    /// The fencing round of a partition this core is to lead was won by this replica: it serves (its nonces from
+    /// above `nonces.0` and below `nonces.1`, a ceiling a majority promised), and its followers are probed (and sent what they lack, its groups' frontiers included). Err: the partition is no longer led
     /// here at that epoch, or its history could not be written.
-    pub async fn finish_round(&self, round: &RoundOf) -> EngineResult<()> {
+    pub async fn finish_round(
+        self: &Rc<Self>,
+        round: &RoundOf,
+        nonces: (u64, u64),
+    ) -> EngineResult<()> {
         let topic = self.topic(&round.topic)?;
         let partition = topic
             .owned_partition(round.partition)
             .filter(|_| topic.id() == round.topic_id)
             .ok_or_else(|| EngineError::TopicNotFound(round.topic.clone()))?;
+        // Its window of nonces (promised by a majority in the round) opens before it serves.
+        partition.open_nonces(nonces.0, nonces.1, self.nonce_hook(round.clone()));
         partition
             .start_serving(round.epoch)
             .await
@@ -419,6 +468,9 @@ impl Engine {
                 self.ship_probe(&topic.name(), topic.id(), p, partition.log.end_offset());
                 // And its groups' durable frontiers, for a follower that missed some before this open.
                 self.ship_frontiers(&partition.durable_frontiers());
+                // Serving without a fencing round (its creation epoch, or one begun before a restart): a majority
+                // promises its nonces now, not at its first consume.
+                partition.ask_for_nonces();
             }
         }
     }

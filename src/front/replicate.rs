@@ -264,6 +264,7 @@ impl Shipper {
                     Ship::Batch(head, frames) => shipper.ship(head, frames),
                     Ship::Frontiers(records) => shipper.ship_frontiers(records),
                     Ship::Round(round) => shipper.round(round.clone()),
+                    Ship::RaiseNonces(round) => shipper.raise_nonces(round.clone()),
                 }
             }
         })
@@ -1120,6 +1121,9 @@ async fn send(
                 .max(f.credit.get())
         }),
         promote: f.owed.borrow().as_ref().is_some_and(|owed| owed.is_empty()),
+        // Its nonce ceiling, which a majority promised already: a replica added since its round promises it too
+        // before it can count in the next one (`partition/nonces.rs`).
+        nonces: partition.as_ref().map_or(0, |p| p.nonce_window().ceiling),
     });
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);

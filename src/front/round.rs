@@ -22,7 +22,7 @@ use crate::engine::placement::{replica_core, Location, NodeIndex};
 use crate::engine::{EngineError, RoundOf};
 use crate::ops::replicate::{Began, BeginEpoch, FrontierMark, MoveLeader, MAX_FRONTIER_MARKS};
 use crate::ops::{OpError, Reply, Request};
-use crate::partition::PartitionError;
+use crate::partition::{nonces, PartitionError};
 use std::rc::Rc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -117,8 +117,18 @@ impl Shipper {
             }
             let replicas = topic.replicas_of(round.partition);
             let states = topic.states();
+            // Learners the partition key names (added by a move, not promoted yet) neither count nor rank, whatever
+            // they answer: the majority is over the voters.
+            let learners = states
+                .get(round.partition as usize)
+                .map(|s| s.learners.clone())
+                .unwrap_or_default();
             let mut answers = Vec::new();
-            let outcome = match partition.raise_epoch_floor(round.epoch).await {
+            // The nonce ceiling this leadership asks its replicas to promise (`partition/nonces.rs`), and where its
+            // own promises and nonces stand before it.
+            let own_nonces = partition.nonce_floor();
+            let mut asked = partition.nonce_ask();
+            let outcome = match partition.raise_fence(round.epoch, asked).await {
                 Err(e) => {
                     warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "a fencing round cannot raise its own epoch floor");
                     Outcome::NoMajority
@@ -133,59 +143,17 @@ impl Shipper {
                 // Planted (`crate::planted`): leads without fencing anyone or ranking any log.
                 Ok(()) if crate::planted::planted(crate::planted::Bug::NoFencing) => Outcome::Lead,
                 Ok(()) => {
-                    let mut calls = Vec::new();
-                    for &node in replicas.iter().filter(|&&n| n != me) {
-                        let cores = engine.node_cores(node) as usize;
-                        let Some(core) = (cores > 0)
-                            .then(|| {
-                                replica_core(&round.topic, &states, node, round.partition, cores)
-                            })
-                            .flatten()
-                        else {
-                            continue;
-                        };
-                        let router = self.router.clone();
-                        let request = Request::BeginEpoch(BeginEpoch {
-                            topic: round.topic.clone(),
-                            topic_id: round.topic_id,
-                            partition: round.partition,
-                            leader: me,
-                            epoch: round.epoch,
-                        });
-                        calls.push(glommio::spawn_local(async move {
-                            (node, router.call(Location { node, core }, request).await)
-                        }));
-                    }
-                    let mut newer = None;
-                    for call in calls {
-                        match call.await {
-                            (node, Ok(Reply::Began(b))) => {
-                                answers.push((node, b, engine.node_alive(node)))
-                            }
-                            (
-                                _,
-                                Err(OpError::Engine(EngineError::Partition(
-                                    PartitionError::StaleEpoch { known, .. },
-                                ))),
-                            ) if known > round.epoch => newer = Some(known),
-                            (node, other) => {
-                                info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, answer = ?other.map(|_| ()), "a replica did not answer the fencing round")
-                            }
+                    let fenced = self.fence_others(&round, &replicas, &states, asked).await;
+                    answers = match fenced {
+                        Ok(answers) => answers,
+                        Err(known) => {
+                            // A newer leadership fenced a replica first: this one ends here (its view follows).
+                            warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, known, "a newer leadership began: this fencing round ends");
+                            partition.depose(known);
+                            partition.round_abandoned(round.epoch);
+                            return;
                         }
-                    }
-                    if let Some(known) = newer {
-                        // A newer leadership fenced a replica first: this one ends here (its view follows).
-                        warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, known, "a newer leadership began: this fencing round ends");
-                        partition.depose(known);
-                        partition.round_abandoned(round.epoch);
-                        return;
-                    }
-                    // Replicas the partition key names learners (added by a move, not promoted yet) neither count nor
-                    // rank, whatever they answer: the majority is over the voters.
-                    let learners = states
-                        .get(round.partition as usize)
-                        .map(|s| s.learners.clone())
-                        .unwrap_or_default();
+                    };
                     for (node, b, _) in &mut answers {
                         if learners.contains(node) {
                             b.learner = true;
@@ -200,16 +168,44 @@ impl Shipper {
                     )
                 }
             };
+            // Its nonces start above every ceiling the answers promised to older leaderships; when an old leader's
+            // ceiling leaves too little room below the one asked, a higher one is promised first.
+            let mut window = None;
+            if outcome == Outcome::Lead {
+                let promised: Vec<u64> = answers.iter().map(|a| a.1.nonces).collect();
+                match nonces::window_from(own_nonces, &promised, asked) {
+                    Ok(w) => window = Some(w),
+                    Err(start) => {
+                        asked = start.saturating_add(nonces::NONCE_BLOCK);
+                        info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, start, "an older leadership's nonce ceiling is above this round's: a higher one is promised");
+                        match self
+                            .promise_nonces(&round, &partition, &replicas, &states, asked)
+                            .await
+                        {
+                            Ok(true) => window = Some((start, asked)),
+                            Ok(false) => {}
+                            Err(known) => {
+                                partition.depose(known);
+                                partition.round_abandoned(round.epoch);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
             // Looked at again after the awaits.
             if partition.round_under_way() != Some(round.epoch) {
                 return;
             }
             match outcome {
+                Outcome::Lead if window.is_none() => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "fencing round won, but no majority promised its nonce ceiling; the round runs again")
+                }
                 Outcome::Lead => match self.raise_frontiers(&round, &partition, &answers).await {
                     Err(e) => {
                         warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but its groups' frontiers cannot be raised yet; the round runs again")
                     }
-                    Ok(()) => match engine.finish_round(&round).await {
+                    Ok(()) => match engine.finish_round(&round, window.expect("checked")).await {
                         Ok(()) => {
                             info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "fencing round won: this node leads the partition");
                             return;
@@ -248,6 +244,151 @@ impl Shipper {
                 }
                 Outcome::NoMajority => {
                     info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "a fencing round found no majority; it runs again")
+                }
+            }
+            self.engine().sleep(delay).await;
+            delay = (delay * 2).min(LAST_RETRY);
+        }
+    }
+}
+
+impl Shipper {
+    /// Sends `BeginEpoch` at `round`'s epoch, asking for the nonce ceiling `nonces`, to every replica of the
+    /// partition but this one, and gathers the answers with whether each node is live. Err(known): a replica
+    /// answered that a newer leadership (`known`) fenced it.
+    async fn fence_others(
+        &self,
+        round: &RoundOf,
+        replicas: &[NodeIndex],
+        states: &[crate::engine::placement::PartitionState],
+        nonces: u64,
+    ) -> Result<Vec<(NodeIndex, Began, bool)>, u64> {
+        let engine = self.engine().clone();
+        let me = engine.node();
+        let mut calls = Vec::new();
+        for &node in replicas.iter().filter(|&&n| n != me) {
+            let cores = engine.node_cores(node) as usize;
+            let Some(core) = (cores > 0)
+                .then(|| replica_core(&round.topic, states, node, round.partition, cores))
+                .flatten()
+            else {
+                continue;
+            };
+            let router = self.router.clone();
+            let request = Request::BeginEpoch(BeginEpoch {
+                topic: round.topic.clone(),
+                topic_id: round.topic_id,
+                partition: round.partition,
+                leader: me,
+                epoch: round.epoch,
+                nonces,
+            });
+            calls.push(glommio::spawn_local(async move {
+                (node, router.call(Location { node, core }, request).await)
+            }));
+        }
+        let mut answers = Vec::new();
+        let mut newer = None;
+        for call in calls {
+            match call.await {
+                (node, Ok(Reply::Began(b))) => answers.push((node, b, engine.node_alive(node))),
+                (
+                    _,
+                    Err(OpError::Engine(EngineError::Partition(PartitionError::StaleEpoch {
+                        known,
+                        ..
+                    }))),
+                ) if known > round.epoch => newer = Some(known),
+                (node, other) => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, answer = ?other.map(|_| ()), "a replica did not answer the fencing round")
+                }
+            }
+        }
+        match newer {
+            Some(known) => Err(known),
+            None => Ok(answers),
+        }
+    }
+
+    /// Makes the nonce ceiling `nonces` durable on a majority of the partition's voters at `round`'s epoch (this
+    /// replica's own promise first). Ok(false): no majority answered; Err(known): a newer leadership began.
+    async fn promise_nonces(
+        &self,
+        round: &RoundOf,
+        partition: &crate::partition::Partition,
+        replicas: &[NodeIndex],
+        states: &[crate::engine::placement::PartitionState],
+        nonces: u64,
+    ) -> Result<bool, u64> {
+        if let Err(e) = partition.raise_fence(round.epoch, nonces).await {
+            warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "cannot promise a nonce ceiling here");
+            return Ok(false);
+        }
+        if partition.epoch_floor() > round.epoch {
+            return Err(partition.epoch_floor());
+        }
+        let answers = self.fence_others(round, replicas, states, nonces).await?;
+        let learners = states
+            .get(round.partition as usize)
+            .map(|s| s.learners.clone())
+            .unwrap_or_default();
+        let me = self.engine().node();
+        let voters = replicas.len() - learners.len();
+        let own = usize::from(!partition.is_learner() && !learners.contains(&me));
+        let promised = answers
+            .iter()
+            .filter(|(node, b, _)| !b.learner && !learners.contains(node))
+            .count();
+        Ok(own + promised > voters / 2)
+    }
+
+    /// Starts a raise of the nonce ceiling of the partition `round` names, led here at its epoch (its window ran
+    /// low, or it serves without a round and has none yet: `Partition::nonces_for`), in its own task.
+    pub(crate) fn raise_nonces(self: &Rc<Self>, round: RoundOf) {
+        let shipper = self.clone();
+        glommio::spawn_local(async move { shipper.run_raise(round).await }).detach();
+    }
+
+    /// Promises a higher ceiling on a majority, again and again (50 ms doubling to 1 s) while this replica leads
+    /// the partition at the round's epoch and no majority answered.
+    async fn run_raise(self: Rc<Self>, round: RoundOf) {
+        let mut delay = FIRST_RETRY;
+        loop {
+            let engine = self.engine().clone();
+            let Some((topic, partition)) = engine
+                .topic(&round.topic)
+                .ok()
+                .filter(|t| t.id() == round.topic_id)
+                .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
+            else {
+                return;
+            };
+            if topic.epoch(round.partition) != round.epoch
+                || topic.location(round.partition).node != engine.node()
+                || partition.deposed().is_some()
+            {
+                partition.nonce_raise_failed();
+                return;
+            }
+            let (start, ceiling) = (partition.nonce_floor(), partition.nonce_ask());
+            let replicas = topic.replicas_of(round.partition);
+            let states = topic.states();
+            match self
+                .promise_nonces(&round, &partition, &replicas, &states, ceiling)
+                .await
+            {
+                Ok(true) if partition.deposed().is_none() => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, ceiling, "a majority promised this leadership's nonces");
+                    partition.nonces_promised(start, ceiling);
+                    return;
+                }
+                Ok(_) => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "no majority promised this leadership's nonces yet; asking again")
+                }
+                Err(known) => {
+                    partition.depose(known);
+                    partition.nonce_raise_failed();
+                    return;
                 }
             }
             self.engine().sleep(delay).await;
@@ -309,6 +450,7 @@ mod tests {
             last_epoch,
             frontiers: Vec::new(),
             learner: false,
+            nonces: 0,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Replicate {
     /// The leader has sent this replica its groups' frontiers since it learned the replica is a learner: a learner
     /// that holds `hold` promotes itself.
     pub promote: bool,
+    /// The leader's nonce ceiling (`partition/nonces.rs`; 0: none yet), promised durably by the replica before it
+    /// answers, so that a replica added since the leader's round holds it before it counts in the next one.
+    pub nonces: u64,
 }
 
 /// Most epoch entries one shipped batch carries (a history holds no more).
@@ -128,6 +131,9 @@ pub struct BeginEpoch {
     /// The new leader (the sender: `validate::admit` holds a peer to it).
     pub leader: NodeIndex,
     pub epoch: u64,
+    /// The nonce ceiling the replica promises this leadership (`storage/epoch_floor.rs`): durable before it
+    /// answers. The leader issues receipt-handle nonces only below a ceiling a majority promised (0: none asked).
+    pub nonces: u64,
 }
 
 /// A replica's answer to [`BeginEpoch`]: its log's end and the newest epoch its history places at or below that end
@@ -143,6 +149,9 @@ pub struct Began {
     pub frontiers: Vec<FrontierMark>,
     /// It is a learner (`storage::learner`): the round neither counts nor ranks it.
     pub learner: bool,
+    /// The highest nonce ceiling it promised to older leaderships (`epoch_floor::Fence::promised_below`): the new
+    /// leader's nonces start above the highest a majority answered.
+    pub nonces: u64,
 }
 
 /// Core 0 (internal, never from a peer): a replica that ran a fencing round found another replica's log greater than
@@ -223,7 +232,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         // Deposed first: nothing it appends, leases or commits from here on.
         partition.depose(r.epoch);
     }
-    partition.raise_epoch_floor(r.epoch).await?;
+    partition.raise_fence(r.epoch, r.nonces).await?;
     // A history write of an older leadership under way lands first (none starts from here on: its floor is
     // checked at its turn), so the rank answered is the one this replica keeps.
     partition.wait_history_written().await;
@@ -245,13 +254,23 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         last_epoch,
         frontiers,
         learner: partition.is_learner(),
+        nonces: partition.fence_state().promised_below(r.epoch),
     })
 }
 
 /// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
 /// group this replica does not know are passed over, unless they start it.
 pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
-    let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
+    let partition = fenced(
+        engine,
+        &r.topic,
+        r.topic_id,
+        r.partition,
+        r.leader,
+        r.epoch,
+        0,
+    )
+    .await?;
     let max_groups = engine.topic(&r.topic)?.config().max_groups;
     partition
         .follow_frontiers(&r.marks, max_groups)
@@ -314,9 +333,10 @@ async fn fenced(
     p: u32,
     leader: NodeIndex,
     epoch: u64,
+    nonces: u64,
 ) -> OpResult<Rc<crate::partition::Partition>> {
     let partition = followed(engine, topic_name, topic_id, p, leader, epoch)?;
-    partition.raise_epoch_floor(epoch).await?;
+    partition.raise_fence(epoch, nonces).await?;
     // Looked at again: a newer leader's request, or the metadata, may have moved on while the floor was written.
     followed(engine, topic_name, topic_id, p, leader, epoch)
 }
@@ -325,7 +345,17 @@ async fn fenced(
 /// request promotes (`promote`, and its log, applied or probed, ends at or past `hold`) is promoted before the answer,
 /// which says whether it still is one.
 pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
-    let partition = fenced(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch).await?;
+    // With its leader's nonce ceiling: a learner holds the promise before it is promoted and counts in a round.
+    let partition = fenced(
+        engine,
+        &r.topic,
+        r.topic_id,
+        r.partition,
+        r.leader,
+        r.epoch,
+        r.nonces,
+    )
+    .await?;
     let (promote, hold) = (r.promote, r.hold);
     let (topic, partition_id) = (r.topic.clone(), r.partition);
     let mut answer = apply_to(engine, &partition, r).await?;
@@ -557,7 +587,19 @@ mod tests {
                 partition: 0,
                 epoch,
             };
-            engine.finish_round(&round).await.unwrap();
+            let p = engine.topic("led").unwrap().owned_partition(0).unwrap();
+            engine
+                .finish_round(&round, (p.nonce_floor(), p.nonce_ask()))
+                .await
+                .unwrap();
+        } else if let Some(p) = engine
+            .topic("led")
+            .unwrap()
+            .owned_partition(0)
+            .filter(|p| p.deposed().is_none() && p.nonce_window().ceiling == 0)
+        {
+            // Led without a round (no shipper here to ask a majority): its nonces as a promise would open them.
+            p.nonces_promised(p.nonce_floor(), p.nonce_ask());
         }
     }
 
@@ -576,6 +618,7 @@ mod tests {
             epochs: Vec::new(),
             hold: 0,
             promote: false,
+            nonces: 0,
         }
     }
 
@@ -708,6 +751,7 @@ mod tests {
                     partition: 0,
                     leader: 1,
                     epoch: 9,
+                    nonces: 0,
                 },
             )
             .await
@@ -915,6 +959,66 @@ mod tests {
     /// A new leader's fencing round: a follower replica raises its floor durably and answers its end and last
     /// epoch, after which the old leader's requests are `stale_epoch` even before the metadata moves; the old leader
     /// itself, reached by the round, is deposed. An epoch below what the replica knows is refused.
+    /// A replica promises each leadership the nonce ceiling it asks for (`BeginEpoch`, or a batch or probe of its
+    /// stream), durably before it answers, never lowering one; and answers a newer leadership's round the highest
+    /// ceiling promised to older ones, which that leader's nonces start above (`partition/nonces.rs`).
+    #[test]
+    fn a_replica_promises_nonce_ceilings_durably_and_answers_a_newer_round_what_older_ones_had() {
+        use crate::storage::epoch_floor::{encode, Fence, FILE_NAME};
+        run(async {
+            let sim = Sim::new();
+            let (engine, _, _) = follower_on(sim.clone(), 9).await;
+            let file = PathBuf::from("/sim/topics/t/0").join(FILE_NAME);
+            let begin = |epoch: u64, nonces: u64| BeginEpoch {
+                topic: "t".into(),
+                topic_id: 5,
+                partition: 0,
+                leader: 1,
+                epoch,
+                nonces,
+            };
+            let began = begin_epoch(&engine, begin(9, 1_000)).await.unwrap();
+            assert_eq!(began.nonces, 0, "nothing promised to an older leadership");
+            let at_9 = |at| Fence {
+                floor: 9,
+                nonces_below: 0,
+                nonces_at: at,
+            };
+            assert_eq!(sim.durable_contents(&file), Some(encode(at_9(1_000))));
+            // The same leadership again (its raise): higher only.
+            let began = begin_epoch(&engine, begin(9, 1_500)).await.unwrap();
+            assert_eq!(began.nonces, 0, "its own promise is not an older one");
+            begin_epoch(&engine, begin(9, 1_200)).await.unwrap();
+            assert_eq!(sim.durable_contents(&file), Some(encode(at_9(1_500))));
+            // Its stream's batches and probes carry the ceiling too.
+            let probe = Replicate {
+                nonces: 2_000,
+                ..probe(9)
+            };
+            apply(&engine, probe).await.unwrap();
+            assert_eq!(sim.durable_contents(&file), Some(encode(at_9(2_000))));
+            // A newer leadership's round: answered what the older one was promised.
+            engine.topic("t").unwrap().set_states(vec![PartitionState {
+                placed: Vec::new(),
+                learners: Vec::new(),
+                replicas: vec![1, 0],
+                leader: 1,
+                epoch: 12,
+            }]);
+            let began = begin_epoch(&engine, begin(12, 900)).await.unwrap();
+            assert_eq!(began.nonces, 2_000);
+            assert_eq!(
+                sim.durable_contents(&file),
+                Some(encode(Fence {
+                    floor: 12,
+                    nonces_below: 2_000,
+                    nonces_at: 900
+                }))
+            );
+            engine.close_all().await;
+        });
+    }
+
     #[test]
     fn begin_epoch_fences_a_follower_and_deposes_the_old_leader() {
         run(async {
@@ -927,6 +1031,7 @@ mod tests {
                 partition: 0,
                 leader: 1,
                 epoch,
+                nonces: 0,
             };
             let stranger = BeginEpoch {
                 leader: 2,
@@ -961,7 +1066,9 @@ mod tests {
                 PathBuf::from("/sim/topics/t/0").join(crate::storage::epoch_floor::FILE_NAME);
             assert_eq!(
                 sim.durable_contents(&file),
-                Some(crate::storage::epoch_floor::encode(9)),
+                Some(crate::storage::epoch_floor::encode(
+                    crate::storage::epoch_floor::Fence::at(9)
+                )),
                 "durable before the answer"
             );
             // Its history may run ahead of its log (entries taken for a batch not written): the answer is the
@@ -1178,7 +1285,9 @@ mod tests {
             assert!(apply(&engine, probe(8)).await.is_ok());
             assert_eq!(
                 sim.durable_contents(&file),
-                Some(crate::storage::epoch_floor::encode(8)),
+                Some(crate::storage::epoch_floor::encode(
+                    crate::storage::epoch_floor::Fence::at(8)
+                )),
                 "the floor is durable when the first request at an epoch is answered"
             );
             engine
@@ -1188,7 +1297,9 @@ mod tests {
             assert!(apply_frontiers(&engine, frontiers(12)).await.is_ok());
             assert_eq!(
                 sim.durable_contents(&file),
-                Some(crate::storage::epoch_floor::encode(12))
+                Some(crate::storage::epoch_floor::encode(
+                    crate::storage::epoch_floor::Fence::at(12)
+                ))
             );
             // Nothing but the power cut: what was not synced is gone.
             let after = sim.power_cut(|_, _| 0);

@@ -706,6 +706,7 @@ mod tests {
                 epochs: Vec::new(),
                 hold: 0,
                 promote: false,
+                nonces: 0,
             })
         };
         assert!(admit(&ship(3, 64), 3, 0, 2, &LIMITS).is_ok());
@@ -803,6 +804,7 @@ mod tests {
                 partition: 0,
                 leader,
                 epoch: 9,
+                nonces: 0,
             })
         };
         assert!(admit(&begin(3), 3, 0, 2, &LIMITS).is_ok());

@@ -49,35 +49,51 @@ pub enum FollowEpochsError {
 impl Partition {
     /// The epoch floor its file holds (0: none).
     pub fn epoch_floor(&self) -> u64 {
-        self.epoch_floor.get()
+        self.fence.get().floor
+    }
+
+    /// Its fencing state as `replica.epoch` holds it: the floor and the nonce ceilings promised.
+    pub fn fence_state(&self) -> epoch_floor::Fence {
+        self.fence.get()
     }
 
     /// Raises the durable floor to `epoch`; returns once `replica.epoch` holds it (or a higher one). At or below
     /// the floor it writes nothing; one write at a time, so the file only ever moves up.
     pub async fn raise_epoch_floor(&self, epoch: u64) -> Result<(), PartitionError> {
+        self.raise_fence(epoch, 0).await
+    }
+
+    /// Raises the durable floor to `epoch` and promises the leadership at `epoch` the nonce ceiling `nonces`
+    /// (`epoch_floor::Fence::raised`); returns once `replica.epoch` holds both (or more). Nothing to raise: nothing
+    /// written. One write at a time, so the file only ever moves up.
+    pub async fn raise_fence(&self, epoch: u64, nonces: u64) -> Result<(), PartitionError> {
         self.assert_owner();
-        if self.epoch_floor.get() >= epoch {
+        if self.fence.get().raised(epoch, nonces) == self.fence.get() {
             return Ok(());
         }
-        // Shipped batches of older leaderships still queued are refused at their turn from now on (even if the
-        // write below fails: refusing them only makes their leader send again).
-        self.log.fence_ships(epoch);
+        if epoch > self.fence.get().floor {
+            // Shipped batches of older leaderships still queued are refused at their turn from now on (even if the
+            // write below fails: refusing them only makes their leader send again).
+            self.log.fence_ships(epoch);
+        }
         let _turn = Turn::take(&self.raising_floor, &self.floor_raised).await;
-        if self.epoch_floor.get() >= epoch {
+        let current = self.fence.get();
+        let next = current.raised(epoch, nonces);
+        if next == current {
             return Ok(());
         }
         if self.closed.get() {
             // Its directory may already belong to a new topic of the same name.
             return Err(PartitionError::Closed);
         }
-        epoch_floor::write(&*self.storage, &self.dir, epoch)
+        epoch_floor::write(&*self.storage, &self.dir, next)
             .await
             .map_err(|e| PartitionError::Storage(format!("cannot raise its epoch floor: {e}")))?;
         assert!(
-            self.epoch_floor.get() < epoch,
-            "one raise of the epoch floor at a time"
+            self.fence.get() == current,
+            "one write of the fencing state at a time"
         );
-        self.epoch_floor.set(epoch);
+        self.fence.set(next);
         Ok(())
     }
 
@@ -172,11 +188,11 @@ impl Partition {
         if entries.is_empty() {
             return Ok(());
         }
-        let floor = &self.epoch_floor;
+        let fence = &self.fence;
         let stale = Cell::new(false);
         let result = self
             .change_history(|h| {
-                if floor.get() > epoch {
+                if fence.get().floor > epoch {
                     stale.set(true);
                     return Err(String::new());
                 }
@@ -192,7 +208,7 @@ impl Partition {
             Ok(Err(_)) if stale.get() => {
                 Err(FollowEpochsError::Partition(PartitionError::StaleEpoch {
                     epoch,
-                    known: floor.get(),
+                    known: fence.get().floor,
                 }))
             }
             Ok(Err(why)) => Err(FollowEpochsError::Mismatch(why)),
@@ -223,10 +239,10 @@ impl Partition {
         if crate::planted::planted(crate::planted::Bug::NoTruncation) {
             return Ok(None);
         }
-        if self.epoch_floor.get() > epoch {
+        if self.epoch_floor() > epoch {
             return Err(PartitionError::StaleEpoch {
                 epoch,
-                known: self.epoch_floor.get(),
+                known: self.epoch_floor(),
             });
         }
         tracing::warn!(dir = %self.dir.display(), at, end, epoch, "this replica's log diverges from its leader's: cutting it");

@@ -317,6 +317,12 @@ impl InFlight {
         self.last_nonce
     }
 
+    /// The next nonce issued is above `nonce` (never lowers: a shard that draws from a window its partition shares
+    /// with other groups continues from the window's last nonce).
+    pub fn raise_nonce_floor(&mut self, nonce: u64) {
+        self.last_nonce = self.last_nonce.max(nonce);
+    }
+
     /// When a purge may next change something: the earliest of the expiry heap's deadlines
     /// and of the delayed offsets' ready times. A wake-up hint: it may be early (a stale
     /// heap slot; a purge then releases nothing), never later than a live lease's expiry

@@ -9,6 +9,7 @@ pub use fence::FollowEpochsError;
 pub mod frontier;
 pub mod inflight;
 mod info;
+pub mod nonces;
 
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
@@ -198,6 +199,13 @@ pub struct Partition {
     read_failures: RefCell<BTreeMap<u64, u32>>,
     /// The lowest nonce seed the next group shard may take (see `install_shard`).
     next_nonce_seed: Cell<u64>,
+    /// A replicated partition's leader: the nonces it may issue (`nonces.rs`).
+    nonce_window: Cell<nonces::NonceWindow>,
+    /// Asks for a raise of its nonce ceiling; `raising_nonces` is set while one is under way.
+    nonce_hook: RefCell<Option<nonces::NonceHook>>,
+    raising_nonces: Cell<bool>,
+    /// Notified when a raise ends, or the window opens or closes.
+    nonces_moved: event_listener::Event,
     /// Tells the engine about newly deliverable offsets.
     wake: RefCell<Wake>,
     /// Monotonic counters.
@@ -206,8 +214,8 @@ pub struct Partition {
     followers: RefCell<Vec<FollowerInfo>>,
     /// A replicated partition's leader: the commit offset and what it is computed from (`commit.rs`).
     commit: commit::Commit,
-    /// The replica's durable epoch floor (`fence.rs`, `replica.epoch`): what its file holds.
-    epoch_floor: Cell<u64>,
+    /// The replica's durable epoch floor and nonce promises (`fence.rs`, `replica.epoch`): what its file holds.
+    fence: Cell<crate::storage::epoch_floor::Fence>,
     /// A replica on a new disk, until a leader promotes it (`storage::learner`): a fencing round neither counts nor
     /// ranks it.
     learner: Cell<bool>,
@@ -325,7 +333,7 @@ impl Partition {
             }
         }
         let learner = crate::storage::learner::read(&*setup.storage, &setup.dir)?;
-        let epoch_floor = crate::storage::epoch_floor::read(&*setup.storage, &setup.dir)?;
+        let fence = crate::storage::epoch_floor::read(&*setup.storage, &setup.dir)?;
         let epochs = crate::storage::epoch_history::read(&*setup.storage, &setup.dir)?;
         let log = Log::open_with(
             setup.storage.clone(),
@@ -335,7 +343,7 @@ impl Partition {
             setup.journal.clone(),
         )
         .await?;
-        log.fence_ships(epoch_floor);
+        log.fence_ships(fence.floor);
         let groups = setup
             .groups
             .iter()
@@ -360,11 +368,15 @@ impl Partition {
             lost_below_frontier: Cell::new(0),
             read_failures: RefCell::new(BTreeMap::new()),
             next_nonce_seed: Cell::new(0),
+            nonce_window: Cell::new(nonces::NonceWindow::default()),
+            nonce_hook: RefCell::new(None),
+            raising_nonces: Cell::new(false),
+            nonces_moved: event_listener::Event::new(),
             wake: RefCell::new(setup.wake),
             counters: Counters::default(),
             followers: RefCell::new(Vec::new()),
             commit: commit::Commit::new(),
-            epoch_floor: Cell::new(epoch_floor),
+            fence: Cell::new(fence),
             learner: Cell::new(learner),
             raising_floor: Cell::new(false),
             floor_raised: event_listener::Event::new(),
@@ -548,10 +560,16 @@ impl Partition {
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
         // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
         // nonce (a handle is valid only in the group that leased it).
-        let wall_seed = self.clock.wall_ms().saturating_mul(1000) << 8;
-        let nonce_seed = wall_seed.max(self.next_nonce_seed.get());
-        self.next_nonce_seed
-            .set(nonce_seed.saturating_add(NONCE_RANGE_PER_SHARD));
+        // A replicated partition's groups draw from its leader's window instead (`nonces.rs`): continuing from the
+        // last nonce issued, whatever the group.
+        let nonce_seed = if self.replicated() {
+            self.nonce_window.get().issued
+        } else {
+            let nonce_seed = self.wall_nonce_seed().max(self.next_nonce_seed.get());
+            self.next_nonce_seed
+                .set(nonce_seed.saturating_add(NONCE_RANGE_PER_SHARD));
+            nonce_seed
+        };
         let mut shard = InFlight::new(committed, nonce_seed, self.limits.get());
         shard.set_redelivery(self.redelivery.get());
         *g.shard.borrow_mut() = Some(shard);
@@ -624,7 +642,22 @@ impl Partition {
             let end = self.readable_end();
             let want = max - taken.deliveries.len();
             leases.clear();
+            // A replicated partition's nonces come from its window, in order whatever the group (`nonces.rs`).
+            let window = match self.replicated() {
+                true => Some(self.wait_nonces(want).await),
+                false => None,
+            };
+            if let Some(issued) = window {
+                let Some(issued) = issued else {
+                    taken.stop = Some(Stop::Unavailable);
+                    break;
+                };
+                g.with(|s| s.raise_nonce_floor(issued));
+            }
             let stop = g.with(|s| s.reserve_batch(end, now, visibility_ms, want, &mut leases));
+            if window.is_some() {
+                self.nonces_issued(g.with(|s| s.nonce_high_water()));
+            }
             reserved
                 .handles
                 .extend(leases.iter().map(|l| (l.offset, l.nonce)));

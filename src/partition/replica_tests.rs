@@ -281,7 +281,9 @@ fn overlapping_raises_of_the_epoch_floor_leave_the_highest_and_a_failed_one_rais
         let path = dir().join(crate::storage::epoch_floor::FILE_NAME);
         assert_eq!(
             sim.durable_contents(&path),
-            Some(crate::storage::epoch_floor::encode(9))
+            Some(crate::storage::epoch_floor::encode(
+                crate::storage::epoch_floor::Fence::at(9)
+            ))
         );
         p.raise_epoch_floor(3)
             .await
@@ -298,7 +300,9 @@ fn overlapping_raises_of_the_epoch_floor_leave_the_highest_and_a_failed_one_rais
             .expect("the next raise writes");
         assert_eq!(p.epoch_floor(), 11);
         assert_eq!(
-            crate::storage::epoch_floor::read(&*storage, &dir()).unwrap(),
+            crate::storage::epoch_floor::read(&*storage, &dir())
+                .unwrap()
+                .floor,
             11
         );
     })

@@ -742,8 +742,81 @@ async fn replicated_over_three_with_abc(
     let w = woken.clone();
     let p = open_waking(sim, clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
     p.set_replicas(3);
+    // As its fencing round would: a window of nonces a majority promised.
+    p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
     assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
     (p, woken)
+}
+
+/// A replicated leader's groups draw their nonces from one window, in order: never at or past its ceiling (a take
+/// that would pass it asks for a raise and leases nothing, `Stop::Unavailable`, once no raise is under way), never
+/// twice whatever the group; a take waits for a raise under way and leases once it lands; a deposed leader's window
+/// is closed, and a new one starts above the old ceiling.
+#[test]
+fn a_replicated_leader_leases_only_inside_its_nonce_window_and_asks_for_a_raise() {
+    use crate::partition::nonces::NONCE_LOW;
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let (p, _) = replicated_over_three_with_abc(&sim, &clock).await;
+        p.add_group("other");
+        p.follower_acked(7, 3);
+        // The raise asked for fails at once while `fail` is set (no majority answered), else stays under way.
+        let asked = Rc::new(std::cell::Cell::new(0u32));
+        let fail = Rc::new(std::cell::Cell::new(true));
+        let (a, f, weak) = (asked.clone(), fail.clone(), Rc::downgrade(&p));
+        // Room for exactly four more leases: low from the start.
+        let start = p.nonce_floor();
+        let ceiling = start + 5;
+        p.open_nonces(
+            start,
+            ceiling,
+            Rc::new(move || {
+                a.set(a.get() + 1);
+                if f.get() {
+                    weak.upgrade().unwrap().nonce_raise_failed();
+                }
+            }),
+        );
+        let one = p.take(DEFAULT_GROUP, 2, VISIBILITY_MS).await.unwrap();
+        let two = p.take("other", 2, VISIBILITY_MS).await.unwrap();
+        let nonces: Vec<u64> = one
+            .deliveries
+            .iter()
+            .chain(&two.deliveries)
+            .map(|d| d.nonce)
+            .collect();
+        assert_eq!(
+            nonces,
+            vec![start + 1, start + 2, start + 3, start + 4],
+            "one sequence across the groups"
+        );
+        assert_eq!(asked.get(), 2, "each take asked while the window was low");
+        let none = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert!(none.deliveries.is_empty());
+        assert_eq!(none.stop, Some(Stop::Unavailable));
+        assert_eq!(p.nonce_window().issued, start + 4);
+        // A raise under way: the take waits for it, and leases from where the window was once it lands.
+        fail.set(false);
+        let waiting = {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await })
+        };
+        futures_lite::future::yield_now().await;
+        assert_eq!(asked.get(), 4);
+        p.nonces_promised(0, start + 4 + 2 * NONCE_LOW);
+        let more = waiting.await.unwrap();
+        assert_eq!(more.deliveries[0].nonce, start + 5);
+        let more = p.take("other", 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(more.deliveries[0].nonce, start + 6);
+        assert_eq!(asked.get(), 4, "no ask with room above the low mark");
+        // Deposed: closed; its next window starts above everything it may have issued.
+        p.depose(99);
+        assert_eq!(p.nonce_window().ceiling, 0);
+        assert!(p.nonce_floor() >= start + 4 + 2 * NONCE_LOW);
+        let none = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert!(none.deliveries.is_empty());
+    });
 }
 
 #[test]

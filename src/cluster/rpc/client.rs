@@ -82,6 +82,9 @@ struct Shared {
     next_id: Cell<u64>,
     closed: Cell<bool>,
     close: Event,
+    /// Set by [`RpcClient::reconnect_now`]: the backoff under way ends, and the next one starts from the minimum.
+    kicked: Cell<bool>,
+    kick: Event,
     stats: Cell<ClientStats>,
     undeliverable: RefCell<Option<UndeliveredHook>>,
 }
@@ -102,6 +105,8 @@ impl RpcClient {
             next_id: Cell::new(1),
             closed: Cell::new(false),
             close: Event::new(),
+            kicked: Cell::new(false),
+            kick: Event::new(),
             stats: Cell::new(ClientStats::default()),
             undeliverable: RefCell::new(None),
         });
@@ -169,6 +174,15 @@ impl RpcClient {
 
     pub fn stats(&self) -> ClientStats {
         self.shared.stats.get()
+    }
+
+    /// The peer is known to be back (it registered again): a backoff under way ends and the client connects at
+    /// once, its backoff starting again from `reconnect_backoff_min`. Nothing happens while connected.
+    pub fn reconnect_now(&self) {
+        if self.shared.link.get() != Link::Up {
+            self.shared.kicked.set(true);
+            self.shared.kick.notify(usize::MAX);
+        }
     }
 
     /// Closes the connection; calls outstanding fail, later ones fail at once.
@@ -328,7 +342,10 @@ async fn drive(shared: Rc<Shared>) {
         shared.fail_all(&why);
         let slept = or(
             async {
-                glommio::timer::sleep(backoff).await;
+                or(glommio::timer::sleep(backoff), async {
+                    until_set(&shared.kicked, &shared.kick).await;
+                })
+                .await;
                 true
             },
             async {
@@ -340,7 +357,15 @@ async fn drive(shared: Rc<Shared>) {
         if !slept {
             break;
         }
-        backoff = (backoff * 2).min(config.reconnect_backoff_max);
+        backoff = if shared.kicked.replace(false) {
+            debug!(
+                node = shared.peer_node,
+                "node RPC: the peer registered again: connecting at once"
+            );
+            config.reconnect_backoff_min
+        } else {
+            (backoff * 2).min(config.reconnect_backoff_max)
+        };
         shared.set_link(Link::Connecting { queue_calls: false });
     }
     shared.set_link(Link::Closed);

@@ -27,8 +27,9 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// peer refuses both at admission), and `Request::MoveLeader` exists (internal to a node). 12: `Replicate` carries
 /// `hold` and `promote`, its answers and `Began` whether the replica is a learner. 13: `PartitionState` carries
 /// `placed` (the replicas its topic's creation placed), `MoveLeader` a new replica set, `NodeEntry` `draining` and
-/// `removed`, and `Request::DrainNode` exists (internal to a node).
-pub const VERSION: u8 = 13;
+/// `removed`, and `Request::DrainNode` exists (internal to a node). 14: `BeginEpoch`, `Began` and `Replicate` carry
+/// nonce ceilings (`partition/nonces.rs`).
+pub const VERSION: u8 = 14;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -220,6 +220,7 @@ fn every_request() -> Vec<Request> {
             ],
             hold: 4100,
             promote: true,
+            nonces: 0,
         }),
         Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
             topic: topic(),
@@ -246,6 +247,7 @@ fn every_request() -> Vec<Request> {
             partition: 1,
             leader: 2,
             epoch: 93,
+            nonces: 0,
         }),
         Request::MoveLeader(crate::ops::replicate::MoveLeader {
             topic: topic(),
@@ -360,6 +362,7 @@ fn every_reply() -> Vec<ReplyBody> {
                 start: false,
             }],
             learner: true,
+            nonces: 0,
         })),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
