@@ -96,6 +96,10 @@ impl Shipper {
 
     async fn run_round(self: Rc<Self>, round: RoundOf) {
         let mut delay = FIRST_RETRY;
+        // Where its nonces may start (this replica's own promises and nonces, before this round's) and the ceiling
+        // it asks for: fixed for the whole round, so that retries do not raise them (each would move the
+        // partition's nonces a block further up).
+        let mut nonce_plan: Option<(u64, u64)> = None;
         loop {
             let engine = self.engine().clone();
             let me = engine.node();
@@ -126,8 +130,8 @@ impl Shipper {
             let mut answers = Vec::new();
             // The nonce ceiling this leadership asks its replicas to promise (`partition/nonces.rs`), and where its
             // own promises and nonces stand before it.
-            let own_nonces = partition.nonce_floor();
-            let mut asked = partition.nonce_ask();
+            let (own_nonces, mut asked) =
+                *nonce_plan.get_or_insert_with(|| (partition.nonce_floor(), partition.nonce_ask()));
             let outcome = match partition.raise_fence(round.epoch, asked).await {
                 Err(e) => {
                     warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "a fencing round cannot raise its own epoch floor");
@@ -177,6 +181,7 @@ impl Shipper {
                     Ok(w) => window = Some(w),
                     Err(start) => {
                         asked = start.saturating_add(nonces::NONCE_BLOCK);
+                        nonce_plan = Some((own_nonces, asked));
                         info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, start, "an older leadership's nonce ceiling is above this round's: a higher one is promised");
                         match self
                             .promise_nonces(&round, &partition, &replicas, &states, asked)
@@ -291,6 +296,10 @@ impl Shipper {
         let mut newer = None;
         for call in calls {
             match call.await {
+                (node, Ok(Reply::Began(b))) if b.nonces > nonces::NONCE_MAX => {
+                    // No replica promises that much (`validate` refuses it in a request): not an answer.
+                    warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, nonces = b.nonces, "a replica answered a nonce ceiling above the limit; not counted")
+                }
                 (node, Ok(Reply::Began(b))) => answers.push((node, b, engine.node_alive(node))),
                 (
                     _,
@@ -353,6 +362,8 @@ impl Shipper {
     /// the partition at the round's epoch and no majority answered.
     async fn run_raise(self: Rc<Self>, round: RoundOf) {
         let mut delay = FIRST_RETRY;
+        // Fixed for the whole raise, as a round's (retries must not move the nonces further up).
+        let mut plan: Option<(u64, u64)> = None;
         loop {
             let engine = self.engine().clone();
             let Some((topic, partition)) = engine
@@ -370,7 +381,8 @@ impl Shipper {
                 partition.nonce_raise_failed();
                 return;
             }
-            let (start, ceiling) = (partition.nonce_floor(), partition.nonce_ask());
+            let (start, ceiling) =
+                *plan.get_or_insert_with(|| (partition.nonce_floor(), partition.nonce_ask()));
             let replicas = topic.replicas_of(round.partition);
             let states = topic.states();
             match self

@@ -233,6 +233,14 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         partition.depose(r.epoch);
     }
     partition.raise_fence(r.epoch, r.nonces).await?;
+    if partition.epoch_floor() > r.epoch {
+        // A newer leadership's round took the write first: this one's promise was not made, and it is over.
+        return Err(crate::partition::PartitionError::StaleEpoch {
+            epoch: r.epoch,
+            known: partition.epoch_floor(),
+        }
+        .into());
+    }
     // A history write of an older leadership under way lands first (none starts from here on: its floor is
     // checked at its turn), so the rank answered is the one this replica keeps.
     partition.wait_history_written().await;

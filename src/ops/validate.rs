@@ -102,6 +102,7 @@ pub fn admit(
         Request::Settle(r) => settle(r, limits),
         Request::Replicate(r) => {
             validate_name(&r.topic)?;
+            nonce_ceiling(r.nonces)?;
             if r.leader != peer {
                 return Err(OpError::InvalidParameter(format!(
                     "node {peer} shipped a batch as node {}",
@@ -166,6 +167,7 @@ pub fn admit(
         ))),
         Request::BeginEpoch(r) => {
             validate_name(&r.topic)?;
+            nonce_ceiling(r.nonces)?;
             if r.leader != peer {
                 return Err(OpError::InvalidParameter(format!(
                     "node {peer} began an epoch as node {}",
@@ -230,6 +232,18 @@ pub fn admit(
             kind(request)
         ))),
     }
+}
+
+/// A nonce ceiling a peer asks a replica to promise: at most `nonces::NONCE_MAX` (a higher one would leave its
+/// partition's later leaders no room).
+fn nonce_ceiling(nonces: u64) -> Result<(), OpError> {
+    if nonces > crate::partition::nonces::NONCE_MAX {
+        return Err(OpError::InvalidParameter(format!(
+            "a nonce ceiling of {nonces} is above the limit {}",
+            crate::partition::nonces::NONCE_MAX
+        )));
+    }
+    Ok(())
 }
 
 fn settle(r: &Settle, limits: &BatchLimits) -> OpResult<()> {
@@ -813,6 +827,31 @@ mod tests {
             Err(OpError::InvalidParameter(ref m)) if m.contains("as node 4")
         ));
         assert!(matches!(expect(&begin(3)), Expected::Began));
+        // A nonce ceiling above the limit, asked by a round or carried by a batch: refused, nothing promised.
+        use crate::partition::nonces::NONCE_MAX;
+        let asking = |nonces: u64| {
+            Request::BeginEpoch(crate::ops::replicate::BeginEpoch {
+                topic: "t".into(),
+                topic_id: 1,
+                partition: 0,
+                leader: 3,
+                epoch: 9,
+                nonces,
+            })
+        };
+        assert!(admit(&asking(NONCE_MAX), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&asking(NONCE_MAX + 1), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("nonce ceiling")
+        ));
+        let mut probe = with(0, 0, &[]);
+        if let Request::Replicate(r) = &mut probe {
+            r.nonces = u64::MAX;
+        }
+        assert!(matches!(
+            admit(&probe, 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("nonce ceiling")
+        ));
         let many: Vec<(u64, u64)> = (0..=crate::ops::replicate::MAX_EPOCH_ENTRIES as u64)
             .map(|i| (i + 1, i))
             .collect();

@@ -6,7 +6,9 @@
 //! - `ceiling` is durable on a majority of the replicas (its fencing round's `BeginEpoch` carried it, or a raise
 //!   did, `front/round.rs`) before any nonce below it is issued;
 //! - the window starts above the highest ceiling a majority of the replicas promised to older leaderships, above
-//!   everything this replica promised or issued, and above its wall clock in µs « 8.
+//!   everything this replica promised or issued, and above its wall clock in µs « 8. (A leader serving without a
+//!   round, at its topic's creation epoch or at an epoch it began before a restart, starts from its own promises
+//!   and nonces: a round at that epoch, its own, already went above the older leaderships'.)
 //!
 //! Any two majorities share a replica, so no nonce is issued twice for a partition, and a receipt handle of an old
 //! leader meets no lease of the new one: `410 lease_gone`. All the groups of the partition draw from the one window,
@@ -17,12 +19,18 @@
 use super::Partition;
 use std::rc::Rc;
 
-/// How far above its start a leadership's ceiling is asked for: 2^44 nonces (about 200 days of a million leases a
-/// second), while the 64-bit space above today's wall-clock seeds holds about a million such blocks.
-pub const NONCE_BLOCK: u64 = 1 << 44;
+/// How far above its start a leadership's ceiling is asked for: 2^40 nonces (about 12 days of a million leases a
+/// second, then a raise), while the 64-bit space above today's wall-clock seeds (µs « 8, about 2^58.6) holds about
+/// 16 million such blocks: each leadership, and each restart of a leader, takes at least one.
+pub const NONCE_BLOCK: u64 = 1 << 40;
 
 /// With fewer nonces than this left below its ceiling, a leader asks for a raise.
-pub const NONCE_LOW: u64 = 1 << 40;
+pub const NONCE_LOW: u64 = 1 << 36;
+
+/// The highest ceiling a replica promises (a peer asking more is refused, `validate`; an answer above it is not
+/// counted): room for a few thousand blocks above it, so nothing computed from it wraps. A partition whose nonces
+/// reach it (after about 16 million leaderships) leases nothing more (`503`), loudly.
+pub const NONCE_MAX: u64 = u64::MAX - (1 << 52);
 
 /// How long a take waits for a raise under way before it leases nothing (`503`, the client retries).
 pub const NONCE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -103,11 +111,10 @@ impl Partition {
     /// A ceiling is durable on a majority (a raise, or a first window above `start`): the window opens or rises.
     pub fn nonces_promised(&self, start: u64, ceiling: u64) {
         let w = self.nonce_window.get();
-        if w.ceiling == 0 {
-            assert!(
-                start < ceiling,
-                "a nonce window {start}..{ceiling} is empty"
-            );
+        if w.ceiling == 0 && (start >= ceiling || ceiling > NONCE_MAX) {
+            // The partition's nonce space is used up (see `NONCE_MAX`): it leases nothing.
+            tracing::error!(dir = %self.dir.display(), start, ceiling, "this partition's receipt-handle nonces are used up: it leases nothing more");
+        } else if w.ceiling == 0 {
             assert!(
                 start >= w.issued,
                 "a new window starts at {start}, below nonces issued up to {}",
@@ -117,7 +124,7 @@ impl Partition {
                 issued: start,
                 ceiling,
             });
-        } else if ceiling > w.ceiling {
+        } else if ceiling > w.ceiling && ceiling <= NONCE_MAX {
             self.nonce_window.set(NonceWindow { ceiling, ..w });
         }
         self.raising_nonces.set(false);

@@ -360,3 +360,32 @@ fn a_followers_epoch_history_is_durable_when_taken_and_a_contradiction_changes_n
         );
     })
 }
+
+/// A batch's epoch entries change the history with the log's end at their turn, not at the request's arrival: a
+/// batch carrying only `(29, 76)`, sent with an end from before pipelined batches landed (40), keeps the entry of
+/// the records 55.. that landed meanwhile. (The node simulation's seed 38579: given the old end, the history lost
+/// `(13, 55)`; the replica, later elected, cut acknowledged records 55.. from the others.)
+#[test]
+fn a_batchs_epoch_entries_are_taken_with_the_logs_end_at_their_turn() {
+    use crate::storage::epoch_history::EpochStart;
+    let e = |epoch, start| EpochStart { epoch, start };
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_epochs(&[e(8, 0), e(13, 55)], 0, 29)
+            .await
+            .expect("taken");
+        p.log
+            .append_batch(vec![bytes::Bytes::from_static(b"r"); 76])
+            .await
+            .expect("76 records landed");
+        assert_eq!(p.log.end_offset(), 76);
+        p.follow_epochs(&[e(29, 76)], 40, 29).await.expect("taken");
+        assert_eq!(
+            p.epoch_history().entries(),
+            &[e(8, 0), e(13, 55), e(29, 76)],
+            "the entry of the records that landed meanwhile is kept"
+        );
+    })
+}
