@@ -327,6 +327,14 @@ impl Partition {
             }
             let moved_at = g.frontier.moved_at.get().unwrap_or(started);
             g.frontier.journaled.set(*value);
+            if g.shard.borrow().is_none() {
+                // Journaled after its shard went (this leader was deposed meanwhile, `Partition::follow`): the value
+                // it keeps as its replica's frontier takes it too, so that leading again here, or a checkpoint's
+                // file, never starts below what its own journal holds. (Found by the node simulation: a re-elected
+                // leader served from below an ack it had answered `200`.)
+                let replica = g.frontier.replica.get().unwrap_or(0);
+                g.frontier.replica.set(Some(replica.max(*value)));
+            }
             let behind = g.with_loaded(|s| s.committed()).is_some_and(|c| c > *value);
             g.frontier.moved_at.set(behind.then_some(started));
             lags.push(now.saturating_sub(moved_at));

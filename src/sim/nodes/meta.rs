@@ -30,6 +30,10 @@ pub(super) struct SimEtcd {
     pub(super) moves: Cell<u64>,
     /// What was written, for the driver's event log.
     pub(super) notes: RefCell<Vec<String>>,
+    /// Partition keys written since the oracle last looked: (partition, epoch), in order.
+    pub(super) leaderships: RefCell<Vec<(u32, i64)>>,
+    /// The last snapshot decoded (the driver and the oracle ask for one several times a step).
+    decoded: RefCell<Option<Arc<Snapshot>>>,
 }
 
 impl SimEtcd {
@@ -42,6 +46,8 @@ impl SimEtcd {
             cut: RefCell::new(BTreeSet::new()),
             moves: Cell::new(0),
             notes: RefCell::new(Vec::new()),
+            leaderships: RefCell::new(Vec::new()),
+            decoded: RefCell::new(None),
         })
     }
 
@@ -83,12 +89,22 @@ impl SimEtcd {
 
     /// Everything, decoded as a node's replica would have it at this revision.
     pub(super) fn snapshot(&self) -> Arc<Snapshot> {
+        if let Some(s) = self
+            .decoded
+            .borrow()
+            .as_ref()
+            .filter(|s| s.revision == self.revision.get())
+        {
+            return s.clone();
+        }
         let kvs = self.kvs.borrow();
-        Arc::new(Snapshot::from_kvs(
+        let s = Arc::new(Snapshot::from_kvs(
             &self.keys,
             self.revision.get(),
             kvs.values(),
-        ))
+        ));
+        *self.decoded.borrow_mut() = Some(s.clone());
+        s
     }
 
     /// A node's registration: its member record and a new session (an `alive/` key under a new lease).
@@ -181,6 +197,7 @@ impl SimEtcd {
         );
         let revision = self.put(key, value, 0);
         self.moves.set(self.moves.get() + 1);
+        self.leaderships.borrow_mut().push((p, revision));
         self.notes.borrow_mut().push(format!(
             "etcd: partition {p} at epoch {revision} (was {epoch}): led by {leader} of {replicas:?}, learners {learners:?}"
         ));

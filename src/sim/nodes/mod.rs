@@ -7,7 +7,8 @@
 //! `cluster::election::candidacies`; only the etcd client, the node RPC transport and the process around them are
 //! simulated.
 //!
-//! A seeded workload produces to a replicated topic (R = 3) and reads it back through random nodes, while faults
+//! A seeded workload produces to a replicated topic (R = 3), reads it back, and consumes it in the default group
+//! (leases acked, nacked, or left to expire: `groups.rs`), through random nodes, while faults
 //! strike: a node killed (its unsynced writes lost), its power cut (a torn tail), its disk lost (replaced by an
 //! empty one, once per seed: the guarantee is about one lost disk), a node paused (its messages held, its session
 //! lapsing) and resumed, links between nodes cut and healed, a node cut from etcd, and each node's watch of etcd
@@ -16,13 +17,18 @@
 //! every acknowledged record is served at the offset its produce was told, with nothing unproduced in between,
 //! within two minutes of simulated time. So a commit on a minority, a missing truncation or a missing fence shows as
 //! an acknowledged record lost, replaced, or never served again (`tests.rs` plants each, through `crate::planted`,
-//! and checks it is found: a finding of the oracle, not a harness failure). Not modelled: etcd's grace (a node
-//! fences itself when etcd expires its session, not `etcd_grace_s` later), a paused node's own tasks (they run on;
-//! only its messages and its session stop), consumer groups, drains (the mover runs but nothing asks it to move).
+//! and checks it is found: a finding of the oracle, not a harness failure). After every step the oracle also reads
+//! each replica's durable frontier of the default group from its disk: what a majority holds never moves backwards
+//! (but where the lost disk took it), the leader serves from it, and no lease is answered below it after a leader
+//! change; at the end the group is drained and every acknowledged record must have been delivered or acked
+//! (`groups.rs`). Not modelled: etcd's grace (a node fences itself when etcd expires its session, not
+//! `etcd_grace_s` later), a paused node's own tasks (they run on; only its messages and its session stop), groups
+//! other than the default one, drains (the mover runs but nothing asks it to move).
 //!
 //! A failing seed prints itself: `BERTH_SIM_SEED=N cargo test --release --lib sim::nodes` replays it,
 //! `BERTH_SIM_NODE_SEEDS=N` runs that many, `BERTH_SIM_TRACE=1` (with `-- --nocapture`) prints every event.
 
+mod groups;
 mod meta;
 mod net;
 mod node;
@@ -72,6 +78,8 @@ struct Oracle {
     served: BTreeMap<(u32, u64), String>,
     /// Body → where an answer placed it (a record written twice shows at two places).
     placed: BTreeMap<String, (u32, u64)>,
+    /// The default group's consumers and its frontier (`groups.rs`).
+    groups: groups::GroupOracle,
     log: Vec<String>,
 }
 
@@ -177,6 +185,8 @@ struct Cluster {
     watch_percent: u64,
     /// Chance in percent that a step's fault roll strikes (calm seeds see one fault at a time, stormy ones many).
     fault_percent: u64,
+    /// What the oracle last read of each node's disk (`groups::durable_frontiers`).
+    disk_reads: RefCell<Vec<groups::DiskRead>>,
 }
 
 thread_local! {
@@ -258,6 +268,7 @@ pub async fn run_node_seed_here(seed: u64) {
         disk_lost: Cell::new(false),
         watch_percent: [100, 60, 25][rng.below(3) as usize],
         fault_percent: [100, 40, 15][rng.below(3) as usize],
+        disk_reads: RefCell::new((1..=NODES).map(|_| groups::DiskRead::default()).collect()),
     };
     cluster.tasks.spawn(net.clone().pump());
     // The nodes register, then the topic is created (each partition led by a different node), then they start.
@@ -281,13 +292,19 @@ pub async fn run_node_seed_here(seed: u64) {
         cluster.clock.advance(dt);
         cluster.tick(&mut rng).await;
         cluster.settle().await;
+        cluster.check_frontiers();
     }
     cluster.heal_and_check(&mut rng).await;
+    cluster.drain(&mut rng).await;
     if trace {
         eprintln!(
-            "node seed {seed}: {} acknowledged, {} served, {} partition key writes, {} messages delivered, {} lost",
+            "node seed {seed}: {} acknowledged, {} served, {} consumes, {} leases, {} acks answered 200, frontiers held by a majority {:?}, {} partition key writes, {} messages delivered, {} lost",
             cluster.oracle.borrow().acked.len(),
             cluster.oracle.borrow().served.len(),
+            cluster.oracle.borrow().groups.consumes,
+            cluster.oracle.borrow().groups.deliveries,
+            cluster.oracle.borrow().groups.settled.len(),
+            cluster.oracle.borrow().groups.held,
             cluster.etcd.moves.get(),
             net.delivered.get(),
             net.lost.get()
@@ -407,7 +424,7 @@ impl Cluster {
             roll = 999;
         }
         match roll {
-            0..=449 => {
+            0..=399 => {
                 // Often several at once, so that a fault finds records in flight.
                 for _ in 0..1 + rng.below(4) {
                     if let Some(i) = Self::pick(rng, &running) {
@@ -415,7 +432,19 @@ impl Cluster {
                     }
                 }
             }
-            450..=599 => {
+            400..=519 => {
+                // Not through a paused node: its process would answer no client (what it leased before the pause
+                // is still acked from there, as a client whose request was on its way).
+                let awake: Vec<NodeIndex> = running
+                    .iter()
+                    .copied()
+                    .filter(|&i| !self.net.paused(i))
+                    .collect();
+                if let Some(i) = Self::pick(rng, &awake) {
+                    self.consume(rng, i);
+                }
+            }
+            520..=599 => {
                 if let Some(i) = Self::pick(rng, &running) {
                     let p = rng.below(PARTITIONS as u64) as u32;
                     let end = self.oracle.borrow().end(p);
@@ -440,6 +469,7 @@ impl Cluster {
             655..=656 if !self.disk_lost.get() => {
                 let i = 1 + rng.below(NODES as u64) as NodeIndex;
                 self.disk_lost.set(true);
+                self.oracle.borrow_mut().groups.disk_lost = true;
                 self.kill(i, &format!("step {step}: disk lost"), |_| Sim::new());
                 let mut slots = self.slots.borrow_mut();
                 let slot = &mut slots[i as usize - 1];
@@ -790,6 +820,7 @@ impl Cluster {
             self.clock.advance(50);
             self.tick(rng).await;
             self.settle().await;
+            self.check_frontiers();
             if self.running().len() == NODES as usize {
                 match self.verify().await {
                     Ok(()) => return,

@@ -50,8 +50,8 @@ thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs seeds from 1 with `bug` planted until one fails; returns the first failing seed and its message.
-fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
+/// Runs `seed` on a thread of its own with `bug` planted (None: none); the panic's message if it failed.
+fn failure(bug: Option<Bug>, seed: u64) -> Option<String> {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
@@ -62,22 +62,34 @@ fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
         }));
     });
     // A thread per seed: a failed seed's executor goes with its thread (glommio keeps descriptors per thread).
+    std::thread::spawn(move || {
+        QUIET.with(|q| q.set(true));
+        plant(bug);
+        run_node_seed(seed);
+    })
+    .join()
+    .err()
+    .map(|e| {
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+}
+
+/// Runs seeds from 1 with `bug` planted until one fails that passes without it (a seed that fails either way finds
+/// something else); returns that seed and its message.
+fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
     (1..=limit).find_map(|seed| {
-        std::thread::spawn(move || {
-            QUIET.with(|q| q.set(true));
-            plant(Some(bug));
-            run_node_seed(seed);
-        })
-        .join()
-        .err()
-        .map(|e| {
-            let message = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            (seed, message)
-        })
+        let message = failure(Some(bug), seed)?;
+        if let Some(without) = failure(None, seed) {
+            eprintln!(
+                "{bug:?}: seed {seed} fails without it too, passed over: {}",
+                without.lines().next().unwrap_or_default()
+            );
+            return None;
+        }
+        Some((seed, message))
     })
 }
 
