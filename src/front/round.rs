@@ -87,6 +87,21 @@ pub fn decide(
     }
 }
 
+/// The topic and this core's partition that `round` names, if the topic is still the one it was made for.
+fn owned_here(
+    engine: &crate::engine::Engine,
+    round: &RoundOf,
+) -> Option<(
+    Rc<crate::engine::topic::Topic>,
+    Rc<crate::partition::Partition>,
+)> {
+    engine
+        .topic(&round.topic)
+        .ok()
+        .filter(|t| t.id() == round.topic_id)
+        .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
+}
+
 impl Shipper {
     /// Starts the fencing round of `round` on this core (its own task).
     pub(crate) fn round(self: &Rc<Self>, round: RoundOf) {
@@ -104,12 +119,7 @@ impl Shipper {
             let engine = self.engine().clone();
             let me = engine.node();
             // Still this replica's to begin? (A newer view may have moved the leadership, or won it already.)
-            let Some((topic, partition)) = engine
-                .topic(&round.topic)
-                .ok()
-                .filter(|t| t.id() == round.topic_id)
-                .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
-            else {
+            let Some((topic, partition)) = owned_here(&engine, &round) else {
                 return;
             };
             if topic.epoch(round.partition) != round.epoch
@@ -366,12 +376,7 @@ impl Shipper {
         let mut plan: Option<(u64, u64)> = None;
         loop {
             let engine = self.engine().clone();
-            let Some((topic, partition)) = engine
-                .topic(&round.topic)
-                .ok()
-                .filter(|t| t.id() == round.topic_id)
-                .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
-            else {
+            let Some((topic, partition)) = owned_here(&engine, &round) else {
                 return;
             };
             if topic.epoch(round.partition) != round.epoch
