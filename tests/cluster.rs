@@ -2945,6 +2945,175 @@ fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
     }
 }
 
+/// Whole-segment copy (`docs/replication.md`, step 5): a follower down while its leader's retention removed the
+/// segments it lacks (and more than the leader keeps in memory went by) is started anew at the leader's start and
+/// filled with its sealed segments, then its stream: the three logs the same files, byte for byte, and the follower
+/// can lead: with the leader killed, every record the leader kept is served by the new one. (Before, the follower
+/// stayed lagging for good.)
+#[test]
+fn a_follower_behind_its_leaders_retention_is_filled_with_its_segments_and_can_then_lead() {
+    let _g = serial();
+    let conf = std::env::temp_dir().join(format!(
+        "berth-cluster-small-segments-{}.toml",
+        std::process::id()
+    ));
+    // Small segments and a quick retention sweep, so retention removes some in a second; the least the leader
+    // keeps in memory for a follower (1 MiB: the flags set the rest of the table).
+    std::fs::write(
+        &conf,
+        "max_message_bytes = 8192\nsegment_bytes = 65536\npurge_interval_ms = 200\n\
+         [cluster]\netcd = []\nnode_id = \"\"\nadvertise = \"\"\nreplica_window_bytes = 1048576\n",
+    )
+    .expect("config written");
+    let opts = Opts {
+        extra: vec![
+            "--replication-preview".into(),
+            "--replica-timeout-ms".into(),
+            "1000".into(),
+            "--config".into(),
+            conf.display().to_string(),
+        ],
+        ..Opts::short_ttl()
+    };
+    let Some(mut c) = Cluster::start_with("replicated_retention_copy", 3, opts) else {
+        return;
+    };
+    let a = c
+        .node(0)
+        .put("/topics/rc?partitions=1&replicas=3&retention=1s");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let replicas: Vec<usize> = replica_indices(&c, &partitions(c.node(0), "rc")[0]);
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let mut bodies: Vec<String> = Vec::new();
+    let mut produce_batch = |c: &Cluster, n: usize| {
+        let mut batch = String::new();
+        let first = bodies.len();
+        for i in first..first + n {
+            let body = format!("r-{i:05}-{}", "x".repeat(6000));
+            batch.push_str(&format!("{{\"body\":\"{body}\"}}\n"));
+            bodies.push(body);
+        }
+        let a = c
+            .node(leader)
+            .client
+            .call_with(
+                "POST",
+                "/produce?topic=rc",
+                &[("content-type", "application/x-ndjson")],
+                batch.as_bytes(),
+            )
+            .expect("batch produce");
+        assert_eq!(
+            (a.status, a.json()["failed"].as_u64()),
+            (200, Some(0)),
+            "{}",
+            a.text()
+        );
+    };
+    produce_batch(&c, 5);
+    wait_replicated(c.node(leader), "rc", 2);
+    // f2 down; 1.5 MB more (past the 1 MiB the leader keeps in memory for it, in 23 segments of 64 KiB), which then
+    // ages past the retention.
+    c.kill9(f2);
+    for _ in 0..10 {
+        produce_batch(&c, 25);
+    }
+    thread::sleep(Duration::from_millis(1100));
+    for _ in 0..3 {
+        produce_batch(&c, 10);
+    }
+    let start = wait_for(
+        "the leader's retention removes the segments f2 lacks",
+        Duration::from_secs(10),
+        || {
+            let p = partitions(c.node(leader), "rc").remove(0);
+            match p["start_offset"].as_u64() {
+                Some(s) if s > 5 => Ok(s),
+                _ => Err(format!("{p}")),
+            }
+        },
+    );
+    c.restart(f2);
+    c.wait_all_live();
+    let r = wait_replicated(c.node(leader), "rc", 2);
+    assert_eq!(r[0].2, bodies.len() as u64, "{r:?}");
+    assert!(
+        c.node(f2).log_text().contains("starts anew there"),
+        "{}",
+        c.node(f2).log_text()
+    );
+    // The same files on the three nodes (retention on each removed the same ones), byte for byte.
+    let files = |node: &Node| -> Vec<(String, Vec<u8>)> {
+        let dir = node.data_dir.join("topics").join("rc").join("0");
+        let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .map(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                (name, std::fs::read(&p).unwrap())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    wait_for(
+        "the three replicas hold the same segment files",
+        Duration::from_secs(10),
+        || {
+            let lead = files(c.node(leader));
+            for f in [f1, f2] {
+                let theirs = files(c.node(f));
+                let names =
+                    |v: &[(String, Vec<u8>)]| v.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+                if names(&theirs) != names(&lead) {
+                    return Err(format!(
+                        "{}: {:?} against {:?}",
+                        c.node(f).id,
+                        names(&theirs),
+                        names(&lead)
+                    ));
+                }
+                // (The active segment is zero-filled ahead of its end: compared up to the leader's length.)
+                for ((name, x), (_, y)) in lead.iter().zip(&theirs) {
+                    if y.len() < x.len() || x[..] != y[..x.len()] {
+                        return Err(format!("{}: {name} differs", c.node(f).id));
+                    }
+                }
+            }
+            Ok(())
+        },
+    );
+    // f2 can lead: the leader killed, one of the two is elected and serves every record the leader kept.
+    c.kill9(leader);
+    let survivor = c.node(f2).new_client();
+    let mut served: Vec<String> = Vec::new();
+    wait_for(
+        "every retained record served by the new leader",
+        Duration::from_secs(20),
+        || loop {
+            match try_consume(&survivor, "rc", "&visibility=60") {
+                Ok(Some(m)) => served.push(m.body),
+                Ok(None) if !served.is_empty() => return Ok(()),
+                Ok(None) => return Err(format!("{} served", served.len())),
+                Err(a) => return Err(format!("{}: {}", a.status, a.text())),
+            }
+        },
+    );
+    // (Retention goes on meanwhile, 1 s: what is served is every record from where the log then started.)
+    served.sort();
+    let now = partitions(c.node(f2), "rc").remove(0);
+    let first = now["start_offset"].as_u64().expect("start") as usize;
+    assert!(first >= start as usize, "{now}");
+    assert!(
+        served.len() >= bodies.len() - first && served[..] == bodies[bodies.len() - served.len()..],
+        "each retained record once: {} served from {first} of {}",
+        served.len(),
+        bodies.len()
+    );
+    let _ = std::fs::remove_file(&conf);
+}
+
 #[test]
 fn a_replicated_produce_is_answered_at_a_majority_and_503_not_enough_replicas_without_one() {
     let _g = serial();

@@ -196,6 +196,7 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             hold: 0,
             promote: false,
             nonces: 0,
+            restart: false,
         })
     };
     assert!(matches!(

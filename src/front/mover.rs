@@ -220,13 +220,9 @@ async fn run(shipper: Weak<Shipper>) {
                     })
                     .collect();
                 candidates.sort_unstable();
-                // A new replica is caught up from the leader's log only: one that no longer starts at 0 (retention)
-                // could never fill it (the whole-segment copy is not built), so none is added.
-                let candidates: Vec<NodeIndex> = if partition.log.start_offset() > 0 {
-                    Vec::new()
-                } else {
-                    candidates.into_iter().map(|c| c.2).collect()
-                };
+                // A new replica starts its log at the leader's start, and is filled with the leader's segments from
+                // there (`front::replicate`, a restart probe), whatever retention removed.
+                let candidates: Vec<NodeIndex> = candidates.into_iter().map(|c| c.2).collect();
                 let step = next_step(&PartitionView {
                     replicas: &state.replicas,
                     learners: &state.learners,

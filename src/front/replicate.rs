@@ -103,6 +103,8 @@ struct Batch {
     head: EntryHead,
     frames: Bytes,
     end: u64,
+    /// A probe that asks the follower to start its log anew at `head.first_offset` (the leader's log start).
+    restart: bool,
 }
 
 /// One replicated partition this core leads.
@@ -199,6 +201,9 @@ enum CatchUp {
     Batch(Rc<Batch>),
     /// The read failed: try again later.
     Retry(String),
+    /// It needs records below the log's start (retention removed them) and holds nothing at or past it: its log
+    /// starts anew there (a restart probe), and is filled from there.
+    Restart(u64),
     /// It cannot be caught up from the log.
     Never,
 }
@@ -340,6 +345,7 @@ impl Shipper {
             head: head.clone(),
             frames: Bytes::copy_from_slice(frames),
             end: head.first_offset + u64::from(head.count),
+            restart: false,
         });
         stream.push(batch);
         // What every follower has goes (all of it when every follower lags: nobody will take it).
@@ -583,9 +589,13 @@ impl Shipper {
                     head,
                     frames: Bytes::from(frames),
                     end,
+                    restart: false,
                 }))
             }
             Ok(None) => CatchUp::Never,
+            Err(crate::storage::log::ReadError::OutOfRetention { start }) if start > from => {
+                CatchUp::Restart(start)
+            }
             // A failed read is tried again (after the follower's backoff); what the log cannot hold is not.
             Err(crate::storage::log::ReadError::Io(e)) => CatchUp::Retry(e.to_string()),
             Err(e) => {
@@ -856,6 +866,27 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
                         }
                         fail(&f, &why);
                     }
+                    CatchUp::Restart(start) => {
+                        if stream.closed.get() || !shipper.still_leads(&stream) {
+                            break;
+                        }
+                        if f.lagging.get() || f.backoff.get().is_some() || f.next.get() != from {
+                            continue;
+                        }
+                        if f.in_flight.get() > 0 {
+                            // Its answers to what is in flight come first: the restart goes alone.
+                            idle(shipper.engine(), listener).await;
+                            continue;
+                        }
+                        // Whole segments from the log's start: a restart probe first (its answer is its new end, as
+                        // a first probe's is), then runs of frames from there, as for any catch-up.
+                        debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, from, start, "a follower is behind the log's start: its log starts anew there");
+                        f.answered.set(false);
+                        f.next.set(start);
+                        if let Dispatch::Gone = send_probe(&shipper, &stream, &f, true) {
+                            break;
+                        }
+                    }
                     CatchUp::Never if stream.closed.get() || !shipper.still_leads(&stream) => break,
                     CatchUp::Never => {
                         warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, offset = f.next.get(), "a follower needs what the leader cannot ship from its log (below retention, damaged, or skipped): it gets nothing until it is replaced");
@@ -886,6 +917,16 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
 /// history: a follower whose log diverges cuts it there first). `Failed` when its place is not known (asked
 /// again after its backoff), `Gone` when this core no longer leads the partition.
 fn probe(shipper: &Rc<Shipper>, stream: &Rc<Stream>, f: &Rc<Follower>) -> Dispatch {
+    send_probe(shipper, stream, f, false)
+}
+
+/// [`probe`], or with `restart` a restart probe at `f.next` (the log's start: `CatchUp::Restart`).
+fn send_probe(
+    shipper: &Rc<Shipper>,
+    stream: &Rc<Stream>,
+    f: &Rc<Follower>,
+    restart: bool,
+) -> Dispatch {
     let Some(to) = shipper.follower_location(stream, f.node) else {
         if !shipper.still_leads(stream) {
             return Dispatch::Gone;
@@ -905,6 +946,7 @@ fn probe(shipper: &Rc<Shipper>, stream: &Rc<Stream>, f: &Rc<Follower>) -> Dispat
         },
         frames: Bytes::new(),
         end: f.next.get(),
+        restart,
     });
     f.in_flight.set(f.in_flight.get() + 1);
     glommio::spawn_local(send(
@@ -1013,8 +1055,17 @@ async fn send_frontiers(
     f: Rc<Follower>,
     queue: Rc<FrontierQueue>,
     to: Location,
-    marks: Vec<FrontierMark>,
+    mut marks: Vec<FrontierMark>,
 ) {
+    // A start goes with the group's durable value as it is now (`Partition::durable_frontier_to_ship`): one queued long
+    // ago (the follower was down) may be below what the other followers hold since.
+    if let Some(partition) = shipper.led_partition(&stream) {
+        for m in marks.iter_mut().filter(|m| m.start) {
+            if let Some(now) = partition.durable_frontier_to_ship(&m.group) {
+                m.committed = m.committed.max(now);
+            }
+        }
+    }
     let request = Request::ReplicateFrontiers(ReplicateFrontiers {
         topic: stream.topic.clone(),
         topic_id: stream.topic_id,
@@ -1124,6 +1175,7 @@ async fn send(
         // Its nonce ceiling, which a majority promised already: a replica added since its round promises it too
         // before it can count in the next one (`partition/nonces.rs`).
         nonces: partition.as_ref().map_or(0, |p| p.nonce_window().ceiling),
+        restart: batch.restart,
     });
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);

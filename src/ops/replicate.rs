@@ -57,6 +57,11 @@ pub struct Replicate {
     /// The leader's nonce ceiling (`partition/nonces.rs`; 0: none yet), promised durably by the replica before it
     /// answers, so that a replica added since the leader's round holds it before it counts in the next one.
     pub nonces: u64,
+    /// A probe at the leader's log start (`first_offset`), sent to a follower whose log ends below it (retention
+    /// removed the records between on the leader): the follower's log starts anew there, empty
+    /// (`Partition::start_anew_at`), with the leader's history up to it, and the leader's sealed segments then its
+    /// stream fill it (`docs/replication.md`, step 5). Only with a probe.
+    pub restart: bool,
 }
 
 /// Most epoch entries one shipped batch carries (a history holds no more).
@@ -389,7 +394,15 @@ async fn apply_to(
         // leader's commit only with the entry (`Partition::rank`); refused when it contradicts this replica's
         // history (this log holds records past where that leadership began: they are not its leader's). Records
         // of another leadership that its leader does not hold are cut first (truncation by epoch): the leader
-        // catches this replica up from the cut.
+        // catches this replica up from the cut. A restart probe (this log ends below the leader's start) first
+        // starts the log anew there, with the leader's history up to it: the probe's checks then find them alike.
+        if r.restart {
+            let end = partition
+                .start_anew_at(r.first_offset, &r.epochs, r.epoch)
+                .await?;
+            tracing::info!(topic = %r.topic, partition = r.partition, leader = r.leader, end, start = r.first_offset, "a restart probe: this replica's log starts at its leader's start");
+            followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
+        }
         if let Some(at) = partition.truncate_diverged(&r.epochs, r.epoch).await? {
             tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, at, "cut this replica's diverged log where its leader's history says");
             followed(engine, &r.topic, r.topic_id, r.partition, r.leader, r.epoch)?;
@@ -627,6 +640,7 @@ mod tests {
             hold: 0,
             promote: false,
             nonces: 0,
+            restart: false,
         }
     }
 

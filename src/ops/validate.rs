@@ -109,7 +109,13 @@ pub fn admit(
                     r.leader
                 )));
             }
-            // A probe (no records, no bytes) asks for the replica's end; anything else carries both.
+            // A probe (no records, no bytes) asks for the replica's end; anything else carries both. Only a probe
+            // may ask a replica to start its log anew.
+            if r.restart && r.count > 0 {
+                return Err(OpError::InvalidParameter(
+                    "a shipped batch that restarts the replica's log: only a probe may".into(),
+                ));
+            }
             if (r.count == 0) != r.frames.is_empty() {
                 return Err(OpError::InvalidRecord(format!(
                     "a shipped batch of {} records in {} bytes",
@@ -721,6 +727,7 @@ mod tests {
                 hold: 0,
                 promote: false,
                 nonces: 0,
+                restart: false,
             })
         };
         assert!(admit(&ship(3, 64), 3, 0, 2, &LIMITS).is_ok());
@@ -744,6 +751,19 @@ mod tests {
         assert!(matches!(
             admit(&probe(8), 3, 0, 2, &LIMITS),
             Err(OpError::InvalidRecord(_))
+        ));
+        // Only a probe may start a replica's log anew at its leader's start.
+        let restart = |r: Request| match r {
+            Request::Replicate(mut r) => {
+                r.restart = true;
+                Request::Replicate(r)
+            }
+            _ => unreachable!(),
+        };
+        assert!(admit(&restart(probe(0)), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&restart(ship(3, 64)), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("only a probe")
         ));
         // With these tiny limits a leader's batch is at most the log's 4 MiB.
         assert!(admit(&ship(3, 4 << 20), 3, 0, 2, &LIMITS).is_ok());

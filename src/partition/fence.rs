@@ -258,6 +258,65 @@ impl Partition {
         }
     }
 
+    /// A follower's side of a restart probe (`docs/replication.md`, step 5): its leader at `epoch` keeps nothing
+    /// below `at` (retention) and this log holds nothing at or past it, so the log starts anew at `at`, empty
+    /// (`Log::restart_at`), and takes the leader's history up to `at` (`EpochHistory::adopt`, durably). Also run
+    /// when the log is at `at` already and holds nothing (a crash between the two steps). Returns the log's end
+    /// (one past `at`: the log holds records there, and nothing changed). Refused (`stale_epoch`) when its floor is
+    /// above `epoch`, before anything changes and again at the history's turn.
+    pub async fn start_anew_at(
+        &self,
+        at: u64,
+        leader: &[EpochStart],
+        epoch: u64,
+    ) -> Result<u64, PartitionError> {
+        self.assert_owner();
+        self.log.ships_settled().await;
+        if self.epoch_floor() > epoch {
+            return Err(PartitionError::StaleEpoch {
+                epoch,
+                known: self.epoch_floor(),
+            });
+        }
+        let end = match self.log.restart_at(at).await {
+            Ok(end) => end,
+            Err(crate::storage::log::FollowError::Append(e)) => return Err(e.into()),
+            Err(crate::storage::log::FollowError::Busy) => {
+                return Err(PartitionError::Storage(
+                    "its log is busy with shipped batches; the restart waits for the next probe"
+                        .into(),
+                ))
+            }
+            Err(e) => {
+                return Err(PartitionError::Storage(format!(
+                    "cannot start its log anew at {at}: {e:?}"
+                )))
+            }
+        };
+        if end != at || self.log.start_offset() != at {
+            return Ok(end);
+        }
+        let fence = &self.fence;
+        let stale = Cell::new(false);
+        match self
+            .change_history(|h| {
+                if fence.get().floor > epoch {
+                    stale.set(true);
+                    return Err(String::new());
+                }
+                h.adopt(leader, at)
+            })
+            .await?
+        {
+            Ok(()) => Ok(end),
+            Err(_) if stale.get() => Err(PartitionError::StaleEpoch {
+                epoch,
+                known: fence.get().floor,
+            }),
+            Err(why) => Err(PartitionError::Storage(why)),
+        }
+    }
+
     /// Waits out a history write under way: what [`Partition::rank`] says afterwards includes it.
     pub async fn wait_history_written(&self) {
         drop(Turn::take(&self.writing_epochs, &self.epochs_written).await);

@@ -263,16 +263,7 @@ impl Partition {
             .borrow()
             .values()
             .filter_map(|g| {
-                let value = if g.shard.borrow().is_some() {
-                    g.frontier.durable()
-                } else {
-                    // A replica that led since it followed: its leader's shipped frontier (journaled here) may be
-                    // ahead of its file.
-                    read(&*self.storage, &g.frontier.path)
-                        .ok()?
-                        .max(g.frontier.replica.get().unwrap_or(0))
-                        .max(g.frontier.durable())
-                };
+                let value = self.durable_value(g)?;
                 Some(journal::FrontierRecord {
                     topic: link.topic.clone(),
                     topic_id: link.topic_id,
@@ -283,6 +274,29 @@ impl Partition {
                 })
             })
             .collect()
+    }
+
+    /// Leader of a replicated partition: group `group`'s durable frontier as [`Partition::durable_frontiers`] gives
+    /// it (None: no such group, or its file cannot be read). A group's start goes to a follower with this value as
+    /// it is when the start is sent, not when it was queued (`front::replicate`): a follower down since the round
+    /// would otherwise take a start older than what the leader's other followers hold since, and the frontier a
+    /// majority holds would move back until the next value reached it (seed 1471 of the node simulation).
+    pub fn durable_frontier_to_ship(&self, group: &str) -> Option<u64> {
+        let g = self.groups.borrow().get(group).cloned()?;
+        self.durable_value(&g)
+    }
+
+    fn durable_value(&self, g: &Group) -> Option<u64> {
+        Some(if g.shard.borrow().is_some() {
+            g.frontier.durable()
+        } else {
+            // A replica that led since it followed: its leader's shipped frontier (journaled here) may be ahead of
+            // its file.
+            read(&*self.storage, &g.frontier.path)
+                .ok()?
+                .max(g.frontier.replica.get().unwrap_or(0))
+                .max(g.frontier.durable())
+        })
     }
 
     /// Adds to `out` a record of each group whose frontier moved past the durable one (for one journal entry of

@@ -207,6 +207,23 @@ impl EpochHistory {
         Ok(changed)
     }
 
+    /// A replica whose log holds nothing and starts at `at` (started anew at its leader's start,
+    /// `Partition::start_anew_at`) takes its leader's entries up to `at` as its own: it holds no record they could
+    /// mislabel, and the leader's next batches continue them. Entries out of order are refused (Err); Ok(true) when
+    /// the history changed.
+    pub fn adopt(&mut self, leader: &[EpochStart], at: u64) -> Result<bool, String> {
+        if !ascending(leader) {
+            return Err(format!("epoch entries out of order: {leader:?}"));
+        }
+        let mut next = EpochHistory {
+            entries: leader.iter().copied().filter(|e| e.start <= at).collect(),
+        };
+        next.trim();
+        let changed = next != *self;
+        *self = next;
+        Ok(changed)
+    }
+
     fn trim(&mut self) {
         if self.entries.len() > MAX_ENTRIES {
             let extra = self.entries.len() - MAX_ENTRIES;
@@ -291,6 +308,29 @@ mod tests {
     }
 
     /// Truncation by epoch: where a replica's log stops being its leader's, read from the two histories.
+    #[test]
+    fn an_empty_replica_started_anew_adopts_its_leaders_entries_up_to_its_start() {
+        let mut mine = history(&[(2, 0), (3, 8)]);
+        // Its leader began epoch 4 at 10 and epoch 6 at 40; the log starts anew at 30.
+        let leader = [e(2, 0), e(4, 10), e(6, 40)];
+        assert_eq!(mine.adopt(&leader, 30), Ok(true));
+        assert_eq!(mine.entries(), &[e(2, 0), e(4, 10)]);
+        assert_eq!(mine.adopt(&leader, 30), Ok(false), "nothing changes twice");
+        // Then the leader's batches continue it as usual, and the probe's checks find the two alike.
+        assert_eq!(mine.divergence(&leader, 30), None);
+        assert_eq!(mine.follow(&leader, 30), Ok(true));
+        assert_eq!(mine.entries(), &leader);
+        assert!(
+            mine.adopt(&[e(4, 10), e(2, 20)], 30).is_err(),
+            "out of order"
+        );
+        assert_eq!(
+            mine.entries(),
+            &leader,
+            "a refused adoption changes nothing"
+        );
+    }
+
     #[test]
     fn divergence_is_the_first_record_the_two_histories_give_to_different_leaderships() {
         let mine = history(&[(2, 0), (3, 8)]);

@@ -221,6 +221,7 @@ fn every_request() -> Vec<Request> {
             hold: 4100,
             promote: true,
             nonces: 0,
+            restart: false,
         }),
         Request::ReplicateFrontiers(crate::ops::replicate::ReplicateFrontiers {
             topic: topic(),

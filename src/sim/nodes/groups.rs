@@ -263,12 +263,11 @@ impl Cluster {
                 ));
             }
             if m < was && !disk_lost {
-                // Not a finding yet, only traced: a known open issue (seed 1471). A new leader's group starts,
-                // queued when its round ends, reach a replica that was down only on its return and replace the
-                // higher value it kept from its own leadership, so the value a majority holds dips until the next
-                // one arrives (duplicates at worst, never a loss). What is served is checked below against the
-                // highest value a majority held (`held`), which does not dip.
-                o.note(format!(
+                // (Seed 1471 found this: a new leader's group start, queued when its round ended, reached a replica
+                // that was down only on its return, and replaced the higher value it kept from its own leadership
+                // with one older than what the leader's other followers held by then. Starts now go with the
+                // group's durable value as it is when sent: `Partition::durable_frontier_to_ship`.)
+                o.fail(format!(
                     "the default group's frontier of partition {p} that a majority of the replicas held durably moved back from {was} to {m} (each node's now: {:?})",
                     per_node.iter().map(|v| v[p as usize]).collect::<Vec<_>>()
                 ));

@@ -31,6 +31,8 @@ enum Work {
     Batch(EntryHead, Vec<u8>, u64),
     /// [`Log::truncate_diverged`] to this offset.
     Cut(u64),
+    /// [`Log::restart_at`] this offset.
+    Restart(u64),
 }
 
 /// Why a shipped batch was not applied. Nothing of it was written (a refused batch may leave an empty new segment
@@ -206,6 +208,21 @@ impl Log {
         self.queue_work(|| Work::Cut(to)).await
     }
 
+    /// Follower side, a replica behind its leader's retention (`docs/replication.md`, step 5): the leader's log
+    /// starts at `at` (retention removed every segment below it), past this log's end, so nothing this log holds is
+    /// a record the leader still keeps, and nothing the leader keeps can continue it. The log starts anew at `at`,
+    /// empty, in a new segment there, so that the leader's whole sealed segments and then its stream fill it at
+    /// their own places (byte-identical files). Run by the writer task between shipped batches, as a cut is: the
+    /// journal files holding this log's entries are checkpointed away first (a replay must never write the old
+    /// records back), then the segment at `at` is created and the directory synced, and only then are the old
+    /// segments removed, oldest first, and the directory synced again; a crash at any step leaves a log whose
+    /// end is `at` (old segments left over sit below a gap, which recovery reads as lost offsets, under the
+    /// leader's retention anyway). Returns the log's end: `at`, or the end if it was at or past `at` already
+    /// (nothing changes then). A failed creation, checkpoint or sync poisons the log until a restart.
+    pub async fn restart_at(&self, at: u64) -> Result<u64, FollowError> {
+        self.queue_work(|| Work::Restart(at)).await
+    }
+
     /// Leader side, catch-up of a follower behind what the shipper keeps: the durable frames from offset `from`
     /// on, as a batch a follower applies with [`Log::apply_shipped`]: whole consecutive frames of one segment,
     /// back to back, exactly as the segment holds them (from its file, or from the write-behind buffer), at most
@@ -347,6 +364,11 @@ impl Log {
                     let _ = job.reply.send(cut);
                     return;
                 }
+                Work::Restart(at) => {
+                    let restarted = self.restart(*at).await;
+                    let _ = job.reply.send(restarted);
+                    return;
+                }
             }
         };
         if let Ok(first) = result {
@@ -477,6 +499,64 @@ impl Log {
         }
         tracing::warn!(dir = %self.dir.display(), from = to, to = end, "cut a diverged tail: records another leadership wrote and the partition's leader does not hold");
         Ok(to)
+    }
+
+    /// The writer task's part of [`Log::restart_at`].
+    async fn restart(&self, at: u64) -> Result<u64, FollowError> {
+        /// Retention leaves the segments alone while it lives.
+        struct Restarting<'a>(&'a Log);
+        impl Drop for Restarting<'_> {
+            fn drop(&mut self) {
+                self.0.cutting.set(false);
+            }
+        }
+        let end = self.end_offset();
+        if at <= end {
+            return Ok(end);
+        }
+        self.cutting.set(true);
+        let _restarting = Restarting(self);
+        let link = self.journal.as_ref().expect("checked by restart_at");
+        let fail = |what: &str, e: std::io::Error| {
+            tracing::error!(dir = %self.dir.display(), error = %e, "starting the log anew at its leader's start: {what} failed; refusing appends until restart");
+            self.poisoned.set(true);
+            FollowError::Append(AppendError::Io(e.to_string()))
+        };
+        link.journal.checkpoint_now().await?;
+        if let Err(e) = self.behind.flush() {
+            return Err(fail("writing the frames still behind", e));
+        }
+        let segment = Self::create_segment(&*self.storage, &self.dir, at)
+            .await
+            .map_err(|e| fail("the new segment's creation", e))?;
+        self.storage
+            .sync_dir(&self.dir)
+            .await
+            .map_err(|e| fail("the directory's sync", e))?;
+        // From here on the log is the new segment alone: nothing below `at` is readable.
+        let old: Vec<(u64, std::path::PathBuf)> = {
+            let mut st = self.state.borrow_mut();
+            let old = st.segments.drain(..).map(|s| (s.base, s.path)).collect();
+            st.segments.push(segment);
+            st.next_offset = at;
+            st.corrupt.drop_below(at);
+            st.dirty = false;
+            old
+        };
+        *self.tail.borrow_mut() = Default::default();
+        *self.sealed_cache.borrow_mut() = None;
+        for (base, path) in &old {
+            // One left over is harmless (below a gap, under retention): it is said and the rest go on.
+            if let Err(e) = self.storage.remove(path).await {
+                tracing::warn!(dir = %self.dir.display(), segment = base, error = %e, "cannot remove a segment below the leader's start");
+            }
+        }
+        self.storage
+            .sync_dir(&self.dir)
+            .await
+            .map_err(|e| fail("the directory's sync", e))?;
+        tracing::warn!(dir = %self.dir.display(), from = end, to = at, "this replica's log ended below its leader's start (retention removed the records between): it starts anew there, and is filled from the leader's segments");
+        Ok(at)
     }
 
     async fn apply_checked(&self, head: &EntryHead, frames: &[u8]) -> Result<u64, FollowError> {

@@ -8,6 +8,7 @@ use crate::clock::RealClock;
 use crate::storage::backend::Storage;
 use crate::storage::frame;
 use crate::storage::journal::{self, EntryHead, Journal, JournalOptions};
+use crate::storage::log::ReadError;
 use crate::storage::sim::{Sim, SimStorage};
 use crate::storage::FsyncPolicy;
 use bytes::Bytes;
@@ -765,4 +766,111 @@ fn a_deposed_leaders_queued_appends_are_refused_not_written_after_its_cut() {
         log.close().await;
         journal.close().await;
     });
+}
+
+/// Whole-segment copy (`docs/replication.md`, step 5): a follower whose log ends below its leader's start (retention
+/// removed the segments between on the leader) starts its log anew there (`restart_at`), and runs read back from the
+/// leader's sealed segments and then its active one fill it: the same files, byte for byte, and none of its old
+/// segments, also after a power cut and the journal's replay (which must not write the old records back).
+#[test]
+fn a_follower_behind_its_leaders_retention_starts_anew_at_its_start_and_holds_its_segments_byte_for_byte(
+) {
+    run(async {
+        for seed in 1..=5u64 {
+            let (a, b, sa, sb) = two_disks();
+            let (lj, leader, _shipped) = leader(&sa).await;
+            let (fj, follower) = open(&sb).await;
+            let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+            produce(&leader, &mut rng, 8).await;
+            // The follower holds a prefix (none at all for seed 1), then falls behind for good.
+            let held = if seed == 1 {
+                0
+            } else {
+                1 + rng.below(leader.end_offset() - 1)
+            };
+            while follower.end_offset() < held {
+                let (head, frames) = leader
+                    .read_for_follower(follower.end_offset(), held, 700)
+                    .await
+                    .expect("readable")
+                    .expect("a run");
+                follower
+                    .apply_shipped(&head, &frames)
+                    .await
+                    .expect("applied");
+            }
+            produce(&leader, &mut rng, 10).await;
+            // Retention by the records' times: everything but the active segment is old enough. (Long after the
+            // journal's checkpoints, as retention's hours are: the simulated disk syncs a removed file by its name.)
+            lj.checkpoint_now().await.expect("checkpointed");
+            let start = leader.apply_retention(u64::MAX / 2, 0).await;
+            assert!(
+                start > follower.end_offset(),
+                "seed {seed}: retention removed what the follower lacks"
+            );
+            produce(&leader, &mut rng, 12).await;
+            let from = follower.end_offset();
+            assert!(matches!(
+                leader.read_for_follower(from, u64::MAX, 4096).await,
+                Err(ReadError::OutOfRetention { start: s }) if s == start
+            ));
+            // A restart at or below its end changes nothing.
+            assert_eq!(
+                follower.restart_at(from).await.expect("nothing to do"),
+                from
+            );
+            assert_eq!(follower.restart_at(start).await.expect("restarted"), start);
+            assert_eq!(
+                (follower.start_offset(), follower.end_offset()),
+                (start, start)
+            );
+            assert!(follower.read(from.saturating_sub(1)).await.is_err());
+            assert_eq!(
+                follower.restart_at(start).await.expect("again"),
+                start,
+                "idempotent"
+            );
+            let mut sealed_runs = 0;
+            while let Ok(Some((head, frames))) = leader
+                .read_for_follower(follower.end_offset(), u64::MAX, 1 + rng.below(2000))
+                .await
+            {
+                sealed_runs += usize::from(head.segment_base < leader_active_base(&leader));
+                follower
+                    .apply_shipped(&head, &frames)
+                    .await
+                    .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+            }
+            assert!(sealed_runs > 0, "seed {seed}: sealed segments were copied");
+            assert_eq!(follower.end_offset(), leader.end_offset(), "seed {seed}");
+            // Power cut of the follower (everything was synced): the journal's replay writes nothing old back.
+            let b = b.power_cut(|_, _| 0);
+            drop(follower);
+            drop(fj);
+            let (fj, follower) = restart(&b).await;
+            assert_eq!(
+                (follower.start_offset(), follower.end_offset()),
+                (start, leader.end_offset()),
+                "seed {seed}"
+            );
+            for (log, journal) in [(&leader, &lj), (&follower, &fj)] {
+                log.close().await;
+                journal.close().await;
+            }
+            let (la, fb) = (files(&a), files(&b));
+            assert_eq!(
+                la.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                "seed {seed}"
+            );
+            for ((path, x), (_, y)) in la.iter().zip(&fb) {
+                assert!(x == y, "seed {seed}: {} differs", path.display());
+            }
+        }
+    });
+}
+
+/// The base of a log's active segment.
+fn leader_active_base(log: &Log) -> u64 {
+    log.state.borrow().segments.last().expect("a segment").base
 }
