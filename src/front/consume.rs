@@ -81,6 +81,8 @@ struct Round {
     /// Every partition that had nothing to give was at its cap.
     at_cap: bool,
     unavailable: bool,
+    /// Why (the first owner's reason).
+    why: Option<String>,
     /// Some owner could not be told to wake this core.
     unregistered: bool,
     /// Cluster mode: some owner on another node was probed (and registered this core for wake-ups).
@@ -138,8 +140,12 @@ impl Front {
                 // A partition with something to deliver could not be served: say so (503, retry) rather than park.
                 return Err(OpError::Engine(EngineError::Partition(
                     crate::partition::PartitionError::Unavailable(format!(
-                        "a partition of '{}' could not be read; see the server log",
-                        params.topic
+                        "a partition of '{}' cannot be served now: {}",
+                        params.topic,
+                        round
+                            .why
+                            .as_deref()
+                            .unwrap_or("it could not be read; see the server log")
                     )),
                 )));
             }
@@ -275,6 +281,7 @@ impl Front {
                         deliveries,
                         at_cap,
                         unavailable,
+                        why,
                         none_owned,
                         budget_spent,
                     } = probed;
@@ -285,6 +292,9 @@ impl Front {
                     any_partition |= !none_owned;
                     round.at_cap &= at_cap || none_owned;
                     round.unavailable |= unavailable;
+                    if round.why.is_none() {
+                        round.why = why;
+                    }
                     let leased = deliveries.len();
                     let kept = self
                         .divert_dead_letters(topic, &config, &params.group, deliveries)

@@ -917,6 +917,16 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
 /// history: a follower whose log diverges cuts it there first). `Failed` when its place is not known (asked
 /// again after its backoff), `Gone` when this core no longer leads the partition.
 fn probe(shipper: &Rc<Shipper>, stream: &Rc<Stream>, f: &Rc<Follower>) -> Dispatch {
+    // Never below this leader's log start: a follower that ended there (or that a lost answer, or a crash, left
+    // believed there after a restart) is asked to start anew at it, which also completes an interrupted restart.
+    let start = shipper
+        .led_partition(stream)
+        .map_or(0, |p| p.log.start_offset());
+    if f.next.get() < start {
+        f.answered.set(false);
+        f.next.set(start);
+        return send_probe(shipper, stream, f, true);
+    }
     send_probe(shipper, stream, f, false)
 }
 
@@ -1042,6 +1052,7 @@ fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
             group,
             committed: p.committed,
             start: p.start,
+            group_id: 0,
         });
     }
     marks
@@ -1064,6 +1075,13 @@ async fn send_frontiers(
             if let Some(now) = partition.durable_frontier_to_ship(&m.group) {
                 m.committed = m.committed.max(now);
             }
+        }
+    }
+    // With each group's id, so that a start for the incarnation a follower holds raises its value only.
+    if let Ok(topic) = shipper.engine().topic(&stream.topic) {
+        let config = topic.config();
+        for m in marks.iter_mut() {
+            m.group_id = config.group_ids.get(&m.group).copied().unwrap_or(0);
         }
     }
     let request = Request::ReplicateFrontiers(ReplicateFrontiers {
@@ -1148,10 +1166,15 @@ async fn send(
             .as_ref()
             .map(|p| {
                 if batch.head.count == 0 {
+                    // (A restart probe carries it all: a follower whose log ends past the start is checked
+                    // against all of it, as by a probe at its end.)
                     p.epoch_history()
                         .entries()
                         .iter()
-                        .filter(|e| e.epoch <= stream.epoch && e.start <= batch.head.first_offset)
+                        .filter(|e| {
+                            e.epoch <= stream.epoch
+                                && (batch.restart || e.start <= batch.head.first_offset)
+                        })
                         .copied()
                         .collect()
                 } else {
@@ -1195,7 +1218,24 @@ async fn send(
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
             }
-            if !refused
+            if !refused && batch.restart {
+                // A restart probe's answer: the follower's end, at the start it was sent (a log started anew, with
+                // this leader's history up to there) or past it (a log that had more than this leader believed,
+                // checked against this leader's whole history). Counted for the commit only past the start: a log
+                // started anew holds nothing below it.
+                let leader_end = stream.end.get().max(f.sent.get());
+                if end > leader_end {
+                    warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, end, leader_end, "a follower's log is ahead of its leader's: it gets nothing and counts for nothing");
+                    f.lagging.set(true);
+                } else {
+                    f.acked.set(end);
+                    f.next.set(end);
+                    if end > batch.head.first_offset {
+                        f.credit.set(f.credit.get().max(end));
+                    }
+                    f.verified.set(true);
+                }
+            } else if !refused
                 && batch.head.count == 0
                 && end > batch.head.first_offset
                 && end <= f.sent.get()

@@ -442,6 +442,7 @@ impl Shipper {
                 group: group.to_string(),
                 committed,
                 start: false,
+                group_id: 0,
             })
             .collect();
         if marks.is_empty() {

@@ -115,6 +115,8 @@ pub struct Probed {
     pub at_cap: bool,
     /// Some partition could not be served (its frontier or a record could not be read).
     pub unavailable: bool,
+    /// Why, for the first such partition.
+    pub why: Option<String>,
     /// This core owns no partition of the topic.
     pub none_owned: bool,
     /// The probe's byte budget ran out here: the asker asks no other owner this round.
@@ -181,7 +183,12 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
         let spent = taken.stop == Some(Stop::Budget);
         match taken.stop {
             Some(Stop::AtCap) => {}
-            Some(Stop::Unavailable) => probed.unavailable = true,
+            Some(Stop::Unavailable) => {
+                probed.unavailable = true;
+                if probed.why.is_none() {
+                    probed.why = taken.why.clone();
+                }
+            }
             _ => probed.at_cap = false,
         }
         probed.deliveries.extend(taken.deliveries);

@@ -111,12 +111,19 @@ pub struct ReplicateFrontiers {
 }
 
 /// One group's frontier: every offset below `committed` is settled; with `start`, the group was (re)created there
-/// and the value replaces whatever a group of that name had before.
+/// and the value replaces whatever a group of that name had before, unless the replica holds the same incarnation
+/// of the group (`group_id`): then it only raises the value, as any other mark does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrontierMark {
     pub group: String,
     pub committed: u64,
     pub start: bool,
+    /// The group's id in the sender's topic settings (`TopicConfig::group_ids`; 0: none). A leader sends every
+    /// group's durable frontier as a start when it begins to lead (a replica may have missed the group's start, or
+    /// hold a deleted group's value); one that holds this very group keeps a higher value it has (from an older
+    /// leadership), so the frontier a majority holds never moves back (found by the node simulation, seeds 1471
+    /// and 4395).
+    pub group_id: u64,
 }
 
 /// Most marks in one `ReplicateFrontiers` (a topic has at most `MAX_GROUPS_LIMIT` groups; a leader sends more in
@@ -260,6 +267,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
             group: r.group,
             committed: r.committed,
             start: false,
+            group_id: 0,
         })
         .collect();
     Ok(Began {
@@ -284,9 +292,19 @@ pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpRe
         0,
     )
     .await?;
-    let max_groups = engine.topic(&r.topic)?.config().max_groups;
+    let topic = engine.topic(&r.topic)?;
+    let config = topic.config();
+    // A start of the incarnation of the group this replica holds raises its value and lowers nothing.
+    let mut marks = r.marks;
+    // (Groups without an id on both sides, the default group among them, are the same: `TopicConfig::same_group`.)
+    for m in marks.iter_mut().filter(|m| m.start) {
+        let here = config.group_ids.get(&m.group).copied().unwrap_or(0);
+        if here == m.group_id && partition.has_group(&m.group) {
+            m.start = false;
+        }
+    }
     partition
-        .follow_frontiers(&r.marks, max_groups)
+        .follow_frontiers(&marks, config.max_groups)
         .await
         .map_err(OpError::from)
 }
@@ -1081,7 +1099,8 @@ mod tests {
                 vec![FrontierMark {
                     group: crate::partition::DEFAULT_GROUP.into(),
                     committed: 0,
-                    start: false
+                    start: false,
+                    group_id: 0,
                 }]
             );
             let file =
@@ -1220,6 +1239,7 @@ mod tests {
                     group: DEFAULT_GROUP.into(),
                     committed,
                     start: false,
+                    group_id: 0,
                 }],
                 ..frontiers(epoch)
             };

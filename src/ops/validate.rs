@@ -116,6 +116,13 @@ pub fn admit(
                     "a shipped batch that restarts the replica's log: only a probe may".into(),
                 ));
             }
+            if r.first_offset > crate::storage::log::MAX_OFFSET {
+                return Err(OpError::InvalidParameter(format!(
+                    "offset {} is beyond any log (at most {})",
+                    r.first_offset,
+                    crate::storage::log::MAX_OFFSET
+                )));
+            }
             if (r.count == 0) != r.frames.is_empty() {
                 return Err(OpError::InvalidRecord(format!(
                     "a shipped batch of {} records in {} bytes",
@@ -152,8 +159,9 @@ pub fn admit(
                     .iter()
                     .skip(1)
                     .all(|e| e.start >= r.first_offset && e.start <= end);
-            // A probe: the sender's history up to the end it probes from.
-            let probe = r.count > 0 || r.epochs.iter().all(|e| e.start <= r.first_offset);
+            // A probe: the sender's history up to the end it probes from (a restart probe's: all of it).
+            let probe =
+                r.count > 0 || r.restart || r.epochs.iter().all(|e| e.start <= r.first_offset);
             if !crate::storage::epoch_history::ascending(&r.epochs)
                 || (r.count > 0 && r.epochs.first().is_some_and(|e| e.start > end))
                 || !inside
@@ -675,6 +683,7 @@ mod tests {
                         group: g.to_string(),
                         committed: 5,
                         start: false,
+                        group_id: 0,
                     })
                     .collect(),
             })
@@ -764,6 +773,40 @@ mod tests {
         assert!(matches!(
             admit(&restart(ship(3, 64)), 3, 0, 2, &LIMITS),
             Err(OpError::InvalidParameter(ref m)) if m.contains("only a probe")
+        ));
+        // A restart probe carries its sender's whole history, past the start it restarts at; a plain probe does not.
+        let with_history = |r: Request| match r {
+            Request::Replicate(mut r) => {
+                use crate::storage::epoch_history::EpochStart;
+                r.epoch = 3;
+                r.first_offset = 50;
+                r.epochs = vec![
+                    EpochStart { epoch: 1, start: 0 },
+                    EpochStart {
+                        epoch: 3,
+                        start: 90,
+                    },
+                ];
+                Request::Replicate(r)
+            }
+            _ => unreachable!(),
+        };
+        assert!(admit(&with_history(restart(probe(0))), 3, 0, 2, &LIMITS).is_ok());
+        assert!(matches!(
+            admit(&with_history(probe(0)), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(_))
+        ));
+        // No offset beyond any log.
+        let far = |r: Request| match r {
+            Request::Replicate(mut r) => {
+                r.first_offset = crate::storage::log::MAX_OFFSET + 1;
+                Request::Replicate(r)
+            }
+            _ => unreachable!(),
+        };
+        assert!(matches!(
+            admit(&far(restart(probe(0))), 3, 0, 2, &LIMITS),
+            Err(OpError::InvalidParameter(ref m)) if m.contains("beyond any log")
         ));
         // With these tiny limits a leader's batch is at most the log's 4 MiB.
         assert!(admit(&ship(3, 4 << 20), 3, 0, 2, &LIMITS).is_ok());

@@ -398,6 +398,12 @@ impl Partition {
     pub(super) fn check_leading(&self) -> Result<(), PartitionError> {
         match self.commit.deposed.get() {
             None => Ok(()),
+            Some(epoch) if self.commit.round.get() == Some(epoch) => {
+                Err(PartitionError::Unavailable(format!(
+                    "partition {}: this node's fencing round for epoch {epoch} is under way (it serves once a majority of the replicas answered)",
+                    self.id
+                )))
+            }
             Some(epoch) => Err(PartitionError::Unavailable(format!(
                 "partition {} is no longer led by this node: a leadership of epoch {epoch} began",
                 self.id

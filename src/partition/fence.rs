@@ -232,10 +232,30 @@ impl Partition {
         // A batch of an older leadership being written lands first (its floor fenced the ones still queued), so
         // the end looked at is the one the answer gives.
         self.log.ships_settled().await;
-        let end = self.log.end_offset();
+        let (start, end) = (self.log.start_offset(), self.log.end_offset());
         let Some(at) = self.epochs.borrow().divergence(leader, end) else {
             return Ok(None);
         };
+        if at < start {
+            // Below what this log holds (retention, or a restart at an older leader's start a crash or a lost
+            // answer left with its old history): every record it holds is suspect, so all go, and the history up
+            // to its start becomes its leader's.
+            if crate::planted::planted(crate::planted::Bug::NoTruncation) {
+                return Ok(None);
+            }
+            if self.epoch_floor() > epoch {
+                return Err(PartitionError::StaleEpoch {
+                    epoch,
+                    known: self.epoch_floor(),
+                });
+            }
+            if end > start {
+                tracing::warn!(dir = %self.dir.display(), at, start, end, epoch, "this replica's log diverges from its leader's below its start: cutting all of it");
+                self.cut_to(start).await?;
+            }
+            self.adopt_history_if_empty(start, leader, epoch).await?;
+            return Ok(Some(start));
+        }
         if crate::planted::planted(crate::planted::Bug::NoTruncation) {
             return Ok(None);
         }
@@ -246,8 +266,13 @@ impl Partition {
             });
         }
         tracing::warn!(dir = %self.dir.display(), at, end, epoch, "this replica's log diverges from its leader's: cutting it");
+        self.cut_to(at).await.map(Some)
+    }
+
+    /// [`Log::truncate_diverged`] to `at`, its errors as the partition's.
+    async fn cut_to(&self, at: u64) -> Result<u64, PartitionError> {
         match self.log.truncate_diverged(at).await {
-            Ok(end) => Ok(Some(end)),
+            Ok(end) => Ok(end),
             Err(crate::storage::log::FollowError::Append(e)) => Err(e.into()),
             Err(crate::storage::log::FollowError::Busy) => Err(PartitionError::Storage(
                 "its log is busy with shipped batches; the cut waits for the next probe".into(),
@@ -278,7 +303,7 @@ impl Partition {
                 known: self.epoch_floor(),
             });
         }
-        let end = match self.log.restart_at(at).await {
+        let end = match self.log.restart_at(at, epoch).await {
             Ok(end) => end,
             Err(crate::storage::log::FollowError::Append(e)) => return Err(e.into()),
             Err(crate::storage::log::FollowError::Busy) => {
@@ -293,10 +318,20 @@ impl Partition {
                 )))
             }
         };
-        if end != at || self.log.start_offset() != at {
-            return Ok(end);
-        }
-        let fence = &self.fence;
+        self.adopt_history_if_empty(at, leader, epoch).await?;
+        Ok(end)
+    }
+
+    /// While this log holds nothing and starts at `at` (checked at the history write's turn: a batch may land
+    /// meanwhile), its history up to `at` becomes its leader's (`EpochHistory::adopt`), durably. Refused
+    /// (`stale_epoch`) when its floor is above `epoch` by then.
+    async fn adopt_history_if_empty(
+        &self,
+        at: u64,
+        leader: &[EpochStart],
+        epoch: u64,
+    ) -> Result<(), PartitionError> {
+        let (fence, log) = (&self.fence, &self.log);
         let stale = Cell::new(false);
         match self
             .change_history(|h| {
@@ -304,11 +339,14 @@ impl Partition {
                     stale.set(true);
                     return Err(String::new());
                 }
+                if (log.start_offset(), log.end_offset()) != (at, at) {
+                    return Ok(false);
+                }
                 h.adopt(leader, at)
             })
             .await?
         {
-            Ok(()) => Ok(end),
+            Ok(()) => Ok(()),
             Err(_) if stale.get() => Err(PartitionError::StaleEpoch {
                 epoch,
                 known: fence.get().floor,

@@ -78,6 +78,9 @@ pub enum Stop {
 pub struct Taken {
     pub deliveries: Vec<Delivery>,
     pub stop: Option<Stop>,
+    /// With `Stop::Unavailable`: why, for the consumer's `503` (a fencing round, a leadership gone, nonces not
+    /// promised yet, a failed read).
+    pub why: Option<String>,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
@@ -617,10 +620,11 @@ impl Partition {
             .and_then(|()| self.check_leading())
         {
             Ok(()) => {}
-            Err(PartitionError::Unavailable(_)) => {
+            Err(PartitionError::Unavailable(why)) => {
                 return Ok(Taken {
                     deliveries: Vec::new(),
                     stop: Some(Stop::Unavailable),
+                    why: Some(why),
                 })
             }
             Err(e) => return Err(e),
@@ -650,6 +654,10 @@ impl Partition {
             if let Some(issued) = window {
                 let Some(issued) = issued else {
                     taken.stop = Some(Stop::Unavailable);
+                    taken.why = Some(format!(
+                        "partition {}: a majority of its replicas has not promised its receipt-handle nonces yet (a new leadership; docs/replication.md)",
+                        self.id
+                    ));
                     break;
                 };
                 g.with(|s| s.raise_nonce_floor(issued));
@@ -694,6 +702,10 @@ impl Partition {
                         short = true;
                         if settled == Stop::Unavailable {
                             taken.stop = Some(Stop::Unavailable);
+                            taken.why = Some(format!(
+                                "partition {}: a record failed to read (retried; see the server log)",
+                                self.id
+                            ));
                         }
                     }
                 }
@@ -1071,6 +1083,11 @@ impl Partition {
     pub fn durable_frontier(&self, group: &str) -> Option<u64> {
         let g = self.group(group).ok()?;
         g.with_loaded(|_| g.frontier.durable())
+    }
+
+    /// Whether this partition has group `group` (loaded or not).
+    pub fn has_group(&self, group: &str) -> bool {
+        self.groups.borrow().contains_key(group)
     }
 
     /// Group names on this partition.

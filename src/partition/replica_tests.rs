@@ -111,6 +111,7 @@ fn mark(group: &str, committed: u64, start: bool) -> FrontierMark {
         group: group.into(),
         committed,
         start,
+        group_id: 0,
     }
 }
 
@@ -387,5 +388,52 @@ fn a_batchs_epoch_entries_are_taken_with_the_logs_end_at_their_turn() {
             &[e(8, 0), e(13, 55), e(29, 76)],
             "the entry of the records that landed meanwhile is kept"
         );
+    })
+}
+
+/// Whole-segment copy, a follower's side: a restart at its leader's start empties the log there and takes the
+/// leader's history up to it, durably; and a log left empty at its start with its old history (a crash between the
+/// two steps, or a lost answer) is put right by the next probe, whose divergence lies below the log's start: the
+/// history up to the start becomes the leader's, nothing is cut below the start, and the probe's checks then pass
+/// (before, the cut was refused at every probe, and the replica stuck for good).
+#[test]
+fn a_replica_started_anew_at_its_leaders_start_takes_its_history_up_to_there() {
+    use crate::storage::epoch_history::{self, EpochStart};
+    let e = |epoch, start| EpochStart { epoch, start };
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.follow_epochs(&[e(3, 0)], 0, 3).await.expect("taken");
+        let leader = [e(2, 0), e(5, 10), e(8, 60)];
+        // The log alone restarted (the history step never ran): empty at 40, its old history.
+        assert_eq!(p.log.restart_at(40, 8).await.expect("restarted"), 40);
+        assert_eq!(p.epoch_history().entries(), &[e(3, 0)]);
+        assert_eq!(
+            p.truncate_diverged(&leader, 8).await.expect("not refused"),
+            Some(40)
+        );
+        assert_eq!(p.epoch_history().entries(), &[e(2, 0), e(5, 10)]);
+        p.follow_epochs(&leader, 40, 8).await.expect("continues it");
+        assert_eq!(
+            (p.log.start_offset(), p.log.end_offset()),
+            (40, 40),
+            "nothing cut below the start"
+        );
+        // A restart at a later start, as a restart probe runs it: both steps, durably.
+        assert_eq!(
+            p.start_anew_at(70, &leader, 8).await.expect("restarted"),
+            70
+        );
+        let after = sim.power_cut(|_, _| 0);
+        let durable = epoch_history::read(&SimStorage(after), &dir()).expect("reads");
+        assert_eq!(durable.entries(), &[e(2, 0), e(5, 10), e(8, 60)]);
+        // An older leadership than the floor restarts nothing.
+        p.raise_epoch_floor(9).await.expect("raised");
+        assert!(matches!(
+            p.start_anew_at(90, &leader, 8).await,
+            Err(crate::partition::PartitionError::StaleEpoch { .. })
+        ));
+        assert_eq!(p.log.end_offset(), 70);
     })
 }

@@ -31,8 +31,8 @@ enum Work {
     Batch(EntryHead, Vec<u8>, u64),
     /// [`Log::truncate_diverged`] to this offset.
     Cut(u64),
-    /// [`Log::restart_at`] this offset.
-    Restart(u64),
+    /// [`Log::restart_at`] this offset, for the leadership of this epoch.
+    Restart(u64, u64),
 }
 
 /// Why a shipped batch was not applied. Nothing of it was written (a refused batch may leave an empty new segment
@@ -217,10 +217,12 @@ impl Log {
     /// records back), then the segment at `at` is created and the directory synced, and only then are the old
     /// segments removed, oldest first, and the directory synced again; a crash at any step leaves a log whose
     /// end is `at` (old segments left over sit below a gap, which recovery reads as lost offsets, under the
-    /// leader's retention anyway). Returns the log's end: `at`, or the end if it was at or past `at` already
-    /// (nothing changes then). A failed creation, checkpoint or sync poisons the log until a restart.
-    pub async fn restart_at(&self, at: u64) -> Result<u64, FollowError> {
-        self.queue_work(|| Work::Restart(at)).await
+    /// leader's retention anyway, and the next restart drops them). Returns the log's end: `at`; or, unchanged,
+    /// the end of a log that ends past `at`, or starts and ends there (a restart done already). Refused at its turn
+    /// when a leadership newer than `epoch` fenced this replica meanwhile ([`Log::fence_ships`]): its round read
+    /// this log's end. A failed creation, checkpoint or sync poisons the log until a restart.
+    pub async fn restart_at(&self, at: u64, epoch: u64) -> Result<u64, FollowError> {
+        self.queue_work(|| Work::Restart(at, epoch)).await
     }
 
     /// Leader side, catch-up of a follower behind what the shipper keeps: the durable frames from offset `from`
@@ -364,7 +366,13 @@ impl Log {
                     let _ = job.reply.send(cut);
                     return;
                 }
-                Work::Restart(at) => {
+                Work::Restart(_, epoch) if *epoch < self.ship_fence.get() => {
+                    Err(FollowError::Mismatch(format!(
+                        "a restart of epoch {epoch}: a newer leadership ({}) fenced this replica",
+                        self.ship_fence.get()
+                    )))
+                }
+                Work::Restart(at, _) => {
                     let restarted = self.restart(*at).await;
                     let _ = job.reply.send(restarted);
                     return;
@@ -510,8 +518,8 @@ impl Log {
                 self.0.cutting.set(false);
             }
         }
-        let end = self.end_offset();
-        if at <= end {
+        let (start, end) = (self.start_offset(), self.end_offset());
+        if end > at || start == at {
             return Ok(end);
         }
         self.cutting.set(true);
@@ -529,6 +537,12 @@ impl Log {
         let segment = Self::create_segment(&*self.storage, &self.dir, at)
             .await
             .map_err(|e| fail("the new segment's creation", e))?;
+        // (A restart that a crash interrupted left it there already, perhaps zero-filled: emptied.)
+        segment
+            .open_file()
+            .truncate(0)
+            .await
+            .map_err(|e| fail("the new segment's truncation", e))?;
         self.storage
             .sync_dir(&self.dir)
             .await
@@ -536,7 +550,12 @@ impl Log {
         // From here on the log is the new segment alone: nothing below `at` is readable.
         let old: Vec<(u64, std::path::PathBuf)> = {
             let mut st = self.state.borrow_mut();
-            let old = st.segments.drain(..).map(|s| (s.base, s.path)).collect();
+            let old = st
+                .segments
+                .drain(..)
+                .filter(|s| s.base != at)
+                .map(|s| (s.base, s.path))
+                .collect();
             st.segments.push(segment);
             st.next_offset = at;
             st.corrupt.drop_below(at);

@@ -37,6 +37,10 @@ const PREZERO_MAX_BYTES: u64 = 1 << 20;
 /// Most zero-filled bytes an idle partition keeps beyond its records. 64 KiB.
 pub const PREZERO_IDLE_BYTES: u64 = 64 << 10;
 
+/// No log reaches this offset (2^62: a billion records a second for 146 years): a peer's offset past it is refused
+/// (`ops::validate`), so offset sums never wrap.
+pub const MAX_OFFSET: u64 = 1 << 62;
+
 /// A partition with no append for this long gives back its reserve beyond `PREZERO_IDLE_BYTES`. 2 s.
 const IDLE_TRIM_MS: u64 = 2000;
 
