@@ -844,6 +844,7 @@ mod tests {
             io_counts: (0, 0),
             followers: Vec::new(),
             commit_offset: None,
+            round: None,
         };
         let stats = CoreStats {
             partitions: vec![("t".into(), partition)],

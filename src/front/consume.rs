@@ -112,7 +112,8 @@ impl Front {
             topic = engine.topic(&params.topic)?;
         }
         let clock = engine.clock().clone();
-        let deadline = clock.now_ms() + params.wait_ms;
+        // Rounded up from the microsecond clock: an empty long poll never answers before its full wait.
+        let deadline = (clock.now_us() + params.wait_ms * 1000).div_ceil(1000);
         let parking = params.wait_ms > 0 && !engine.is_stopping();
         // Registered before the first look: a message that becomes deliverable while we look reaches us.
         let parked = parking.then(|| Parked {

@@ -238,6 +238,7 @@ mod tests {
             io_counts: (0, 0),
             followers: Vec::new(),
             commit_offset: None,
+            round: None,
         }
     }
 

@@ -41,7 +41,8 @@ pub async fn apply(engine: &Rc<Engine>, req: Replay) -> OpResult<Replayed> {
     let topic = engine.topic_of(&req.topic, req.topic_id)?;
     let partition = engine.partition(&topic, req.partition as u64)?;
     let clock = engine.clock().clone();
-    let deadline = clock.now_ms() + req.wait_ms;
+    // Rounded up from the microsecond clock: an empty long poll never answers before its full wait.
+    let deadline = (clock.now_us() + req.wait_ms * 1000).div_ceil(1000);
     loop {
         // (A replicated partition's records become readable when committed, not when appended.)
         let appended = partition.listen_readable();

@@ -81,6 +81,10 @@ pub struct PartitionInfo {
     /// served); `None` on a partition that is not replicated, whose records are served once durable here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_offset: Option<u64>,
+    /// A replicated partition whose leader is in its fencing round for this epoch: it serves nothing (`503`) until a
+    /// majority of its replicas answered (`docs/replication.md`, step 4). Shown only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round: Option<u64>,
 }
 
 /// `PartitionInfo` whole, every field included, for node RPC: its own `Serialize` leaves out what describe's JSON
@@ -106,6 +110,7 @@ pub mod whole_infos {
         io_counts: (u64, u64),
         followers: Vec<FollowerInfo>,
         commit_offset: Option<u64>,
+        round: Option<u64>,
     }
 
     /// One `PartitionInfo`, whole.
@@ -250,6 +255,7 @@ impl Partition {
             io_counts: self.log.io_counts(),
             followers: self.followers.borrow().clone(),
             commit_offset: self.replicated().then(|| self.readable_end()),
+            round: self.round_under_way(),
             groups,
         }
     }

@@ -86,6 +86,7 @@ fn info_value() -> PartitionInfo {
             lagging: true,
         }],
         commit_offset: Some(97),
+        round: Some(12),
     }
 }
 
