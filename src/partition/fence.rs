@@ -236,26 +236,6 @@ impl Partition {
         let Some(at) = self.epochs.borrow().divergence(leader, end) else {
             return Ok(None);
         };
-        if at < start {
-            // Below what this log holds (retention, or a restart at an older leader's start a crash or a lost
-            // answer left with its old history): every record it holds is suspect, so all go, and the history up
-            // to its start becomes its leader's.
-            if crate::planted::planted(crate::planted::Bug::NoTruncation) {
-                return Ok(None);
-            }
-            if self.epoch_floor() > epoch {
-                return Err(PartitionError::StaleEpoch {
-                    epoch,
-                    known: self.epoch_floor(),
-                });
-            }
-            if end > start {
-                tracing::warn!(dir = %self.dir.display(), at, start, end, epoch, "this replica's log diverges from its leader's below its start: cutting all of it");
-                self.cut_to(start).await?;
-            }
-            self.adopt_history_if_empty(start, leader, epoch).await?;
-            return Ok(Some(start));
-        }
         if crate::planted::planted(crate::planted::Bug::NoTruncation) {
             return Ok(None);
         }
@@ -264,6 +244,17 @@ impl Partition {
                 epoch,
                 known: self.epoch_floor(),
             });
+        }
+        if at < start {
+            // Below what this log holds (retention, or a restart at an older leader's start a crash or a lost
+            // answer left with its old history): every record it holds is suspect, so all go, and the history up
+            // to its start becomes its leader's.
+            if end > start {
+                tracing::warn!(dir = %self.dir.display(), at, start, end, epoch, "this replica's log diverges from its leader's below its start: cutting all of it");
+                self.cut_to(start).await?;
+            }
+            self.adopt_history_if_empty(start, leader, epoch).await?;
+            return Ok(Some(start));
         }
         tracing::warn!(dir = %self.dir.display(), at, end, epoch, "this replica's log diverges from its leader's: cutting it");
         self.cut_to(at).await.map(Some)

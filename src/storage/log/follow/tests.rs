@@ -121,6 +121,19 @@ fn files(sim: &Sim) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// The two disks hold the same files under the partition's directory, byte for byte.
+fn assert_same_files(a: &Sim, b: &Sim, seed: u64) {
+    let (la, fb) = (files(a), files(b));
+    assert_eq!(
+        la.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        "seed {seed}"
+    );
+    for ((path, x), (_, y)) in la.iter().zip(&fb) {
+        assert!(x == y, "seed {seed}: {} differs", path.display());
+    }
+}
+
 /// A small deterministic generator (xorshift), so a failure names its round.
 struct Rng(u64);
 
@@ -638,15 +651,7 @@ fn a_diverged_tail_cut_never_comes_back_and_the_log_then_holds_the_leaders_bytes
                 log.close().await;
                 journal.close().await;
             }
-            let (la, fb) = (files(&a), files(&b));
-            assert_eq!(
-                la.iter().map(|f| &f.0).collect::<Vec<_>>(),
-                fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
-                "seed {seed}"
-            );
-            for ((path, x), (_, y)) in la.iter().zip(&fb) {
-                assert!(x == y, "seed {seed}: {} differs", path.display());
-            }
+            assert_same_files(&a, &b, seed);
         }
         assert!(
             inside >= 2 && removing >= 2,
@@ -882,15 +887,7 @@ fn a_follower_behind_its_leaders_retention_starts_anew_at_its_start_and_holds_it
                 log.close().await;
                 journal.close().await;
             }
-            let (la, fb) = (files(&a), files(&b));
-            assert_eq!(
-                la.iter().map(|f| &f.0).collect::<Vec<_>>(),
-                fb.iter().map(|f| &f.0).collect::<Vec<_>>(),
-                "seed {seed}"
-            );
-            for ((path, x), (_, y)) in la.iter().zip(&fb) {
-                assert!(x == y, "seed {seed}: {} differs", path.display());
-            }
+            assert_same_files(&a, &b, seed);
         }
     });
 }
