@@ -3604,6 +3604,24 @@ fn check_history(what: &str, seed: u64, h: &History, drained: usize) {
     );
 }
 
+/// A crash loop's node `victim`, killed, started again after 200 to 800 ms; returns once every node is live.
+fn return_after_a_while(
+    c: &mut Cluster,
+    victim: usize,
+    rng: &mut Rng,
+    round: impl std::fmt::Display,
+    load: &Load,
+) {
+    thread::sleep(ms(rng.range(200, 800)));
+    c.restart(victim);
+    c.wait_all_live();
+    eprintln!(
+        "round {round}: {} back at {:?}",
+        c.node(victim).id,
+        load.elapsed()
+    );
+}
+
 #[test]
 fn crash_loop_across_nodes() {
     let _g = serial();
@@ -3624,14 +3642,7 @@ fn crash_loop_across_nodes() {
             load.elapsed()
         );
         c.kill9(victim);
-        thread::sleep(ms(rng.range(200, 800)));
-        c.restart(victim);
-        c.wait_all_live();
-        eprintln!(
-            "round {round}: {} back at {:?}",
-            c.node(victim).id,
-            load.elapsed()
-        );
+        return_after_a_while(&mut c, victim, &mut rng, round, &load);
     }
     thread::sleep(ms(500));
     let at = load.elapsed();
@@ -3730,14 +3741,7 @@ fn replicated_crash_loop_loses_nothing_acknowledged() {
         );
         c.kill9(victim);
         kills.push((at, frontiers, leads));
-        thread::sleep(ms(rng.range(200, 800)));
-        c.restart(victim);
-        c.wait_all_live();
-        eprintln!(
-            "round {round}: {} back at {:?}",
-            c.node(victim).id,
-            load.elapsed()
-        );
+        return_after_a_while(&mut c, victim, &mut rng, round, &load);
     }
     thread::sleep(ms(500));
     let at = load.elapsed();
