@@ -986,14 +986,21 @@ impl Partition {
     }
 
     /// Applies retention and moves every group's frontier over what it removed (counting what a group had not
-    /// settled: retention does not wait for groups).
+    /// settled: retention does not wait for groups). A replicated leader keeps every segment holding records at or
+    /// above its commit offset (and, before its round's commit settles, everything above its log's start): a
+    /// record is removed only once a majority holds it.
     pub async fn apply_retention(&self, retention_ms: u64) {
         if self.closed.get() {
             return;
         }
+        let keep_from = if self.replicated() && self.deposed().is_none() {
+            self.readable_end()
+        } else {
+            u64::MAX
+        };
         let start = self
             .log
-            .apply_retention(self.clock.wall_ms(), retention_ms)
+            .apply_retention(self.clock.wall_ms(), retention_ms, keep_from)
             .await;
         for g in self.groups.borrow().values() {
             if g.shard.borrow().is_some() {

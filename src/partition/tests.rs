@@ -1026,3 +1026,38 @@ fn the_stats_show_the_append_time_of_the_oldest_unsettled_record() {
         );
     });
 }
+
+/// Retention on a replicated leader removes a segment only once a majority holds every record in it: before its
+/// followers answer, a segment past its time stays (a later commit would count a record no replica had); once they
+/// do, it goes. A deposed leader's retention goes by time alone, as a follower's does.
+#[test]
+fn a_replicated_leader_keeps_past_retention_what_a_majority_does_not_hold() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let (p, _) = replicated_over_three_with_abc(&sim, &clock).await;
+        // Past the 1 MiB segment: the first segment is sealed.
+        let big = Bytes::from(vec![b'x'; 60_000]);
+        for _ in 0..20 {
+            p.append(vec![big.clone()]).await.unwrap();
+        }
+        let end = p.log.end_offset();
+        clock.advance(10_000);
+        p.apply_retention(1_000).await;
+        assert_eq!(
+            p.log.start_offset(),
+            0,
+            "nothing committed: the segment stays"
+        );
+        p.follower_acked(7, 5);
+        p.apply_retention(1_000).await;
+        assert_eq!(
+            p.log.start_offset(),
+            0,
+            "committed up to 5, inside the first segment: it stays"
+        );
+        p.follower_acked(7, end);
+        p.apply_retention(1_000).await;
+        assert!(p.log.start_offset() > 0, "a majority holds it all: it goes");
+    });
+}

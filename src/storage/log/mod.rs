@@ -977,8 +977,10 @@ impl Log {
         Ok(())
     }
 
-    /// Deletes sealed segments whose newest record is older than `retention_ms`; returns the new start offset.
-    pub async fn apply_retention(&self, now_ms: u64, retention_ms: u64) -> u64 {
+    /// Deletes sealed segments whose newest record is older than `retention_ms` and that hold nothing at or above
+    /// `keep_from` (a replicated leader's commit offset: a record a majority does not hold yet stays, so a later
+    /// commit never counts a record no replica has); returns the new start offset.
+    pub async fn apply_retention(&self, now_ms: u64, retention_ms: u64, keep_from: u64) -> u64 {
         loop {
             if self.cutting.get() {
                 // A cut of a diverged tail holds indices into the segments across its awaits: next time.
@@ -987,8 +989,9 @@ impl Log {
             let victim = {
                 let st = self.state.borrow();
                 match st.segments.as_slice() {
-                    [first, _second, ..]
-                        if first.last_timestamp_ms.saturating_add(retention_ms) < now_ms =>
+                    [first, second, ..]
+                        if first.last_timestamp_ms.saturating_add(retention_ms) < now_ms
+                            && second.base <= keep_from =>
                     {
                         Some(first.path.clone())
                     }

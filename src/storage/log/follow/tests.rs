@@ -794,7 +794,7 @@ fn a_follower_behind_its_leaders_retention_starts_anew_at_its_start_and_holds_it
             // Retention by the records' times: everything but the active segment is old enough. (Long after the
             // journal's checkpoints, as retention's hours are: the simulated disk syncs a removed file by its name.)
             lj.checkpoint_now().await.expect("checkpointed");
-            let start = leader.apply_retention(u64::MAX / 2, 0).await;
+            let start = leader.apply_retention(u64::MAX / 2, 0, u64::MAX).await;
             assert!(
                 start > follower.end_offset(),
                 "seed {seed}: retention removed what the follower lacks"
