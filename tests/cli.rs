@@ -679,11 +679,28 @@ fn dead_lettered_messages_are_redriven_back() {
     )
     .json();
     assert_eq!(updated["config"]["max_deliveries"], 1);
-    server.produce("pay", "", b"poison");
+    // With a delay (0s: at once) and attributes, which go with it to the dead-letter topic and back.
+    let attributes =
+        r#"{"order":{"type":"Number","value":"17"},"sig":{"type":"Binary","value_base64":"AP8="}}"#;
+    berth(
+        &server,
+        &[
+            "produce",
+            "pay",
+            "poison",
+            "--delay",
+            "0s",
+            "--attributes",
+            attributes,
+        ],
+    )
+    .json();
+    let attributes: Value = serde_json::from_str(attributes).unwrap();
 
     // Delivered once, nacked: the second delivery would exceed max_deliveries, so it goes to pay.dlq instead.
     let first = berth(&server, &["consume", "pay"]).json();
     assert_eq!(first["delivery_count"], 1);
+    assert_eq!(first["attributes"], attributes);
     berth(&server, &["nack", "pay", handle(&first)]).json();
     let run = berth(&server, &["consume", "pay"]);
     run.quiet();
@@ -702,6 +719,7 @@ fn dead_lettered_messages_are_redriven_back() {
     )
     .json();
     assert_eq!(dead["body"], "poison");
+    assert_eq!(dead["attributes"], attributes);
     assert_eq!(group_state(&server, "pay", "default")["dead_lettered"], 1);
 
     // Redrive moves it back; it is delivered afresh in pay.
@@ -712,6 +730,7 @@ fn dead_lettered_messages_are_redriven_back() {
         (&back["body"], &back["offset"], &back["delivery_count"]),
         (&json!("poison"), &json!(1), &json!(1))
     );
+    assert_eq!(back["attributes"], attributes);
     assert_eq!(
         berth(&server, &["redrive", "pay.dlq", "--to", "pay"]).json(),
         json!({"moved": 0})

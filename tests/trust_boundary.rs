@@ -156,9 +156,39 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
                 topic_id,
                 partition,
                 records: Vec::new(),
+                meta: Vec::new(),
             });
             assert!(matches!(
                 refused(peer.call(partition % 2, empty), "an empty produce"),
+                OpError::InvalidRecord(_)
+            ));
+        }
+    }
+    // Meta flags that do not match the records (the log asserts one per record, or none), and a record flagged as
+    // starting with a meta block that does not parse (it would be a corrupt record for good).
+    for (records, meta) in [
+        (
+            vec![
+                bytes::Bytes::from_static(b"a"),
+                bytes::Bytes::from_static(b"b"),
+            ],
+            vec![true],
+        ),
+        (
+            vec![bytes::Bytes::from_static(b"\xff\xff\xff\x7fbody")],
+            vec![true],
+        ),
+    ] {
+        for partition in 0..4u32 {
+            let bad = Request::Produce(Produce {
+                topic: "t".into(),
+                topic_id: 1,
+                partition,
+                records: records.clone(),
+                meta: meta.clone(),
+            });
+            assert!(matches!(
+                refused(peer.call(partition % 2, bad), "a produce with bad meta"),
                 OpError::InvalidRecord(_)
             ));
         }

@@ -247,6 +247,13 @@ enum Command {
         /// Messages per request when reading stdin.
         #[arg(long, default_value_t = 100)]
         batch: usize,
+        /// Deliverable only after this long, e.g. 30s (0 to 15m).
+        #[arg(long)]
+        delay: Option<String>,
+        /// Message attributes for every message, as JSON:
+        /// '{"color":{"type":"String","value":"red"}}' (docs/api.md, "Attributes and delay").
+        #[arg(long)]
+        attributes: Option<String>,
     },
     /// Lease messages (queue style), or replay one with --partition and --offset.
     Consume {
@@ -775,6 +782,8 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             partition,
             frames,
             batch,
+            delay,
+            attributes,
         } => {
             let mut path = format!("/produce?topic={}", enc(&topic));
             if let Some(k) = key {
@@ -783,8 +792,19 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             if let Some(p) = partition {
                 path += &format!("&partition={p}");
             }
+            if let Some(d) = delay {
+                path += &format!("&delay={}", enc(&d));
+            }
+            let headers: Vec<(&str, &str)> = attributes
+                .as_deref()
+                .map(|a| ("attributes", a))
+                .into_iter()
+                .collect();
             if let Some(m) = message {
-                return finish(client.call("POST", &path, m.as_bytes())?, &[200]);
+                return finish(
+                    client.call_with("POST", &path, &headers, m.as_bytes())?,
+                    &[200],
+                );
             }
             let mut input = Vec::new();
             std::io::stdin()
@@ -795,7 +815,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             } else {
                 split_lines(&input)
             };
-            produce_batches(client, &path, &messages, batch.max(1))
+            produce_batches(client, &path, &headers, &messages, batch.max(1))
         }
         Command::Consume {
             topic,
@@ -1014,6 +1034,7 @@ fn split_frames(input: &[u8]) -> Result<Vec<&[u8]>, String> {
 fn produce_batches(
     client: &Client,
     path: &str,
+    headers: &[(&str, &str)],
     messages: &[&[u8]],
     batch: usize,
 ) -> Result<i32, String> {
@@ -1025,12 +1046,9 @@ fn produce_batches(
             body.extend_from_slice(&(m.len() as u32).to_le_bytes());
             body.extend_from_slice(m);
         }
-        let answer = client.call_with(
-            "POST",
-            path,
-            &[("content-type", berth::ops::params::FRAMES)],
-            &body,
-        )?;
+        let mut with = vec![("content-type", berth::ops::params::FRAMES)];
+        with.extend_from_slice(headers);
+        let answer = client.call_with("POST", path, &with, &body)?;
         if answer.status != 200 {
             return finish(answer, &[]);
         }
@@ -1148,6 +1166,12 @@ fn print_messages(
                 ),
             };
             line[field] = body;
+            if let Some(attributes) = answer
+                .header("attributes")
+                .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+            {
+                line["attributes"] = attributes;
+            }
             print_message(&line);
             if let (Some(settle), Some(handle)) = (settle_with, handle) {
                 settle.one(client, &handle, &[])?;

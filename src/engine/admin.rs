@@ -60,7 +60,8 @@ impl Engine {
     fn log_options(&self) -> LogOptions {
         LogOptions {
             segment_bytes: self.config.segment_bytes,
-            max_payload: self.config.max_message_bytes as u32,
+            max_payload: (self.config.max_message_bytes + crate::storage::meta::MAX_OVERHEAD)
+                as u32,
             fsync: self.config.fsync,
             tail_cache_bytes: self.config.tail_cache_bytes,
             write_behind_bytes: self.config.write_behind_bytes,

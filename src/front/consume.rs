@@ -8,7 +8,7 @@ use crate::engine::topic::{Topic, TopicConfig};
 use crate::engine::waiters::Waiter;
 use crate::engine::{Engine, EngineError};
 use crate::ops::consume::{ConsumeParams, Probe, Probed};
-use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::produce::{ClientRecord, ProduceParams};
 use crate::ops::replay::{Replay, ReplayParams};
 use crate::ops::settle::Settle;
 use crate::ops::{OpError, OpResult, Reply, Request};
@@ -345,10 +345,7 @@ impl Front {
                 kept.push(d);
                 continue;
             }
-            let record = ClientRecord {
-                body: d.payload.clone(),
-                target: Target::Any,
-            };
+            let record = ClientRecord::moved(&d.payload, &d.meta);
             let appended = self
                 .produce(ProduceParams {
                     topic: dead_letter.clone(),

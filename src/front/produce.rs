@@ -11,6 +11,9 @@ use crate::ops::{OpError, OpResult, Reply, Request};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
+/// A record's payload as the log stores it, and whether it starts with a meta block.
+type Payload = (Bytes, bool);
+
 /// (partition, offset) per record, in request order, or why the record was not written.
 pub type ProduceResults = Vec<OpResult<(u32, u64)>>;
 
@@ -56,11 +59,13 @@ impl Front {
             // One record (every version 1 produce): no grouping by partition, no lists of jobs and indexes.
             let record = params.records.into_iter().next().expect("one record");
             let partition = place(&record.target)?;
+            let (payload, meta) = record.into_payload();
             let request = Request::Produce(Produce {
                 topic: params.topic,
                 topic_id,
                 partition,
-                records: vec![record.body],
+                records: vec![payload],
+                meta: if meta { vec![true] } else { Vec::new() },
             });
             let reply = self.router().call(topic.location(partition), request).await;
             return Ok(vec![match reply {
@@ -69,21 +74,31 @@ impl Front {
                 Err(e) => Err(e),
             }]);
         }
-        let mut by_partition: BTreeMap<u32, Vec<(usize, Bytes)>> = BTreeMap::new();
+        // Per partition: each record's index in the request, its payload, and whether it has a meta block.
+        let mut by_partition: BTreeMap<u32, Vec<(usize, Payload)>> = BTreeMap::new();
         for (i, record) in params.records.into_iter().enumerate() {
             let p = place(&record.target)?;
-            by_partition.entry(p).or_default().push((i, record.body));
+            by_partition
+                .entry(p)
+                .or_default()
+                .push((i, record.into_payload()));
         }
         let total: usize = by_partition.values().map(Vec::len).sum();
         let mut jobs: Vec<_> = by_partition
             .into_iter()
             .map(|(partition, records)| {
-                let (indexes, bodies): (Vec<usize>, Vec<Bytes>) = records.into_iter().unzip();
+                let (indexes, payloads): (Vec<usize>, Vec<Payload>) = records.into_iter().unzip();
+                let meta = if payloads.iter().any(|(_, m)| *m) {
+                    payloads.iter().map(|(_, m)| *m).collect()
+                } else {
+                    Vec::new()
+                };
                 let request = Request::Produce(Produce {
                     topic: params.topic.clone(),
                     topic_id,
                     partition,
-                    records: bodies,
+                    records: payloads.into_iter().map(|(p, _)| p).collect(),
+                    meta,
                 });
                 (partition, indexes, topic.location(partition), request)
             })

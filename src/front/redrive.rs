@@ -4,7 +4,7 @@
 
 use super::Front;
 use crate::ops::consume::ConsumeParams;
-use crate::ops::produce::{ClientRecord, ProduceParams, Target};
+use crate::ops::produce::{ClientRecord, ProduceParams};
 use crate::ops::receipt::ReceiptHandle;
 use crate::ops::redrive::RedriveParams;
 use crate::ops::settle::SettleParams;
@@ -61,10 +61,7 @@ impl Front {
             }
             let records = deliveries
                 .iter()
-                .map(|d| ClientRecord {
-                    body: d.payload.clone(),
-                    target: Target::Any,
-                })
+                .map(|d| ClientRecord::moved(&d.payload, &d.meta))
                 .collect();
             let appended = self
                 .produce(ProduceParams {

@@ -25,6 +25,8 @@ pub struct Request {
     pub content_type: Option<String>,
     /// The Accept header, if any (consume batch framing).
     pub accept: Option<String>,
+    /// The `attributes` header, if any (a produce's message attributes, `ops::attributes`).
+    pub attributes: Option<String>,
 }
 
 /// Limits applied while parsing.
@@ -117,6 +119,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
     let mut origin = None;
     let mut content_type = None;
     let mut accept = None;
+    let mut attributes = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -154,6 +157,8 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             content_type = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("accept") {
             accept = Some(text_of(h.value));
+        } else if h.name.eq_ignore_ascii_case("attributes") {
+            attributes = Some(text_of(h.value));
         }
     }
     let body_len = content_length.unwrap_or(0);
@@ -194,6 +199,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             origin,
             content_type,
             accept,
+            attributes,
         },
         total,
     ))

@@ -216,7 +216,11 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<b
             produce(
                 front,
                 &query,
-                req.content_type.as_deref(),
+                ops::produce::ProduceHeaders {
+                    content_type: req.content_type.as_deref(),
+                    attributes: req.attributes.as_deref(),
+                    now_wall_ms: front.engine().clock().wall_ms(),
+                },
                 req.body,
                 &limits,
             )
@@ -597,11 +601,11 @@ async fn redrive(front: &Front, name: &str, query: &Query) -> OpResult<Response>
 async fn produce(
     front: &Front,
     query: &Query,
-    content_type: Option<&str>,
+    headers: ops::produce::ProduceHeaders<'_>,
     body: Bytes,
     limits: &BatchLimits,
 ) -> OpResult<Response> {
-    let params = ops::produce::parse(query, content_type, body, limits)?;
+    let params = ops::produce::parse(query, headers, body, limits)?;
     let batch = params.batch;
     let results = front.produce(params).await?;
     ops::produce::render(batch, results)

@@ -7,6 +7,7 @@
 //! (one delivery with its receipt handle in headers, or a batch as ndjson or frames). Leases whose reply never
 //! reached the consumer come back through `GiveBack`. Route: `http/routes.rs`.
 
+use super::attributes;
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};
 use super::params::{FRAMES, NDJSON};
@@ -15,6 +16,7 @@ use super::response::Response;
 use crate::engine::topic::{MAX_VISIBILITY_MS, MIN_VISIBILITY_MS};
 use crate::engine::{Engine, EngineError};
 use crate::partition::{ByteBudget, Delivery, Stop};
+use crate::storage::meta::RecordMeta;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
@@ -277,11 +279,32 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         .next()
         .expect("a non-empty delivery list");
     let handle = ReceiptHandle::of(&d);
-    Response::bytes(200, "application/octet-stream", d.payload)
+    let reply = Response::bytes(200, "application/octet-stream", d.payload.clone())
         .with_header("receipt-handle", handle)
         .with_header("partition", d.partition)
         .with_header("offset", d.offset)
-        .with_header("delivery-count", d.delivery_count)
+        .with_header("delivery-count", d.delivery_count);
+    with_attributes(reply, &d.meta)
+}
+
+/// A single message's reply with its attributes, if it has any, in the `attributes` header (`ops::attributes`).
+pub fn with_attributes(reply: Response, meta: &Option<Box<RecordMeta>>) -> Response {
+    match meta {
+        Some(m) if !m.attributes.is_empty() => {
+            reply.with_header("attributes", attributes::to_header(&m.attributes))
+        }
+        _ => reply,
+    }
+}
+
+/// `"attributes":{...},` when the delivery has attributes (the first of its JSON fields, in sorted order).
+fn push_attributes(out: &mut Vec<u8>, d: &Delivery) {
+    if let Some(m) = d.meta.as_ref().filter(|m| !m.attributes.is_empty()) {
+        out.extend_from_slice(b"\"attributes\":");
+        serde_json::to_writer(&mut *out, &attributes::to_value(&m.attributes))
+            .expect("a JSON value serialises");
+        out.push(b',');
+    }
 }
 
 /// A delivery's JSON fields after the body's, written by hand (a `serde_json::Map` per delivery, a BTreeMap of four
@@ -302,19 +325,22 @@ fn push_delivery_fields(out: &mut Vec<u8>, d: &Delivery) {
 /// `{"delivery_count":..,"offset":..,"partition":..,"receipt_handle":".."}`: a frame's header.
 fn push_delivery_header(out: &mut Vec<u8>, d: &Delivery) {
     out.push(b'{');
+    push_attributes(out, d);
     push_delivery_fields(out, d);
 }
 
 fn ndjson_reply(deliveries: &[Delivery]) -> Response {
     let mut out = Vec::with_capacity(deliveries.iter().map(|d| d.payload.len() + 128).sum());
     for d in deliveries {
+        out.push(b'{');
+        push_attributes(&mut out, d);
         match std::str::from_utf8(&d.payload) {
             Ok(text) => {
-                out.extend_from_slice(b"{\"body\":");
+                out.extend_from_slice(b"\"body\":");
                 serde_json::to_writer(&mut out, text).expect("a string serialises");
             }
             Err(_) => {
-                out.extend_from_slice(b"{\"body_base64\":\"");
+                out.extend_from_slice(b"\"body_base64\":\"");
                 out.extend_from_slice(
                     base64::engine::general_purpose::STANDARD
                         .encode(&d.payload)
@@ -367,6 +393,7 @@ mod reply_tests {
         ];
         for (partition, offset, nonce, delivery_count, payload) in deliveries {
             let d = Delivery {
+                meta: None,
                 partition,
                 offset,
                 nonce,

@@ -6,6 +6,7 @@
 //! this core, the mesh from another core, node RPC from another node; so a remote owner applies exactly what a local
 //! one would. Requests are data: the reply channel belongs to the transport's envelope.
 
+pub mod attributes;
 pub mod consume;
 pub mod error;
 pub mod groups;

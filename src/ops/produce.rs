@@ -6,11 +6,14 @@
 //! core, sent as `Produce` requests), `apply` here on the owner (the log append), and `render` (the reply). Route:
 //! `http/routes.rs`.
 
+use super::attributes;
 use super::error::{OpError, OpResult};
 use super::params::{BatchLimits, Media, Query};
 use super::response::{json_reply, Response};
 use super::status::status_of;
+use crate::duration::parse_duration_in;
 use crate::engine::Engine;
+use crate::storage::meta::{Attribute, RecordMeta};
 use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -29,6 +32,65 @@ pub enum Target {
 pub struct ClientRecord {
     pub body: Bytes,
     pub target: Target,
+    /// Attributes and a delivery deadline (`not_before_ms`, Unix ms), if any: stored in the record's meta block.
+    pub meta: Option<Box<RecordMeta>>,
+}
+
+impl ClientRecord {
+    /// A delivered message produced again elsewhere (to a dead-letter topic, by a redrive): its body, its
+    /// attributes and its message group; not its delay (it was delivered) nor its deduplication id.
+    pub fn moved(payload: &Bytes, meta: &Option<Box<RecordMeta>>) -> ClientRecord {
+        let meta = meta.as_ref().and_then(|m| {
+            let moved = RecordMeta {
+                attributes: m.attributes.clone(),
+                group_key: m.group_key.clone(),
+                ..RecordMeta::default()
+            };
+            (!moved.is_empty()).then(|| Box::new(moved))
+        });
+        ClientRecord {
+            body: payload.clone(),
+            target: Target::Any,
+            meta,
+        }
+    }
+
+    /// The payload the log stores (the meta block, then the body; or the body alone) and whether it has a block.
+    pub fn into_payload(self) -> (Bytes, bool) {
+        match self.meta {
+            None => (self.body, false),
+            Some(meta) => (Bytes::from(meta.encode(&self.body)), true),
+        }
+    }
+}
+
+/// The longest `delay` of a produce: 15 minutes (SQS's `DelaySeconds` bound).
+pub const MAX_DELAY_MS: u64 = 15 * 60 * 1000;
+
+/// What a produce's query and headers give every record that does not say otherwise.
+struct Defaults {
+    target: Target,
+    delay_ms: u64,
+    attributes: Vec<Attribute>,
+    now_wall_ms: u64,
+}
+
+impl Defaults {
+    /// The meta of a record with these (or its own) attributes and delay; None when it carries neither.
+    fn meta(&self, own: Option<Vec<Attribute>>, own_delay: Option<u64>) -> Option<Box<RecordMeta>> {
+        let attributes = own.unwrap_or_else(|| self.attributes.clone());
+        let delay_ms = own_delay.unwrap_or(self.delay_ms);
+        let meta = RecordMeta {
+            not_before_ms: if delay_ms > 0 {
+                self.now_wall_ms.saturating_add(delay_ms)
+            } else {
+                0
+            },
+            attributes,
+            ..RecordMeta::default()
+        };
+        (!meta.is_empty()).then(|| Box::new(meta))
+    }
 }
 
 /// A produce request as the client sent it.
@@ -40,34 +102,50 @@ pub struct ProduceParams {
     pub batch: bool,
 }
 
-/// Parses `POST /produce?topic=T[&partition=P][&key=K]` and its body. Query `partition`/`key` apply to records
-/// that name neither. A malformed record fails the whole request (400), an oversized one too (413): nothing is
-/// written.
+/// The parts of a produce request besides its query and body.
+pub struct ProduceHeaders<'a> {
+    pub content_type: Option<&'a str>,
+    /// The `attributes` header: the attributes of every record that names none (`ops::attributes`).
+    pub attributes: Option<&'a str>,
+    /// Now, Unix ms: a `delay` counts from here.
+    pub now_wall_ms: u64,
+}
+
+/// Parses `POST /produce?topic=T[&partition=P][&key=K][&delay=D]` and its body. Query `partition`/`key`, `delay`
+/// and the `attributes` header apply to records that name none of their own. A malformed record fails the whole
+/// request (400), an oversized one too (413): nothing is written.
 pub fn parse(
     query: &Query,
-    content_type: Option<&str>,
+    headers: ProduceHeaders<'_>,
     body: Bytes,
     limits: &BatchLimits,
 ) -> OpResult<ProduceParams> {
     let topic = query.topic()?;
-    let default = match (query.partition()?, query.get("key").as_deref()) {
+    let target = match (query.partition()?, query.get("key").as_deref()) {
         (Some(p), _) => Target::Partition(p),
         (None, Some(key)) => Target::Key(key.to_string()),
         (None, None) => Target::Any,
     };
-    let media = Media::of(content_type);
+    let default = Defaults {
+        target,
+        delay_ms: query.duration("delay", 0, MAX_DELAY_MS)?.unwrap_or(0),
+        attributes: headers
+            .attributes
+            .map(attributes::parse_text)
+            .transpose()?
+            .unwrap_or_default(),
+        now_wall_ms: headers.now_wall_ms,
+    };
+    let media = Media::of(headers.content_type);
     let records = match media {
         Media::Ndjson => parse_ndjson(&body, &default, limits)?,
         Media::Frames => parse_frames(&body, &default, limits)?,
         Media::Raw | Media::Text => {
-            if body.len() > limits.max_message_bytes {
-                return Err(OpError::MessageTooLarge {
-                    limit: limits.max_message_bytes,
-                });
-            }
+            check_size(body.len() + attributes::size(&default.attributes), limits)?;
             vec![ClientRecord {
                 body,
-                target: default,
+                target: default.target.clone(),
+                meta: default.meta(None, None),
             }]
         }
     };
@@ -97,11 +175,11 @@ fn check_size(len: usize, limits: &BatchLimits) -> OpResult<()> {
     Ok(())
 }
 
-/// One JSON object per line: `{"body": "text"}` or `{"body_base64": "..."}`, optional `"key"` and `"partition"`.
-/// Blank lines are ignored.
+/// One JSON object per line: `{"body": "text"}` or `{"body_base64": "..."}`, optional `"key"`, `"partition"`,
+/// `"delay"` (a duration string) and `"attributes"` (`ops::attributes`). Blank lines are ignored.
 fn parse_ndjson(
     body: &[u8],
-    default: &Target,
+    default: &Defaults,
     limits: &BatchLimits,
 ) -> OpResult<Vec<ClientRecord>> {
     #[derive(Deserialize)]
@@ -111,6 +189,8 @@ fn parse_ndjson(
         body_base64: Option<String>,
         key: Option<String>,
         partition: Option<u64>,
+        delay: Option<String>,
+        attributes: Option<serde_json::Value>,
     }
     let mut records = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
@@ -130,15 +210,29 @@ fn parse_ndjson(
             ),
             _ => return Err(bad("needs exactly one of body and body_base64".into())),
         };
-        check_size(bytes.len(), limits)?;
+        let own = parsed
+            .attributes
+            .as_ref()
+            .map(attributes::parse_value)
+            .transpose()
+            .map_err(|e| bad(e.to_string()))?;
+        let delay = parsed
+            .delay
+            .as_deref()
+            .map(|d| parse_duration_in(d, 0, MAX_DELAY_MS))
+            .transpose()
+            .map_err(|e| bad(format!("delay: {}", e.0)))?;
+        let attrs = own.as_deref().unwrap_or(&default.attributes);
+        check_size(bytes.len() + attributes::size(attrs), limits)?;
         let target = match (parsed.partition, parsed.key) {
             (Some(p), _) => Target::Partition(p),
             (None, Some(k)) => Target::Key(k),
-            (None, None) => default.clone(),
+            (None, None) => default.target.clone(),
         };
         records.push(ClientRecord {
             body: bytes,
             target,
+            meta: default.meta(own, delay),
         });
     }
     if records.is_empty() {
@@ -150,9 +244,10 @@ fn parse_ndjson(
 /// Frames: a 4-byte little-endian length, then that many bytes, repeated to the end of the body.
 fn parse_frames(
     body: &Bytes,
-    default: &Target,
+    default: &Defaults,
     limits: &BatchLimits,
 ) -> OpResult<Vec<ClientRecord>> {
+    let attrs_size = attributes::size(&default.attributes);
     let mut records = Vec::new();
     let mut pos = 0usize;
     while pos < body.len() {
@@ -164,7 +259,7 @@ fn parse_frames(
             )));
         };
         let len = u32::from_le_bytes(len_bytes.try_into().expect("4 bytes")) as usize;
-        check_size(len, limits)?;
+        check_size(len.saturating_add(attrs_size), limits)?;
         let start = pos + 4;
         let Some(end) = start.checked_add(len).filter(|&e| e <= body.len()) else {
             return Err(OpError::InvalidRecord(format!(
@@ -174,7 +269,8 @@ fn parse_frames(
         };
         records.push(ClientRecord {
             body: body.slice(start..end),
-            target: default.clone(),
+            target: default.target.clone(),
+            meta: default.meta(None, None),
         });
         pos = end;
     }
@@ -191,7 +287,10 @@ pub struct Produce {
     /// The topic's id: a produce that crossed a delete and re-create is refused.
     pub topic_id: u64,
     pub partition: u32,
+    /// The payloads: a record's meta block (`storage::meta`) and its body, or the body alone.
     pub records: Vec<Bytes>,
+    /// Which records start with a meta block (empty: none does).
+    pub meta: Vec<bool>,
 }
 
 /// The first offset (the records got `first..first + n`).
@@ -205,7 +304,7 @@ pub async fn apply(engine: &Rc<Engine>, req: Produce) -> OpResult<Produced> {
     let topic = engine.topic_of(&req.topic, req.topic_id)?;
     let partition = engine.partition(&topic, req.partition as u64)?;
     let count = req.records.len() as u64;
-    let first_offset = partition.append(req.records).await?;
+    let first_offset = partition.append_records(req.records, req.meta).await?;
     if partition.replicated() {
         // Answered once a majority of the replicas has the records durable (`partition/commit.rs`).
         partition
@@ -286,6 +385,14 @@ struct ProduceResults {
 mod tests {
     use super::*;
 
+    fn ct(content_type: Option<&str>) -> ProduceHeaders<'_> {
+        ProduceHeaders {
+            content_type,
+            attributes: None,
+            now_wall_ms: 1_700_000_000_000,
+        }
+    }
+
     const LIMITS: BatchLimits = BatchLimits {
         max_batch_records: 3,
         max_batch_bytes: 1 << 20,
@@ -303,7 +410,7 @@ mod tests {
         );
         let p = parse(
             &query("topic=t&partition=1"),
-            Some(NDJSON_CT),
+            ct(Some(NDJSON_CT)),
             body,
             &LIMITS,
         )
@@ -337,7 +444,7 @@ mod tests {
         ] {
             let e = parse(
                 &query("topic=t"),
-                Some(NDJSON_CT),
+                ct(Some(NDJSON_CT)),
                 Bytes::copy_from_slice(bad),
                 &LIMITS,
             );
@@ -349,14 +456,14 @@ mod tests {
         }
         let big = Bytes::from_static(b"{\"body\":\"123456789\"}");
         assert_eq!(
-            parse(&query("topic=t"), Some(NDJSON_CT), big, &LIMITS).unwrap_err(),
+            parse(&query("topic=t"), ct(Some(NDJSON_CT)), big, &LIMITS).unwrap_err(),
             OpError::MessageTooLarge { limit: 8 }
         );
         let many = Bytes::from_static(
             b"{\"body\":\"a\"}\n{\"body\":\"a\"}\n{\"body\":\"a\"}\n{\"body\":\"a\"}",
         );
         assert!(matches!(
-            parse(&query("topic=t"), Some(NDJSON_CT), many, &LIMITS),
+            parse(&query("topic=t"), ct(Some(NDJSON_CT)), many, &LIMITS),
             Err(OpError::BatchTooLarge(_))
         ));
     }
@@ -370,7 +477,7 @@ mod tests {
         }
         let p = parse(
             &query("topic=t&key=k"),
-            Some("application/vnd.berth.frames"),
+            ct(Some("application/vnd.berth.frames")),
             Bytes::from(body.clone()),
             &LIMITS,
         )
@@ -384,7 +491,7 @@ mod tests {
         for cut in 1..body.len() {
             let r = parse(
                 &query("topic=t"),
-                Some("application/vnd.berth.frames"),
+                ct(Some("application/vnd.berth.frames")),
                 Bytes::copy_from_slice(&body[..cut]),
                 &LIMITS,
             );
@@ -397,7 +504,7 @@ mod tests {
     fn without_a_batch_media_type_the_body_is_one_message() {
         let p = parse(
             &query("topic=t"),
-            Some("text/plain"),
+            ct(Some("text/plain")),
             Bytes::from_static(b"a\nb"),
             &LIMITS,
         )

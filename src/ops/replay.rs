@@ -70,7 +70,8 @@ pub fn render(partition: u64, record: Option<Record>) -> Response {
     let Some(record) = record else {
         return Response::empty(204);
     };
-    Response::bytes(200, "application/octet-stream", record.payload)
+    let reply = Response::bytes(200, "application/octet-stream", record.payload)
         .with_header("partition", partition)
-        .with_header("offset", record.offset)
+        .with_header("offset", record.offset);
+    super::consume::with_attributes(reply, &record.meta)
 }

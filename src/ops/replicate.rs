@@ -980,6 +980,7 @@ mod tests {
                 topic_id: 6,
                 partition: 0,
                 records: vec![Bytes::from_static(b"x")],
+                meta: Vec::new(),
             };
             let r = crate::ops::produce::apply(&engine, produce).await;
             assert!(

@@ -62,9 +62,27 @@ pub fn admit(
                 return Err(OpError::InvalidRecord("a produce of no records".into()));
             }
             count(r.records.len(), limits, "records")?;
+            if !r.meta.is_empty() && r.meta.len() != r.records.len() {
+                // The log asserts one flag per record, or none.
+                return Err(OpError::InvalidRecord(format!(
+                    "{} meta flags for {} records",
+                    r.meta.len(),
+                    r.records.len()
+                )));
+            }
             let mut total = 0usize;
-            for record in &r.records {
-                if record.len() > limits.max_message_bytes {
+            for (i, record) in r.records.iter().enumerate() {
+                let bound = match r.meta.get(i) {
+                    Some(true) => {
+                        // A block that would not parse would be a corrupt record for good.
+                        crate::storage::meta::RecordMeta::decode(record).map_err(|e| {
+                            OpError::InvalidRecord(format!("record {i}: its meta block: {e:?}"))
+                        })?;
+                        limits.max_message_bytes + crate::storage::meta::MAX_OVERHEAD
+                    }
+                    _ => limits.max_message_bytes,
+                };
+                if record.len() > bound {
                     return Err(OpError::MessageTooLarge {
                         limit: limits.max_message_bytes,
                     });
@@ -466,6 +484,7 @@ mod tests {
             topic_id: 1,
             partition: 0,
             records,
+            meta: Vec::new(),
         })
     }
 
@@ -659,6 +678,7 @@ mod tests {
 
     fn delivery() -> crate::partition::Delivery {
         crate::partition::Delivery {
+            meta: None,
             partition: 0,
             offset: 0,
             nonce: 0,

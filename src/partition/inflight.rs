@@ -162,7 +162,7 @@ struct Slot {
 struct Delayed {
     /// Deliverable again at the first purge with `now_ms >= ready_at_ms`.
     ready_at_ms: u64,
-    /// Deliveries so far (>= 1); the next lease gets one more.
+    /// Deliveries so far (0 for a delayed produce not yet delivered); the next lease gets one more.
     delivery_count: u32,
 }
 
@@ -177,7 +177,8 @@ struct Delayed {
 ///   nothing else (no stale entries, so it needs no compaction).
 /// - Every live lease has its exact `(expires_at_ms, offset, nonce)` slot in `expiry`
 ///   (which may also hold stale slots, compacted past a bound).
-/// - Delivery counts are >= 1 and are kept exactly for leased, redeliver and delayed
+/// - Delivery counts are >= 1 for leases (0 for an offset given back or deferred before it
+///   reached a consumer) and are kept exactly for leased, redeliver and delayed
 ///   offsets; an offset at or above `cursor` has never been delivered (count 0).
 /// - `leases.len() + delayed.len()` grows only through `reserve`, which refuses at
 ///   `max_in_flight`; so every structure here is bounded by the caps (the highest cap
@@ -581,6 +582,30 @@ impl InFlight {
             .collect()
     }
 
+    /// Purges once, then defers each live `(offset, nonce, ready_at_ms)` lease whose record
+    /// turned out not to be deliverable before `ready_at_ms` (a delayed produce): the delivery
+    /// is not counted (its count goes back to what it was before this lease) and the offset
+    /// waits in `delayed` until then, counted against `max_in_flight`, or is deliverable at
+    /// once if that time has come. Stale handles are `Gone`, as for a nack.
+    pub fn defer_batch(
+        &mut self,
+        items: &[(u64, u64, u64)],
+        now_ms: u64,
+    ) -> Vec<Result<(), SettleError>> {
+        self.purge_expired(now_ms);
+        items
+            .iter()
+            .map(|&(offset, nonce, ready_at_ms)| {
+                if !self.is_live(offset, nonce) {
+                    return Err(SettleError::Gone);
+                }
+                let slot = self.leases.remove(&offset).expect("live above");
+                self.release(offset, slot.delivery_count - 1, ready_at_ms, now_ms);
+                Ok(())
+            })
+            .collect()
+    }
+
     /// Purges first. Ok only if `offset` has a live lease with exactly this `nonce`.
     /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before), or,
     /// without a length, to `now_ms +` the length the lease was granted or last extended
@@ -940,7 +965,7 @@ impl InFlight {
         for (&o, d) in &self.delayed {
             assert!(in_range(o), "delayed {o} outside [committed, cursor)");
             assert!(!self.acked_ahead.contains(&o) && !self.in_corrupt(o));
-            assert!(d.delivery_count >= 1, "delayed {o} with delivery count 0");
+            // A count of 0 is an offset deferred undelivered (`defer_batch`: a delayed produce).
             assert!(
                 self.delay_order.contains(&(d.ready_at_ms, o)),
                 "delayed {o} missing from delay_order"

@@ -14,6 +14,7 @@ pub mod nonces;
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
 use crate::storage::log::{Log, ReadAhead, ReadError, Record};
+use crate::storage::meta::RecordMeta;
 use bytes::Bytes;
 pub use error::PartitionError;
 use inflight::{InFlight, Lease, Limits, Redelivery, ReserveStop};
@@ -44,7 +45,10 @@ pub struct Delivery {
     pub delivery_count: u32,
     /// When the lease ends, on the owner's monotonic clock (not sent to clients; the simulation checks by it).
     pub expires_at_ms: u64,
+    /// The body (without the record's meta block).
     pub payload: Bytes,
+    /// Attributes and the rest of what the record carries besides its body, if anything.
+    pub meta: Option<Box<RecordMeta>>,
 }
 
 /// How a lease is settled.
@@ -642,6 +646,9 @@ impl Partition {
         };
         let released = g.with(|s| s.purge_expired(now));
         self.note_released(&g, released);
+        let wall_now = self.clock.wall_ms();
+        // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
+        let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
         while taken.deliveries.len() < max {
             let end = self.readable_end();
             let want = max - taken.deliveries.len();
@@ -679,10 +686,17 @@ impl Partition {
                     continue;
                 }
                 match self.read_leased(&g, lease, end, until, &mut ahead).await {
-                    Ok(payload) if !budget.admits(payload.len()) => {
+                    Ok((_, Some(meta))) if meta.not_before_ms > wall_now => {
+                        // A delayed produce: not delivered, and deliverable once its time comes.
+                        reserved.forget(lease.offset);
+                        let ready = now.saturating_add(meta.not_before_ms - wall_now);
+                        deferred.push((lease.offset, lease.nonce, ready));
+                        short = true;
+                    }
+                    Ok((payload, _)) if !budget.admits(payload.len()) => {
                         over.push((lease.offset, lease.nonce));
                     }
-                    Ok(payload) => {
+                    Ok((payload, meta)) => {
                         budget.spend(payload.len());
                         bump(&g.counters.delivered, 1);
                         if lease.delivery_count > 1 {
@@ -695,6 +709,7 @@ impl Partition {
                             delivery_count: lease.delivery_count,
                             expires_at_ms: lease.expires_at_ms,
                             payload,
+                            meta,
                         });
                     }
                     Err(settled) => {
@@ -709,6 +724,11 @@ impl Partition {
                         }
                     }
                 }
+            }
+            if !deferred.is_empty() {
+                // Counted, not asserted, as `over` below: a lease may have been settled while the batch was read.
+                g.with(|s| s.defer_batch(&deferred, now));
+                deferred.clear();
             }
             if !over.is_empty() {
                 for &(offset, _) in &over {
@@ -756,15 +776,15 @@ impl Partition {
         end: u64,
         until: u64,
         ahead: &mut ReadAhead,
-    ) -> Result<Bytes, Stop> {
+    ) -> Result<(Bytes, Option<Box<RecordMeta>>), Stop> {
         let now = self.clock.now_ms();
         match self.log.read_ahead(lease.offset, until, ahead).await {
-            Ok(Record { payload, .. }) => {
+            Ok(Record { payload, meta, .. }) => {
                 // Failures count only while consecutive: a record that reads is forgiven.
                 if !self.read_failures.borrow().is_empty() {
                     self.read_failures.borrow_mut().remove(&lease.offset);
                 }
-                Ok(payload)
+                Ok((payload, meta))
             }
             Err(ReadError::Corrupt) => {
                 let run_end = self
@@ -958,10 +978,19 @@ impl Partition {
     /// durable. The first touch loads the frontiers first, so an append never takes an offset below a durable
     /// frontier.
     pub async fn append(&self, payloads: Vec<Bytes>) -> Result<u64, PartitionError> {
+        self.append_records(payloads, Vec::new()).await
+    }
+
+    /// `append`, where `meta[i]` says whether `payloads[i]` starts with a record meta block (empty: none does).
+    pub async fn append_records(
+        &self,
+        payloads: Vec<Bytes>,
+        meta: Vec<bool>,
+    ) -> Result<u64, PartitionError> {
         self.check_leading()?;
         self.ensure_loaded().await?;
         self.check_leading()?;
-        Ok(self.log.append_batch(payloads).await?)
+        Ok(self.log.append_records(payloads, meta).await?)
     }
 
     /// Reads a record for replay, without touching leases.

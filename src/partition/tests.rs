@@ -286,6 +286,7 @@ async fn one_core(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Front> {
 
 fn record(body: &'static str, partition: u64) -> ClientRecord {
     ClientRecord {
+        meta: None,
         body: Bytes::from_static(body.as_bytes()),
         target: Target::Partition(partition),
     }
@@ -1059,5 +1060,56 @@ fn a_replicated_leader_keeps_past_retention_what_a_majority_does_not_hold() {
         p.follower_acked(7, end);
         p.apply_retention(1_000).await;
         assert!(p.log.start_offset() > 0, "a majority holds it all: it goes");
+    });
+}
+
+/// A delayed produce (a record whose meta block names a time to come) is not delivered before that time, does not
+/// hold up the records after it, costs no delivery, and is delivered once due with a delivery count of 1 and its
+/// attributes; the take that found it early leaves it counted as delayed, and the next wake-up is its time.
+#[test]
+fn a_delayed_record_is_delivered_once_its_time_comes_and_does_not_hold_up_the_rest() {
+    use crate::storage::meta::{Attribute, RecordMeta};
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        let meta = RecordMeta {
+            not_before_ms: clock.wall_ms() + 5_000,
+            attributes: vec![Attribute {
+                name: "k".into(),
+                data_type: "String".into(),
+                value: Bytes::from_static(b"v"),
+            }],
+            ..RecordMeta::default()
+        };
+        let delayed = Bytes::from(meta.encode(b"later"));
+        p.append_records(vec![delayed, Bytes::from_static(b"now")], vec![true, false])
+            .await
+            .unwrap();
+        let first = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(first.deliveries.len(), 1, "only the record not delayed");
+        assert_eq!(first.deliveries[0].offset, 1);
+        assert_eq!(&first.deliveries[0].payload[..], b"now");
+        assert!(first.deliveries[0].meta.is_none());
+        let (delayed_count, wake) = p
+            .group(DEFAULT_GROUP)
+            .unwrap()
+            .with(|s| (s.delayed(), s.next_wakeup_ms()));
+        assert_eq!(delayed_count, 1);
+        assert_eq!(wake, Some(clock.now_ms() + 5_000));
+        clock.advance(4_999);
+        assert!(p
+            .take(DEFAULT_GROUP, 10, VISIBILITY_MS)
+            .await
+            .unwrap()
+            .deliveries
+            .is_empty());
+        clock.advance(1);
+        let due = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(due.deliveries.len(), 1);
+        let d = &due.deliveries[0];
+        assert_eq!((d.offset, d.delivery_count), (0, 1));
+        assert_eq!(&d.payload[..], b"later");
+        assert_eq!(d.meta.as_deref(), Some(&meta));
     });
 }

@@ -98,6 +98,7 @@ async fn produce_many(world: &World, topic: &'static str, bodies: Vec<Bytes>) {
                     records: bodies
                         .into_iter()
                         .map(|body| ClientRecord {
+                            meta: None,
                             body,
                             target: Target::Partition(0),
                         })

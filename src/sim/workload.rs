@@ -75,6 +75,7 @@ pub(super) fn spawn_produce(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &m
             _ => Target::Any,
         };
         records.push(ClientRecord {
+            meta: None,
             body: Bytes::from(body.clone()),
             target,
         });

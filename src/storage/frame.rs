@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! 0   u32 magic          MAGIC
-//! 4   u32 payload_len
+//! 4   u32 payload_len    bits 0..30; bit 31 (META_FLAG) set: the payload
+//!                        starts with a record meta block (`storage::meta`)
 //! 8   u64 offset         the record's offset in its partition
 //! 16  u64 timestamp_ms   append time, Unix ms
 //! 24  u32 payload_crc32c crc32c of the payload bytes
@@ -25,6 +26,11 @@ pub const HEADER_LEN: usize = 32;
 /// i.e. ASCII `FRTB`).
 pub const MAGIC: u32 = 0x4254_5246;
 
+/// Bit 31 of the `payload_len` field: the payload starts with a record meta block (attributes, a delay, a
+/// deduplication id, a message group: `storage::meta`). Frames written before version 3 never set it (their
+/// payloads are bounded far below 2^31), so old segments read unchanged.
+pub const META_FLAG: u32 = 1 << 31;
+
 /// Index entry meaning "no readable frame is known for this offset".
 pub const NO_POSITION: u32 = u32::MAX;
 
@@ -35,7 +41,10 @@ const HEADER_CRC_SPAN: usize = 28;
 /// A decoded, header-CRC-verified frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// The payload's length (without the meta flag).
     pub payload_len: u32,
+    /// Whether the payload starts with a record meta block (`META_FLAG`).
+    pub meta: bool,
     pub offset: u64,
     pub timestamp_ms: u64,
     pub payload_crc: u32,
@@ -55,8 +64,30 @@ impl Header {
 /// If `payload` is longer than `u32::MAX` bytes (the caller bounds message
 /// sizes far below that).
 pub fn encode(offset: u64, timestamp_ms: u64, payload: &[u8], out: &mut Vec<u8>) {
-    let payload_len =
-        u32::try_from(payload.len()).expect("frame payload longer than u32::MAX bytes");
+    encode_record(offset, timestamp_ms, payload, false, out);
+}
+
+/// Appends one encoded frame to `out`, its payload starting with a record meta block when `meta`.
+///
+/// # Panics
+///
+/// If `payload` is 2^31 bytes or longer (the caller bounds message sizes far below that).
+pub fn encode_record(
+    offset: u64,
+    timestamp_ms: u64,
+    payload: &[u8],
+    meta: bool,
+    out: &mut Vec<u8>,
+) {
+    let payload_len = u32::try_from(payload.len())
+        .ok()
+        .filter(|len| len & META_FLAG == 0)
+        .expect("frame payload of 2^31 bytes or more");
+    let payload_len = if meta {
+        payload_len | META_FLAG
+    } else {
+        payload_len
+    };
     let mut header = [0u8; HEADER_LEN];
     header[0..4].copy_from_slice(&MAGIC_BYTES);
     header[4..8].copy_from_slice(&payload_len.to_le_bytes());
@@ -102,12 +133,14 @@ pub fn decode_header(buf: &[u8], max_payload: u32) -> Result<Header, HeaderError
     if crc32c::crc32c(&h[..HEADER_CRC_SPAN]) != read_u32(h, 28) {
         return Err(HeaderError::BadHeaderCrc);
     }
-    let payload_len = read_u32(h, 4);
+    let field = read_u32(h, 4);
+    let payload_len = field & !META_FLAG;
     if payload_len > max_payload {
         return Err(HeaderError::TooLarge);
     }
     Ok(Header {
         payload_len,
+        meta: field & META_FLAG != 0,
         offset: read_u64(h, 8),
         timestamp_ms: read_u64(h, 16),
         payload_crc: read_u32(h, 24),

@@ -13,6 +13,7 @@ pub mod incarnation;
 pub mod journal;
 pub mod learner;
 pub mod log;
+pub mod meta;
 pub mod runs;
 pub mod sim;
 

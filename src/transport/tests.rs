@@ -339,6 +339,7 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
             );
             let records = (0..12)
                 .map(|i| ClientRecord {
+                    meta: None,
                     body: Bytes::from(format!("m{i}")),
                     target: Target::Partition(i % 2),
                 })
@@ -526,6 +527,7 @@ fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up
                     .produce(ProduceParams {
                         topic: topic.clone(),
                         records: vec![ClientRecord {
+                            meta: None,
                             body: Bytes::from(format!("m{i}")),
                             target: Target::Partition(0),
                         }],

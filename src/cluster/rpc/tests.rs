@@ -94,6 +94,7 @@ fn every_request() -> Vec<Request> {
     let topic = || "orders".to_string();
     vec![
         Request::Produce(Produce {
+            meta: Vec::new(),
             topic: topic(),
             topic_id: 77,
             partition: 3,
@@ -306,6 +307,7 @@ fn every_reply() -> Vec<ReplyBody> {
         Ok(Reply::Produced(Produced { first_offset: 42 })),
         Ok(Reply::Probed(Probed {
             deliveries: vec![Delivery {
+                meta: None,
                 partition: 2,
                 offset: 9,
                 nonce: 1234,
@@ -329,6 +331,7 @@ fn every_reply() -> Vec<ReplyBody> {
         })),
         Ok(Reply::Replayed(Replayed {
             record: Some(Record {
+                meta: None,
                 offset: 5,
                 timestamp_ms: 1_700_000_000_000,
                 payload: Bytes::from_static(b"hi"),
@@ -542,6 +545,7 @@ fn test_handler(gate: Rc<Gate>, signals: Rc<RefCell<Vec<usize>>>) -> Handler {
                     gate.passed().await;
                     Reply::Replayed(Replayed {
                         record: Some(Record {
+                            meta: None,
                             offset: r.offset,
                             timestamp_ms: core as u64,
                             payload: Bytes::from(r.topic),
@@ -552,6 +556,7 @@ fn test_handler(gate: Rc<Gate>, signals: Rc<RefCell<Vec<usize>>>) -> Handler {
                     gate.passed().await;
                     Reply::Probed(Probed {
                         deliveries: vec![Delivery {
+                            meta: None,
                             partition: 0,
                             offset: 5,
                             nonce: 1,
@@ -692,6 +697,7 @@ fn a_hundred_pipelined_calls_share_one_connection_and_are_answered_out_of_order(
                     moved.notify(usize::MAX);
                     Ok(Reply::Replayed(Replayed {
                         record: Some(Record {
+                            meta: None,
                             offset: r.offset,
                             timestamp_ms: core as u64,
                             payload: Bytes::new(),

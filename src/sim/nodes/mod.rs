@@ -750,6 +750,7 @@ impl Cluster {
                 .produce(ProduceParams {
                     topic: TOPIC.to_string(),
                     records: vec![ClientRecord {
+                        meta: None,
                         body: Bytes::from(body.clone()),
                         target: Target::Partition(p as u64),
                     }],

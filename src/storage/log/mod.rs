@@ -52,7 +52,8 @@ const MAX_BATCH_BYTES: u64 = 4 << 20;
 pub struct LogOptions {
     /// A segment rolls before a batch would push it past this many bytes.
     pub segment_bytes: u64,
-    /// Largest payload a frame may carry (the server's max_message_bytes).
+    /// Largest payload a frame may carry (the server's max_message_bytes, plus a meta block's
+    /// `storage::meta::MAX_OVERHEAD`).
     pub max_payload: u32,
     /// When appends are synced.
     pub fsync: FsyncPolicy,
@@ -180,6 +181,8 @@ struct Built {
 /// are written together, so they get consecutive offsets.
 struct Pending {
     payloads: Vec<Bytes>,
+    /// Which payloads start with a record meta block (`frame::META_FLAG`); empty when none does.
+    meta: Vec<bool>,
     /// Encoded size of its frames.
     bytes: u64,
     reply: oneshot::Sender<Result<u64, AppendError>>,
@@ -439,6 +442,20 @@ impl Log {
     /// Appends records with consecutive offsets in one write and one sync; resolves with the first offset once
     /// durable under the fsync policy. Nothing of a failed batch is readable.
     pub async fn append_batch(&self, payloads: Vec<Bytes>) -> Result<u64, AppendError> {
+        self.append_records(payloads, Vec::new()).await
+    }
+
+    /// `append_batch`, where `meta[i]` says whether `payloads[i]` starts with a record meta block
+    /// (`storage::meta`; empty: none does).
+    pub async fn append_records(
+        &self,
+        payloads: Vec<Bytes>,
+        meta: Vec<bool>,
+    ) -> Result<u64, AppendError> {
+        assert!(
+            meta.is_empty() || meta.len() == payloads.len(),
+            "a meta flag per record, or none"
+        );
         if self.closed.get() {
             return Err(AppendError::Closed);
         }
@@ -453,6 +470,7 @@ impl Log {
         let (tx, rx) = oneshot::channel();
         self.queue.borrow_mut().push(Pending {
             payloads,
+            meta,
             bytes,
             reply: tx,
         });
@@ -669,9 +687,15 @@ impl Log {
         };
         let frames_at = buf.len();
         let mut positions = Vec::with_capacity(records);
-        for (i, payload) in batch.iter().flat_map(|p| p.payloads.iter()).enumerate() {
+        let records = batch.iter().flat_map(|p| {
+            p.payloads
+                .iter()
+                .enumerate()
+                .map(|(i, payload)| (payload, p.meta.get(i).copied().unwrap_or(false)))
+        });
+        for (i, (payload, meta)) in records.enumerate() {
             positions.push((start_pos + (buf.len() - frames_at) as u64) as u32);
-            frame::encode(first + i as u64, timestamp_ms, payload, &mut buf);
+            frame::encode_record(first + i as u64, timestamp_ms, payload, meta, &mut buf);
         }
         self.write_built(Built {
             buf,

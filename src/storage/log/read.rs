@@ -10,8 +10,10 @@ pub struct Record {
     pub offset: u64,
     /// Append time, Unix ms.
     pub timestamp_ms: u64,
-    /// The message bytes.
+    /// The message bytes (the body: without the record's meta block).
     pub payload: Bytes,
+    /// What the record carries besides its body (attributes, a delay, ...), if anything.
+    pub meta: Option<Box<crate::storage::meta::RecordMeta>>,
 }
 
 /// Longest run of frames [`Log::read_ahead`] reads with one call: 256 KiB.
@@ -156,11 +158,25 @@ impl Log {
         keep: impl FnOnce(&[u8]) -> Bytes,
     ) -> Result<Record, ReadError> {
         match frame::decode_frame(frame, offset, self.opts.max_payload) {
-            Ok((header, payload)) => Ok(Record {
+            Ok((header, payload)) if !header.meta => Ok(Record {
                 offset,
                 timestamp_ms: header.timestamp_ms,
                 payload: keep(payload),
+                meta: None,
             }),
+            Ok((header, payload)) => match crate::storage::meta::RecordMeta::decode(&keep(payload))
+            {
+                Ok((meta, body)) => Ok(Record {
+                    offset,
+                    timestamp_ms: header.timestamp_ms,
+                    payload: body,
+                    meta: Some(Box::new(meta)),
+                }),
+                Err(e) => {
+                    error!(dir = %self.dir.display(), offset, error = ?e, "a record's meta block does not parse");
+                    Err(ReadError::Corrupt)
+                }
+            },
             Err(e) => {
                 error!(dir = %self.dir.display(), offset, error = ?e, "frame failed its check on read");
                 Err(ReadError::Corrupt)

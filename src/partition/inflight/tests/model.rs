@@ -299,6 +299,8 @@ enum Op {
     Nack(H, Option<u64>),
     NackBatch(Vec<H>, Option<u64>),
     GiveBack(Vec<H>),
+    /// Defer each lease to now + the delay (a delayed produce found at read).
+    Defer(Vec<H>, u64),
     Extend(H, Option<u64>),
     ExtendBatch(Vec<H>, Option<u64>),
     Skip(H),
@@ -352,6 +354,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (handle(), nack_delay()).prop_map(|(h, d)| Op::Nack(h, d)),
         1 => (handles(), nack_delay()).prop_map(|(h, d)| Op::NackBatch(h, d)),
         1 => handles().prop_map(Op::GiveBack),
+        1 => (handles(), 0..30u64).prop_map(|(h, d)| Op::Defer(h, d)),
         3 => (handle(), proptest::option::of(vis.clone())).prop_map(|(h, v)| Op::Extend(h, v)),
         1 => (handles(), proptest::option::of(vis)).prop_map(|(h, v)| Op::ExtendBatch(h, v)),
         1 => handle().prop_map(Op::Skip),
@@ -543,6 +546,30 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                     })
                     .collect();
                 assert_eq!(got, want, "give_back_batch({items:?})");
+                for (&(o, _), r) in items.iter().zip(&got) {
+                    if r.is_ok() {
+                        *seen.deliveries.get_mut(&o).expect("a lease was issued") -= 1;
+                    }
+                }
+            }
+            Op::Defer(hs, delay) => {
+                let items = batch(hs, &model, &seen);
+                let ready = now.saturating_add(*delay);
+                let deferred: Vec<(u64, u64, u64)> =
+                    items.iter().map(|&(o, n)| (o, n, ready)).collect();
+                let got = real.defer_batch(&deferred, now);
+                model.purge(now);
+                let want: Vec<_> = items
+                    .iter()
+                    .map(|&(o, n)| match model.st.get(o as usize) {
+                        Some(St::Leased { nonce, count, .. }) if *nonce == n => {
+                            model.st[o as usize] = Model::release(count - 1, ready, now);
+                            Ok(())
+                        }
+                        _ => Err(SettleError::Gone),
+                    })
+                    .collect();
+                assert_eq!(got, want, "defer_batch({items:?})");
                 for (&(o, _), r) in items.iter().zip(&got) {
                     if r.is_ok() {
                         *seen.deliveries.get_mut(&o).expect("a lease was issued") -= 1;
