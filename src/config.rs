@@ -204,6 +204,9 @@ pub struct Config {
     pub max_batch_bytes: usize,
     /// Most topics this node holds; more is `409 topic_limit`. Default 10000.
     pub max_topics: usize,
+    /// Deduplication ids a partition's leader remembers (`dedup_id` on produce); past it the oldest are forgotten
+    /// before the topic's `dedup_window` ends. Default 100000.
+    pub max_dedup_ids: usize,
     /// Most partitions this node holds, over all topics; more is `409 partition_limit`. Also bounded at start by
     /// the file-descriptor limit (see `fit_fd_limit`). Default 100000.
     pub max_partitions: usize,
@@ -293,6 +296,7 @@ impl Default for Config {
             max_batch_records: 1000,
             max_batch_bytes: 16 << 20,
             max_topics: 10_000,
+            max_dedup_ids: 100_000,
             max_partitions: 100_000,
             allowed_hosts: Vec::new(),
             max_pending_output_bytes: 1 << 20,
@@ -483,6 +487,7 @@ impl Config {
             ("ring_depth", self.ring_depth as u64),
             ("preempt_timer_ms", self.preempt_timer_ms),
             ("max_topics", self.max_topics as u64),
+            ("max_dedup_ids", self.max_dedup_ids as u64),
             ("max_batch_records", self.max_batch_records as u64),
             ("max_batch_bytes", self.max_batch_bytes as u64),
             ("max_partitions", self.max_partitions as u64),
@@ -509,7 +514,9 @@ impl Config {
         if self.mesh_channel_depth < 2 {
             return Err("mesh_channel_depth must be at least 2 (glommio #555)".into());
         }
-        let frame_max = crate::storage::frame::encoded_len(self.max_message_bytes) as u64;
+        let frame_max = crate::storage::frame::encoded_len(
+            self.max_message_bytes + crate::storage::meta::MAX_OVERHEAD,
+        ) as u64;
         if self.segment_bytes < frame_max || self.segment_bytes >= u32::MAX as u64 {
             return Err(format!(
                 "segment_bytes must hold one largest frame ({frame_max}) and stay below 4 GiB"

@@ -260,3 +260,97 @@ fn a_delayed_message_waits_its_time_even_across_a_kill_9() {
         sent.elapsed()
     );
 }
+
+/// `dedup_id`: a produce repeating an id the topic took within its `dedup_window` is answered with the first one's
+/// partition and offset and not appended, within a batch, across requests and across a kill -9; a window of 0
+/// turns it off; a bad id is refused.
+#[test]
+fn a_produce_with_a_dedup_id_is_appended_once_even_across_a_kill_9() {
+    let _serial = common::serial();
+    let mut s = Server::start(1, &[]);
+    s.create_topic("t", "partitions=4");
+    let config = s.get("/topics/t").json()["config"].clone();
+    assert_eq!(config["dedup_window"], "5m", "{config}");
+    let total = |s: &Server| -> u64 {
+        s.partitions("t")
+            .iter()
+            .map(|p| p["end_offset"].as_u64().unwrap())
+            .sum()
+    };
+    let first = produce_with(&s, "topic=t&dedup_id=order-1", &[], b"a");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let again = produce_with(&s, "topic=t&dedup_id=order-1", &[], b"a again");
+    assert_eq!(
+        again.json(),
+        first.json(),
+        "the first one's partition and offset"
+    );
+    assert_eq!(total(&s), 1);
+    let lines = concat!(
+        r#"{"body":"b","dedup_id":"order-2"}"#,
+        "\n",
+        r#"{"body":"b again","dedup_id":"order-2"}"#,
+        "\n",
+        r#"{"body":"a once more","dedup_id":"order-1"}"#,
+        "\n",
+        r#"{"body":"plain"}"#,
+        "\n"
+    );
+    let batch = produce_with(
+        &s,
+        "topic=t",
+        &[("content-type", "application/x-ndjson")],
+        lines.as_bytes(),
+    );
+    assert_eq!(batch.status, 200, "{}", batch.text());
+    let results = batch.json()["results"].clone();
+    assert_eq!(results[0], results[1], "{results}");
+    assert_eq!(results[2], first.json(), "{results}");
+    assert_eq!(total(&s), 3);
+    // The first one's body is what is delivered.
+    let replay = consume_with(
+        &s,
+        &format!(
+            "topic=t&partition={}&offset={}",
+            first.json()["partition"],
+            first.json()["offset"]
+        ),
+        &[],
+    );
+    assert_eq!(replay.body, b"a");
+
+    // Across a crash: the ids are in the records.
+    s.restart();
+    let retry = produce_with(&s, "topic=t&dedup_id=order-1", &[], b"a after the crash");
+    assert_eq!(retry.json(), first.json());
+    assert_eq!(total(&s), 3);
+
+    // dedup_window=0: every produce is appended.
+    s.create_topic("u", "partitions=1&dedup_window=0");
+    for _ in 0..2 {
+        assert_eq!(
+            produce_with(&s, "topic=u&dedup_id=same", &[], b"x").status,
+            200
+        );
+    }
+    assert_eq!(s.partitions("u")[0]["end_offset"], 2);
+
+    for (query, headers) in [
+        ("topic=t&dedup_id=has%20space", vec![]),
+        (&*format!("topic=t&dedup_id={}", "x".repeat(129)), vec![]),
+        (
+            "topic=t&dedup_id=a",
+            vec![("content-type", "application/x-ndjson")],
+        ),
+    ] {
+        let a = produce_with(&s, query, &headers, b"{\"body\":\"x\"}\n");
+        assert_eq!(a.status, 400, "{query}: {}", a.text());
+        assert_eq!(
+            a.json()["error"],
+            "invalid_parameter",
+            "{query}: {}",
+            a.text()
+        );
+    }
+    assert_eq!(total(&s), 3, "nothing written");
+}

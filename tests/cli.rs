@@ -146,6 +146,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
             "orders.dlq",
             "--replicas",
             "1",
+            "--dedup-window",
+            "1m",
         ],
     )
     .json();
@@ -166,6 +168,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "max_deliveries": 3,
         "dead_letter": "orders.dlq",
         "replicas": 1,
+        "dedup_window": "1m",
+        "dedup_window_ms": 60_000,
     });
     assert_eq!(created["created"], true);
     assert_eq!(created["config"], want);
@@ -198,6 +202,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
             "5",
             "--dead-letter",
             "orders.dlq",
+            "--dedup-window",
+            "0",
         ],
     )
     .json();
@@ -218,6 +224,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "max_deliveries": 5,
         "dead_letter": "orders.dlq",
         "replicas": 1,
+        "dedup_window": "0ms",
+        "dedup_window_ms": 0,
     });
     assert_eq!(updated, json!({"name": "orders", "config": want}));
     assert_eq!(server.get("/topics/orders").json()["config"], want);

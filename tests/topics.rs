@@ -113,6 +113,8 @@ fn with_v2_defaults(mut v1: Value) -> Value {
         "dead_letter": null,
         "max_groups": 32,
         "replicas": 1,
+        "dedup_window": "5m",
+        "dedup_window_ms": 300_000,
     });
     for (k, v) in v2.as_object().unwrap() {
         v1[k] = v.clone();

@@ -178,6 +178,17 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             vec![bytes::Bytes::from_static(b"\xff\xff\xff\x7fbody")],
             vec![true],
         ),
+        // A delivery time no delay reaches (it would hold the group's frontier for good).
+        (
+            vec![bytes::Bytes::from(
+                berth::storage::meta::RecordMeta {
+                    not_before_ms: u64::MAX,
+                    ..Default::default()
+                }
+                .encode(b"never"),
+            )],
+            vec![true],
+        ),
     ] {
         for partition in 0..4u32 {
             let bad = Request::Produce(Produce {

@@ -176,6 +176,8 @@ fn assert_config(s: &Server, groups: &[&str]) {
         "redelivery_delay_max_ms": 900_000,
         "max_deliveries": 0,
         "dead_letter": Value::Null,
+        // version 3, absent too
+        "dedup_window_ms": 300_000,
     });
     for (k, v) in want.as_object().unwrap() {
         assert_eq!(&c[k], v, "config.{k} in {c}");

@@ -451,6 +451,9 @@ struct TopicSettings {
     /// The dead-letter topic (an existing topic other than this one); "" clears it.
     #[arg(long)]
     dead_letter: Option<String>,
+    /// A produce repeating a dedup_id taken within this long is not appended, e.g. 5m (0: off).
+    #[arg(long)]
+    dedup_window: Option<String>,
 }
 
 impl TopicSettings {
@@ -469,6 +472,7 @@ impl TopicSettings {
             ("redelivery_delay_max", self.redelivery_delay_max.clone()),
             ("max_deliveries", number(self.max_deliveries)),
             ("dead_letter", self.dead_letter.clone()),
+            ("dedup_window", self.dedup_window.clone()),
         ] {
             if let Some(v) = value {
                 out += &format!("&{key}={}", enc(&v));

@@ -110,11 +110,23 @@ pub struct TopicConfig {
     /// partition on one node. Always written, as `latest_groups`.
     #[serde(default = "one_replica")]
     pub replicas: u32,
+    /// A produce whose `dedup_id` the partition took within this long is answered with the first one's offset and
+    /// not appended (0: no deduplication). Always written, as `latest_groups`.
+    #[serde(default = "default_dedup_window_ms")]
+    pub dedup_window_ms: u64,
 }
 
 fn one_replica() -> u32 {
     1
 }
+
+/// Deduplication window of a new topic: 5 minutes (SQS's).
+pub fn default_dedup_window_ms() -> u64 {
+    5 * 60 * 1000
+}
+
+/// The longest deduplication window: 1 day.
+pub const MAX_DEDUP_WINDOW_MS: u64 = 24 * 3600 * 1000;
 
 impl TopicConfig {
     /// docs/api.md's defaults.
@@ -138,6 +150,7 @@ impl TopicConfig {
             latest_groups: Default::default(),
             group_ids: Default::default(),
             replicas: 1,
+            dedup_window_ms: default_dedup_window_ms(),
         }
     }
 

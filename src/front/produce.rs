@@ -69,7 +69,10 @@ impl Front {
             });
             let reply = self.router().call(topic.location(partition), request).await;
             return Ok(vec![match reply {
-                Ok(Reply::Produced(produced)) => Ok((partition, produced.first_offset)),
+                Ok(Reply::Produced(produced)) => Ok((
+                    partition,
+                    produced.offset_of(0).unwrap_or(produced.first_offset),
+                )),
                 Ok(other) => unreachable!("a produce answered {other:?}"),
                 Err(e) => Err(e),
             }]);
@@ -131,7 +134,12 @@ impl Front {
             match reply {
                 Ok(Reply::Produced(produced)) => {
                     for (k, i) in indexes.into_iter().enumerate() {
-                        results[i] = Ok((partition, produced.first_offset + k as u64));
+                        results[i] = match produced.offset_of(k) {
+                            Some(offset) => Ok((partition, offset)),
+                            None => Err(OpError::Engine(EngineError::ClusterUnavailable(
+                                "the owner's answer had no offset for this record".into(),
+                            ))),
+                        };
                     }
                 }
                 Ok(other) => unreachable!("a produce answered {other:?}"),

@@ -22,6 +22,9 @@ use serde_json::{Map, Value};
 pub const MAX_ATTRIBUTES: usize = 10;
 /// Longest attribute name, and longest data type (with its label).
 pub const MAX_NAME_BYTES: usize = 256;
+/// Longest attributes object as a reply header (`to_header`): a single-message consume or replay returns the
+/// attributes in a header, which common HTTP clients bound (curl at 100 KiB); 64 KiB.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
 fn bad(why: String) -> OpError {
     OpError::InvalidParameter(format!("attributes: {why}"))
@@ -93,6 +96,12 @@ pub fn parse_value(value: &Value) -> OpResult<Vec<Attribute>> {
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
+    let header = to_header(&out).len();
+    if header > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "{header} bytes as a header, at most {MAX_HEADER_BYTES} (they are returned in one)"
+        )));
+    }
     Ok(out)
 }
 
@@ -199,7 +208,7 @@ pub fn to_header(attributes: &[Attribute]) -> String {
 fn ascii_json(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        if c.is_ascii() {
+        if c.is_ascii() && c != '\x7f' {
             out.push(c);
         } else {
             let mut units = [0u16; 2];
@@ -311,5 +320,23 @@ mod tests {
         for no in ["", "-", ".", "1e", "e5", "1.2.3", "0x10", "NaN", "1 "] {
             assert!(!is_number(no.as_bytes()), "{no}");
         }
+    }
+
+    #[test]
+    fn the_header_form_escapes_del_and_is_bounded() {
+        let attrs = parse_text(r#"{"d":{"type":"String","value":"a\u007fb"}}"#).unwrap();
+        let header = to_header(&attrs);
+        assert!(
+            !header.contains('\x7f') && header.contains("\\u007f"),
+            "{header}"
+        );
+        assert_eq!(parse_text(&header).unwrap(), attrs);
+        // Past 64 KiB as a header (control characters take six bytes each there): refused.
+        let big = format!(
+            r#"{{"d":{{"type":"String","value":"{}"}}}}"#,
+            "\\u0001".repeat(11_000)
+        );
+        let e = parse_text(&big).unwrap_err().to_string();
+        assert!(e.contains("as a header"), "{e}");
     }
 }

@@ -183,6 +183,12 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
             .take_within(&req.group, want, &mut budget, visibility_ms)
             .await?;
         let spent = taken.stop == Some(Stop::Budget);
+        if taken.deferred {
+            // A delayed produce's time: the lease timer wakes parked consumers then.
+            if let Some(at) = partition.next_wakeup_ms() {
+                engine.note_deadline(at);
+            }
+        }
         match taken.stop {
             Some(Stop::AtCap) => {}
             Some(Stop::Unavailable) => {

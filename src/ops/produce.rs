@@ -13,6 +13,7 @@ use super::response::{json_reply, Response};
 use super::status::status_of;
 use crate::duration::parse_duration_in;
 use crate::engine::Engine;
+use crate::partition::dedup::DedupRecords;
 use crate::storage::meta::{Attribute, RecordMeta};
 use base64::Engine as _;
 use bytes::Bytes;
@@ -65,7 +66,20 @@ impl ClientRecord {
 }
 
 /// The longest `delay` of a produce: 15 minutes (SQS's `DelaySeconds` bound).
-pub const MAX_DELAY_MS: u64 = 15 * 60 * 1000;
+pub const MAX_DELAY_MS: u64 = crate::storage::meta::MAX_DELAY_MS;
+
+/// Longest `dedup_id`.
+pub const MAX_DEDUP_ID_BYTES: usize = 128;
+
+/// Checks a deduplication id: 1 to 128 printable ASCII characters (no space), as SQS's MessageDeduplicationId.
+fn check_dedup_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_DEDUP_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "dedup_id must be 1 to {MAX_DEDUP_ID_BYTES} printable ASCII characters without spaces"
+        ));
+    }
+    Ok(())
+}
 
 /// What a produce's query and headers give every record that does not say otherwise.
 struct Defaults {
@@ -76,20 +90,39 @@ struct Defaults {
 }
 
 impl Defaults {
-    /// The meta of a record with these (or its own) attributes and delay; None when it carries neither.
-    fn meta(&self, own: Option<Vec<Attribute>>, own_delay: Option<u64>) -> Option<Box<RecordMeta>> {
+    /// The meta of a record with these (or its own) attributes and delay, and its deduplication id; None when it
+    /// carries none of them.
+    fn meta(
+        &self,
+        own: Option<Vec<Attribute>>,
+        own_delay: Option<u64>,
+        dedup_id: Option<String>,
+    ) -> Option<Box<RecordMeta>> {
         let attributes = own.unwrap_or_else(|| self.attributes.clone());
         let delay_ms = own_delay.unwrap_or(self.delay_ms);
         let meta = RecordMeta {
+            // The produce's time is somewhere in the millisecond `now_wall_ms` names: rounded up, so the
+            // message is never delivered before its time plus the delay.
             not_before_ms: if delay_ms > 0 {
-                self.now_wall_ms.saturating_add(delay_ms)
+                self.now_wall_ms.saturating_add(delay_ms).saturating_add(1)
             } else {
                 0
             },
             attributes,
+            dedup_id: dedup_id.map(Bytes::from),
             ..RecordMeta::default()
         };
         (!meta.is_empty()).then(|| Box::new(meta))
+    }
+
+    /// Where a record goes: its own target, else the query's; a record with a deduplication id and no target goes
+    /// to its id's partition (so a retry meets the first produce wherever it was sent).
+    fn target(&self, own: Option<Target>, dedup_id: Option<&str>) -> Target {
+        match (own, &self.target, dedup_id) {
+            (Some(t), _, _) => t,
+            (None, Target::Any, Some(id)) => Target::Key(id.to_string()),
+            (None, t, _) => t.clone(),
+        }
     }
 }
 
@@ -137,6 +170,16 @@ pub fn parse(
         now_wall_ms: headers.now_wall_ms,
     };
     let media = Media::of(headers.content_type);
+    let dedup_id = query.get("dedup_id").map(|id| id.into_owned());
+    if let Some(id) = &dedup_id {
+        check_dedup_id(id).map_err(OpError::InvalidParameter)?;
+        if !matches!(media, Media::Raw | Media::Text) {
+            return Err(OpError::InvalidParameter(
+                "dedup_id in the query is for one message; a batch's records carry their own (\"dedup_id\")"
+                    .into(),
+            ));
+        }
+    }
     let records = match media {
         Media::Ndjson => parse_ndjson(&body, &default, limits)?,
         Media::Frames => parse_frames(&body, &default, limits)?,
@@ -144,11 +187,22 @@ pub fn parse(
             check_size(body.len() + attributes::size(&default.attributes), limits)?;
             vec![ClientRecord {
                 body,
-                target: default.target.clone(),
-                meta: default.meta(None, None),
+                target: default.target(None, dedup_id.as_deref()),
+                meta: default.meta(None, None, dedup_id),
             }]
         }
     };
+    // What the log stores: a meta block (an `attributes` header copied to every record of a batch, say) counts.
+    let stored: usize = records
+        .iter()
+        .map(|r| r.body.len() + r.meta.as_ref().map_or(0, |m| m.encoded_len()))
+        .sum();
+    if stored > limits.max_batch_bytes {
+        return Err(OpError::BatchTooLarge(format!(
+            "the records hold {stored} bytes with their attributes: more than {} (max_batch_bytes)",
+            limits.max_batch_bytes
+        )));
+    }
     Ok(ProduceParams {
         topic,
         records,
@@ -191,6 +245,7 @@ fn parse_ndjson(
         partition: Option<u64>,
         delay: Option<String>,
         attributes: Option<serde_json::Value>,
+        dedup_id: Option<String>,
     }
     let mut records = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
@@ -222,17 +277,20 @@ fn parse_ndjson(
             .map(|d| parse_duration_in(d, 0, MAX_DELAY_MS))
             .transpose()
             .map_err(|e| bad(format!("delay: {}", e.0)))?;
+        if let Some(id) = &parsed.dedup_id {
+            check_dedup_id(id).map_err(bad)?;
+        }
         let attrs = own.as_deref().unwrap_or(&default.attributes);
         check_size(bytes.len() + attributes::size(attrs), limits)?;
         let target = match (parsed.partition, parsed.key) {
-            (Some(p), _) => Target::Partition(p),
-            (None, Some(k)) => Target::Key(k),
-            (None, None) => default.target.clone(),
+            (Some(p), _) => Some(Target::Partition(p)),
+            (None, Some(k)) => Some(Target::Key(k)),
+            (None, None) => None,
         };
         records.push(ClientRecord {
             body: bytes,
-            target,
-            meta: default.meta(own, delay),
+            target: default.target(target, parsed.dedup_id.as_deref()),
+            meta: default.meta(own, delay, parsed.dedup_id),
         });
     }
     if records.is_empty() {
@@ -270,7 +328,7 @@ fn parse_frames(
         records.push(ClientRecord {
             body: body.slice(start..end),
             target: default.target.clone(),
-            meta: default.meta(None, None),
+            meta: default.meta(None, None, None),
         });
         pos = end;
     }
@@ -293,10 +351,23 @@ pub struct Produce {
     pub meta: Vec<bool>,
 }
 
-/// The first offset (the records got `first..first + n`).
+/// The first offset (the records got `first..first + n`), or each record's offset when some were duplicates.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Produced {
     pub first_offset: u64,
+    /// Empty: the records got `first_offset..`; else one offset per record (a duplicate's is the first one's).
+    pub offsets: Vec<u64>,
+}
+
+impl Produced {
+    /// Record `k`'s offset, or None when a peer's answer has no offset for it.
+    pub fn offset_of(&self, k: usize) -> Option<u64> {
+        if self.offsets.is_empty() {
+            self.first_offset.checked_add(k as u64)
+        } else {
+            self.offsets.get(k).copied()
+        }
+    }
 }
 
 /// Appends on the owning core; resolves once durable under the fsync policy.
@@ -304,14 +375,70 @@ pub async fn apply(engine: &Rc<Engine>, req: Produce) -> OpResult<Produced> {
     let topic = engine.topic_of(&req.topic, req.topic_id)?;
     let partition = engine.partition(&topic, req.partition as u64)?;
     let count = req.records.len() as u64;
-    let first_offset = partition.append_records(req.records, req.meta).await?;
+    let window_ms = topic.config().dedup_window_ms;
+    let ids = if req.meta.iter().any(|m| *m) {
+        let metas = metas(&req.records, &req.meta);
+        // A deadline past the longest delay by this node's clock (with a minute for clocks apart): a peer's.
+        let latest = engine
+            .clock()
+            .wall_ms()
+            .saturating_add(MAX_DELAY_MS + 60_000);
+        if metas.iter().flatten().any(|m| m.not_before_ms > latest) {
+            return Err(OpError::InvalidRecord(
+                "a record's delivery time is past the longest delay (15m)".into(),
+            ));
+        }
+        if window_ms > 0 {
+            metas
+                .into_iter()
+                .map(|m| m.and_then(|m| m.dedup_id))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    } else {
+        Vec::new()
+    };
+    let (first_offset, offsets) = if ids.iter().any(Option::is_some) {
+        let records = DedupRecords {
+            payloads: req.records,
+            meta: req.meta,
+            ids,
+        };
+        let offsets = partition
+            .append_deduplicated(records, window_ms, engine.config().max_dedup_ids)
+            .await?;
+        (offsets[0], offsets)
+    } else {
+        let first = partition.append_records(req.records, req.meta).await?;
+        (first, Vec::new())
+    };
     if partition.replicated() {
-        // Answered once a majority of the replicas has the records durable (`partition/commit.rs`).
+        // Answered once a majority of the replicas has the records durable (`partition/commit.rs`); a duplicate's
+        // too (the first produce may not have been answered).
+        let end = offsets.iter().max().map_or(first_offset + count, |o| o + 1);
         partition
-            .wait_committed(first_offset + count, engine.replica_timeout())
+            .wait_committed(end, engine.replica_timeout())
             .await?;
     }
-    Ok(Produced { first_offset })
+    Ok(Produced {
+        first_offset,
+        offsets,
+    })
+}
+
+/// Each record's meta block, if it has one (one that does not parse is refused before: `validate` for a peer's,
+/// and the front builds its own).
+fn metas(records: &[Bytes], meta: &[bool]) -> Vec<Option<RecordMeta>> {
+    records
+        .iter()
+        .zip(meta)
+        .map(|(r, &m)| {
+            m.then(|| RecordMeta::decode(r).ok())
+                .flatten()
+                .map(|(meta, _)| meta)
+        })
+        .collect()
 }
 
 // ---- The reply ----
@@ -512,6 +639,43 @@ mod tests {
         assert!(!p.batch);
         assert_eq!(p.records.len(), 1);
         assert_eq!(&p.records[0].body[..], b"a\nb");
+    }
+
+    /// A batch's stored bytes count each record's meta block: an `attributes` header copied to every record of a
+    /// frames batch can pass `max_batch_bytes` though the body does not.
+    #[test]
+    fn attributes_copied_to_every_record_count_against_the_batch_bytes() {
+        let limits = BatchLimits {
+            max_batch_records: 100,
+            max_batch_bytes: 200,
+            max_message_bytes: 100,
+        };
+        let mut frames = Vec::new();
+        for _ in 0..10 {
+            frames.extend_from_slice(&1u32.to_le_bytes());
+            frames.push(b'x');
+        }
+        let headers = |attributes| ProduceHeaders {
+            content_type: Some("application/vnd.berth.frames"),
+            attributes,
+            now_wall_ms: 1,
+        };
+        let attrs = r#"{"k":{"type":"String","value":"0123456789"}}"#;
+        assert!(parse(
+            &query("topic=t"),
+            headers(None),
+            Bytes::from(frames.clone()),
+            &limits
+        )
+        .is_ok());
+        let e = parse(
+            &query("topic=t"),
+            headers(Some(attrs)),
+            Bytes::from(frames),
+            &limits,
+        )
+        .unwrap_err();
+        assert!(matches!(e, OpError::BatchTooLarge(_)), "{e:?}");
     }
 }
 

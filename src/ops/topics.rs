@@ -35,8 +35,9 @@ pub struct Settings {
     /// Some(None): cleared (`dead_letter=` empty).
     pub dead_letter: Option<Option<String>>,
     pub max_groups: Option<usize>,
-    /// Replicas per partition: creation only (last: node RPC's encoding is in field order).
+    /// Replicas per partition: creation only.
     pub replicas: Option<u32>,
+    pub dedup_window_ms: Option<u64>,
 }
 
 /// Parses the settings in a `PUT` or `PATCH` query.
@@ -84,6 +85,7 @@ pub fn parse_settings(query: &Query) -> OpResult<Settings> {
         max_groups: query
             .number("max_groups", 1, MAX_GROUPS_LIMIT as u64)?
             .map(|v| v as usize),
+        dedup_window_ms: query.duration("dedup_window", 0, topic::MAX_DEDUP_WINDOW_MS)?,
     })
 }
 
@@ -119,6 +121,9 @@ impl Settings {
         }
         if let Some(v) = self.max_groups {
             config.max_groups = v;
+        }
+        if let Some(v) = self.dedup_window_ms {
+            config.dedup_window_ms = v;
         }
     }
 
@@ -203,6 +208,8 @@ pub fn config_json(c: &TopicConfig) -> serde_json::Value {
         "max_deliveries": c.max_deliveries,
         "dead_letter": c.dead_letter,
         "max_groups": c.max_groups,
+        "dedup_window": format_ms(c.dedup_window_ms),
+        "dedup_window_ms": c.dedup_window_ms,
     })
 }
 

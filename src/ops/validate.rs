@@ -89,7 +89,7 @@ pub fn admit(
                 }
                 total += record.len();
             }
-            if total > limits.max_batch_bytes {
+            if total > limits.max_batch_bytes + r.meta.len() * crate::storage::meta::MAX_OVERHEAD {
                 return Err(OpError::BatchTooLarge(format!(
                     "the batch holds more than {} bytes (max_batch_bytes)",
                     limits.max_batch_bytes
@@ -150,7 +150,8 @@ pub fn admit(
             }
             // No larger than a batch this node's leaders write: their log batches up to 4 MiB, or one produce's
             // records when larger (framed: a 32-byte header each).
-            let header = crate::storage::frame::HEADER_LEN;
+            // (Each record's meta block may add up to `MAX_OVERHEAD` to what the limits count.)
+            let header = crate::storage::frame::HEADER_LEN + crate::storage::meta::MAX_OVERHEAD;
             let most = (4usize << 20)
                 .max(limits.max_batch_bytes + limits.max_batch_records * header)
                 .max(limits.max_message_bytes + header);
@@ -333,7 +334,7 @@ fn within(what: &str, v: u64, min: u64, max: u64) -> OpResult<()> {
 /// variant or length must become an error answer, never a panic or a silent `200` for handles nobody settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expected {
-    Produced,
+    Produced(usize),
     /// At most this many deliveries.
     Probed(usize),
     /// Exactly this many results.
@@ -353,7 +354,7 @@ pub enum Expected {
 /// The reply `request` must get.
 pub fn expect(request: &Request) -> Expected {
     match request {
-        Request::Produce(_) => Expected::Produced,
+        Request::Produce(p) => Expected::Produced(p.records.len()),
         Request::Probe(p) => Expected::Probed(p.max),
         Request::Settle(s) => Expected::Settled(s.items.len()),
         Request::Replay(_) => Expected::Replayed,
@@ -380,7 +381,15 @@ pub fn expect(request: &Request) -> Expected {
 /// `Err(why)` when `reply` is not what `expected` says.
 pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
     let fits = match (expected, reply) {
-        (Expected::Produced, Reply::Produced(_)) => true,
+        (Expected::Produced(n), Reply::Produced(p)) => {
+            if !p.offsets.is_empty() && p.offsets.len() != n {
+                return Err(format!(
+                    "{} offsets for a produce of {n} records",
+                    p.offsets.len()
+                ));
+            }
+            true
+        }
         (Expected::Probed(max), Reply::Probed(p)) => {
             if p.deliveries.len() > max {
                 return Err(format!(

@@ -369,6 +369,7 @@ impl Partition {
     /// truncation by epoch exists (`docs/replication.md`, step 4).
     pub async fn follow(&self, epoch: u64) {
         self.depose(epoch);
+        self.forget_dedup();
         // A load under way installs its shards, and a take under way uses them, before they are dropped.
         self.wait_load().await;
         while self.commit.serving.get() > 0 {

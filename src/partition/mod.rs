@@ -3,6 +3,7 @@
 //! engine applies. Time comes from the core's `Clock`.
 
 mod commit;
+pub mod dedup;
 pub mod error;
 mod fence;
 pub use fence::FollowEpochsError;
@@ -85,6 +86,9 @@ pub struct Taken {
     /// With `Stop::Unavailable`: why, for the consumer's `503` (a fencing round, a leadership gone, nonces not
     /// promised yet, a failed read).
     pub why: Option<String>,
+    /// Some record found was a delayed produce not yet due: it waits as delayed (its time is among the partition's
+    /// wake-ups, `next_wakeup_ms`).
+    pub deferred: bool,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
@@ -188,6 +192,11 @@ pub struct Partition {
     load: Cell<Load>,
     /// Notified when a load ends (successfully or not).
     loaded_event: event_listener::Event,
+    /// This leadership's deduplication ids (None until its first deduplicated produce reads them from the log).
+    dedup: RefCell<Option<dedup::DedupTable>>,
+    /// A deduplicated produce is under way; the next waits for `dedup_done`.
+    dedup_busy: Cell<bool>,
+    dedup_done: event_listener::Event,
     /// Consumer groups by name.
     groups: RefCell<BTreeMap<String, Rc<Group>>>,
     /// Caps from the topic config.
@@ -253,6 +262,14 @@ pub struct PartitionSetup {
     /// Some(revision): if the partition's directory does not exist yet, it starts as a learner (`storage::learner`:
     /// this node's disk is not the one the cluster knew when the revision was read, and the topic is older).
     pub learner_if_new: Option<u64>,
+}
+
+/// Bytes a delivery hands out: its body and its attributes (what a consume's byte budget counts).
+fn delivered_bytes(payload: &Bytes, meta: &Option<Box<RecordMeta>>) -> usize {
+    payload.len()
+        + meta
+            .as_ref()
+            .map_or(0, |m| m.attributes.iter().map(|a| a.size()).sum())
 }
 
 /// Nonces a group's shard may issue before they could reach the next shard's range. 2^32.
@@ -366,6 +383,9 @@ impl Partition {
             log,
             load: Cell::new(Load::Idle),
             loaded_event: event_listener::Event::new(),
+            dedup: RefCell::new(None),
+            dedup_busy: Cell::new(false),
+            dedup_done: event_listener::Event::new(),
             groups: RefCell::new(groups),
             limits: Cell::new(setup.limits),
             redelivery: Cell::new(setup.redelivery),
@@ -629,6 +649,7 @@ impl Partition {
                     deliveries: Vec::new(),
                     stop: Some(Stop::Unavailable),
                     why: Some(why),
+                    deferred: false,
                 })
             }
             Err(e) => return Err(e),
@@ -689,15 +710,19 @@ impl Partition {
                     Ok((_, Some(meta))) if meta.not_before_ms > wall_now => {
                         // A delayed produce: not delivered, and deliverable once its time comes.
                         reserved.forget(lease.offset);
-                        let ready = now.saturating_add(meta.not_before_ms - wall_now);
+                        // Bounded: a clock stepped back (or another node's clock ahead) delays it at most the
+                        // longest delay per take.
+                        let wait =
+                            (meta.not_before_ms - wall_now).min(crate::storage::meta::MAX_DELAY_MS);
+                        let ready = now.saturating_add(wait);
                         deferred.push((lease.offset, lease.nonce, ready));
                         short = true;
                     }
-                    Ok((payload, _)) if !budget.admits(payload.len()) => {
+                    Ok((payload, meta)) if !budget.admits(delivered_bytes(&payload, &meta)) => {
                         over.push((lease.offset, lease.nonce));
                     }
                     Ok((payload, meta)) => {
-                        budget.spend(payload.len());
+                        budget.spend(delivered_bytes(&payload, &meta));
                         bump(&g.counters.delivered, 1);
                         if lease.delivery_count > 1 {
                             bump(&g.counters.redelivered, 1);
@@ -729,6 +754,7 @@ impl Partition {
                 // Counted, not asserted, as `over` below: a lease may have been settled while the batch was read.
                 g.with(|s| s.defer_batch(&deferred, now));
                 deferred.clear();
+                taken.deferred = true;
             }
             if !over.is_empty() {
                 for &(offset, _) in &over {

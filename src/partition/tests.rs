@@ -1113,3 +1113,89 @@ fn a_delayed_record_is_delivered_once_its_time_comes_and_does_not_hold_up_the_re
         assert_eq!(d.meta.as_deref(), Some(&meta));
     });
 }
+
+/// Deduplicated produces: a record whose id the partition took within the window gets the first one's offset and
+/// is not appended, within one call and across calls; past the window the id is new again; a partition opened again
+/// (a restart) reads the window's ids from its log, so a retry after a crash is still a duplicate.
+#[test]
+fn a_deduplicated_produce_is_appended_once_within_its_window_even_across_a_reopen() {
+    use crate::partition::dedup::DedupRecords;
+    use crate::storage::meta::RecordMeta;
+    fn records(items: &[(&'static str, Option<&'static str>)]) -> DedupRecords {
+        let mut out = DedupRecords {
+            payloads: Vec::new(),
+            meta: Vec::new(),
+            ids: Vec::new(),
+        };
+        for (body, id) in items {
+            let id = id.map(|i| Bytes::from_static(i.as_bytes()));
+            let meta = RecordMeta {
+                dedup_id: id.clone(),
+                ..RecordMeta::default()
+            };
+            if meta.is_empty() {
+                out.payloads.push(Bytes::from_static(body.as_bytes()));
+                out.meta.push(false);
+            } else {
+                out.payloads.push(Bytes::from(meta.encode(body.as_bytes())));
+                out.meta.push(true);
+            }
+            out.ids.push(id);
+        }
+        out
+    }
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        let got = p
+            .append_deduplicated(
+                records(&[
+                    ("a", Some("x")),
+                    ("b", None),
+                    ("c", Some("x")),
+                    ("d", Some("y")),
+                ]),
+                60_000,
+                100,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![0, 1, 0, 2],
+            "a repeat within the call is the first one"
+        );
+        assert_eq!(p.log.end_offset(), 3);
+        clock.advance(30_000);
+        let got = p
+            .append_deduplicated(records(&[("e", Some("y")), ("f", Some("z"))]), 60_000, 100)
+            .await
+            .unwrap();
+        assert_eq!(got, vec![2, 3]);
+        assert_eq!(p.log.end_offset(), 4);
+        // A restart: the ids come back from the log.
+        p.close().await;
+        let p = open(&sim, &clock).await;
+        let got = p
+            .append_deduplicated(records(&[("g", Some("x")), ("h", Some("z"))]), 60_000, 100)
+            .await
+            .unwrap();
+        assert_eq!(got, vec![0, 3], "read back from the log");
+        assert_eq!(p.log.end_offset(), 4);
+        // Past the window, "x" (60 s ago) is new; "z" (30 s ago) is not.
+        clock.advance(30_001);
+        let got = p
+            .append_deduplicated(records(&[("i", Some("x")), ("j", Some("z"))]), 60_000, 100)
+            .await
+            .unwrap();
+        assert_eq!(got, vec![4, 3]);
+        assert_eq!(p.log.end_offset(), 5);
+        let record = p.replay(4).await.unwrap().unwrap();
+        assert_eq!(&record.payload[..], b"i");
+        assert_eq!(
+            record.meta.and_then(|m| m.dedup_id),
+            Some(Bytes::from_static(b"x"))
+        );
+    });
+}

@@ -24,6 +24,10 @@ use bytes::Bytes;
 /// frame's payload bound is `max_message_bytes` plus this.
 pub const MAX_OVERHEAD: usize = 4 + 13 + 10 * 9 + 2 * (5 + 128) + 64;
 
+/// The longest delay a record may carry: 15 minutes (SQS's `DelaySeconds` bound). A record found with a later
+/// time (another node's clock ahead, this one's stepped back) waits at most this long per take.
+pub const MAX_DELAY_MS: u64 = 15 * 60 * 1000;
+
 const TAG_NOT_BEFORE: u8 = 1;
 const TAG_ATTRIBUTE: u8 = 2;
 const TAG_DEDUP_ID: u8 = 3;

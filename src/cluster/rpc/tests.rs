@@ -142,6 +142,7 @@ fn every_request() -> Vec<Request> {
                 dead_letter: Some(None),
                 max_groups: Some(8),
                 replicas: None,
+                dedup_window_ms: Some(60_000),
             },
         ),
         Request::DeleteTopic(topic()),
@@ -304,7 +305,10 @@ fn every_reply() -> Vec<ReplyBody> {
         extra: vec![],
     };
     vec![
-        Ok(Reply::Produced(Produced { first_offset: 42 })),
+        Ok(Reply::Produced(Produced {
+            first_offset: 42,
+            offsets: vec![42, 7],
+        })),
         Ok(Reply::Probed(Probed {
             deliveries: vec![Delivery {
                 meta: None,

@@ -405,6 +405,16 @@ impl Log {
         *self.on_append.borrow_mut() = Some(f);
     }
 
+    /// The first offset of the oldest segment whose newest record is at or after `since_ms` (Unix ms): every record
+    /// written at or after `since_ms` is at or above it. The log's end when there is none.
+    pub fn first_offset_since(&self, since_ms: u64) -> u64 {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .find(|s| s.last_timestamp_ms >= since_ms || s.file.is_some())
+            .map_or(st.next_offset, |s| s.base)
+    }
+
     /// Oldest retained offset.
     pub fn start_offset(&self) -> u64 {
         self.state.borrow().segments.first().map_or(0, |s| s.base)
