@@ -178,6 +178,17 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             vec![bytes::Bytes::from_static(b"\xff\xff\xff\x7fbody")],
             vec![true],
         ),
+        // An id HTTP refuses (a space).
+        (
+            vec![bytes::Bytes::from(
+                berth::storage::meta::RecordMeta {
+                    dedup_id: Some(bytes::Bytes::from_static(b"has space")),
+                    ..Default::default()
+                }
+                .encode(b"x"),
+            )],
+            vec![true],
+        ),
         // A delivery time no delay reaches (it would hold the group's frontier for good).
         (
             vec![bytes::Bytes::from(
@@ -190,10 +201,10 @@ fn a_peer_cannot_crash_a_core_or_store_what_http_refuses() {
             vec![true],
         ),
     ] {
-        for partition in 0..4u32 {
+        for (topic_id, partition) in (0..200).flat_map(|t| (0..4u32).map(move |p| (t, p))) {
             let bad = Request::Produce(Produce {
                 topic: "t".into(),
-                topic_id: 1,
+                topic_id,
                 partition,
                 records: records.clone(),
                 meta: meta.clone(),

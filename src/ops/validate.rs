@@ -75,9 +75,27 @@ pub fn admit(
                 let bound = match r.meta.get(i) {
                     Some(true) => {
                         // A block that would not parse would be a corrupt record for good.
-                        crate::storage::meta::RecordMeta::decode(record).map_err(|e| {
-                            OpError::InvalidRecord(format!("record {i}: its meta block: {e:?}"))
-                        })?;
+                        let (meta, _) =
+                            crate::storage::meta::RecordMeta::decode(record).map_err(|e| {
+                                OpError::InvalidRecord(format!("record {i}: its meta block: {e:?}"))
+                            })?;
+                        // What HTTP refuses a peer cannot store either: a delivery time past the longest delay
+                        // (an hour allowed for clocks apart), an id outside the rule.
+                        let latest = crate::clock::wall_clock_ms()
+                            .saturating_add(crate::storage::meta::MAX_DELAY_MS + 3_600_000);
+                        if meta.not_before_ms > latest {
+                            return Err(OpError::InvalidRecord(format!(
+                                "record {i}: its delivery time is past the longest delay (15m)"
+                            )));
+                        }
+                        if let Some(id) = &meta.dedup_id {
+                            std::str::from_utf8(id)
+                                .map_err(|_| "not UTF-8".to_string())
+                                .and_then(crate::ops::produce::check_dedup_id)
+                                .map_err(|why| {
+                                    OpError::InvalidRecord(format!("record {i}: {why}"))
+                                })?;
+                        }
                         limits.max_message_bytes + crate::storage::meta::MAX_OVERHEAD
                     }
                     _ => limits.max_message_bytes,

@@ -292,6 +292,7 @@ impl Partition {
         }
         tracing::warn!(dir = %self.dir.display(), epoch, "a newer leadership began: this leader serves the partition no more");
         self.commit.deposed.set(Some(epoch));
+        self.forget_dedup();
         self.close_nonces();
         self.commit.moved.notify(usize::MAX);
         self.wake_consumers(None, 1);
@@ -302,6 +303,8 @@ impl Partition {
     /// Called before anything awaits once the roles are swapped, so no produce or take finds it unreplicated.
     pub fn prepare_to_lead(&self, epoch: u64, replicas: u32) {
         self.commit.deposed.set(Some(epoch));
+        // Its deduplication ids come from its log, read at its first deduplicated produce.
+        self.forget_dedup();
         // Its round opens a window of nonces (`nonces.rs`); none before.
         self.close_nonces();
         self.set_replicas(replicas);

@@ -197,6 +197,9 @@ pub struct Partition {
     /// A deduplicated produce is under way; the next waits for `dedup_done`.
     dedup_busy: Cell<bool>,
     dedup_done: event_listener::Event,
+    /// Bumped whenever the table is forgotten: a read of the log, or an append, that spans a change installs
+    /// nothing.
+    dedup_generation: Cell<u64>,
     /// Consumer groups by name.
     groups: RefCell<BTreeMap<String, Rc<Group>>>,
     /// Caps from the topic config.
@@ -386,6 +389,7 @@ impl Partition {
             dedup: RefCell::new(None),
             dedup_busy: Cell::new(false),
             dedup_done: event_listener::Event::new(),
+            dedup_generation: Cell::new(0),
             groups: RefCell::new(groups),
             limits: Cell::new(setup.limits),
             redelivery: Cell::new(setup.redelivery),
