@@ -250,6 +250,10 @@ enum Command {
         /// Deliverable only after this long, e.g. 30s (0 to 15m).
         #[arg(long)]
         delay: Option<String>,
+        /// Deduplication id of the message (with MESSAGE only): a repeat within the topic's dedup_window is
+        /// answered with the first one's partition and offset and not appended.
+        #[arg(long)]
+        dedup_id: Option<String>,
         /// Message attributes for every message, as JSON:
         /// '{"color":{"type":"String","value":"red"}}' (docs/api.md, "Attributes and delay").
         #[arg(long)]
@@ -787,6 +791,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             frames,
             batch,
             delay,
+            dedup_id,
             attributes,
         } => {
             let mut path = format!("/produce?topic={}", enc(&topic));
@@ -805,9 +810,18 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                 .into_iter()
                 .collect();
             if let Some(m) = message {
+                if let Some(id) = dedup_id {
+                    path += &format!("&dedup_id={}", enc(&id));
+                }
                 return finish(
                     client.call_with("POST", &path, &headers, m.as_bytes())?,
                     &[200],
+                );
+            }
+            if dedup_id.is_some() {
+                return Err(
+                    "--dedup-id names one message: give it as MESSAGE (stdin's messages are sent as batches)"
+                        .into(),
                 );
             }
             let mut input = Vec::new();

@@ -671,7 +671,14 @@ impl Partition {
         };
         let released = g.with(|s| s.purge_expired(now));
         self.note_released(&g, released);
-        let wall_now = self.clock.wall_ms();
+        // The wall clock, read once and only when a record carries a delivery time (most carry none).
+        let wall = Cell::new(0u64);
+        let wall_now = || {
+            if wall.get() == 0 {
+                wall.set(self.clock.wall_ms());
+            }
+            wall.get()
+        };
         // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
         let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
         while taken.deliveries.len() < max {
@@ -711,13 +718,15 @@ impl Partition {
                     continue;
                 }
                 match self.read_leased(&g, lease, end, until, &mut ahead).await {
-                    Ok((_, Some(meta))) if meta.not_before_ms > wall_now => {
+                    Ok((_, Some(meta)))
+                        if meta.not_before_ms > 0 && meta.not_before_ms > wall_now() =>
+                    {
                         // A delayed produce: not delivered, and deliverable once its time comes.
                         reserved.forget(lease.offset);
                         // Bounded: a clock stepped back (or another node's clock ahead) delays it at most the
                         // longest delay per take.
-                        let wait =
-                            (meta.not_before_ms - wall_now).min(crate::storage::meta::MAX_DELAY_MS);
+                        let wait = (meta.not_before_ms - wall_now())
+                            .min(crate::storage::meta::MAX_DELAY_MS);
                         let ready = now.saturating_add(wait);
                         deferred.push((lease.offset, lease.nonce, ready));
                         short = true;
