@@ -219,7 +219,7 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<b
                 ops::produce::ProduceHeaders {
                     content_type: req.content_type.as_deref(),
                     attributes: req.attributes.as_deref(),
-                    now_wall_ms: front.engine().clock().wall_ms(),
+                    now_wall_ms: &|| front.engine().clock().wall_ms(),
                 },
                 req.body,
                 &limits,

@@ -82,14 +82,16 @@ pub fn check_dedup_id(id: &str) -> Result<(), String> {
 }
 
 /// What a produce's query and headers give every record that does not say otherwise.
-struct Defaults {
+struct Defaults<'a> {
     target: Target,
     delay_ms: u64,
     attributes: Vec<Attribute>,
-    now_wall_ms: u64,
+    /// Now, Unix ms: read once, and only for a record with a delay (most have none).
+    now_wall_ms: &'a dyn Fn() -> u64,
+    now: std::cell::Cell<Option<u64>>,
 }
 
-impl Defaults {
+impl Defaults<'_> {
     /// The meta of a record with these (or its own) attributes and delay, and its deduplication id; None when it
     /// carries none of them.
     fn meta(
@@ -104,7 +106,9 @@ impl Defaults {
             // The produce's time is somewhere in the millisecond `now_wall_ms` names: rounded up, so the
             // message is never delivered before its time plus the delay.
             not_before_ms: if delay_ms > 0 {
-                self.now_wall_ms.saturating_add(delay_ms).saturating_add(1)
+                let now = *self.now.get().get_or_insert_with(|| (self.now_wall_ms)());
+                self.now.set(Some(now));
+                now.saturating_add(delay_ms).saturating_add(1)
             } else {
                 0
             },
@@ -140,8 +144,8 @@ pub struct ProduceHeaders<'a> {
     pub content_type: Option<&'a str>,
     /// The `attributes` header: the attributes of every record that names none (`ops::attributes`).
     pub attributes: Option<&'a str>,
-    /// Now, Unix ms: a `delay` counts from here.
-    pub now_wall_ms: u64,
+    /// Now, Unix ms: a `delay` counts from here (called only when a record has one).
+    pub now_wall_ms: &'a dyn Fn() -> u64,
 }
 
 /// Parses `POST /produce?topic=T[&partition=P][&key=K][&delay=D]` and its body. Query `partition`/`key`, `delay`
@@ -168,6 +172,7 @@ pub fn parse(
             .transpose()?
             .unwrap_or_default(),
         now_wall_ms: headers.now_wall_ms,
+        now: std::cell::Cell::new(None),
     };
     let media = Media::of(headers.content_type);
     let dedup_id = query.get("dedup_id").map(|id| id.into_owned());
@@ -513,7 +518,7 @@ mod tests {
         ProduceHeaders {
             content_type,
             attributes: None,
-            now_wall_ms: 1_700_000_000_000,
+            now_wall_ms: &|| 1_700_000_000_000,
         }
     }
 
@@ -655,7 +660,7 @@ mod tests {
         let headers = |attributes| ProduceHeaders {
             content_type: Some("application/vnd.berth.frames"),
             attributes,
-            now_wall_ms: 1,
+            now_wall_ms: &|| 1,
         };
         let attrs = r#"{"k":{"type":"String","value":"0123456789"}}"#;
         assert!(parse(
