@@ -285,12 +285,20 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         .next()
         .expect("a non-empty delivery list");
     let handle = ReceiptHandle::of(&d);
-    let reply = Response::bytes(200, "application/octet-stream", d.payload.clone())
+    let Delivery {
+        partition,
+        offset,
+        delivery_count,
+        payload,
+        meta,
+        ..
+    } = d;
+    let reply = Response::bytes(200, "application/octet-stream", payload)
         .with_header("receipt-handle", handle)
-        .with_header("partition", d.partition)
-        .with_header("offset", d.offset)
-        .with_header("delivery-count", d.delivery_count);
-    with_attributes(reply, &d.meta)
+        .with_header("partition", partition)
+        .with_header("offset", offset)
+        .with_header("delivery-count", delivery_count);
+    with_attributes(reply, &meta)
 }
 
 /// A single message's reply with its attributes, if it has any, in the `attributes` header (`ops::attributes`).
