@@ -458,6 +458,7 @@ impl Engine {
             groups: config.all_groups(),
             wake,
             learner_if_new,
+            fifo: config.fifo,
         })
         .await
     }

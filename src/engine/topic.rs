@@ -114,6 +114,14 @@ pub struct TopicConfig {
     /// not appended (0: no deduplication). Always written, as `latest_groups`.
     #[serde(default = "default_dedup_window_ms")]
     pub dedup_window_ms: u64,
+    /// A FIFO topic (fixed at creation): every produce names a message group (`group_key`), and at most one message
+    /// of a group is leased at a time, in produce order. Always written, as `latest_groups`.
+    #[serde(default)]
+    pub fifo: bool,
+    /// A FIFO topic's produce without a `dedup_id` is deduplicated by the SHA-256 of its body. Always written, as
+    /// `latest_groups`.
+    #[serde(default)]
+    pub content_dedup: bool,
 }
 
 fn one_replica() -> u32 {
@@ -151,6 +159,8 @@ impl TopicConfig {
             group_ids: Default::default(),
             replicas: 1,
             dedup_window_ms: default_dedup_window_ms(),
+            fifo: false,
+            content_dedup: false,
         }
     }
 

@@ -18,6 +18,15 @@ type Payload = (Bytes, bool);
 pub type ProduceResults = Vec<OpResult<(u32, u64)>>;
 
 impl Front {
+    /// A client's produce: the topic's FIFO rules (`ops::produce::apply_fifo_rules`), then [`Front::produce`].
+    /// Moves between topics (dead letters, redrives) skip the rules: a moved record keeps its message group, which
+    /// only a FIFO topic reads (a FIFO topic's record without one is delivered outside any group's order).
+    pub async fn produce_from_client(&self, mut params: ProduceParams) -> OpResult<ProduceResults> {
+        let topic = self.engine().topic(&params.topic)?;
+        crate::ops::produce::apply_fifo_rules(&topic.config(), &mut params.records)?;
+        self.produce(params).await
+    }
+
     /// Appends the records; each partition's share is durable under the fsync policy before its results are known.
     /// A partition out of range fails the whole request before anything is written.
     pub async fn produce(&self, params: ProduceParams) -> OpResult<ProduceResults> {

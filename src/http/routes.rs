@@ -607,7 +607,7 @@ async fn produce(
 ) -> OpResult<Response> {
     let params = ops::produce::parse(query, headers, body, limits)?;
     let batch = params.batch;
-    let results = front.produce(params).await?;
+    let results = front.produce_from_client(params).await?;
     ops::produce::render(batch, results)
 }
 

@@ -137,6 +137,19 @@ impl Query {
             .transpose()
     }
 
+    /// A yes/no parameter: `true` or `false`.
+    pub fn flag(&self, name: &str) -> OpResult<Option<bool>> {
+        self.get(name)
+            .map(|text| match &*text {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(OpError::InvalidParameter(format!(
+                    "{name} must be true or false, not '{text}'"
+                ))),
+            })
+            .transpose()
+    }
+
     /// `partition`: any unsigned integer (the range is checked against the topic: 404).
     pub fn partition(&self) -> OpResult<Option<u64>> {
         self.number("partition", 0, u64::MAX)

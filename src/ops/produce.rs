@@ -68,15 +68,61 @@ impl ClientRecord {
 /// The longest `delay` of a produce: 15 minutes (SQS's `DelaySeconds` bound).
 pub const MAX_DELAY_MS: u64 = crate::storage::meta::MAX_DELAY_MS;
 
-/// Longest `dedup_id`.
+/// Longest `dedup_id` and `group_key`.
 pub const MAX_DEDUP_ID_BYTES: usize = 128;
 
 /// Checks a deduplication id: 1 to 128 printable ASCII characters (no space), as SQS's MessageDeduplicationId.
 pub fn check_dedup_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_DEDUP_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
+    check_token("dedup_id", id)
+}
+
+/// Checks a `dedup_id` or `group_key` (parameter `name`): 1 to 128 printable ASCII characters (no space), as SQS's
+/// MessageDeduplicationId and MessageGroupId.
+pub fn check_token(name: &str, token: &str) -> Result<(), String> {
+    if token.is_empty()
+        || token.len() > MAX_DEDUP_ID_BYTES
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
         return Err(format!(
-            "dedup_id must be 1 to {MAX_DEDUP_ID_BYTES} printable ASCII characters without spaces"
+            "{name} must be 1 to {MAX_DEDUP_ID_BYTES} printable ASCII characters without spaces"
         ));
+    }
+    Ok(())
+}
+
+/// A FIFO topic's rules for a produce's records: each names a message group (`group_key`), and with
+/// `content_dedup` one without a `dedup_id` is deduplicated by the SHA-256 of its body (64 hex digits). A topic that
+/// is not FIFO takes no `group_key`. Nothing is written when a record breaks a rule.
+pub fn apply_fifo_rules(
+    config: &crate::engine::topic::TopicConfig,
+    records: &mut [ClientRecord],
+) -> OpResult<()> {
+    let grouped = |r: &ClientRecord| r.meta.as_ref().is_some_and(|m| m.group_key.is_some());
+    if !config.fifo {
+        if records.iter().any(grouped) {
+            return Err(OpError::InvalidParameter(format!(
+                "group_key is for FIFO topics, and topic '{}' is not one (created with fifo=true)",
+                config.name
+            )));
+        }
+        return Ok(());
+    }
+    if !records.iter().all(grouped) {
+        return Err(OpError::InvalidParameter(format!(
+            "topic '{}' is FIFO: every message names its message group (group_key=K)",
+            config.name
+        )));
+    }
+    if config.content_dedup {
+        use sha2::{Digest, Sha256};
+        for r in records.iter_mut() {
+            let meta = r.meta.as_mut().expect("grouped above");
+            if meta.dedup_id.is_none() {
+                let digest = Sha256::digest(&r.body);
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                meta.dedup_id = Some(Bytes::from(hex));
+            }
+        }
     }
     Ok(())
 }
@@ -84,6 +130,8 @@ pub fn check_dedup_id(id: &str) -> Result<(), String> {
 /// What a produce's query and headers give every record that does not say otherwise.
 struct Defaults<'a> {
     target: Target,
+    /// The query's `group_key` (FIFO topics).
+    group_key: Option<String>,
     delay_ms: u64,
     attributes: Vec<Attribute>,
     /// Now, Unix ms: read once, and only for a record with a delay (most have none).
@@ -99,6 +147,7 @@ impl Defaults<'_> {
         own: Option<Vec<Attribute>>,
         own_delay: Option<u64>,
         dedup_id: Option<String>,
+        group_key: Option<String>,
     ) -> Option<Box<RecordMeta>> {
         let attributes = own.unwrap_or_else(|| self.attributes.clone());
         let delay_ms = own_delay.unwrap_or(self.delay_ms);
@@ -114,19 +163,34 @@ impl Defaults<'_> {
             },
             attributes,
             dedup_id: dedup_id.map(Bytes::from),
-            ..RecordMeta::default()
+            group_key: group_key.map(Bytes::from),
         };
         (!meta.is_empty()).then(|| Box::new(meta))
     }
 
-    /// Where a record goes: its own target, else the query's; a record with a deduplication id and no target goes
-    /// to its id's partition (so a retry meets the first produce wherever it was sent).
-    fn target(&self, own: Option<Target>, dedup_id: Option<&str>) -> Target {
-        match (own, &self.target, dedup_id) {
+    /// Where a record goes: its message group's partition; else its own target, else the query's; a record with a
+    /// deduplication id and no target goes to its id's partition (so a retry meets the first produce wherever it
+    /// was sent). A message group places its records alone: a `key` or `partition` beside it is refused.
+    fn target(
+        &self,
+        own: Option<Target>,
+        dedup_id: Option<&str>,
+        group_key: Option<&str>,
+    ) -> Result<Target, String> {
+        if let Some(group) = group_key {
+            if own.is_some() || self.target != Target::Any {
+                return Err(
+                    "group_key places the record (on its group's partition): key and partition cannot be given with it"
+                        .into(),
+                );
+            }
+            return Ok(Target::Key(group.to_string()));
+        }
+        Ok(match (own, &self.target, dedup_id) {
             (Some(t), _, _) => t,
             (None, Target::Any, Some(id)) => Target::Key(id.to_string()),
             (None, t, _) => t.clone(),
-        }
+        })
     }
 }
 
@@ -163,8 +227,13 @@ pub fn parse(
         (None, Some(key)) => Target::Key(key.to_string()),
         (None, None) => Target::Any,
     };
+    let group_key = query.get("group_key").map(|g| g.into_owned());
+    if let Some(g) = &group_key {
+        check_token("group_key", g).map_err(OpError::InvalidParameter)?;
+    }
     let default = Defaults {
         target,
+        group_key,
         delay_ms: query.duration("delay", 0, MAX_DELAY_MS)?.unwrap_or(0),
         attributes: headers
             .attributes
@@ -192,8 +261,10 @@ pub fn parse(
             check_size(body.len() + attributes::size(&default.attributes), limits)?;
             vec![ClientRecord {
                 body,
-                target: default.target(None, dedup_id.as_deref()),
-                meta: default.meta(None, None, dedup_id),
+                target: default
+                    .target(None, dedup_id.as_deref(), default.group_key.as_deref())
+                    .map_err(OpError::InvalidParameter)?,
+                meta: default.meta(None, None, dedup_id, default.group_key.clone()),
             }]
         }
     };
@@ -251,6 +322,7 @@ fn parse_ndjson(
         delay: Option<String>,
         attributes: Option<serde_json::Value>,
         dedup_id: Option<String>,
+        group_key: Option<String>,
     }
     let mut records = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
@@ -285,6 +357,10 @@ fn parse_ndjson(
         if let Some(id) = &parsed.dedup_id {
             check_dedup_id(id).map_err(bad)?;
         }
+        if let Some(g) = &parsed.group_key {
+            check_token("group_key", g).map_err(bad)?;
+        }
+        let group_key = parsed.group_key.or_else(|| default.group_key.clone());
         let attrs = own.as_deref().unwrap_or(&default.attributes);
         check_size(bytes.len() + attributes::size(attrs), limits)?;
         let target = match (parsed.partition, parsed.key) {
@@ -294,8 +370,10 @@ fn parse_ndjson(
         };
         records.push(ClientRecord {
             body: bytes,
-            target: default.target(target, parsed.dedup_id.as_deref()),
-            meta: default.meta(own, delay, parsed.dedup_id),
+            target: default
+                .target(target, parsed.dedup_id.as_deref(), group_key.as_deref())
+                .map_err(bad)?,
+            meta: default.meta(own, delay, parsed.dedup_id, group_key),
         });
     }
     if records.is_empty() {
@@ -332,8 +410,10 @@ fn parse_frames(
         };
         records.push(ClientRecord {
             body: body.slice(start..end),
-            target: default.target.clone(),
-            meta: default.meta(None, None, None),
+            target: default
+                .target(None, None, default.group_key.as_deref())
+                .map_err(OpError::InvalidParameter)?,
+            meta: default.meta(None, None, None, default.group_key.clone()),
         });
         pos = end;
     }

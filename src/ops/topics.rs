@@ -38,6 +38,10 @@ pub struct Settings {
     /// Replicas per partition: creation only.
     pub replicas: Option<u32>,
     pub dedup_window_ms: Option<u64>,
+    /// A FIFO topic: creation only.
+    pub fifo: Option<bool>,
+    /// A FIFO topic's produces without a `dedup_id` are deduplicated by the SHA-256 of their body.
+    pub content_dedup: Option<bool>,
 }
 
 /// Parses the settings in a `PUT` or `PATCH` query.
@@ -86,6 +90,8 @@ pub fn parse_settings(query: &Query) -> OpResult<Settings> {
             .number("max_groups", 1, MAX_GROUPS_LIMIT as u64)?
             .map(|v| v as usize),
         dedup_window_ms: query.duration("dedup_window", 0, topic::MAX_DEDUP_WINDOW_MS)?,
+        fifo: query.flag("fifo")?,
+        content_dedup: query.flag("content_dedup")?,
     })
 }
 
@@ -125,6 +131,9 @@ impl Settings {
         if let Some(v) = self.dedup_window_ms {
             config.dedup_window_ms = v;
         }
+        if let Some(v) = self.content_dedup {
+            config.content_dedup = v;
+        }
     }
 
     /// The settings of a new topic named `name`: docs/api.md's defaults, then these.
@@ -135,6 +144,9 @@ impl Settings {
         }
         if let Some(r) = self.replicas {
             config.replicas = r;
+        }
+        if let Some(f) = self.fifo {
+            config.fifo = f;
         }
         self.apply_to(&mut config);
         config
@@ -156,6 +168,11 @@ pub async fn change(engine: &Rc<Engine>, name: &str, settings: Settings) -> OpRe
     if settings.replicas.is_some() {
         return Err(OpError::InvalidParameter(
             "replicas cannot be changed; create a new topic".into(),
+        ));
+    }
+    if settings.fifo.is_some() {
+        return Err(OpError::InvalidParameter(
+            "fifo cannot be changed; create a new topic".into(),
         ));
     }
     Ok(engine
@@ -210,6 +227,8 @@ pub fn config_json(c: &TopicConfig) -> serde_json::Value {
         "max_groups": c.max_groups,
         "dedup_window": format_ms(c.dedup_window_ms),
         "dedup_window_ms": c.dedup_window_ms,
+        "fifo": c.fifo,
+        "content_dedup": c.content_dedup,
     })
 }
 

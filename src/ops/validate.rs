@@ -88,13 +88,17 @@ pub fn admit(
                                 "record {i}: its delivery time is past the longest delay (15m)"
                             )));
                         }
-                        if let Some(id) = &meta.dedup_id {
-                            std::str::from_utf8(id)
-                                .map_err(|_| "not UTF-8".to_string())
-                                .and_then(crate::ops::produce::check_dedup_id)
-                                .map_err(|why| {
-                                    OpError::InvalidRecord(format!("record {i}: {why}"))
-                                })?;
+                        for (name, token) in
+                            [("dedup_id", &meta.dedup_id), ("group_key", &meta.group_key)]
+                        {
+                            if let Some(token) = token {
+                                std::str::from_utf8(token)
+                                    .map_err(|_| format!("{name} is not UTF-8"))
+                                    .and_then(|t| crate::ops::produce::check_token(name, t))
+                                    .map_err(|why| {
+                                        OpError::InvalidRecord(format!("record {i}: {why}"))
+                                    })?;
+                            }
                         }
                         limits.max_message_bytes + crate::storage::meta::MAX_OVERHEAD
                     }

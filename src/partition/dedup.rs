@@ -81,7 +81,7 @@ impl Partition {
             "an id slot per record"
         );
         self.check_leading()?;
-        let _turn = self.dedup_turn().await;
+        let _turn = self.dedup_turn.take().await;
         self.check_leading()?;
         let now = self.clock.wall_ms();
         let since = now.saturating_sub(window_ms);
@@ -221,20 +221,6 @@ impl Partition {
         Ok(table)
     }
 
-    /// Waits for this partition's turn to deduplicate; the turn ends when the returned guard drops.
-    async fn dedup_turn(&self) -> DedupTurn<'_> {
-        loop {
-            if !self.dedup_busy.get() {
-                self.dedup_busy.set(true);
-                return DedupTurn(self);
-            }
-            let listener = self.dedup_done.listen();
-            if self.dedup_busy.get() {
-                listener.await;
-            }
-        }
-    }
-
     /// The topic's window is 0 (deduplication off): a table kept now would miss the ids appended meanwhile if it
     /// were turned on again; forgotten.
     pub fn dedup_off(&self) {
@@ -248,15 +234,6 @@ impl Partition {
     pub(super) fn forget_dedup(&self) {
         self.dedup_generation.set(self.dedup_generation.get() + 1);
         *self.dedup.borrow_mut() = None;
-    }
-}
-
-struct DedupTurn<'a>(&'a Partition);
-
-impl Drop for DedupTurn<'_> {
-    fn drop(&mut self) {
-        self.0.dedup_busy.set(false);
-        self.0.dedup_done.notify(1);
     }
 }
 

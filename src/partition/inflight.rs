@@ -28,6 +28,7 @@
 //! (see each for the one place where "purge once" is observable).
 
 use crate::storage::runs::Runs;
+use fifo::{Admitted, FifoGroups};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
@@ -223,6 +224,9 @@ pub struct InFlight {
     /// Min-heap of `(expires_at_ms, offset, nonce)`. May hold stale slots (superseded by
     /// an extend, or whose lease was settled / released); those are skipped on pop.
     expiry: BinaryHeap<Reverse<(u64, u64, u64)>>,
+    /// FIFO message groups (`admit`): each group's head, and the offsets held behind it. Empty unless the
+    /// caller admits offsets (a FIFO topic).
+    fifo: FifoGroups,
 }
 
 impl InFlight {
@@ -245,6 +249,7 @@ impl InFlight {
             corrupt_runs: Runs::new(),
             corrupt_skipped_total: 0,
             expiry: BinaryHeap::new(),
+            fifo: FifoGroups::default(),
         }
     }
 
@@ -287,6 +292,23 @@ impl InFlight {
         self.delayed.len()
     }
 
+    /// Number of offsets held behind their message group's head (FIFO topics: [`InFlight::admit`]). They count
+    /// against `max_in_flight`.
+    pub fn held(&self) -> usize {
+        self.fifo.held_len()
+    }
+
+    /// How many held offsets became deliverable (their group's head settled) since the last call: consumers to
+    /// wake.
+    pub fn take_promoted(&mut self) -> usize {
+        self.fifo.take_promoted()
+    }
+
+    /// Leases, delayed and held offsets: what `max_in_flight` caps.
+    pub fn unsettled_count(&self) -> usize {
+        self.leases.len() + self.delayed.len() + self.fifo.held_len()
+    }
+
     /// Number of parked out-of-order acks.
     pub fn acked_ahead(&self) -> usize {
         self.acked_ahead.len()
@@ -308,7 +330,7 @@ impl InFlight {
         } else if let Some(d) = self.delayed.get(&offset) {
             d.delivery_count
         } else {
-            0
+            self.fifo.held_count(offset).unwrap_or(0)
         }
     }
 
@@ -424,7 +446,7 @@ impl InFlight {
         let room = self
             .limits
             .max_in_flight
-            .saturating_sub(self.leases.len() + self.delayed.len());
+            .saturating_sub(self.unsettled_count());
         let fresh = usize::try_from(end.saturating_sub(self.cursor)).unwrap_or(usize::MAX);
         out.reserve(
             max.min(room)
@@ -464,6 +486,7 @@ impl InFlight {
             let fresh = self.acked_ahead.insert(offset);
             assert!(fresh, "leased offset {offset} was also acked-ahead");
         }
+        self.fifo_settled(offset);
         Ok(self.committed)
     }
 
@@ -521,6 +544,7 @@ impl InFlight {
             self.leases.remove(&offset);
             let fresh = self.acked_ahead.insert(offset);
             assert!(fresh, "leased offset {offset} was also acked-ahead");
+            self.fifo_settled(offset);
             results.push(Ok(()));
         }
         self.advance_frontier();
@@ -606,6 +630,32 @@ impl InFlight {
             .collect()
     }
 
+    /// FIFO topics: the take has read the live lease `(offset, nonce)` and its record belongs to message `group`.
+    /// `Ok(true)`: the offset is its group's head (the group's first unsettled offset read); deliver it.
+    /// `Ok(false)`: another offset of the group is unsettled, so this one is held: its lease is dropped (the
+    /// delivery not counted), and it becomes deliverable when every offset of the group before it has settled.
+    /// Held offsets count against `max_in_flight`. Stale handles are `Gone`. Does not purge.
+    ///
+    /// The caller admits one consumer group's offsets in the order it leased them, one take at a time, so that
+    /// a group's head is its lowest unsettled offset.
+    pub fn admit(&mut self, offset: u64, nonce: u64, group: &[u8]) -> Result<bool, SettleError> {
+        let Some(slot) = self
+            .leases
+            .get(&offset)
+            .filter(|s| s.nonce == nonce)
+            .copied()
+        else {
+            return Err(SettleError::Gone);
+        };
+        match self.fifo.admit(offset, group, slot.delivery_count - 1) {
+            Admitted::Head => Ok(true),
+            Admitted::Held => {
+                self.leases.remove(&offset);
+                Ok(false)
+            }
+        }
+    }
+
     /// Purges first. Ok only if `offset` has a live lease with exactly this `nonce`.
     /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before), or,
     /// without a length, to `now_ms +` the length the lease was granted or last extended
@@ -655,6 +705,7 @@ impl InFlight {
         } else {
             self.insert_corrupt(offset);
         }
+        self.fifo_settled(offset);
         self.committed
     }
 
@@ -678,6 +729,7 @@ impl InFlight {
         } else {
             self.corrupt_runs.insert(offset, end);
         }
+        self.fifo_settled(offset);
         self.committed
     }
 
@@ -689,6 +741,14 @@ impl InFlight {
     pub fn advance_to(&mut self, start: u64) {
         if start <= self.committed {
             return;
+        }
+        // Groups lose what lies below `start`; a held offset at or above it may become its group's head.
+        for offset in self.fifo.admitted_below(start) {
+            if let Some((next, count)) = self.fifo.settled(offset) {
+                if next >= start {
+                    self.make_deliverable(next, count);
+                }
+            }
         }
         self.committed = start;
         self.cursor = self.cursor.max(start);
@@ -730,7 +790,7 @@ impl InFlight {
         let Some(offset) = self.next_deliverable(end) else {
             return Reserve::Empty;
         };
-        if self.leases.len().saturating_add(self.delayed.len()) >= self.limits.max_in_flight {
+        if self.unsettled_count() >= self.limits.max_in_flight {
             return Reserve::AtCap;
         }
         let delivery_count = if offset == self.cursor {
@@ -839,6 +899,13 @@ impl InFlight {
         let fresh = self.delay_order.insert((ready_at_ms, offset));
         assert!(fresh);
         false
+    }
+
+    /// `offset` left the unsettled offsets: a held offset of its message group may now be the head.
+    fn fifo_settled(&mut self, offset: u64) {
+        if let Some((next, count)) = self.fifo.settled(offset) {
+            self.make_deliverable(next, count);
+        }
     }
 
     fn make_deliverable(&mut self, offset: u64, delivery_count: u32) {
@@ -977,6 +1044,18 @@ impl InFlight {
             self.delayed.len(),
             "stale delay_order entries"
         );
+        for o in self.fifo.held_offsets() {
+            assert!(in_range(o), "held {o} outside [committed, cursor)");
+            assert!(!self.leases.contains_key(&o) && !self.redeliver.contains_key(&o));
+            assert!(!self.delayed.contains_key(&o));
+            assert!(!self.acked_ahead.contains(&o) && !self.in_corrupt(o));
+            covered += 1;
+        }
+        self.fifo.check(|head| {
+            self.leases.contains_key(&head)
+                || self.redeliver.contains_key(&head)
+                || self.delayed.contains_key(&head)
+        });
         for &o in &self.acked_ahead {
             assert!(
                 in_range(o) && o > self.committed,
@@ -1013,6 +1092,8 @@ impl InFlight {
         self.corrupt_runs.contains(o)
     }
 }
+
+mod fifo;
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@ pub mod frontier;
 pub mod inflight;
 mod info;
 pub mod nonces;
+mod turn;
 
 use crate::clock::Clock;
 use crate::storage::backend::Storage;
@@ -133,6 +134,8 @@ pub struct Group {
     /// The lease shard: None until the partition is loaded.
     shard: RefCell<Option<InFlight>>,
     pub counters: GroupCounters,
+    /// FIFO topics: the group's takes admit offsets one take at a time, in lease order (`InFlight::admit`).
+    fifo_turn: turn::Turn,
     /// (offset, append time in Unix ms, or None if it could not be read) of the record at its frontier when the
     /// stats last read it: the oldest unsettled record's age costs one log read per frontier position, not one per
     /// `/status` or `/metrics` (and an unreadable record is not read, nor logged, again).
@@ -146,6 +149,7 @@ impl Group {
             frontier: frontier::FrontierState::new(dir.join(frontier::file_name(name))),
             shard: RefCell::new(None),
             counters: GroupCounters::default(),
+            fifo_turn: turn::Turn::default(),
             oldest: Cell::new(None),
         })
     }
@@ -194,9 +198,11 @@ pub struct Partition {
     loaded_event: event_listener::Event,
     /// This leadership's deduplication ids (None until its first deduplicated produce reads them from the log).
     dedup: RefCell<Option<dedup::DedupTable>>,
-    /// A deduplicated produce is under way; the next waits for `dedup_done`.
-    dedup_busy: Cell<bool>,
-    dedup_done: event_listener::Event,
+    /// Deduplicated produces are checked and appended one at a time.
+    dedup_turn: turn::Turn,
+    /// A FIFO topic's partition (fixed at creation): takes admit offsets to their message groups
+    /// (`InFlight::admit`).
+    fifo: bool,
     /// Bumped whenever the table is forgotten: a read of the log, or an append, that spans a change installs
     /// nothing.
     dedup_generation: Cell<u64>,
@@ -265,6 +271,8 @@ pub struct PartitionSetup {
     /// Some(revision): if the partition's directory does not exist yet, it starts as a learner (`storage::learner`:
     /// this node's disk is not the one the cluster knew when the revision was read, and the topic is older).
     pub learner_if_new: Option<u64>,
+    /// A FIFO topic's partition: at most one message of a message group is leased at a time.
+    pub fifo: bool,
 }
 
 /// Bytes a delivery hands out: its body and its attributes (what a consume's byte budget counts).
@@ -387,8 +395,8 @@ impl Partition {
             load: Cell::new(Load::Idle),
             loaded_event: event_listener::Event::new(),
             dedup: RefCell::new(None),
-            dedup_busy: Cell::new(false),
-            dedup_done: event_listener::Event::new(),
+            dedup_turn: turn::Turn::default(),
+            fifo: setup.fifo,
             dedup_generation: Cell::new(0),
             groups: RefCell::new(groups),
             limits: Cell::new(setup.limits),
@@ -659,6 +667,12 @@ impl Partition {
             Err(e) => return Err(e),
         }
         let g = self.group(group)?;
+        // FIFO: one take of the group at a time, so that offsets are admitted to their message groups in the order
+        // they were leased (a group's first unsettled offset read is its head).
+        let _fifo_turn = match self.fifo {
+            true => Some(g.fifo_turn.take().await),
+            false => None,
+        };
         let mut taken = Taken::default();
         let mut leases: Vec<Lease> = Vec::with_capacity(max.min(64));
         let mut ahead = ReadAhead::default();
@@ -711,13 +725,26 @@ impl Partition {
             let mut short = false;
             // Leases past the byte budget: given back once the batch is read.
             let mut over: Vec<(u64, u64)> = Vec::new();
+            // FIFO: a lease given back unread; the rest of the batch is given back too (not admitted before it).
+            let mut unread = false;
             let until = leases.iter().map(|l| l.offset + 1).max().unwrap_or(0);
             for lease in &leases {
-                if !over.is_empty() {
+                if !over.is_empty() || unread {
                     over.push((lease.offset, lease.nonce));
                     continue;
                 }
-                match self.read_leased(&g, lease, end, until, &mut ahead).await {
+                let read = self.read_leased(&g, lease, end, until, &mut ahead).await;
+                if let Ok((_, Some(meta))) = &read {
+                    if let (true, Some(key)) = (self.fifo, meta.group_key.as_deref()) {
+                        // Held behind an unsettled message of its group (or settled meanwhile): not delivered.
+                        if g.with(|s| s.admit(lease.offset, lease.nonce, key)) != Ok(true) {
+                            reserved.forget(lease.offset);
+                            short = true;
+                            continue;
+                        }
+                    }
+                }
+                match read {
                     Ok((_, Some(meta)))
                         if meta.not_before_ms > 0 && meta.not_before_ms > wall_now() =>
                     {
@@ -753,6 +780,7 @@ impl Partition {
                     Err(settled) => {
                         reserved.forget(lease.offset);
                         short = true;
+                        unread = self.fifo;
                         if settled == Stop::Unavailable {
                             taken.stop = Some(Stop::Unavailable);
                             taken.why = Some(format!(
@@ -785,7 +813,10 @@ impl Partition {
                     self.wake_consumers(Some(&g.name), given);
                 }
                 if taken.stop.is_none() {
-                    taken.stop = Some(Stop::Budget);
+                    taken.stop = Some(match unread {
+                        true => Stop::Empty,
+                        false => Stop::Budget,
+                    });
                 }
                 break;
             }
@@ -960,14 +991,16 @@ impl Partition {
             SettleOp::Nack(None) if self.redelivery.get().delay_ms == 0 => ok as usize,
             _ => 0,
         };
-        if wake + nacked_now > 0 {
-            self.wake_consumers(Some(group), wake + nacked_now);
+        // FIFO: a settled message lets the next of its group out.
+        let promoted = g.with(|s| s.take_promoted());
+        if wake + nacked_now + promoted > 0 {
+            self.wake_consumers(Some(group), wake + nacked_now + promoted);
         }
         Ok(results)
     }
 
     fn at_cap(&self, s: &InFlight) -> bool {
-        s.in_flight() + s.delayed() >= self.limits.get().max_in_flight
+        s.unsettled_count() >= self.limits.get().max_in_flight
     }
 
     /// Settles a dead-lettered lease (its record is already in the dead-letter topic) and counts it; never refused
@@ -988,8 +1021,10 @@ impl Partition {
         g.with(|s| s.ack_dead_letter(offset, nonce, now))?;
         self.note_moved(&g);
         bump(&g.counters.dead_lettered, 1);
-        if at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group) {
-            self.wake_consumers(Some(group), 1);
+        let promoted = g.with(|s| s.take_promoted());
+        let freed = at_cap_before && !g.with(|s| self.at_cap(s)) && self.has_deliverable(group);
+        if promoted + usize::from(freed) > 0 {
+            self.wake_consumers(Some(group), promoted + usize::from(freed));
         }
         Ok(())
     }
@@ -1112,7 +1147,7 @@ impl Partition {
             return false;
         };
         g.with_loaded(|s| {
-            s.has_deliverable(end) && s.in_flight() + s.delayed() < self.limits.get().max_in_flight
+            s.has_deliverable(end) && s.unsettled_count() < self.limits.get().max_in_flight
         })
         .unwrap_or(end > self.log.start_offset())
     }
@@ -1130,7 +1165,7 @@ impl Partition {
             }
             if !s.has_deliverable(end) {
                 Some(false)
-            } else if s.in_flight() + s.delayed() >= max_in_flight {
+            } else if s.unsettled_count() >= max_in_flight {
                 Some(true)
             } else {
                 None

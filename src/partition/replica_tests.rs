@@ -78,6 +78,7 @@ async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
         groups: vec![DEFAULT_GROUP.to_string(), "g".to_string()],
         wake: Rc::new(|_, _| {}),
         learner_if_new: None,
+        fifo: false,
     })
     .await
     .expect("the partition opens");

@@ -45,6 +45,16 @@ async fn open(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Partition> {
 
 /// The same, telling `wake` of what becomes deliverable.
 async fn open_waking(sim: &Rc<Sim>, clock: &Rc<ManualClock>, wake: super::Wake) -> Rc<Partition> {
+    open_with(sim, clock, wake, false).await
+}
+
+/// The same, a FIFO topic's partition when `fifo`.
+async fn open_with(
+    sim: &Rc<Sim>,
+    clock: &Rc<ManualClock>,
+    wake: super::Wake,
+    fifo: bool,
+) -> Rc<Partition> {
     Partition::open(PartitionSetup {
         storage: Rc::new(SimStorage(sim.clone())),
         clock: clock.clone(),
@@ -68,6 +78,7 @@ async fn open_waking(sim: &Rc<Sim>, clock: &Rc<ManualClock>, wake: super::Wake) 
         groups: vec![DEFAULT_GROUP.to_string()],
         wake,
         learner_if_new: None,
+        fifo,
     })
     .await
     .expect("open the partition")
@@ -1197,5 +1208,134 @@ fn a_deduplicated_produce_is_appended_once_within_its_window_even_across_a_reope
             record.meta.and_then(|m| m.dedup_id),
             Some(Bytes::from_static(b"x"))
         );
+    });
+}
+
+/// FIFO topics: within a message group, one message is leased at a time, in produce order; other groups are not
+/// held up; an ack, or a dead-lettering, lets the next message of the group out (waking consumers), a nack or an
+/// expiry gives the same message again; held messages count against `max_in_flight`.
+#[test]
+fn a_fifo_partition_leases_one_message_per_group_at_a_time_in_order() {
+    use crate::storage::meta::RecordMeta;
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let woken = Rc::new(std::cell::Cell::new(0usize));
+        let w = woken.clone();
+        let p = open_with(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n)), true).await;
+        let grouped = |group: &str, body: &str| {
+            let meta = RecordMeta {
+                group_key: Some(Bytes::from(group.to_string())),
+                ..RecordMeta::default()
+            };
+            Bytes::from(meta.encode(body.as_bytes()))
+        };
+        let items = [
+            ("a", "a1"),
+            ("b", "b1"),
+            ("a", "a2"),
+            ("b", "b2"),
+            ("a", "a3"),
+        ];
+        p.append_records(
+            items.iter().map(|(g, b)| grouped(g, b)).collect(),
+            vec![true; items.len()],
+        )
+        .await
+        .unwrap();
+        let bodies = |t: &Taken| -> Vec<String> {
+            t.deliveries
+                .iter()
+                .map(|d| String::from_utf8(d.payload.to_vec()).unwrap())
+                .collect()
+        };
+        let first = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(
+            bodies(&first),
+            ["a1", "b1"],
+            "one per group, the first of each"
+        );
+        let g = p.group(DEFAULT_GROUP).unwrap();
+        assert_eq!(g.with(|s| (s.in_flight(), s.held())), (2, 3));
+        assert!(p
+            .take(DEFAULT_GROUP, 10, VISIBILITY_MS)
+            .await
+            .unwrap()
+            .deliveries
+            .is_empty());
+        // An ack lets the group's next message out, and wakes a consumer.
+        let a1 = &first.deliveries[0];
+        let before = woken.get();
+        p.settle(DEFAULT_GROUP, &[(a1.offset, a1.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        assert!(
+            woken.get() > before,
+            "the next message of the group wakes a consumer"
+        );
+        let next = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(bodies(&next), ["a2"]);
+        assert_eq!(next.deliveries[0].delivery_count, 1);
+        // A nack gives the same message again, not the next.
+        let b1 = &first.deliveries[1];
+        p.settle(
+            DEFAULT_GROUP,
+            &[(b1.offset, b1.nonce)],
+            SettleOp::Nack(Some(0)),
+        )
+        .await
+        .unwrap();
+        let again = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(bodies(&again), ["b1"]);
+        assert_eq!(again.deliveries[0].delivery_count, 2);
+        // An expiry too.
+        clock.advance(VISIBILITY_MS);
+        let expired = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(bodies(&expired), ["b1", "a2"]);
+        // Dead-lettering lets the next out.
+        let a2 = &expired.deliveries[1];
+        p.dead_lettered(DEFAULT_GROUP, a2.offset, a2.nonce)
+            .await
+            .unwrap();
+        let b1 = &expired.deliveries[0];
+        p.settle(DEFAULT_GROUP, &[(b1.offset, b1.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        let last = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(bodies(&last), ["b2", "a3"]);
+        assert_eq!(g.with(|s| s.held()), 0);
+    });
+}
+
+/// A FIFO partition's held messages count against `max_in_flight`: a group that holds many back fills the cap,
+/// and the partition answers as full rather than keeping an unbounded list.
+#[test]
+fn a_fifo_partitions_held_messages_count_against_the_cap() {
+    use crate::storage::meta::RecordMeta;
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open_with(&sim, &clock, Rc::new(|_, _| {}), true).await;
+        let meta = RecordMeta {
+            group_key: Some(Bytes::from_static(b"g")),
+            ..RecordMeta::default()
+        };
+        // The cap is 16 (`open_with`): 40 messages of one group.
+        let payloads = (0..40)
+            .map(|i| Bytes::from(meta.encode(format!("m{i}").as_bytes())))
+            .collect();
+        p.append_records(payloads, vec![true; 40]).await.unwrap();
+        let taken = p.take(DEFAULT_GROUP, 100, VISIBILITY_MS).await.unwrap();
+        assert_eq!(taken.deliveries.len(), 1);
+        assert_eq!(taken.stop, Some(Stop::AtCap));
+        let g = p.group(DEFAULT_GROUP).unwrap();
+        assert_eq!(g.with(|s| s.unsettled_count()), 16);
+        let d = &taken.deliveries[0];
+        p.settle(DEFAULT_GROUP, &[(d.offset, d.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        let next = p.take(DEFAULT_GROUP, 100, VISIBILITY_MS).await.unwrap();
+        assert_eq!(next.deliveries.len(), 1);
+        assert_eq!(&next.deliveries[0].payload[..], b"m1");
     });
 }

@@ -29,7 +29,7 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `placed` (the replicas its topic's creation placed), `MoveLeader` a new replica set, `NodeEntry` `draining` and
 /// `removed`, and `Request::DrainNode` exists (internal to a node). 14: `BeginEpoch`, `Began` and `Replicate` carry
 /// nonce ceilings (`partition/nonces.rs`).
-pub const VERSION: u8 = 16;
+pub const VERSION: u8 = 17;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -143,6 +143,8 @@ fn every_request() -> Vec<Request> {
                 max_groups: Some(8),
                 replicas: None,
                 dedup_window_ms: Some(60_000),
+                fifo: None,
+                content_dedup: Some(true),
             },
         ),
         Request::DeleteTopic(topic()),

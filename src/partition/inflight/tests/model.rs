@@ -1,6 +1,7 @@
 //! InFlight against a naive per-offset model (proptest), and its batch calls against single calls.
 
 use super::*;
+use std::collections::BTreeSet;
 
 // ---------------- property tests against a naive model ----------------
 
@@ -21,9 +22,18 @@ enum St {
         vis: u64,
         count: u32,
     },
+    /// Read by a take while another offset of its message group was unsettled (FIFO).
+    Held {
+        count: u32,
+    },
     Acked,
     Corrupt,
     Dropped,
+}
+
+/// The message group of an offset (FIFO ops): four groups, interleaved.
+fn grp(o: u64) -> u64 {
+    (o.wrapping_mul(7) + 3) % 4
 }
 
 const FRESH: St = St::Free { count: 0 };
@@ -39,6 +49,8 @@ struct Model {
     corrupt_total: u64,
     /// One past the highest offset ever leased (offsets are handed out lowest first).
     handed_end: u64,
+    /// FIFO: each message group's head (the first admitted offset not settled).
+    heads: HashMap<u64, u64>,
 }
 
 /// The policy delay, computed the slow way (doubling step by step).
@@ -74,6 +86,55 @@ impl Model {
             .filter(|s| matches!(s, St::Delayed { .. }))
             .count()
     }
+    fn held_count(&self) -> usize {
+        self.st
+            .iter()
+            .filter(|s| matches!(s, St::Held { .. }))
+            .count()
+    }
+    /// `o` settled: if it was its group's head, the group's lowest held offset is the head, deliverable.
+    fn settled(&mut self, o: u64) {
+        let g = grp(o);
+        if self.heads.get(&g) != Some(&o) {
+            return;
+        }
+        self.promote(g);
+    }
+    /// Group `g`'s head is gone: its lowest held offset is the head, deliverable.
+    fn promote(&mut self, g: u64) {
+        let next = (0..self.end())
+            .find(|&x| grp(x) == g && matches!(self.st[x as usize], St::Held { .. }));
+        match next {
+            Some(x) => {
+                let St::Held { count } = self.st[x as usize] else {
+                    unreachable!()
+                };
+                self.st[x as usize] = St::Free { count };
+                self.heads.insert(g, x);
+            }
+            None => {
+                self.heads.remove(&g);
+            }
+        }
+    }
+    fn admit(&mut self, o: u64, n: u64) -> Result<bool, SettleError> {
+        let count = match self.st.get(o as usize) {
+            Some(St::Leased { nonce, count, .. }) if *nonce == n => *count,
+            _ => return Err(SettleError::Gone),
+        };
+        let g = grp(o);
+        match self.heads.get(&g) {
+            None => {
+                self.heads.insert(g, o);
+                Ok(true)
+            }
+            Some(&h) if h == o => Ok(true),
+            Some(_) => {
+                self.st[o as usize] = St::Held { count: count - 1 };
+                Ok(false)
+            }
+        }
+    }
     fn acked_count(&self) -> usize {
         self.st[self.committed as usize..]
             .iter()
@@ -82,9 +143,12 @@ impl Model {
     }
     fn count(&self, o: u64) -> u32 {
         match self.st.get(o as usize) {
-            Some(St::Free { count } | St::Delayed { count, .. } | St::Leased { count, .. }) => {
-                *count
-            }
+            Some(
+                St::Free { count }
+                | St::Delayed { count, .. }
+                | St::Leased { count, .. }
+                | St::Held { count },
+            ) => *count,
             _ => 0,
         }
     }
@@ -134,7 +198,9 @@ impl Model {
         let Some(o) = self.lowest_free() else {
             return Reserve::Empty;
         };
-        if self.leased_count() + self.delayed_count() >= self.limits.max_in_flight {
+        if self.leased_count() + self.delayed_count() + self.held_count()
+            >= self.limits.max_in_flight
+        {
             return Reserve::AtCap;
         }
         let St::Free { count } = self.st[o as usize] else {
@@ -196,6 +262,7 @@ impl Model {
             return Err(SettleError::AckedAheadFull);
         }
         self.st[o as usize] = St::Acked;
+        self.settled(o);
         self.advance();
         Ok(self.committed)
     }
@@ -245,6 +312,7 @@ impl Model {
     fn skip(&mut self, o: u64, n: u64) -> u64 {
         if self.live(o, n) {
             self.st[o as usize] = St::Corrupt;
+            self.settled(o);
             self.corrupt_total += 1;
             self.advance();
         }
@@ -260,6 +328,7 @@ impl Model {
         for s in &mut self.st[o as usize..end as usize] {
             *s = St::Corrupt;
         }
+        self.settled(o);
         self.corrupt_total += end - o;
         self.handed_end = end;
         self.advance();
@@ -271,6 +340,15 @@ impl Model {
         }
         for s in &mut self.st[..start as usize] {
             *s = St::Dropped;
+        }
+        let gone: Vec<u64> = self
+            .heads
+            .iter()
+            .filter(|&(_, &h)| h < start)
+            .map(|(&g, _)| g)
+            .collect();
+        for g in gone {
+            self.promote(g);
         }
         self.committed = start;
         self.handed_end = self.handed_end.max(start);
@@ -301,6 +379,8 @@ enum Op {
     GiveBack(Vec<H>),
     /// Defer each lease to now + the delay (a delayed produce found at read).
     Defer(Vec<H>, u64),
+    /// FIFO: the take read the lease's record, of group `grp(offset)`.
+    Admit(H),
     Extend(H, Option<u64>),
     ExtendBatch(Vec<H>, Option<u64>),
     Skip(H),
@@ -355,6 +435,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (handles(), nack_delay()).prop_map(|(h, d)| Op::NackBatch(h, d)),
         1 => handles().prop_map(Op::GiveBack),
         1 => (handles(), 0..30u64).prop_map(|(h, d)| Op::Defer(h, d)),
+        4 => handle().prop_map(Op::Admit),
         3 => (handle(), proptest::option::of(vis.clone())).prop_map(|(h, v)| Op::Extend(h, v)),
         1 => (handles(), proptest::option::of(vis)).prop_map(|(h, v)| Op::ExtendBatch(h, v)),
         1 => handle().prop_map(Op::Skip),
@@ -380,6 +461,8 @@ struct Seen {
     deliveries: HashMap<u64, u32>,
     /// Ready time of offsets seen delayed, until their next delivery.
     not_before: HashMap<u64, u64>,
+    /// FIFO: offsets admitted as their group's head, per group (pruned of settled ones as it goes).
+    admitted: HashMap<u64, BTreeSet<u64>>,
 }
 
 impl Seen {
@@ -437,6 +520,7 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
         redelivery: Redelivery::default(),
         corrupt_total: 0,
         handed_end: committed,
+        heads: HashMap::new(),
     };
     model.st.resize((committed + end0) as usize, FRESH);
     let mut now = 0u64;
@@ -461,7 +545,7 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                 assert_eq!(got, want, "reserve");
                 if let Reserve::Leased(l) = got {
                     seen.leased(&l, now, real.committed(), end);
-                    assert!(real.in_flight() + real.delayed() <= cap, "cap exceeded");
+                    assert!(real.unsettled_count() <= cap, "cap exceeded");
                 }
             }
             Op::ReserveBatch(vis, max) => {
@@ -487,7 +571,7 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                     seen.leased(l, now, real.committed(), end);
                 }
                 if !got.is_empty() {
-                    assert!(real.in_flight() + real.delayed() <= cap, "cap exceeded");
+                    assert!(real.unsettled_count() <= cap, "cap exceeded");
                 }
             }
             Op::Ack(h) => {
@@ -576,6 +660,27 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                     }
                 }
             }
+            Op::Admit(h) => {
+                let (o, n) = resolve(h, &model, &seen.issued);
+                let got = real.admit(o, n, format!("g{}", grp(o)).as_bytes());
+                assert_eq!(got, model.admit(o, n), "admit({o},{n})");
+                if let Ok(head) = got {
+                    if head {
+                        // At most one offset of a group is delivered and unsettled at a time. (Order within the
+                        // group needs the take's precondition, admission in lease order, which these ops break.)
+                        let delivered = seen.admitted.entry(grp(o)).or_default();
+                        delivered.retain(|x| !seen.ever_settled.contains(x));
+                        delivered.insert(o);
+                        assert_eq!(
+                            delivered.len(),
+                            1,
+                            "two of a group delivered: {delivered:?}"
+                        );
+                    } else {
+                        *seen.deliveries.get_mut(&o).expect("a lease was issued") -= 1;
+                    }
+                }
+            }
             Op::Extend(h, vis) => {
                 let (o, n) = resolve(h, &model, &seen.issued);
                 let got = real.extend(o, n, now, *vis);
@@ -646,6 +751,7 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                 | Op::Grow(_)
                 | Op::Skip(_)
                 | Op::SkipRun(..)
+                | Op::Admit(_)
                 | Op::AdvanceTo(_)
                 | Op::SetLimits(_)
                 | Op::SetRedelivery(_)
@@ -660,6 +766,7 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
         assert_eq!(real.cursor, model.handed_end, "cursor");
         assert_eq!(real.in_flight(), model.leased_count(), "in_flight");
         assert_eq!(real.delayed(), model.delayed_count(), "delayed");
+        assert_eq!(real.held(), model.held_count(), "held");
         assert_eq!(real.acked_ahead(), model.acked_count(), "acked_ahead");
         assert_eq!(real.corrupt_skipped_total(), model.corrupt_total);
         assert_eq!(real.has_deliverable(end), model.lowest_free().is_some());
@@ -706,6 +813,9 @@ fn run(committed: u64, seed: u64, lim: Limits, end0: u64, ops: Vec<Op>) {
                     if count > 0 {
                         assert_eq!(real.redeliver.get(&o), Some(&count));
                     }
+                }
+                St::Held { count } => {
+                    assert_eq!(seen.deliveries.get(&o).copied().unwrap_or(0), count);
                 }
                 St::Acked | St::Corrupt | St::Dropped => {
                     assert!(seen.ever_settled.contains(&o));
