@@ -170,6 +170,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "replicas": 1,
         "dedup_window": "1m",
         "dedup_window_ms": 60_000,
+        "fifo": false,
+        "content_dedup": false,
     });
     assert_eq!(created["created"], true);
     assert_eq!(created["config"], want);
@@ -226,6 +228,8 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "replicas": 1,
         "dedup_window": "0ms",
         "dedup_window_ms": 0,
+        "fifo": false,
+        "content_dedup": false,
     });
     assert_eq!(updated, json!({"name": "orders", "config": want}));
     assert_eq!(server.get("/topics/orders").json()["config"], want);

@@ -115,6 +115,8 @@ fn with_v2_defaults(mut v1: Value) -> Value {
         "replicas": 1,
         "dedup_window": "5m",
         "dedup_window_ms": 300_000,
+        "fifo": false,
+        "content_dedup": false,
     });
     for (k, v) in v2.as_object().unwrap() {
         v1[k] = v.clone();

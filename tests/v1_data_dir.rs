@@ -178,6 +178,8 @@ fn assert_config(s: &Server, groups: &[&str]) {
         "dead_letter": Value::Null,
         // version 3, absent too
         "dedup_window_ms": 300_000,
+        "fifo": false,
+        "content_dedup": false,
     });
     for (k, v) in want.as_object().unwrap() {
         assert_eq!(&c[k], v, "config.{k} in {c}");

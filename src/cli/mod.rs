@@ -258,6 +258,10 @@ enum Command {
         /// '{"color":{"type":"String","value":"red"}}' (docs/api.md, "Attributes and delay").
         #[arg(long)]
         attributes: Option<String>,
+        /// The message group of every message (a FIFO topic's required group_key): delivered in order, one at a
+        /// time per group.
+        #[arg(long)]
+        group_key: Option<String>,
     },
     /// Lease messages (queue style), or replay one with --partition and --offset.
     Consume {
@@ -458,6 +462,9 @@ struct TopicSettings {
     /// A produce repeating a dedup_id taken within this long is not appended, e.g. 5m (0: off).
     #[arg(long)]
     dedup_window: Option<String>,
+    /// FIFO topics: a message without a dedup id is deduplicated by the SHA-256 of its body (true or false).
+    #[arg(long, value_parser = ["true", "false"])]
+    content_dedup: Option<String>,
 }
 
 impl TopicSettings {
@@ -477,6 +484,7 @@ impl TopicSettings {
             ("max_deliveries", number(self.max_deliveries)),
             ("dead_letter", self.dead_letter.clone()),
             ("dedup_window", self.dedup_window.clone()),
+            ("content_dedup", self.content_dedup.clone()),
         ] {
             if let Some(v) = value {
                 out += &format!("&{key}={}", enc(&v));
@@ -498,6 +506,10 @@ enum TopicCommand {
         /// Nodes holding each partition (a cluster; 1 on a single node).
         #[arg(long)]
         replicas: Option<u32>,
+        /// A FIFO topic: every message names its message group (--group-key), delivered in order, one at a time
+        /// per group. Fixed at creation.
+        #[arg(long)]
+        fifo: bool,
         #[command(flatten)]
         settings: TopicSettings,
     },
@@ -793,10 +805,14 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             delay,
             dedup_id,
             attributes,
+            group_key,
         } => {
             let mut path = format!("/produce?topic={}", enc(&topic));
             if let Some(k) = key {
                 path += &format!("&key={}", enc(&k));
+            }
+            if let Some(g) = group_key {
+                path += &format!("&group_key={}", enc(&g));
             }
             if let Some(p) = partition {
                 path += &format!("&partition={p}");
@@ -1206,11 +1222,15 @@ fn topic_command(client: &Client, command: TopicCommand) -> Result<i32, String> 
             name,
             partitions,
             replicas,
+            fifo,
             settings,
         } => {
-            let replicas = replicas
+            let mut replicas = replicas
                 .map(|r| format!("&replicas={r}"))
                 .unwrap_or_default();
+            if fifo {
+                replicas += "&fifo=true";
+            }
             let path = format!(
                 "/topics/{}?partitions={partitions}{replicas}{}",
                 enc(&name),

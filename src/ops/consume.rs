@@ -298,17 +298,27 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         .with_header("partition", partition)
         .with_header("offset", offset)
         .with_header("delivery-count", delivery_count);
-    with_attributes(reply, &meta)
+    with_meta(reply, &meta)
 }
 
-/// A single message's reply with its attributes, if it has any, in the `attributes` header (`ops::attributes`).
-pub fn with_attributes(reply: Response, meta: &Option<Box<RecordMeta>>) -> Response {
-    match meta {
-        Some(m) if !m.attributes.is_empty() => {
-            reply.with_header("attributes", attributes::to_header(&m.attributes))
-        }
-        _ => reply,
+/// A single message's reply with its attributes, if it has any, in the `attributes` header (`ops::attributes`), and
+/// its message group (FIFO topics) in the `group-key` header.
+pub fn with_meta(reply: Response, meta: &Option<Box<RecordMeta>>) -> Response {
+    let Some(m) = meta else {
+        return reply;
+    };
+    let mut reply = reply;
+    if !m.attributes.is_empty() {
+        reply = reply.with_header("attributes", attributes::to_header(&m.attributes));
     }
+    if let Some(group) = m
+        .group_key
+        .as_ref()
+        .and_then(|g| std::str::from_utf8(g).ok())
+    {
+        reply = reply.with_header("group-key", group.to_string());
+    }
+    reply
 }
 
 /// `"attributes":{...},` when the delivery has attributes (the first of its JSON fields, in sorted order).
@@ -326,10 +336,21 @@ fn push_attributes(out: &mut Vec<u8>, d: &Delivery) {
 /// (sorted), so the bytes are those of the map; `delivery_fields_match_serde_json` checks that.
 fn push_delivery_fields(out: &mut Vec<u8>, d: &Delivery) {
     use std::io::Write;
+    let group = d.meta.as_ref().and_then(|m| m.group_key.as_ref());
+    if let Some(group) = group.and_then(|g| std::str::from_utf8(g).ok()) {
+        let _ = write!(
+            out,
+            "\"delivery_count\":{},\"group_key\":",
+            d.delivery_count
+        );
+        serde_json::to_writer(&mut *out, group).expect("a string serialises");
+        out.push(b',');
+    } else {
+        let _ = write!(out, "\"delivery_count\":{},", d.delivery_count);
+    }
     let _ = write!(
         out,
-        "\"delivery_count\":{},\"offset\":{},\"partition\":{},\"receipt_handle\":\"{}\"}}",
-        d.delivery_count,
+        "\"offset\":{},\"partition\":{},\"receipt_handle\":\"{}\"}}",
         d.offset,
         d.partition,
         ReceiptHandle::of(d)
@@ -406,8 +427,19 @@ mod reply_tests {
             (1, 1, 1, 1, b""),
         ];
         for (partition, offset, nonce, delivery_count, payload) in deliveries {
+            // A message group (FIFO topics) on some: graphic ASCII, quotes and backslashes included.
+            let group = match partition {
+                7 => Some("a\"b\\c"),
+                3 => Some("customer-42"),
+                _ => None,
+            };
             let d = Delivery {
-                meta: None,
+                meta: group.map(|g| {
+                    Box::new(crate::storage::meta::RecordMeta {
+                        group_key: Some(bytes::Bytes::from(g.to_string())),
+                        ..Default::default()
+                    })
+                }),
                 partition,
                 offset,
                 nonce,
@@ -423,6 +455,9 @@ mod reply_tests {
                 json!(format!("{partition}:{offset}:{nonce}")),
             );
             m.insert("delivery_count".into(), json!(delivery_count));
+            if let Some(g) = group {
+                m.insert("group_key".into(), json!(g));
+            }
             let mut header = Vec::new();
             push_delivery_header(&mut header, &d);
             assert_eq!(

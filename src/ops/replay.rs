@@ -73,5 +73,5 @@ pub fn render(partition: u64, record: Option<Record>) -> Response {
     let reply = Response::bytes(200, "application/octet-stream", record.payload)
         .with_header("partition", partition)
         .with_header("offset", record.offset);
-    super::consume::with_attributes(reply, &record.meta)
+    super::consume::with_meta(reply, &record.meta)
 }
