@@ -213,6 +213,10 @@ pub struct Config {
     /// Host names (besides loopback names and addresses) that requests may name in `Host` and `Origin` when no
     /// token is configured: guards against DNS rebinding from a browser. Default none.
     pub allowed_hosts: Vec<String>,
+    /// The SQS face (`sqs/`): the account id in queue URLs and ARNs (12 digits). Default `000000000000`.
+    pub sqs_account: String,
+    /// The SQS face: the region in queue ARNs. Default: the request's SigV4 credential scope, else `us-east-1`.
+    pub sqs_region: Option<String>,
     /// Responses a connection may have queued but not yet written before berth stops reading its further
     /// pipelined requests until they drain. Default 1 MiB.
     pub max_pending_output_bytes: usize,
@@ -299,6 +303,8 @@ impl Default for Config {
             max_dedup_ids: 100_000,
             max_partitions: 100_000,
             allowed_hosts: Vec::new(),
+            sqs_account: "000000000000".into(),
+            sqs_region: None,
             max_pending_output_bytes: 1 << 20,
             write_timeout_ms: 30_000,
             partition_budget: 100_000,
@@ -467,6 +473,24 @@ impl Config {
 
     /// Checks the limits against each other and against what the formats can hold.
     pub fn validate(&self) -> Result<(), String> {
+        if self.sqs_account.len() != 12 || !self.sqs_account.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "sqs_account must be 12 digits, not '{}'",
+                self.sqs_account
+            ));
+        }
+        if let Some(region) = &self.sqs_region {
+            if region.is_empty()
+                || region.len() > 32
+                || !region
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Err(format!(
+                    "sqs_region must be a region name such as us-east-1, not '{region}'"
+                ));
+            }
+        }
         let positive = [
             ("max_message_bytes", self.max_message_bytes as u64),
             ("max_connections", self.max_connections as u64),

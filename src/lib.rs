@@ -4,7 +4,7 @@
 //!
 //! Layers, one direction: `server` (executors, listeners, shutdown) → `http` (parse, route, status codes)
 //! → `front` (what the core that took a request does for it) → `transport` (the router: a direct call, the mesh)
-//! → `ops` (one file per operation: request, owner-side apply, reply) → `engine` (one core's topics, partitions,
+//! (and `sqs`, the SQS-compatible face, on top of `front`) → `ops` (one file per operation: request, owner-side apply, reply) → `engine` (one core's topics, partitions,
 //! parked consumers, timers) → `partition` (log + per-group lease shards + frontier files) → `storage`. `clock`,
 //! `config`, `duration` and `join` are leaves every layer may use.
 
@@ -25,6 +25,7 @@ pub(crate) mod planted;
 pub mod server;
 #[cfg(test)]
 mod sim;
+pub mod sqs;
 pub mod storage;
 pub mod tls;
 pub mod transport;

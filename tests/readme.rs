@@ -22,10 +22,18 @@ fn run_blocks(server: &Server, file: &str) {
         .parent()
         .expect("the binary's directory")
         .to_path_buf();
+    // The AWS CLI of the README's SQS example: `scripts/sqs-clients.sh` (run by `.ci/run`) installs it.
+    let aws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/sqs-clients/json/bin");
+    assert!(
+        aws.join("aws").exists(),
+        "{} is missing: run scripts/sqs-clients.sh (the README's SQS example uses its AWS CLI)",
+        aws.join("aws").display()
+    );
     let path = format!(
-        "{}:{}",
+        "{}:{}:{}",
         bin.display(),
-        std::env::var("PATH").unwrap_or_default()
+        std::env::var("PATH").unwrap_or_default(),
+        aws.display()
     );
     for (i, block) in blocks.iter().enumerate() {
         let script = block

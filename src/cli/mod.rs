@@ -423,6 +423,12 @@ struct ServeArgs {
     /// Cluster mode: accept node RPC only from peers presenting a certificate signed by --peer-tls-ca-file.
     #[arg(long)]
     peer_tls_client_auth: bool,
+    /// The SQS face: the account id in queue URLs and ARNs [default 000000000000].
+    #[arg(long)]
+    sqs_account: Option<String>,
+    /// The SQS face: the region in ARNs [default: the request's credential scope, else us-east-1].
+    #[arg(long)]
+    sqs_region: Option<String>,
 }
 
 /// A topic's settings (everything but `partitions`), as `PUT` and `PATCH /topics/T` take them. Unset ones are not
@@ -637,6 +643,12 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
     }
     if let Some(v) = args.tls_key_file {
         config.tls_key_file = Some(v);
+    }
+    if let Some(v) = args.sqs_account {
+        config.sqs_account = v;
+    }
+    if let Some(v) = args.sqs_region {
+        config.sqs_region = Some(v);
     }
     if let Some(etcd) = args.cluster {
         let node_id = args

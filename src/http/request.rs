@@ -27,6 +27,8 @@ pub struct Request {
     pub accept: Option<String>,
     /// The `attributes` header, if any (a produce's message attributes, `ops::attributes`).
     pub attributes: Option<String>,
+    /// The `X-Amz-Target` header, if any (the SQS face's JSON protocol: `AmazonSQS.<Action>`, `sqs/`).
+    pub amz_target: Option<String>,
 }
 
 /// Limits applied while parsing.
@@ -120,6 +122,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
     let mut content_type = None;
     let mut accept = None;
     let mut attributes = None;
+    let mut amz_target = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -159,6 +162,8 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             accept = Some(text_of(h.value));
         } else if h.name.eq_ignore_ascii_case("attributes") {
             attributes = Some(text_of(h.value));
+        } else if h.name.eq_ignore_ascii_case("x-amz-target") {
+            amz_target = Some(text_of(h.value));
         }
     }
     let body_len = content_length.unwrap_or(0);
@@ -200,6 +205,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             content_type,
             accept,
             attributes,
+            amz_target,
         },
         total,
     ))
@@ -235,6 +241,7 @@ fn is_batch_body(target: &str, content_type: Option<&str>) -> bool {
     let path = target.split('?').next().unwrap_or("");
     matches!(path, "/ack" | "/nack" | "/extend")
         || matches!(Media::of(content_type), Media::Ndjson | Media::Frames)
+        || crate::sqs::is_sqs_body(path, content_type)
 }
 
 /// Decoded query parameters in order.

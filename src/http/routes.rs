@@ -31,6 +31,14 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
 /// Serves one request. In cluster mode, a topic this node does not know yet (created through another node a moment
 /// ago, its replica not there yet) is looked up in the metastore before the answer is `404`.
 pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
+    if crate::sqs::is_sqs_request(&req) {
+        // The SQS face: the same host and token checks as any request, then its own protocols (`sqs/`).
+        if let Some(refused) = refuse(front, &req) {
+            return refused;
+        }
+        let tls = front.engine().config().tls_cert_file.is_some();
+        return Box::pin(crate::sqs::handle(front, req, tls)).await;
+    }
     if !front.engine().clustered() || req.method == "PUT" {
         return handle_once(front, req).await.0;
     }

@@ -445,6 +445,7 @@ mod reply_tests {
                 nonce,
                 delivery_count,
                 expires_at_ms: 0,
+                sent_ms: 0,
                 payload: bytes::Bytes::copy_from_slice(payload),
             };
             let mut m = serde_json::Map::new();

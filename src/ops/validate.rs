@@ -715,6 +715,7 @@ mod tests {
             nonce: 0,
             delivery_count: 1,
             expires_at_ms: 0,
+            sent_ms: 0,
             payload: Bytes::new(),
         }
     }

@@ -47,6 +47,8 @@ pub struct Delivery {
     pub delivery_count: u32,
     /// When the lease ends, on the owner's monotonic clock (not sent to clients; the simulation checks by it).
     pub expires_at_ms: u64,
+    /// When the record was appended: Unix ms, by its owner's clock (SQS's SentTimestamp).
+    pub sent_ms: u64,
     /// The body (without the record's meta block).
     pub payload: Bytes,
     /// Attributes and the rest of what the record carries besides its body, if anything.
@@ -734,7 +736,7 @@ impl Partition {
                     continue;
                 }
                 let read = self.read_leased(&g, lease, end, until, &mut ahead).await;
-                if let Ok((_, Some(meta))) = &read {
+                if let Ok((_, Some(meta), _)) = &read {
                     if let (true, Some(key)) = (self.fifo, meta.group_key.as_deref()) {
                         // Held behind an unsettled message of its group (or settled meanwhile): not delivered.
                         if g.with(|s| s.admit(lease.offset, lease.nonce, key)) != Ok(true) {
@@ -745,7 +747,7 @@ impl Partition {
                     }
                 }
                 match read {
-                    Ok((_, Some(meta)))
+                    Ok((_, Some(meta), _))
                         if meta.not_before_ms > 0 && meta.not_before_ms > wall_now() =>
                     {
                         // A delayed produce: not delivered, and deliverable once its time comes.
@@ -758,10 +760,10 @@ impl Partition {
                         deferred.push((lease.offset, lease.nonce, ready));
                         short = true;
                     }
-                    Ok((payload, meta)) if !budget.admits(delivered_bytes(&payload, &meta)) => {
+                    Ok((payload, meta, _)) if !budget.admits(delivered_bytes(&payload, &meta)) => {
                         over.push((lease.offset, lease.nonce));
                     }
-                    Ok((payload, meta)) => {
+                    Ok((payload, meta, sent_ms)) => {
                         budget.spend(delivered_bytes(&payload, &meta));
                         bump(&g.counters.delivered, 1);
                         if lease.delivery_count > 1 {
@@ -773,6 +775,7 @@ impl Partition {
                             nonce: lease.nonce,
                             delivery_count: lease.delivery_count,
                             expires_at_ms: lease.expires_at_ms,
+                            sent_ms,
                             payload,
                             meta,
                         });
@@ -846,15 +849,20 @@ impl Partition {
         end: u64,
         until: u64,
         ahead: &mut ReadAhead,
-    ) -> Result<(Bytes, Option<Box<RecordMeta>>), Stop> {
+    ) -> Result<(Bytes, Option<Box<RecordMeta>>, u64), Stop> {
         let now = self.clock.now_ms();
         match self.log.read_ahead(lease.offset, until, ahead).await {
-            Ok(Record { payload, meta, .. }) => {
+            Ok(Record {
+                payload,
+                meta,
+                timestamp_ms,
+                ..
+            }) => {
                 // Failures count only while consecutive: a record that reads is forgiven.
                 if !self.read_failures.borrow().is_empty() {
                     self.read_failures.borrow_mut().remove(&lease.offset);
                 }
-                Ok((payload, meta))
+                Ok((payload, meta, timestamp_ms))
             }
             Err(ReadError::Corrupt) => {
                 let run_end = self

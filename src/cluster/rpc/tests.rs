@@ -319,6 +319,7 @@ fn every_reply() -> Vec<ReplyBody> {
                 nonce: 1234,
                 delivery_count: 2,
                 expires_at_ms: 1_700_000_000_000,
+                sent_ms: 1_699_999_999_000,
                 payload: Bytes::from_static(b"payload"),
             }],
             at_cap: true,
@@ -568,6 +569,7 @@ fn test_handler(gate: Rc<Gate>, signals: Rc<RefCell<Vec<usize>>>) -> Handler {
                             nonce: 1,
                             delivery_count: 1,
                             expires_at_ms: 0,
+                            sent_ms: 0,
                             payload: Bytes::from_static(b"leased"),
                         }],
                         ..Probed::default()
