@@ -217,6 +217,10 @@ pub struct Config {
     pub sqs_account: String,
     /// The SQS face: the region in queue ARNs. Default: the request's SigV4 credential scope, else `us-east-1`.
     pub sqs_region: Option<String>,
+    /// The SQS face: access key id -> secret. When any is set, SQS requests must carry a valid SigV4 signature by
+    /// one of them (and need no bearer token); else any credentials are accepted on the terms of a request without
+    /// a token. Default none.
+    pub sqs_credentials: std::collections::BTreeMap<String, String>,
     /// Responses a connection may have queued but not yet written before berth stops reading its further
     /// pipelined requests until they drain. Default 1 MiB.
     pub max_pending_output_bytes: usize,
@@ -305,6 +309,7 @@ impl Default for Config {
             allowed_hosts: Vec::new(),
             sqs_account: "000000000000".into(),
             sqs_region: None,
+            sqs_credentials: Default::default(),
             max_pending_output_bytes: 1 << 20,
             write_timeout_ms: 30_000,
             partition_budget: 100_000,
@@ -597,9 +602,9 @@ mod tests {
         };
         let defaults = serde_json::to_value(super::Config::default()).unwrap();
         for key in defaults.as_object().unwrap().keys() {
-            // `cluster` is the `[cluster]` table, checked below.
+            // `cluster` is the `[cluster]` table, checked below; `sqs_credentials` a table of keys.
             assert!(
-                key == "cluster" || named(key),
+                key == "cluster" || named(key) || text.contains(&format!("# [{key}]")),
                 "berth.example.toml does not name `{key}`"
             );
         }

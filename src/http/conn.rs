@@ -404,10 +404,11 @@ async fn close_after_error(
 
 /// A queue-style or replay consume that may park (`wait` other than 0).
 fn is_long_poll(req: &request::Request) -> bool {
-    req.method == "GET"
+    (req.method == "GET"
         && req.path == "/consume"
         && crate::ops::params::query_value(&req.query, "wait")
-            .is_some_and(|v| crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0))
+            .is_some_and(|v| crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0)))
+        || crate::sqs::is_receive(req)
 }
 
 /// Runs `work` unless the client closes its side first, in which case `work` is dropped — cancelling a parked

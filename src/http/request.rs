@@ -29,6 +29,9 @@ pub struct Request {
     pub attributes: Option<String>,
     /// The `X-Amz-Target` header, if any (the SQS face's JSON protocol: `AmazonSQS.<Action>`, `sqs/`).
     pub amz_target: Option<String>,
+    /// Every header as received, kept only for a request SigV4 may have signed (one with `X-Amz-Target`, a form
+    /// body, or an `AWS4-HMAC-SHA256` authorization): the SQS face verifies the signature over them.
+    pub signed_headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Limits applied while parsing.
@@ -167,6 +170,22 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
         }
     }
     let body_len = content_length.unwrap_or(0);
+    let signed_headers = if amz_target.is_some()
+        || authorization
+            .as_deref()
+            .is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256"))
+        || content_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"))
+    {
+        // Bounded by max_headers and max_header_bytes.
+        req.headers
+            .iter()
+            .map(|h| (h.name.to_string(), h.value.to_vec()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let target = req.path.unwrap_or("/");
     let batch = is_batch_body(target, content_type.as_deref());
     let limit = if batch {
@@ -206,6 +225,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             accept,
             attributes,
             amz_target,
+            signed_headers,
         },
         total,
     ))

@@ -32,9 +32,12 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
 /// ago, its replica not there yet) is looked up in the metastore before the answer is `404`.
 pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     if crate::sqs::is_sqs_request(&req) {
-        // The SQS face: the same host and token checks as any request, then its own protocols (`sqs/`).
-        if let Some(refused) = refuse(front, &req) {
-            return refused;
+        // The SQS face: SigV4 when credentials are configured (checked there), else the same host and token checks
+        // as any request; then its own protocols (`sqs/`).
+        if front.engine().config().sqs_credentials.is_empty() {
+            if let Some(refused) = refuse(front, &req) {
+                return refused;
+            }
         }
         let tls = front.engine().config().tls_cert_file.is_some();
         return Box::pin(crate::sqs::handle(front, req, tls)).await;
@@ -278,6 +281,11 @@ async fn admin(front: &Front, route: Route, query: &Query) -> OpResult<Response>
 /// a token configured, any body without the token, `/health` included (it is open, but a body is not waited for
 /// on anyone's behalf but an authenticated client's).
 pub(crate) fn refuse_body(front: &Front, head: &Request) -> Option<Response> {
+    if crate::sqs::is_sqs_request(head) && !front.engine().config().sqs_credentials.is_empty() {
+        // A credential of a known key is required now; its SigV4 signature covers the body, checked once the body
+        // is read (`sqs::handle`).
+        return crate::sqs::refuse_head(head, &front.engine().config().sqs_credentials);
+    }
     if let Some(refusal) = refuse(front, head) {
         return Some(refusal);
     }

@@ -49,9 +49,15 @@ impl ClientRecord {
             };
             (!moved.is_empty()).then(|| Box::new(moved))
         });
+        // A message group places its records on its partition (FIFO: one partition holds a group's order).
+        let target = meta
+            .as_ref()
+            .and_then(|m| m.group_key.as_ref())
+            .and_then(|g| std::str::from_utf8(g).ok())
+            .map_or(Target::Any, |g| Target::Key(g.to_string()));
         ClientRecord {
             body: payload.clone(),
-            target: Target::Any,
+            target,
             meta,
         }
     }

@@ -656,6 +656,33 @@ impl InFlight {
         }
     }
 
+    /// FIFO topics: the take read `offset`'s record, of message `group`, but its lease ended meanwhile (it expired,
+    /// or a guessed handle settled or released it). If it is still unsettled and not leased (deliverable again, or
+    /// delayed), it takes its place in its group as [`InFlight::admit`] would have given it: its group's head when
+    /// the group has none (it stays where it is), else held (out of the deliverable or delayed offsets). A settled,
+    /// leased or already admitted offset is left alone. Does not purge.
+    pub fn admit_released(&mut self, offset: u64, group: &[u8]) {
+        if self.fifo.is_admitted(offset) || self.leases.contains_key(&offset) {
+            return;
+        }
+        let count = match (self.redeliver.get(&offset), self.delayed.get(&offset)) {
+            (Some(&count), _) => count,
+            (None, Some(d)) => d.delivery_count,
+            (None, None) => return,
+        };
+        // Held: out of the deliverable offsets, or out of the delayed ones.
+        if self.fifo.admit(offset, group, count) == Admitted::Held
+            && self.redeliver.remove(&offset).is_none()
+        {
+            let d = self
+                .delayed
+                .remove(&offset)
+                .expect("a released offset is deliverable or delayed");
+            let was_there = self.delay_order.remove(&(d.ready_at_ms, offset));
+            assert!(was_there, "delayed {offset} missing from delay_order");
+        }
+    }
+
     /// Purges first. Ok only if `offset` has a live lease with exactly this `nonce`.
     /// Sets its expiry to `now_ms + visibility_ms` (which may be earlier than before), or,
     /// without a length, to `now_ms +` the length the lease was granted or last extended
@@ -790,7 +817,9 @@ impl InFlight {
         let Some(offset) = self.next_deliverable(end) else {
             return Reserve::Empty;
         };
-        if self.unsettled_count() >= self.limits.max_in_flight {
+        // A FIFO group's head released again is leased whatever the cap: its group's held offsets count against
+        // the cap and only its settling frees them (a cap lowered below them would wedge the group otherwise).
+        if self.unsettled_count() >= self.limits.max_in_flight && !self.fifo.is_head(offset) {
             return Reserve::AtCap;
         }
         let delivery_count = if offset == self.cursor {

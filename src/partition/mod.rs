@@ -675,10 +675,15 @@ impl Partition {
             true => Some(g.fifo_turn.take().await),
             false => None,
         };
+        // The group may have been deleted while this take waited (its shard gone).
+        let gone = || PartitionError::GroupNotFound(group.to_string());
+        if g.with_loaded(|_| ()).is_none() {
+            return Err(gone());
+        }
         let mut taken = Taken::default();
         let mut leases: Vec<Lease> = Vec::with_capacity(max.min(64));
         let mut ahead = ReadAhead::default();
-        let now = self.clock.now_ms();
+        let mut now = self.clock.now_ms();
         let mut reserved = Reserved {
             group: &g,
             wake: self.wake.borrow().clone(),
@@ -698,6 +703,9 @@ impl Partition {
         // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
         let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
         while taken.deliveries.len() < max {
+            // A take that goes round again (reads that awaited, held FIFO messages) leases from the time now.
+            now = self.clock.now_ms();
+            reserved.now_ms = now;
             let end = self.readable_end();
             let want = max - taken.deliveries.len();
             leases.clear();
@@ -736,13 +744,31 @@ impl Partition {
                     continue;
                 }
                 let read = self.read_leased(&g, lease, end, until, &mut ahead).await;
+                if g.with_loaded(|_| ()).is_none() {
+                    // Deleted during the read: its leases went with its shard.
+                    reserved.handles.clear();
+                    return Err(gone());
+                }
                 if let Ok((_, Some(meta), _)) = &read {
                     if let (true, Some(key)) = (self.fifo, meta.group_key.as_deref()) {
-                        // Held behind an unsettled message of its group (or settled meanwhile): not delivered.
-                        if g.with(|s| s.admit(lease.offset, lease.nonce, key)) != Ok(true) {
-                            reserved.forget(lease.offset);
-                            short = true;
-                            continue;
+                        match g.with(|s| s.admit(lease.offset, lease.nonce, key)) {
+                            Ok(true) => {}
+                            // Held behind an unsettled message of its group: not delivered.
+                            Ok(false) => {
+                                reserved.forget(lease.offset);
+                                short = true;
+                                continue;
+                            }
+                            // Its lease ended while it was read (expired, or settled by a guessed handle): it
+                            // still takes its place in its group, and the rest of the batch is given back, so
+                            // that no later message of the group goes before it.
+                            Err(_) => {
+                                g.with(|s| s.admit_released(lease.offset, key));
+                                reserved.forget(lease.offset);
+                                short = true;
+                                unread = true;
+                                continue;
+                            }
                         }
                     }
                 }
@@ -872,6 +898,7 @@ impl Partition {
                     .min(end);
                 error!(dir = %self.dir.display(), from = lease.offset, to = run_end, "skipping corrupt records from..to: they will never be delivered");
                 g.with(|s| s.skip_corrupt_run(lease.offset, lease.nonce, run_end));
+                self.wake_promoted(g);
                 // A long run must not hold the core.
                 futures_lite::future::yield_now().await;
                 Err(Stop::Empty)
@@ -896,6 +923,7 @@ impl Partition {
                     error!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read too many times: skipping it as corrupt, it will never be delivered");
                     self.read_failures.borrow_mut().remove(&lease.offset);
                     g.with(|s| s.skip_corrupt(lease.offset, lease.nonce));
+                    self.wake_promoted(g);
                     return Err(Stop::Empty);
                 }
                 warn!(dir = %self.dir.display(), offset = lease.offset, failures, error = %e, "a record failed to read: released for a retry");
@@ -916,13 +944,25 @@ impl Partition {
 
     /// Moves a group's frontier over what retention removed, counting what it had not settled.
     fn retention_skip(&self, g: &Group, start: u64) {
-        let skipped = g.with(|s| {
+        let (skipped, promoted) = g.with(|s| {
             let before = s.committed();
             s.advance_to(start);
-            start.saturating_sub(before)
+            (start.saturating_sub(before), s.take_promoted())
         });
         bump(&g.counters.retention_skipped, skipped);
         self.note_moved(g);
+        // FIFO: a group whose head retention removed lets its next message out.
+        if promoted > 0 {
+            self.wake_consumers(Some(&g.name), promoted);
+        }
+    }
+
+    /// FIFO: wakes a consumer for each held message that became deliverable (its group's head settled).
+    fn wake_promoted(&self, g: &Group) {
+        let promoted = g.with(|s| s.take_promoted());
+        if promoted > 0 {
+            self.wake_consumers(Some(&g.name), promoted);
+        }
     }
 
     fn note_released(&self, g: &Group, released: usize) {

@@ -108,8 +108,17 @@ fn list<'v>(input: &'v Value, name: &str) -> Result<&'v [Value]> {
     }
 }
 
+/// Most names a list of attribute names may hold (every system attribute, or many message attribute names).
+const MAX_NAMES: usize = 100;
+
 fn strings(input: &Value, name: &str) -> Result<Vec<String>> {
-    list(input, name)?
+    let items = list(input, name)?;
+    if items.len() > MAX_NAMES {
+        return Err(SqsError::invalid(format!(
+            "{name} holds more than {MAX_NAMES} names"
+        )));
+    }
+    items
         .iter()
         .map(|v| {
             v.as_str()
@@ -272,9 +281,23 @@ fn settings_of(
                 }
                 .filter(|n| (1..=1000).contains(n))
                 .ok_or_else(|| SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Invalid value for maxReceiveCount, valid values are from 1 to 1000 both inclusive.")))?;
-                let dlq = target.rsplit(':').next().unwrap_or("");
-                if ctx.front.engine().topic(dlq).is_err() {
-                    return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist.")));
+                // `arn:aws:sqs:{region}:{account}:{queue}` of this server's account, a queue that exists and is of
+                // the same kind (FIFO or standard) as the queue it serves.
+                let parts: Vec<&str> = target.split(':').collect();
+                let dlq = match parts.as_slice() {
+                    ["arn", _, "sqs", _, account, name] if *account == ctx.account => *name,
+                    _ => {
+                        return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: deadLetterTargetArn must be the ARN of a queue of account {}.", ctx.account)))
+                    }
+                };
+                match ctx.front.engine().topic(dlq) {
+                    Ok(t) if t.config().fifo == is_fifo => {}
+                    Ok(_) => {
+                        return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Dead-letter queue must be same type of queue as the source.")))
+                    }
+                    Err(_) => {
+                        return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist.")))
+                    }
                 }
                 settings.max_deliveries = Some(count as u32);
                 settings.dead_letter = Some(Some(dlq.to_string()));
@@ -359,7 +382,7 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     settings.partitions = Some(if fifo {
         1
     } else {
-        ctx.front.engine().config().cores.unwrap_or(1).max(1) as u32
+        ctx.front.engine().cores().max(1) as u32
     });
     if let Ok(topic) = ctx.front.engine().topic(name) {
         // It exists: the given attributes must match what it has (AWS: QueueAlreadyExists).
@@ -569,6 +592,13 @@ fn message_attributes(value: Option<&Map<String, Value>>) -> Result<Vec<Attribut
     let Some(map) = value else {
         return Ok(Vec::new());
     };
+    if map.len() > crate::ops::attributes::MAX_ATTRIBUTES {
+        return Err(SqsError::invalid(format!(
+            "Number of message attributes [{}] exceeds the allowed maximum [{}].",
+            map.len(),
+            crate::ops::attributes::MAX_ATTRIBUTES
+        )));
+    }
     let mut native = Map::new();
     for (name, spec) in map {
         let data_type = spec
@@ -595,6 +625,14 @@ fn message_attributes(value: Option<&Map<String, Value>>) -> Result<Vec<Attribut
                     "The message attribute '{name}' with type '{data_type}' must use field 'String'."
                 ))
             })?;
+            if !allowed_body(text) {
+                return Err(SqsError::new(
+                    400,
+                    "InvalidMessageContents",
+                    "InvalidMessageContents",
+                    format!("The message attribute '{name}' has characters SQS does not allow."),
+                ));
+            }
             json!({"type": data_type, "value": text})
         };
         native.insert(name.clone(), value);
@@ -879,7 +917,7 @@ async fn send_message_batch(ctx: &Context<'_>, input: &Value) -> Result<Value> {
             // A FIFO queue's missing group or deduplication id fails the whole request, as on AWS.
             Err(e)
                 if config.fifo
-                    && (e.code == "MissingParameter"
+                    && (e.message.contains("MessageGroupId.")
                         || e.message.starts_with("The queue should")) =>
             {
                 return Err(SqsError::invalid(e.message));
@@ -1096,16 +1134,22 @@ async fn delete_message_batch(ctx: &Context<'_>, input: &Value) -> Result<Value>
     let name = queue_name(ctx, input)?;
     let entries = list(input, "Entries")?;
     let ids = check_entries(entries, "DeleteMessageBatchRequestEntry")?;
-    let handles: Vec<&str> = entries
-        .iter()
-        .map(|e| e.get("ReceiptHandle").and_then(Value::as_str).unwrap_or(""))
-        .collect();
-    let results = settle(ctx, name, &handles, SettleOp::Ack).await?;
     let (mut ok, mut bad) = (Vec::new(), Vec::new());
-    for (id, r) in ids.iter().zip(results) {
-        match r {
-            Ok(()) => ok.push(json!({"Id": id})),
-            Err(e) => bad.push(failed(id, &e)),
+    let mut given: Vec<(&str, &str)> = Vec::with_capacity(entries.len());
+    for (id, e) in ids.iter().zip(entries) {
+        match e.get("ReceiptHandle").and_then(Value::as_str) {
+            Some(h) => given.push((id, h)),
+            None => bad.push(failed(id, &SqsError::missing("ReceiptHandle"))),
+        }
+    }
+    if !given.is_empty() {
+        let handles: Vec<&str> = given.iter().map(|(_, h)| *h).collect();
+        let results = settle(ctx, name, &handles, SettleOp::Ack).await?;
+        for ((id, _), r) in given.iter().zip(results) {
+            match r {
+                Ok(()) => ok.push(json!({"Id": id})),
+                Err(e) => bad.push(failed(id, &e)),
+            }
         }
     }
     Ok(batch_reply(ok, bad))
@@ -1137,13 +1181,17 @@ async fn change_visibility_batch(ctx: &Context<'_>, input: &Value) -> Result<Val
     // Entries may ask for different timeouts: one settle per entry (at most ten).
     let (mut ok, mut bad) = (Vec::new(), Vec::new());
     for (id, e) in ids.iter().zip(entries) {
-        let handle = e.get("ReceiptHandle").and_then(Value::as_str).unwrap_or("");
-        let result = match integer(e, "VisibilityTimeout", 0, 43_200) {
-            Ok(Some(seconds)) => settle(ctx, name.clone(), &[handle], visibility_op(seconds))
-                .await?
-                .remove(0),
-            Ok(None) => Err(SqsError::missing("VisibilityTimeout")),
-            Err(e) => Err(e),
+        let handle = e.get("ReceiptHandle").and_then(Value::as_str);
+        let result = match (handle, integer(e, "VisibilityTimeout", 0, 43_200)) {
+            (None, _) => Err(SqsError::missing("ReceiptHandle")),
+            (Some(handle), Ok(Some(seconds))) => {
+                match settle(ctx, name.clone(), &[handle], visibility_op(seconds)).await {
+                    Ok(mut results) => results.remove(0),
+                    Err(e) => Err(e),
+                }
+            }
+            (Some(_), Ok(None)) => Err(SqsError::missing("VisibilityTimeout")),
+            (Some(_), Err(e)) => Err(e),
         };
         match result {
             Ok(()) => ok.push(json!({"Id": id})),

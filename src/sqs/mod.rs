@@ -62,6 +62,113 @@ pub fn is_sqs_request(req: &Request) -> bool {
             || is_sqs_body(&req.path, req.content_type.as_deref()))
 }
 
+/// Whether `req` is an SQS ReceiveMessage (which may park: a client that hangs up must not get messages leased).
+pub fn is_receive(req: &Request) -> bool {
+    if !is_sqs_request(req) {
+        return false;
+    }
+    match req.amz_target.as_deref() {
+        Some(target) => target == "AmazonSQS.ReceiveMessage",
+        None => form_urlencoded::parse(&req.body)
+            .chain(form_urlencoded::parse(req.query.as_bytes()))
+            .take(MAX_FORM_PAIRS)
+            .any(|(k, v)| k == "Action" && v == "ReceiveMessage"),
+    }
+}
+
+/// Most `name=value` pairs a query-protocol request may have (a SendMessageBatch of ten messages with ten
+/// attributes each has about 400).
+pub const MAX_FORM_PAIRS: usize = 2000;
+
+/// Longest `Host` header the face puts in queue URLs.
+const MAX_HOST_BYTES: usize = 255;
+
+/// Most structural tokens (`,` and `:` outside strings) a JSON request may have, checked before it is parsed: a
+/// full SendMessageBatch has a few hundred; a body of millions of tiny values would cost tens of bytes of memory each.
+pub const MAX_JSON_TOKENS: usize = 10_000;
+
+/// Whether a JSON body has at most `max` structural tokens and nests at most 32 deep (a scan, no allocation).
+fn json_within(body: &[u8], max: usize) -> bool {
+    let (mut tokens, mut depth, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b':' => tokens += 1,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > 32 {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if tokens > max {
+            return false;
+        }
+    }
+    true
+}
+
+/// A `Host` header fit for queue URLs: `host[:port]`, a name, an IPv4 address or a bracketed IPv6 one.
+fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_HOST_BYTES
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+/// At a request's head, before its body is read, when credentials are configured: a request that carries no SigV4
+/// credential, or one of a key berth does not know, is refused at once (so an unauthenticated client never has a
+/// body buffered); the signature itself is checked once the body is read (`handle`).
+pub fn refuse_head(
+    req: &Request,
+    credentials: &std::collections::BTreeMap<String, String>,
+) -> Option<Response> {
+    let protocol = match req.amz_target {
+        Some(_) => Protocol::Json,
+        None => Protocol::Query,
+    };
+    let from_header = req
+        .authorization
+        .as_deref()
+        .filter(|a| a.starts_with("AWS4-HMAC-SHA256"))
+        .and_then(|a| a.split("Credential=").nth(1))
+        .and_then(|c| c.split('/').next())
+        .map(str::to_string);
+    let key = from_header.or_else(|| {
+        form_urlencoded::parse(req.query.as_bytes())
+            .find(|(k, _)| k == "X-Amz-Credential")
+            .and_then(|(_, v)| v.split('/').next().map(str::to_string))
+    });
+    let refusal = match key {
+        None => SqsError::common(
+            403,
+            "MissingAuthenticationToken",
+            "MissingAuthenticationToken",
+            "Request is missing Authentication Token".into(),
+        ),
+        Some(k) if !credentials.contains_key(&k) => SqsError::common(
+            403,
+            "InvalidClientTokenId",
+            "InvalidClientTokenId",
+            "The security token included in the request is invalid.".into(),
+        ),
+        Some(_) => return None,
+    };
+    Some(error_reply(protocol, &refusal, &request_id()).closing())
+}
+
 /// Which protocol a request spoke (and its reply speaks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Protocol {
@@ -217,11 +324,38 @@ fn request_id() -> String {
 /// Answers one SQS request (`is_sqs_request`).
 pub async fn handle(front: &Front, req: Request, tls: bool) -> Response {
     let id = request_id();
+    let config = front.engine().config();
+    let protocol = match req.amz_target {
+        Some(_) => Protocol::Json,
+        None => Protocol::Query,
+    };
+    if !config.sqs_credentials.is_empty() {
+        if let Err(e) = authenticate(&req, &config.sqs_credentials) {
+            tracing::debug!(error = %e.message, "an SQS request was refused its signature");
+            return error_reply(protocol, &e, &id);
+        }
+    }
+    // SDKs send no Origin; a browser does: a page (even one on another loopback port) never drives the face.
+    if req.origin.is_some() {
+        let e = SqsError::common(
+            403,
+            "AccessDeniedException",
+            "AccessDenied",
+            "browser requests (with an Origin header) are refused by the SQS face".into(),
+        );
+        return error_reply(protocol, &e, &id);
+    }
+    if req.host.as_deref().is_some_and(|h| !valid_host(h)) {
+        return error_reply(
+            protocol,
+            &SqsError::invalid("the Host header is not host[:port]"),
+            &id,
+        );
+    }
     let (protocol, action, input) = match decode(&req) {
         Ok(decoded) => decoded,
         Err((protocol, e)) => return error_reply(protocol, &e, &id),
     };
-    let config = front.engine().config();
     let path_queue = is_sqs_path(&req.path)
         .then(|| req.path.rsplit('/').next().map(str::to_string))
         .flatten()
@@ -260,6 +394,52 @@ pub async fn handle(front: &Front, req: Request, tls: bool) -> Response {
     }
 }
 
+/// Checks a request's SigV4 signature against the configured credentials (`sigv4.rs`), as AWS answers: unsigned
+/// `MissingAuthenticationToken`, an unknown key `InvalidClientTokenId`, a wrong signature or a request time more
+/// than 5 minutes off `SignatureDoesNotMatch`, a malformed signature `IncompleteSignature`.
+fn authenticate(
+    req: &Request,
+    credentials: &std::collections::BTreeMap<String, String>,
+) -> Result<(), SqsError> {
+    let headers: Vec<(&str, &[u8])> = req
+        .signed_headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    let signed = sigv4::SignedRequest {
+        method: req.method,
+        path: &req.path,
+        query: &req.query,
+        headers: &headers,
+        body: &req.body,
+    };
+    let now = crate::clock::wall_clock_ms() / 1000;
+    let denied =
+        |shape: &'static str, message: String| SqsError::common(403, shape, shape, message);
+    match sigv4::authenticate(
+        &signed,
+        &sigv4::Policy::SQS,
+        |key| credentials.get(key).cloned(),
+        now,
+    ) {
+        Ok(sigv4::Verdict::Signed(_)) => Ok(()),
+        Ok(sigv4::Verdict::Unsigned) => Err(denied(
+            "MissingAuthenticationToken",
+            "Request is missing Authentication Token".into(),
+        )),
+        Err(e @ sigv4::SigError::UnknownKey) => Err(denied("InvalidClientTokenId", e.to_string())),
+        Err(e @ (sigv4::SigError::BadSignature { .. } | sigv4::SigError::Expired(_))) => {
+            Err(denied("SignatureDoesNotMatch", e.to_string()))
+        }
+        Err(e @ sigv4::SigError::Malformed(_)) => Err(SqsError::common(
+            400,
+            "IncompleteSignature",
+            "IncompleteSignature",
+            e.to_string(),
+        )),
+    }
+}
+
 /// The region of a SigV4 `Authorization` header's credential scope (`Credential=AKID/DATE/REGION/sqs/...`).
 fn credential_region(authorization: Option<&str>) -> Option<String> {
     let credential = authorization?.split("Credential=").nth(1)?;
@@ -281,6 +461,14 @@ fn decode(req: &Request) -> Result<(Protocol, String, Value), (Protocol, SqsErro
         };
         if !actions::known(action) {
             return Err((protocol, SqsError::invalid_action(action)));
+        }
+        if !json_within(&req.body, MAX_JSON_TOKENS) {
+            return Err((
+                protocol,
+                SqsError::invalid(format!(
+                    "the request has more than {MAX_JSON_TOKENS} JSON members and items, or nests deeper than 32"
+                )),
+            ));
         }
         let input = if req.body.iter().all(u8::is_ascii_whitespace) {
             Value::Object(Default::default())
@@ -311,8 +499,19 @@ fn decode(req: &Request) -> Result<(Protocol, String, Value), (Protocol, SqsErro
         return Ok((protocol, action.to_string(), input));
     }
     let protocol = Protocol::Query;
-    let mut pairs: Vec<(String, String)> = form_urlencoded::parse(&req.body).into_owned().collect();
-    pairs.extend(form_urlencoded::parse(req.query.as_bytes()).into_owned());
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(&req.body)
+        .chain(form_urlencoded::parse(req.query.as_bytes()))
+        .take(MAX_FORM_PAIRS + 1)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if pairs.len() > MAX_FORM_PAIRS {
+        return Err((
+            protocol,
+            SqsError::invalid(format!(
+                "the request has more than {MAX_FORM_PAIRS} parameters"
+            )),
+        ));
+    }
     let Some(action) = pairs
         .iter()
         .find(|(k, _)| k == "Action")

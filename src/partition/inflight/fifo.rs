@@ -42,6 +42,16 @@ impl FifoGroups {
         self.held.len()
     }
 
+    /// Whether `offset` was admitted to a group (and is unsettled): its head or held.
+    pub(super) fn is_admitted(&self, offset: u64) -> bool {
+        self.group_of.contains_key(&offset)
+    }
+
+    /// Whether `offset` is its group's head (admitted, unsettled, not held).
+    pub(super) fn is_head(&self, offset: u64) -> bool {
+        self.group_of.contains_key(&offset) && !self.held.contains_key(&offset)
+    }
+
     /// Test-only: every held offset.
     #[cfg(test)]
     pub(super) fn held_offsets(&self) -> impl Iterator<Item = u64> + '_ {
@@ -75,8 +85,12 @@ impl FifoGroups {
         }
         // Held, in offset order behind the head (an offset below the head, which the take's order rules out, is
         // held right behind it: the group stays one at a time).
-        let at = 1 + queue.iter().skip(1).take_while(|&&o| o < offset).count();
-        queue.insert(at, offset);
+        if queue.back().is_some_and(|&last| last < offset) {
+            queue.push_back(offset);
+        } else {
+            let at = 1 + queue.make_contiguous()[1..].partition_point(|&o| o < offset);
+            queue.insert(at, offset);
+        }
         let prev = self.held.insert(offset, delivery_count);
         assert!(prev.is_none(), "offset {offset} held twice");
         Admitted::Held
