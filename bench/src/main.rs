@@ -13,6 +13,7 @@ mod redis;
 pub mod report;
 mod resp;
 mod server;
+mod sqs;
 mod wire;
 
 use berth::duration::parse_duration_ms;
@@ -56,12 +57,21 @@ pub enum Protocol {
     /// nats-server with JetStream (one server of a cluster will do; and `--server-pid` for its CPU, or the
     /// cluster's).
     Nats,
+    /// berth's SQS face (SendMessage / ReceiveMessage / DeleteMessage in the JSON protocol), against the same
+    /// server as `berth`: what the SQS face costs over the native API (`benches/sqs_cost.sh`). `--batch` up to 10.
+    Sqs,
 }
 
 impl Protocol {
+    /// berth, natively or through its SQS face: the same server, topics and metrics.
+    fn is_berth(self) -> bool {
+        matches!(self, Protocol::Berth | Protocol::Sqs)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Protocol::Berth => "berth",
+            Protocol::Sqs => "sqs",
             Protocol::Beanstalkd => "beanstalkd",
             Protocol::Redis => "redis",
             Protocol::Nats => "nats",
@@ -279,11 +289,14 @@ impl BenchArgs {
         if self.batch > 1 && self.protocol == Protocol::Beanstalkd {
             return Err("--batch: beanstalkd has no batches; use --batch 1 with it".into());
         }
+        if self.batch > sqs::MAX_SQS_BATCH && self.protocol == Protocol::Sqs {
+            return Err("--batch: SQS batches hold at most 10 messages".into());
+        }
         if self.server_pid.as_ref().is_some_and(|p| p.is_empty()) {
             return Err("--server-pid: no pid given".into());
         }
         if let Some(topic) = &self.topic {
-            if self.protocol != Protocol::Berth {
+            if !self.protocol.is_berth() {
                 return Err("--topic: berth only".into());
             }
             let valid = !topic.is_empty()
@@ -376,7 +389,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
             None,
         )?);
     }
-    if protocol != Protocol::Berth && server.is_none() {
+    if !protocol.is_berth() && server.is_none() {
         return Err(format!(
             "--protocol {} needs --server HOST:PORT of a running {}",
             protocol.name(),
@@ -454,7 +467,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
                 max_waiting: (2 * plan.args.connections * plan.client_cpus.len()).max(512),
             },
         )?,
-        Protocol::Berth if owned_topic => {
+        Protocol::Berth | Protocol::Sqs if owned_topic => {
             let cap = topic_cap(&plan);
             let mut path = format!(
                 "/topics/{topic}?partitions={}&visibility={}",
@@ -472,7 +485,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
                 ));
             }
         }
-        Protocol::Berth => {
+        Protocol::Berth | Protocol::Sqs => {
             for ((url, _), c) in targets.iter().zip(&clients) {
                 let a = c.call("GET", &format!("/topics/{topic}"), &[])?;
                 if a.status != 200 {
@@ -495,7 +508,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
             .filter(|a| a.status == 200)
             .map(|a| a.text())
     };
-    let metrics_before: Vec<Option<String>> = if protocol == Protocol::Berth {
+    let metrics_before: Vec<Option<String>> = if protocol.is_berth() {
         clients.iter().map(metrics).collect()
     } else {
         Vec::new()
@@ -514,7 +527,7 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
     eprintln!();
     let results = results?;
     let server_histograms = match protocol {
-        Protocol::Berth => ServerHistograms::of_nodes(
+        Protocol::Berth | Protocol::Sqs => ServerHistograms::of_nodes(
             targets
                 .iter()
                 .zip(&clients)
@@ -584,10 +597,10 @@ pub fn run(args: &BenchArgs, server: Option<&str>, cacert: Option<&Path>) -> Res
         eprintln!("wrote {}", path.display());
     }
     match protocol {
-        Protocol::Berth if owned_topic => {
+        Protocol::Berth | Protocol::Sqs if owned_topic => {
             let _ = client.call("DELETE", &format!("/topics/{topic}"), &[]);
         }
-        Protocol::Berth => {}
+        Protocol::Berth | Protocol::Sqs => {}
         Protocol::Redis => {
             let _ = redis::command(addr, &[b"DEL", topic.as_bytes()]);
         }
@@ -831,6 +844,21 @@ async fn connection(
             let d = redis::Redis::connect(addr, &job.topic, &consumer, job.batch, message, block)
                 .await
                 .map_err(connect)?;
+            drive(d, job).await
+        }
+        Protocol::Sqs => {
+            let visibility_s =
+                parse_duration_ms(&job.visibility).map_or(30, |ms| (ms / 1000).max(1));
+            let d = sqs::Sqs::connect(
+                addr,
+                &job.topic,
+                visibility_s,
+                u64::from(waits),
+                job.batch,
+                message,
+            )
+            .await
+            .map_err(connect)?;
             drive(d, job).await
         }
         Protocol::Nats => {
