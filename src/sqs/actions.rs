@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 type Result<T> = std::result::Result<T, SqsError>;
 
 /// Every action of the SQS API model.
-const ACTIONS: [&str; 23] = [
+pub(super) const ACTIONS: [&str; 23] = [
     "AddPermission",
     "CancelMessageMoveTask",
     "ChangeMessageVisibility",
@@ -1104,6 +1104,15 @@ async fn settle(
         .collect())
 }
 
+/// Settles one receipt handle: its own result.
+async fn settle_one(ctx: &Context<'_>, name: String, handle: &str, op: SettleOp) -> Result<()> {
+    settle(ctx, name, &[handle], op)
+        .await?
+        .into_iter()
+        .next()
+        .expect("one result per handle")
+}
+
 /// A settle's refusal as SQS names it: a handle that is not one is invalid; a lease that is over (settled,
 /// expired, or taken again under a newer handle) has expired.
 fn handle_error(handle: &str, e: &crate::ops::OpError) -> SqsError {
@@ -1125,8 +1134,7 @@ fn handle_error(handle: &str, e: &crate::ops::OpError) -> SqsError {
 async fn delete_message(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     let name = queue_name(ctx, input)?;
     let handle = required(input, "ReceiptHandle")?;
-    let mut results = settle(ctx, name, &[handle], SettleOp::Ack).await?;
-    results.remove(0)?;
+    settle_one(ctx, name, handle, SettleOp::Ack).await?;
     Ok(json!({}))
 }
 
@@ -1169,8 +1177,7 @@ async fn change_visibility(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     let handle = required(input, "ReceiptHandle")?;
     let seconds = integer(input, "VisibilityTimeout", 0, 43_200)?
         .ok_or_else(|| SqsError::missing("VisibilityTimeout"))?;
-    let mut results = settle(ctx, name, &[handle], visibility_op(seconds)).await?;
-    results.remove(0)?;
+    settle_one(ctx, name, handle, visibility_op(seconds)).await?;
     Ok(json!({}))
 }
 
@@ -1185,10 +1192,7 @@ async fn change_visibility_batch(ctx: &Context<'_>, input: &Value) -> Result<Val
         let result = match (handle, integer(e, "VisibilityTimeout", 0, 43_200)) {
             (None, _) => Err(SqsError::missing("ReceiptHandle")),
             (Some(handle), Ok(Some(seconds))) => {
-                match settle(ctx, name.clone(), &[handle], visibility_op(seconds)).await {
-                    Ok(mut results) => results.remove(0),
-                    Err(e) => Err(e),
-                }
+                settle_one(ctx, name.clone(), handle, visibility_op(seconds)).await
             }
             (Some(_), Ok(None)) => Err(SqsError::missing("VisibilityTimeout")),
             (Some(_), Err(e)) => Err(e),

@@ -139,10 +139,11 @@ pub fn refuse_head(
         Some(_) => Protocol::Json,
         None => Protocol::Query,
     };
-    let from_header = req
+    let signed = req
         .authorization
         .as_deref()
-        .filter(|a| a.starts_with("AWS4-HMAC-SHA256"))
+        .filter(|a| a.starts_with("AWS4-HMAC-SHA256"));
+    let from_header = signed
         .and_then(|a| a.split("Credential=").nth(1))
         .and_then(|c| c.split('/').next())
         .map(str::to_string);
@@ -152,6 +153,12 @@ pub fn refuse_head(
             .and_then(|(_, v)| v.split('/').next().map(str::to_string))
     });
     let refusal = match key {
+        None if signed.is_some() => SqsError::common(
+            400,
+            "IncompleteSignature",
+            "IncompleteSignature",
+            "Authorization header requires 'Credential' parameter.".into(),
+        ),
         None => SqsError::common(
             403,
             "MissingAuthenticationToken",

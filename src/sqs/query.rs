@@ -819,31 +819,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const ALL_ACTIONS: [&str; 23] = [
-        "AddPermission",
-        "CancelMessageMoveTask",
-        "ChangeMessageVisibility",
-        "ChangeMessageVisibilityBatch",
-        "CreateQueue",
-        "DeleteMessage",
-        "DeleteMessageBatch",
-        "DeleteQueue",
-        "GetQueueAttributes",
-        "GetQueueUrl",
-        "ListDeadLetterSourceQueues",
-        "ListMessageMoveTasks",
-        "ListQueueTags",
-        "ListQueues",
-        "PurgeQueue",
-        "ReceiveMessage",
-        "RemovePermission",
-        "SendMessage",
-        "SendMessageBatch",
-        "SetQueueAttributes",
-        "StartMessageMoveTask",
-        "TagQueue",
-        "UntagQueue",
-    ];
+    /// Every action of the SQS API (the face's own list).
+    const ALL_ACTIONS: [&str; 23] = crate::sqs::actions::ACTIONS;
 
     /// Form bodies exactly as botocore 1.34.89 (the last query-protocol botocore) sent them, with the parameters
     /// it was given, in JSON (blobs base64); one or more per action.
