@@ -659,14 +659,18 @@ impl InFlight {
     /// FIFO topics: the take read `offset`'s record, of message `group`, but its lease ended meanwhile (it expired,
     /// or a guessed handle settled or released it). If it is still unsettled and not leased (deliverable again, or
     /// delayed), it takes its place in its group as [`InFlight::admit`] would have given it: its group's head when
-    /// the group has none (it stays where it is), else held (out of the deliverable or delayed offsets). A settled,
-    /// leased or already admitted offset is left alone. Does not purge.
+    /// the group has none (it stays where it is), else held (out of the deliverable offsets; a delayed one is left
+    /// delayed, to be admitted when read again). A settled, leased or already admitted offset is left alone. Does
+    /// not purge.
     pub fn admit_released(&mut self, offset: u64, group: &[u8]) {
         if self.fifo.is_admitted(offset) || self.leases.contains_key(&offset) {
             return;
         }
         let count = match (self.redeliver.get(&offset), self.delayed.get(&offset)) {
             (Some(&count), _) => count,
+            // A delayed one keeps its time: it is read again, and admitted, once due (as its group's head now if
+            // the group has none, so that nothing of the group passes it meanwhile).
+            (None, Some(_)) if self.fifo.has_group(group) => return,
             (None, Some(d)) => d.delivery_count,
             (None, None) => return,
         };

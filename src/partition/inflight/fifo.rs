@@ -47,6 +47,11 @@ impl FifoGroups {
         self.group_of.contains_key(&offset)
     }
 
+    /// Whether `group` has unsettled admitted offsets (a head).
+    pub(super) fn has_group(&self, group: &[u8]) -> bool {
+        self.queues.contains_key(group)
+    }
+
     /// Whether `offset` is its group's head (admitted, unsettled, not held).
     pub(super) fn is_head(&self, offset: u64) -> bool {
         self.group_of.contains_key(&offset) && !self.held.contains_key(&offset)

@@ -145,14 +145,16 @@ impl Model {
             // Never handed out: not released.
             return;
         }
+        let g = grp(o);
         let count = match self.st.get(o as usize) {
-            Some(St::Free { count } | St::Delayed { count, .. }) => *count,
+            Some(St::Free { count }) => *count,
+            Some(St::Delayed { .. }) if self.heads.contains_key(&g) => return,
+            Some(St::Delayed { count, .. }) => *count,
             _ => return,
         };
         if self.heads.values().any(|&h| h == o) {
             return;
         }
-        let g = grp(o);
         match self.heads.entry(g) {
             std::collections::hash_map::Entry::Occupied(_) => {
                 self.st[o as usize] = St::Held { count };
