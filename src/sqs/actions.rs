@@ -601,29 +601,27 @@ fn message_attributes(value: Option<&Map<String, Value>>) -> Result<Vec<Attribut
     }
     let mut native = Map::new();
     for (name, spec) in map {
-        let data_type = spec
-            .get("DataType")
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                SqsError::invalid(format!(
-                    "The message attribute '{name}' must contain a non-empty attribute type."
-                ))
-            })?;
-        let value = if data_type.starts_with("Binary") {
-            let b64 = spec
-                .get("BinaryValue")
+        // One text member of the attribute's spec, or why it is refused.
+        let member = |key: &str, why: &dyn Fn() -> String| -> Result<&str> {
+            spec.get(key)
                 .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    SqsError::invalid(format!(
+                .ok_or_else(|| SqsError::invalid(why()))
+        };
+        let data_type = member("DataType", &|| {
+            format!("The message attribute '{name}' must contain a non-empty attribute type.")
+        })?;
+        let value = if data_type.starts_with("Binary") {
+            let b64 = member("BinaryValue", &|| {
+                format!(
                     "The message attribute '{name}' with type 'Binary' must use field 'Binary'."
-                ))
-                })?;
+                )
+            })?;
             json!({"type": data_type, "value_base64": b64})
         } else {
-            let text = spec.get("StringValue").and_then(Value::as_str).ok_or_else(|| {
-                SqsError::invalid(format!(
+            let text = member("StringValue", &|| {
+                format!(
                     "The message attribute '{name}' with type '{data_type}' must use field 'String'."
-                ))
+                )
             })?;
             if !allowed_body(text) {
                 return Err(SqsError::new(
