@@ -4,7 +4,7 @@
     python clients.py ENDPOINT query   # boto3/botocore 1.34.89: the query protocol (XML), the core actions
 
 Every check raises on failure; the exit code says whether all passed. boto3 itself verifies MD5OfMessageBody and
-MD5OfMessageAttributes of every send and receive, so a wrong digest fails here too.
+MD5OfMessageAttributes where its handlers run; the attribute digest is also computed here and compared.
 """
 
 import sys
@@ -87,13 +87,33 @@ attributes = {
     "n": {"DataType": "Number.int", "StringValue": "-12.5e3"},
     "raw": {"DataType": "Binary", "BinaryValue": b"\x00\xff\x07"},
 }
+def attributes_md5(attrs):
+    """AWS's MD5 of message attributes, computed here (botocore does not check it on every path)."""
+    import hashlib, struct
+    out = b""
+    for name in sorted(attrs):
+        spec = attrs[name]
+        kind = spec["DataType"].encode()
+        out += struct.pack(">I", len(name.encode())) + name.encode() + struct.pack(">I", len(kind)) + kind
+        if "BinaryValue" in spec:
+            value = spec["BinaryValue"]
+            out += b"\x02" + struct.pack(">I", len(value)) + value
+        else:
+            value = spec["StringValue"].encode()
+            out += b"\x01" + struct.pack(">I", len(value)) + value
+    return hashlib.md5(out).hexdigest()
+
+
 sent = sqs.send_message(QueueUrl=url, MessageBody="hello \u00e9 \U0001F600", MessageAttributes=attributes)
+check(sent["MD5OfMessageAttributes"] == attributes_md5(attributes), f"MD5OfMessageAttributes: {sent}")
+check(sent["MD5OfMessageBody"] == __import__("hashlib").md5("hello \u00e9 \U0001F600".encode()).hexdigest(), sent)
 check("MD5OfMessageAttributes" in sent and "SequenceNumber" not in sent, sent)
 got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5, MessageAttributeNames=["All"], **system_names)["Messages"]
 check(len(got) == 1, got)
 m = got[0]
 check(m["MessageId"] == sent["MessageId"] and m["Body"] == "hello \u00e9 \U0001F600", m)
 check(m["MessageAttributes"]["raw"]["BinaryValue"] == b"\x00\xff\x07", m)
+check(m["MD5OfMessageAttributes"] == attributes_md5(m["MessageAttributes"]), m)
 check(m["Attributes"]["ApproximateReceiveCount"] == "1", m)
 check(abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000, m)
 counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])["Attributes"]
