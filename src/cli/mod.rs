@@ -267,9 +267,9 @@ enum Command {
     Consume {
         /// The topic to consume from.
         topic: String,
-        /// Long-poll budget, e.g. 10s.
-        #[arg(long, default_value = "0")]
-        wait: String,
+        /// Long-poll budget, e.g. 10s [default: the topic's receive_wait, 0 unless set; 20s with --follow].
+        #[arg(long)]
+        wait: Option<String>,
         /// Lease length, e.g. 30s (default: the topic's).
         #[arg(long)]
         visibility: Option<String>,
@@ -471,6 +471,15 @@ struct TopicSettings {
     /// FIFO topics: a message without a dedup id is deduplicated by the SHA-256 of its body (true or false).
     #[arg(long, value_parser = ["true", "false"])]
     content_dedup: Option<String>,
+    /// Delay of a produced message that gives none of its own, e.g. 30s (0 to 15m).
+    #[arg(long)]
+    delay: Option<String>,
+    /// How long a consume that gives no --wait waits for a message, e.g. 20s (0 to 20s).
+    #[arg(long)]
+    receive_wait: Option<String>,
+    /// The largest message (body and attributes) the topic takes; 0: the server's max_message_bytes.
+    #[arg(long)]
+    max_message_bytes: Option<u64>,
 }
 
 impl TopicSettings {
@@ -491,6 +500,9 @@ impl TopicSettings {
             ("dead_letter", self.dead_letter.clone()),
             ("dedup_window", self.dedup_window.clone()),
             ("content_dedup", self.content_dedup.clone()),
+            ("delay", self.delay.clone()),
+            ("receive_wait", self.receive_wait.clone()),
+            ("max_message_bytes", number(self.max_message_bytes)),
         ] {
             if let Some(v) = value {
                 out += &format!("&{key}={}", enc(&v));
@@ -569,6 +581,15 @@ enum GroupCommand {
         /// The topic.
         topic: String,
         /// The group.
+        group: String,
+    },
+    /// Settle everything the group has not settled, at once (leased, delayed and waiting messages alike). Prints
+    /// the server's reply, e.g. {"group":"default","purged":12,"topic":"jobs"}.
+    Purge {
+        /// The topic.
+        topic: String,
+        /// The group.
+        #[arg(default_value = "default")]
         group: String,
     },
 }
@@ -878,10 +899,10 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
             offset,
         } => {
             // Following waits for what comes: a long-poll, 20 s unless --wait says otherwise.
-            let wait = if follow && wait == "0" {
-                "20s".to_string()
-            } else {
-                wait
+            let wait = match wait {
+                Some(w) if !(follow && w == "0") => Some(w),
+                _ if follow => Some("20s".to_string()),
+                _ => None,
             };
             if let (Some(p), Some(first)) = (partition, offset) {
                 // A replay of --count records from --offset (read-only: no lease, nothing to ack).
@@ -891,7 +912,7 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                     let path = format!(
                         "/consume?topic={}&partition={p}&offset={o}&wait={}",
                         enc(&topic),
-                        enc(&wait)
+                        enc(wait.as_deref().unwrap_or("0"))
                     );
                     let answer = client.call("GET", &path, &[])?;
                     if answer.status == 204 && follow {
@@ -905,8 +926,9 @@ fn client_command(client: &Client, command: Command) -> Result<i32, String> {
                 }
                 return Ok(0);
             }
-            let mut path = format!("/consume?topic={}&wait={}", enc(&topic), enc(&wait));
+            let mut path = format!("/consume?topic={}", enc(&topic));
             path += &params(&[
+                ("wait", wait.as_deref()),
                 ("visibility", visibility.as_deref()),
                 ("group", group.as_deref()),
             ]);
@@ -1315,6 +1337,10 @@ fn group_command(client: &Client, command: GroupCommand) -> Result<i32, String> 
             let code = finish(answer, &[204])?;
             eprintln!("deleted group {group} of {topic}");
             Ok(code)
+        }
+        GroupCommand::Purge { topic, group } => {
+            let path = format!("{}/purge", group_path(&topic, &group));
+            finish(client.call("POST", &path, &[])?, &[200])
         }
     }
 }

@@ -638,7 +638,7 @@ fn behind(engine: &Engine, request: &Request) -> Option<String> {
         Request::Probe(r) => (&r.topic, r.topic_id, Some(&r.group)),
         Request::Settle(r) => (&r.topic, r.topic_id, Some(&r.group)),
         Request::Replay(r) => (&r.topic, r.topic_id, None),
-        Request::Describe(name) => {
+        Request::Describe(name) | Request::Purge(name, _) => {
             return engine.topic(name).is_err().then(|| name.clone());
         }
         _ => return None,

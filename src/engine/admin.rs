@@ -828,6 +828,10 @@ impl Engine {
         // Cluster mode: before the metastore places it, every partition is counted as if it landed here.
         self.check_caps(config.partitions as usize)?;
         config.format = TOPIC_FORMAT;
+        if config.created_ms == 0 {
+            config.created_ms = self.clock().wall_ms();
+            config.modified_ms = config.created_ms;
+        }
         if let Some(metadata) = self.metadata() {
             let (created, (config, locations, states)) = metadata.create_topic(config).await?;
             self.materialise(config.clone(), locations, states).await?;

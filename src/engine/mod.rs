@@ -131,6 +131,8 @@ pub struct Shared {
     /// Cluster mode: 0 while core 0 joins, 1 once joined (other cores wait on `loaded_event`), else it failed.
     pub cluster_joined: std::sync::atomic::AtomicUsize,
     pub loaded_event: Event,
+    /// SQS message move tasks (`sqs::tasks`): started, listed and cancelled by the SQS face on any core.
+    pub move_tasks: std::sync::Mutex<crate::sqs::tasks::MoveTasks>,
 }
 
 /// Reads extra `/metrics` series (see `Engine::set_extra_stats`).

@@ -122,7 +122,43 @@ pub struct TopicConfig {
     /// `latest_groups`.
     #[serde(default)]
     pub content_dedup: bool,
+    /// The delay of a produced record that gives none of its own (`delay=0` on the record is its own); 0 to
+    /// `MAX_PRODUCE_DELAY_MS`. SQS's queue `DelaySeconds`. Always written, as `latest_groups`.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// The `wait` of a queue-style consume that gives none; 0 to `MAX_RECEIVE_WAIT_MS`. SQS's queue
+    /// `ReceiveMessageWaitTimeSeconds`. Always written, as `latest_groups`.
+    #[serde(default)]
+    pub receive_wait_ms: u64,
+    /// The largest message (body and attributes) a produce may append to this topic; 0: the server's
+    /// `max_message_bytes`, which also caps any value here. SQS's `MaximumMessageSize`. Always written.
+    #[serde(default)]
+    pub max_message_bytes: u64,
+    /// When the topic was created and its settings last changed, Unix ms (0: before these were kept). Always
+    /// written.
+    #[serde(default)]
+    pub created_ms: u64,
+    #[serde(default)]
+    pub modified_ms: u64,
+    /// Tags (SQS's queue tags: at most `MAX_TAGS`, keys 1–128 and values 0–256 characters). Always written.
+    #[serde(default)]
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// SQS's `Policy` and `RedriveAllowPolicy` documents, kept as given and not enforced (berth has no IAM);
+    /// empty when unset. Always written.
+    #[serde(default)]
+    pub sqs_policy: String,
+    #[serde(default)]
+    pub sqs_redrive_allow_policy: String,
 }
+
+/// The longest topic `delay`: 15 minutes (SQS's `DelaySeconds` bound, as a produce's own `delay`).
+pub const MAX_PRODUCE_DELAY_MS: u64 = crate::storage::meta::MAX_DELAY_MS;
+/// The longest topic `receive_wait`: 20 s (SQS's `ReceiveMessageWaitTimeSeconds` bound).
+pub const MAX_RECEIVE_WAIT_MS: u64 = 20_000;
+/// Most tags of a topic (SQS's limit).
+pub const MAX_TAGS: usize = 50;
+/// Longest policy document kept (SQS's limit on an attribute value).
+pub const MAX_POLICY_BYTES: usize = 256 << 10;
 
 fn one_replica() -> u32 {
     1
@@ -161,6 +197,14 @@ impl TopicConfig {
             dedup_window_ms: default_dedup_window_ms(),
             fifo: false,
             content_dedup: false,
+            delay_ms: 0,
+            receive_wait_ms: 0,
+            max_message_bytes: 0,
+            created_ms: 0,
+            modified_ms: 0,
+            tags: Default::default(),
+            sqs_policy: String::new(),
+            sqs_redrive_allow_policy: String::new(),
         }
     }
 
@@ -181,6 +225,14 @@ impl TopicConfig {
             config.id = legacy_id(&config.name);
         }
         Ok(config)
+    }
+
+    /// The largest message a produce may append: the topic's `max_message_bytes` within the server's.
+    pub fn message_limit(&self, server: usize) -> usize {
+        match self.max_message_bytes {
+            0 => server,
+            n => (n as usize).min(server),
+        }
     }
 
     /// The caps each partition's shards use.

@@ -15,7 +15,10 @@ impl Front {
     pub async fn create_topic(&self, config: TopicConfig) -> OpResult<(bool, TopicConfig)> {
         match self
             .router()
-            .call(self.router().core(0), Request::CreateTopic(config))
+            .call(
+                self.router().core(0),
+                Request::CreateTopic(Box::new(config)),
+            )
             .await?
         {
             Reply::Created(created, config) => Ok((created, config)),
@@ -27,7 +30,10 @@ impl Front {
     pub async fn change_topic(&self, name: String, settings: Settings) -> OpResult<TopicConfig> {
         match self
             .router()
-            .call(self.router().core(0), Request::ChangeTopic(name, settings))
+            .call(
+                self.router().core(0),
+                Request::ChangeTopic(name, Box::new(settings)),
+            )
             .await?
         {
             Reply::Changed(config) => Ok(config),
@@ -62,6 +68,40 @@ impl Front {
             .call(self.router().core(0), Request::DeleteTopic(name))
             .await
             .map(|_| ())
+    }
+
+    /// Purges a consumer group on every partition (at each partition's leader, on every node): how many messages
+    /// were unsettled. Any owner that cannot be reached fails the purge (`503`), the reached ones purged.
+    pub async fn purge_group(&self, name: &str, group: &str) -> OpResult<u64> {
+        let topic = self.engine().topic(name)?;
+        if !topic.config().has_group(group) {
+            return Err(OpError::Engine(crate::engine::EngineError::GroupNotFound {
+                topic: name.to_string(),
+                group: group.to_string(),
+            }));
+        }
+        let owners = topic
+            .owner_cores()
+            .iter()
+            .map(|&core| self.router().core(core as usize))
+            .chain(topic.remote_owners().iter().copied())
+            .collect::<Vec<_>>();
+        let calls: Vec<_> = owners
+            .into_iter()
+            .map(|to| {
+                let router = self.router().clone();
+                let request = Request::Purge(name.to_string(), group.to_string());
+                async move { router.call(to, request).await }
+            })
+            .collect();
+        let mut purged = 0;
+        for reply in join_all(calls).await {
+            match reply? {
+                Reply::Purged(n) => purged += n,
+                other => unreachable!("a purge answered {other:?}"),
+            }
+        }
+        Ok(purged)
     }
 
     /// A topic's settings and every partition, from every core, in partition order.

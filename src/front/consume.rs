@@ -112,9 +112,12 @@ impl Front {
             topic = engine.topic(&params.topic)?;
         }
         let clock = engine.clock().clone();
+        let wait_ms = params
+            .wait_ms
+            .unwrap_or_else(|| topic.config().receive_wait_ms);
         // Rounded up from the microsecond clock: an empty long poll never answers before its full wait.
-        let deadline = (clock.now_us() + params.wait_ms * 1000).div_ceil(1000);
-        let parking = params.wait_ms > 0 && !engine.is_stopping();
+        let deadline = (clock.now_us() + wait_ms * 1000).div_ceil(1000);
+        let parking = wait_ms > 0 && !engine.is_stopping();
         // Registered before the first look: a message that becomes deliverable while we look reaches us.
         let parked = parking.then(|| Parked {
             engine: engine.clone(),

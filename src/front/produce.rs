@@ -18,12 +18,16 @@ type Payload = (Bytes, bool);
 pub type ProduceResults = Vec<OpResult<(u32, u64)>>;
 
 impl Front {
-    /// A client's produce: the topic's FIFO rules (`ops::produce::apply_fifo_rules`), then [`Front::produce`].
-    /// Moves between topics (dead letters, redrives) skip the rules: a moved record keeps its message group, which
-    /// only a FIFO topic reads (a FIFO topic's record without one is delivered outside any group's order).
+    /// A client's produce: the topic's rules (`ops::produce::apply_topic_rules`: its message size limit, its
+    /// delay, FIFO), then [`Front::produce`]. Moves between topics (dead letters, redrives) skip the rules: a moved
+    /// record keeps its message group, which only a FIFO topic reads (a FIFO topic's record without one is
+    /// delivered outside any group's order), and is not delayed again.
     pub async fn produce_from_client(&self, mut params: ProduceParams) -> OpResult<ProduceResults> {
         let topic = self.engine().topic(&params.topic)?;
-        crate::ops::produce::apply_fifo_rules(&topic.config(), &mut params.records)?;
+        let clock = self.engine().clock().clone();
+        crate::ops::produce::apply_topic_rules(&topic.config(), &mut params.records, || {
+            clock.wall_ms()
+        })?;
         self.produce(params).await
     }
 

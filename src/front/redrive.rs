@@ -50,7 +50,7 @@ impl Front {
                 .consume(ConsumeParams {
                     topic: params.from.clone(),
                     group: params.group.clone(),
-                    wait_ms: 0,
+                    wait_ms: Some(0),
                     visibility_ms: Some(REDRIVE_VISIBILITY_MS),
                     max: want,
                     media: None,

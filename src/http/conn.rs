@@ -208,7 +208,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
-                    let long_poll = is_long_poll(&req);
+                    let long_poll = is_long_poll(&front, &req);
                     let mut op = Op::of(req.method, &req.path);
                     if op == Op::Consume
                         && crate::ops::params::query_value(&req.query, "offset").is_some()
@@ -403,12 +403,20 @@ async fn close_after_error(
 }
 
 /// A queue-style or replay consume that may park (`wait` other than 0).
-fn is_long_poll(req: &request::Request) -> bool {
-    (req.method == "GET"
-        && req.path == "/consume"
-        && crate::ops::params::query_value(&req.query, "wait")
-            .is_some_and(|v| crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0)))
-        || crate::sqs::is_receive(req)
+/// Without `wait`, a consume waits its topic's `receive_wait`.
+fn is_long_poll(front: &Front, req: &request::Request) -> bool {
+    if req.method == "GET" && req.path == "/consume" {
+        return match crate::ops::params::query_value(&req.query, "wait") {
+            Some(v) => crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0),
+            None => crate::ops::params::query_value(&req.query, "topic").is_some_and(|t| {
+                front
+                    .engine()
+                    .topic(&t)
+                    .is_ok_and(|t| t.config().receive_wait_ms > 0)
+            }),
+        };
+    }
+    crate::sqs::is_receive(req)
 }
 
 /// Runs `work` unless the client closes its side first, in which case `work` is dropped — cancelling a parked

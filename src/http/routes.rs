@@ -58,6 +58,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
             TopicRoute::Topic(name)
             | TopicRoute::Groups(name)
             | TopicRoute::Group(name, _)
+            | TopicRoute::Purge(name, _)
             | TopicRoute::Redrive(name),
         ) => Some(name),
         None => query_pairs(&again.query)
@@ -104,6 +105,8 @@ enum Route {
     CreateGroup(String, String),
     DescribeGroup(String, String),
     DeleteGroup(String, String),
+    /// `POST /topics/T/groups/G/purge` (`ops/groups.rs`).
+    PurgeGroup(String, String),
     /// `POST /topics/T/redrive` (`ops/redrive.rs`).
     Redrive(String),
     /// `POST /cluster/nodes/ID/drain`, `DELETE /cluster/nodes/ID` (the node's replicas move to other nodes:
@@ -157,6 +160,10 @@ impl Route {
                     "DELETE" => Some(Route::DeleteGroup(t, g)),
                     _ => None,
                 },
+            ),
+            (_, Some(T::Purge(t, g))) => (
+                "POST",
+                (method == "POST").then_some(Route::PurgeGroup(t, g)),
             ),
             (_, Some(T::Redrive(t))) => ("POST", (method == "POST").then_some(Route::Redrive(t))),
             (p, None) if p.starts_with("/cluster/nodes/") => {
@@ -269,6 +276,7 @@ async fn admin(front: &Front, route: Route, query: &Query) -> OpResult<Response>
         Route::CreateGroup(t, g) => create_group(front, &t, &g, query).await,
         Route::DescribeGroup(t, g) => describe_group(front, &t, &g).await,
         Route::DeleteGroup(t, g) => delete_group(front, &t, &g).await,
+        Route::PurgeGroup(t, g) => purge_group(front, &t, &g).await,
         Route::Redrive(t) => redrive(front, &t, query).await,
         Route::DrainNode(id, action) => drain_node(front, id, action).await,
         Route::Health | Route::Produce | Route::Consume | Route::Settle(_) => {
@@ -358,6 +366,7 @@ enum TopicRoute {
     Topic(String),
     Groups(String),
     Group(String, String),
+    Purge(String, String),
     Redrive(String),
 }
 
@@ -370,6 +379,9 @@ impl TopicRoute {
             [t, "groups"] if !t.is_empty() => TopicRoute::Groups(percent_decode(t)),
             [t, "groups", g] if !t.is_empty() && !g.is_empty() => {
                 TopicRoute::Group(percent_decode(t), percent_decode(g))
+            }
+            [t, "groups", g, "purge"] if !t.is_empty() && !g.is_empty() => {
+                TopicRoute::Purge(percent_decode(t), percent_decode(g))
             }
             [t, "redrive"] if !t.is_empty() => TopicRoute::Redrive(percent_decode(t)),
             // Any other shape is a topic name with a slash in it: refused by name validation (400), not a 404.
@@ -606,6 +618,13 @@ async fn delete_group(front: &Front, name: &str, group: &str) -> OpResult<Respon
         .delete_group(name.to_string(), group.to_string())
         .await?;
     Ok(Response::empty(204))
+}
+
+async fn purge_group(front: &Front, name: &str, group: &str) -> OpResult<Response> {
+    validate_name(name)?;
+    validate_name(group)?;
+    let purged = front.purge_group(name, group).await?;
+    Ok(ops::groups::render_purged(name, group, purged))
 }
 
 async fn redrive(front: &Front, name: &str, query: &Query) -> OpResult<Response> {

@@ -29,7 +29,8 @@ pub const MAX_WAIT_MS: u64 = 60_000;
 pub struct ConsumeParams {
     pub topic: String,
     pub group: String,
-    pub wait_ms: u64,
+    /// How long to park for a message when none is deliverable (None: the topic's `receive_wait`).
+    pub wait_ms: Option<u64>,
     pub visibility_ms: Option<u64>,
     pub max: usize,
     /// The reply's framing: None is version 1's single raw message (only with `max=1`).
@@ -51,7 +52,7 @@ pub fn parse(
     limits: &BatchLimits,
 ) -> OpResult<ConsumeRequest> {
     let topic = query.topic()?;
-    let wait_ms = query.duration("wait", 0, MAX_WAIT_MS)?.unwrap_or(0);
+    let wait_ms = query.duration("wait", 0, MAX_WAIT_MS)?;
     let visibility_ms = query.duration("visibility", MIN_VISIBILITY_MS, MAX_VISIBILITY_MS)?;
     let partition = query.partition()?;
     let offset = query.number("offset", 0, u64::MAX)?;
@@ -61,7 +62,7 @@ pub fn parse(
                 topic,
                 partition,
                 offset,
-                wait_ms,
+                wait_ms: wait_ms.unwrap_or(0),
             }))
         }
         (None, None) => {

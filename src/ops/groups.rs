@@ -35,6 +35,31 @@ pub async fn delete(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<(
     Ok(engine.delete_group(topic, group).await?)
 }
 
+/// Purges a group on the partitions of `topic` this core leads (any core: `Request::Purge`): how many messages
+/// were unsettled. A group the topic lacks is `404 group_not_found`.
+pub async fn purge(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<u64> {
+    let t = engine.topic(topic)?;
+    if !t.config().has_group(group) {
+        return Err(OpError::Engine(crate::engine::EngineError::GroupNotFound {
+            topic: topic.to_string(),
+            group: group.to_string(),
+        }));
+    }
+    let mut purged = 0;
+    for p in t.owned_partitions() {
+        purged += p.purge_group(group).await?;
+    }
+    Ok(purged)
+}
+
+/// The answer to `POST /topics/T/groups/G/purge`.
+pub fn render_purged(topic: &str, group: &str, purged: u64) -> Response {
+    Response::json(
+        200,
+        &json!({"topic": topic, "group": group, "purged": purged}),
+    )
+}
+
 // ---- The replies ----
 
 /// A group's state on one partition, as both the topic description and the group listing show it (the counters in

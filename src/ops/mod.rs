@@ -42,9 +42,9 @@ pub enum Request {
     Settle(settle::Settle),
     Replay(replay::Replay),
     /// Core 0: create a topic.
-    CreateTopic(TopicConfig),
+    CreateTopic(Box<TopicConfig>),
     /// Core 0: change a topic's settings.
-    ChangeTopic(String, topics::Settings),
+    ChangeTopic(String, Box<topics::Settings>),
     /// Core 0: delete a topic.
     DeleteTopic(String),
     /// Core 0: create a consumer group (topic, group, start at the latest offset).
@@ -79,6 +79,9 @@ pub enum Request {
     /// Core 0, cluster mode, internal (refused from a peer): `POST /cluster/nodes/ID/drain`, `DELETE
     /// /cluster/nodes/ID` (the node's replicas move to other nodes) or `DELETE /cluster/nodes/ID/drain` (`Done`).
     DrainNode(String, crate::engine::cluster::DrainAction),
+    /// The partitions of a topic this core leads: each settles everything of the group at once (`Purged`, how
+    /// many messages were unsettled): `POST /topics/T/groups/G/purge`, SQS's PurgeQueue.
+    Purge(String, String),
 }
 
 /// The answer to a `Request` (serialised by node RPC like `Request`: add variants at the end).
@@ -99,6 +102,8 @@ pub enum Reply {
     Partitions(Option<(u64, Vec<PartitionState>)>),
     Replicated(replicate::Replicated),
     Began(replicate::Began),
+    /// Messages purged.
+    Purged(u64),
 }
 
 impl Request {
@@ -151,11 +156,11 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         }
         Request::BeginEpoch(r) => Reply::Began(replicate::begin_epoch(engine, r).await?),
         Request::CreateTopic(config) => {
-            let (created, config) = topics::create(engine, config).await?;
+            let (created, config) = topics::create(engine, *config).await?;
             Reply::Created(created, config)
         }
         Request::ChangeTopic(name, settings) => {
-            Reply::Changed(topics::change(engine, &name, settings).await?)
+            Reply::Changed(topics::change(engine, &name, *settings).await?)
         }
         Request::DeleteTopic(name) => {
             topics::delete(engine, &name).await?;
@@ -169,6 +174,7 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
             Reply::Done
         }
         Request::Describe(name) => Reply::Described(topics::describe(engine, &name).await?),
+        Request::Purge(topic, group) => Reply::Purged(groups::purge(engine, &topic, &group).await?),
         Request::Stats => Reply::Stats(Box::new(engine.stats().await)),
         Request::Admin(step) => {
             engine.apply_step(*step).await?;

@@ -35,6 +35,9 @@ pub struct ClientRecord {
     pub target: Target,
     /// Attributes and a delivery deadline (`not_before_ms`, Unix ms), if any: stored in the record's meta block.
     pub meta: Option<Box<RecordMeta>>,
+    /// The record gave no delay of its own (nor its request one): the topic's `delay` applies
+    /// (`apply_topic_rules`). An explicit `delay=0` is a delay of its own.
+    pub topic_delay: bool,
 }
 
 impl ClientRecord {
@@ -59,6 +62,7 @@ impl ClientRecord {
             body: payload.clone(),
             target,
             meta,
+            topic_delay: false,
         }
     }
 
@@ -96,13 +100,39 @@ pub fn check_token(name: &str, token: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A FIFO topic's rules for a produce's records: each names a message group (`group_key`), and with
-/// `content_dedup` one without a `dedup_id` is deduplicated by the SHA-256 of its body (64 hex digits). A topic that
-/// is not FIFO takes no `group_key`. Nothing is written when a record breaks a rule.
-pub fn apply_fifo_rules(
+/// A topic's rules for a client's records, before anything is written (a record that breaks one fails the whole
+/// request):
+/// - its `max_message_bytes` (when set: the server's limit was checked at parsing), body and attributes counted:
+///   `413 message_too_large`;
+/// - its `delay` for records that gave none of their own, counted from `now_wall_ms`;
+/// - FIFO: each record names a message group (`group_key`), and with `content_dedup` one without a `dedup_id` is
+///   deduplicated by the SHA-256 of its body (64 hex digits). A topic that is not FIFO takes no `group_key`.
+pub fn apply_topic_rules(
     config: &crate::engine::topic::TopicConfig,
     records: &mut [ClientRecord],
+    now_wall_ms: impl FnOnce() -> u64,
 ) -> OpResult<()> {
+    if config.max_message_bytes > 0 {
+        let limit = config.max_message_bytes as usize;
+        for r in records.iter() {
+            let attrs = r
+                .meta
+                .as_ref()
+                .map_or(0, |m| attributes::size(&m.attributes));
+            if r.body.len() + attrs > limit {
+                return Err(OpError::MessageTooLarge { limit });
+            }
+        }
+    }
+    if config.delay_ms > 0 && records.iter().any(|r| r.topic_delay) {
+        // As a produce's own delay: rounded up to the next millisecond.
+        let not_before = now_wall_ms()
+            .saturating_add(config.delay_ms)
+            .saturating_add(1);
+        for r in records.iter_mut().filter(|r| r.topic_delay) {
+            r.meta.get_or_insert_with(Default::default).not_before_ms = not_before;
+        }
+    }
     let grouped = |r: &ClientRecord| r.meta.as_ref().is_some_and(|m| m.group_key.is_some());
     if !config.fifo {
         if records.iter().any(grouped) {
@@ -138,7 +168,8 @@ struct Defaults<'a> {
     target: Target,
     /// The query's `group_key` (FIFO topics).
     group_key: Option<String>,
-    delay_ms: u64,
+    /// The query's `delay` (None: not given).
+    delay_ms: Option<u64>,
     attributes: Vec<Attribute>,
     /// Now, Unix ms: read once, and only for a record with a delay (most have none).
     now_wall_ms: &'a dyn Fn() -> u64,
@@ -156,7 +187,7 @@ impl Defaults<'_> {
         group_key: Option<String>,
     ) -> Option<Box<RecordMeta>> {
         let attributes = own.unwrap_or_else(|| self.attributes.clone());
-        let delay_ms = own_delay.unwrap_or(self.delay_ms);
+        let delay_ms = own_delay.or(self.delay_ms).unwrap_or(0);
         let meta = RecordMeta {
             // The produce's time is somewhere in the millisecond `now_wall_ms` names: rounded up, so the
             // message is never delivered before its time plus the delay.
@@ -172,6 +203,11 @@ impl Defaults<'_> {
             group_key: group_key.map(Bytes::from),
         };
         (!meta.is_empty()).then(|| Box::new(meta))
+    }
+
+    /// Whether a record with this delay of its own gets its topic's (neither it nor the request gave one).
+    fn topic_delay(&self, own_delay: Option<u64>) -> bool {
+        own_delay.is_none() && self.delay_ms.is_none()
     }
 
     /// Where a record goes: its message group's partition; else its own target, else the query's; a record with a
@@ -240,7 +276,7 @@ pub fn parse(
     let default = Defaults {
         target,
         group_key,
-        delay_ms: query.duration("delay", 0, MAX_DELAY_MS)?.unwrap_or(0),
+        delay_ms: query.duration("delay", 0, MAX_DELAY_MS)?,
         attributes: headers
             .attributes
             .map(attributes::parse_text)
@@ -271,6 +307,7 @@ pub fn parse(
                     .target(None, dedup_id.as_deref(), default.group_key.as_deref())
                     .map_err(OpError::InvalidParameter)?,
                 meta: default.meta(None, None, dedup_id, default.group_key.clone()),
+                topic_delay: default.topic_delay(None),
             }]
         }
     };
@@ -380,6 +417,7 @@ fn parse_ndjson(
                 .target(target, parsed.dedup_id.as_deref(), group_key.as_deref())
                 .map_err(bad)?,
             meta: default.meta(own, delay, parsed.dedup_id, group_key),
+            topic_delay: default.topic_delay(delay),
         });
     }
     if records.is_empty() {
@@ -420,6 +458,7 @@ fn parse_frames(
                 .target(None, None, default.group_key.as_deref())
                 .map_err(OpError::InvalidParameter)?,
             meta: default.meta(None, None, None, default.group_key.clone()),
+            topic_delay: default.topic_delay(None),
         });
         pos = end;
     }
@@ -616,6 +655,61 @@ mod tests {
 
     fn query(q: &str) -> Query {
         Query::new(q)
+    }
+
+    /// A topic's `delay` goes to the records that gave none of their own (an explicit `delay=0` is one), counted
+    /// from now and rounded up; its `max_message_bytes` refuses a record whose body and attributes exceed it.
+    #[test]
+    fn a_topic_delay_applies_to_records_without_their_own_and_its_size_limit_holds() {
+        let body = Bytes::from_static(
+            b"{\"body\":\"a\"}\n{\"body\":\"b\",\"delay\":\"0s\"}\n{\"body\":\"c\",\"delay\":\"2s\"}\n",
+        );
+        let p = parse(&query("topic=t"), ct(Some(NDJSON_CT)), body, &LIMITS).unwrap();
+        assert_eq!(
+            p.records.iter().map(|r| r.topic_delay).collect::<Vec<_>>(),
+            [true, false, false]
+        );
+        let mut config = crate::engine::topic::TopicConfig::with_defaults("t");
+        config.delay_ms = 5_000;
+        let mut records = p.records.clone();
+        apply_topic_rules(&config, &mut records, || 1_700_000_000_000).unwrap();
+        let not_before = |r: &ClientRecord| r.meta.as_ref().map_or(0, |m| m.not_before_ms);
+        assert_eq!(
+            not_before(&records[0]),
+            1_700_000_005_001,
+            "the topic's delay"
+        );
+        assert_eq!(not_before(&records[1]), 0, "its own delay of 0");
+        assert_eq!(not_before(&records[2]), 1_700_000_002_001, "its own delay");
+        // The query's delay is every record's own.
+        let q = parse(
+            &query("topic=t&delay=0"),
+            ct(None),
+            Bytes::from_static(b"x"),
+            &LIMITS,
+        )
+        .unwrap();
+        assert!(!q.records[0].topic_delay);
+        config.max_message_bytes = 1;
+        let mut records = p.records.clone();
+        assert!(
+            apply_topic_rules(&config, &mut records, || 0).is_ok(),
+            "1-byte bodies fit"
+        );
+        config.max_message_bytes = 0;
+        let mut big = parse(
+            &query("topic=t"),
+            ct(None),
+            Bytes::from_static(b"eight..."),
+            &LIMITS,
+        )
+        .unwrap()
+        .records;
+        config.max_message_bytes = 7;
+        assert!(matches!(
+            apply_topic_rules(&config, &mut big, || 0),
+            Err(OpError::MessageTooLarge { limit: 7 })
+        ));
     }
 
     #[test]

@@ -42,6 +42,50 @@ pub struct Settings {
     pub fifo: Option<bool>,
     /// A FIFO topic's produces without a `dedup_id` are deduplicated by the SHA-256 of their body.
     pub content_dedup: Option<bool>,
+    /// The delay of produces that give none.
+    pub delay_ms: Option<u64>,
+    /// The `wait` of consumes that give none.
+    pub receive_wait_ms: Option<u64>,
+    /// The topic's message size limit (0: the server's).
+    pub max_message_bytes: Option<u64>,
+    /// Tags set (added or replaced) or removed (SQS's TagQueue / UntagQueue).
+    pub tags: Option<TagChange>,
+    /// SQS's Policy and RedriveAllowPolicy documents (empty: none).
+    pub sqs_policy: Option<String>,
+    pub sqs_redrive_allow_policy: Option<String>,
+}
+
+/// A change to a topic's tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TagChange {
+    /// Added, or replacing the value of a tag of the same key.
+    Set(std::collections::BTreeMap<String, String>),
+    /// Removed (keys the topic lacks are ignored).
+    Remove(Vec<String>),
+}
+
+/// Checks a tag as SQS does: a key of 1–128 characters, a value of at most 256 (letters, digits, white space and
+/// `_ . : / = + - @`), and no key starting with `aws:`.
+pub fn check_tag(key: &str, value: &str) -> Result<(), String> {
+    let allowed = |s: &str| {
+        s.chars()
+            .all(|c| c.is_alphanumeric() || c.is_whitespace() || "_.:/=+-@".contains(c))
+    };
+    let keys = key.chars().count();
+    if keys == 0 || keys > 128 || !allowed(key) {
+        return Err(format!(
+            "tag key '{key}' must be 1 to 128 letters, digits, spaces or _.:/=+-@"
+        ));
+    }
+    if key.to_ascii_lowercase().starts_with("aws:") {
+        return Err(format!("tag key '{key}' may not start with aws:"));
+    }
+    if value.chars().count() > 256 || !allowed(value) {
+        return Err(format!(
+            "the value of tag '{key}' must be at most 256 letters, digits, spaces or _.:/=+-@"
+        ));
+    }
+    Ok(())
 }
 
 /// Parses the settings in a `PUT` or `PATCH` query.
@@ -92,6 +136,12 @@ pub fn parse_settings(query: &Query) -> OpResult<Settings> {
         dedup_window_ms: query.duration("dedup_window", 0, topic::MAX_DEDUP_WINDOW_MS)?,
         fifo: query.flag("fifo")?,
         content_dedup: query.flag("content_dedup")?,
+        delay_ms: query.duration("delay", 0, topic::MAX_PRODUCE_DELAY_MS)?,
+        receive_wait_ms: query.duration("receive_wait", 0, topic::MAX_RECEIVE_WAIT_MS)?,
+        max_message_bytes: query.number("max_message_bytes", 0, u32::MAX as u64)?,
+        tags: None,
+        sqs_policy: None,
+        sqs_redrive_allow_policy: None,
     })
 }
 
@@ -134,6 +184,48 @@ impl Settings {
         if let Some(v) = self.content_dedup {
             config.content_dedup = v;
         }
+        if let Some(v) = self.delay_ms {
+            config.delay_ms = v;
+        }
+        if let Some(v) = self.receive_wait_ms {
+            config.receive_wait_ms = v;
+        }
+        if let Some(v) = self.max_message_bytes {
+            config.max_message_bytes = v;
+        }
+        match &self.tags {
+            Some(TagChange::Set(tags)) => config
+                .tags
+                .extend(tags.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            Some(TagChange::Remove(keys)) => {
+                for k in keys {
+                    config.tags.remove(k);
+                }
+            }
+            None => {}
+        }
+        if let Some(v) = &self.sqs_policy {
+            config.sqs_policy = v.clone();
+        }
+        if let Some(v) = &self.sqs_redrive_allow_policy {
+            config.sqs_redrive_allow_policy = v.clone();
+        }
+    }
+
+    /// Checks the settings' values that depend on the server (the topic's message size limit within the server's)
+    /// and the topic's tags once applied.
+    pub fn check(&self, config: &TopicConfig, max_message_bytes: usize) -> Result<(), String> {
+        if let Some(v) = self.max_message_bytes {
+            if v > max_message_bytes as u64 {
+                return Err(format!(
+                    "max_message_bytes {v} is above the server's max_message_bytes ({max_message_bytes})"
+                ));
+            }
+        }
+        if config.tags.len() > topic::MAX_TAGS {
+            return Err(format!("a topic has at most {} tags", topic::MAX_TAGS));
+        }
+        Ok(())
     }
 
     /// The settings of a new topic named `name`: docs/api.md's defaults, then these.
@@ -155,6 +247,13 @@ impl Settings {
 
 /// Creates a topic (core 0): (created, its settings).
 pub async fn create(engine: &Rc<Engine>, config: TopicConfig) -> OpResult<(bool, TopicConfig)> {
+    let given = Settings {
+        max_message_bytes: Some(config.max_message_bytes),
+        ..Settings::default()
+    };
+    given
+        .check(&config, engine.config().max_message_bytes)
+        .map_err(OpError::InvalidParameter)?;
     Ok(engine.create_topic(config).await?)
 }
 
@@ -175,9 +274,15 @@ pub async fn change(engine: &Rc<Engine>, name: &str, settings: Settings) -> OpRe
             "fifo cannot be changed; create a new topic".into(),
         ));
     }
+    let server_max = engine.config().max_message_bytes;
+    let now = engine.clock().wall_ms();
     Ok(engine
         .change_topic(name, move |config| {
             settings.apply_to(config);
+            config.modified_ms = now;
+            settings
+                .check(config, server_max)
+                .map_err(EngineError::InvalidSetting)?;
             if config.groups.len() + 1 > config.max_groups {
                 return Err(EngineError::InvalidSetting(format!(
                     "max_groups {} is below the {} groups the topic holds",
@@ -229,6 +334,14 @@ pub fn config_json(c: &TopicConfig) -> serde_json::Value {
         "dedup_window_ms": c.dedup_window_ms,
         "fifo": c.fifo,
         "content_dedup": c.content_dedup,
+        "delay": format_ms(c.delay_ms),
+        "delay_ms": c.delay_ms,
+        "receive_wait": format_ms(c.receive_wait_ms),
+        "receive_wait_ms": c.receive_wait_ms,
+        "max_message_bytes": c.max_message_bytes,
+        "created_ms": c.created_ms,
+        "modified_ms": c.modified_ms,
+        "tags": c.tags,
     })
 }
 

@@ -263,6 +263,7 @@ pub fn admit(
             within("wait", r.wait_ms, 0, super::consume::MAX_WAIT_MS)
         }
         Request::Describe(name) => Ok(validate_name(name)?),
+        Request::Purge(topic, group) => names(topic, group),
         Request::Signal(Signal::Interest { topic, group, from })
         | Request::Signal(Signal::NoInterest { topic, group, from }) => {
             names(topic, group)?;
@@ -371,6 +372,7 @@ pub enum Expected {
     Partitions,
     Replicated,
     Began,
+    Purged,
 }
 
 /// The reply `request` must get.
@@ -388,6 +390,7 @@ pub fn expect(request: &Request) -> Expected {
         Request::Partitions(_) => Expected::Partitions,
         Request::Replicate(_) => Expected::Replicated,
         Request::BeginEpoch(_) => Expected::Began,
+        Request::Purge(..) => Expected::Purged,
         Request::DeleteTopic(_)
         | Request::DeleteGroup(..)
         | Request::Admin(_)
@@ -439,6 +442,7 @@ pub fn check_reply(expected: Expected, reply: &Reply) -> Result<(), String> {
         | (Expected::Partitions, Reply::Partitions(_))
         | (Expected::Replicated, Reply::Replicated(_))
         | (Expected::Began, Reply::Began(_))
+        | (Expected::Purged, Reply::Purged(_))
         | (Expected::Done, Reply::Done) => true,
         _ => false,
     };
@@ -464,6 +468,7 @@ fn reply_kind(reply: &Reply) -> &'static str {
         Reply::Partitions(_) => "Partitions",
         Reply::Replicated(_) => "Replicated",
         Reply::Began(_) => "Began",
+        Reply::Purged(_) => "Purged",
     }
 }
 
@@ -491,6 +496,7 @@ pub fn kind(request: &Request) -> &'static str {
         Request::BeginEpoch(_) => "BeginEpoch",
         Request::MoveLeader(_) => "MoveLeader",
         Request::DrainNode(..) => "DrainNode",
+        Request::Purge(..) => "Purge",
     }
 }
 
@@ -547,7 +553,7 @@ mod tests {
     #[test]
     fn administration_and_a_nodes_own_business_never_cross_node_rpc() {
         let refused = [
-            Request::CreateTopic(TopicConfig::with_defaults("t")),
+            Request::CreateTopic(Box::new(TopicConfig::with_defaults("t"))),
             Request::DeleteTopic("t".into()),
             Request::CreateGroup("t".into(), "g".into(), false),
             Request::DeleteGroup("t".into(), "g".into()),

@@ -412,7 +412,7 @@ impl Partition {
 
     /// Writes a group's frontier file; returns the lag when that made its frontier durable (it was not yet, in the
     /// journal either).
-    async fn flush_group(&self, g: &Group) -> Option<u64> {
+    pub(super) async fn flush_group(&self, g: &Group) -> Option<u64> {
         let committed = g.frontier_value()?;
         if g.frontier.flushed.get() == committed || g.frontier.flushing.get() || self.closed.get() {
             return None;

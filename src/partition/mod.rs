@@ -1077,6 +1077,37 @@ impl Partition {
         Ok(())
     }
 
+    /// Purges a group: everything appended (and served) so far is settled for it at once, leased, delayed and held
+    /// messages included: its frontier moves to the end as retention would move it, and the handles of its leases
+    /// are gone. The frontier is durable (its file written) before this returns, so a crash after the answer
+    /// brings nothing purged back. Returns how many messages were unsettled (the acked-ahead ones were settled
+    /// already).
+    pub async fn purge_group(&self, group: &str) -> Result<u64, PartitionError> {
+        self.ensure_loaded().await?;
+        self.check_leading()?;
+        let g = self.group(group)?;
+        let end = self.readable_end();
+        let purged = g.with(|s| {
+            let unsettled = end
+                .saturating_sub(s.committed())
+                .saturating_sub(s.acked_ahead() as u64);
+            s.advance_to(end);
+            // Nothing of a group is left to promote: its held offsets were below `end`.
+            s.take_promoted();
+            unsettled
+        });
+        self.note_moved(&g);
+        g.frontier.wait_flush().await;
+        self.flush_group(&g).await;
+        if g.frontier.durable() < end && !self.closed.get() {
+            return Err(PartitionError::Storage(format!(
+                "partition {}: the purge is made in memory, but its frontier file could not be written now (it is retried at the next flush)",
+                self.id
+            )));
+        }
+        Ok(purged)
+    }
+
     /// Releases expired leases and due delays of every group (the background timer), waking each group's consumers
     /// for what became deliverable.
     pub fn purge(&self, now: u64) {

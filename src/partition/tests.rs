@@ -298,6 +298,7 @@ async fn one_core(sim: &Rc<Sim>, clock: &Rc<ManualClock>) -> Rc<Front> {
 fn record(body: &'static str, partition: u64) -> ClientRecord {
     ClientRecord {
         meta: None,
+        topic_delay: false,
         body: Bytes::from_static(body.as_bytes()),
         target: Target::Partition(partition),
     }
@@ -307,7 +308,7 @@ fn consume(max: usize) -> ConsumeParams {
     ConsumeParams {
         topic: "t".to_string(),
         group: DEFAULT_GROUP.to_string(),
-        wait_ms: 0,
+        wait_ms: Some(0),
         visibility_ms: Some(VISIBILITY_MS),
         max,
         media: None,
@@ -1207,6 +1208,81 @@ fn a_deduplicated_produce_is_appended_once_within_its_window_even_across_a_reope
         assert_eq!(
             record.meta.and_then(|m| m.dedup_id),
             Some(Bytes::from_static(b"x"))
+        );
+    });
+}
+
+#[test]
+fn a_purge_settles_everything_at_once_durably_and_the_group_goes_on() {
+    use crate::storage::meta::RecordMeta;
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open_with(&sim, &clock, Rc::new(|_, _| {}), true).await;
+        let grouped = |group: &str, body: &str| {
+            let meta = RecordMeta {
+                group_key: Some(Bytes::from(group.to_string())),
+                ..RecordMeta::default()
+            };
+            Bytes::from(meta.encode(body.as_bytes()))
+        };
+        let items = [
+            ("a", "a1"),
+            ("b", "b1"),
+            ("a", "a2"),
+            ("b", "b2"),
+            ("a", "a3"),
+        ];
+        p.append_records(
+            items.iter().map(|(g, b)| grouped(g, b)).collect(),
+            vec![true; items.len()],
+        )
+        .await
+        .unwrap();
+        let first = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(first.deliveries.len(), 2, "a1 and b1 leased, three held");
+        let b1 = &first.deliveries[1];
+        p.settle(DEFAULT_GROUP, &[(b1.offset, b1.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        // b1 was acked above the unsettled a1: four were unsettled.
+        assert_eq!(p.purge_group(DEFAULT_GROUP).await.unwrap(), 4);
+        let g = p.group(DEFAULT_GROUP).unwrap();
+        assert_eq!(
+            g.with(|s| (s.committed(), s.in_flight(), s.held(), s.acked_ahead())),
+            (5, 0, 0, 0)
+        );
+        assert_eq!(
+            p.durable_frontier(DEFAULT_GROUP),
+            Some(5),
+            "durable before the answer"
+        );
+        let a1 = &first.deliveries[0];
+        let stale = p
+            .settle(DEFAULT_GROUP, &[(a1.offset, a1.nonce)], SettleOp::Ack)
+            .await
+            .unwrap();
+        assert_eq!(
+            stale,
+            vec![Err(PartitionError::LeaseGone)],
+            "a purged lease is gone"
+        );
+        assert!(p
+            .take(DEFAULT_GROUP, 10, VISIBILITY_MS)
+            .await
+            .unwrap()
+            .deliveries
+            .is_empty());
+        // The group goes on: the next message of `a` is its head, delivered at once.
+        p.append_records(vec![grouped("a", "a4")], vec![true])
+            .await
+            .unwrap();
+        let next = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
+        assert_eq!(next.deliveries.len(), 1);
+        assert_eq!(&next.deliveries[0].payload[..], b"a4");
+        assert_eq!(
+            p.purge_group("nope").await.unwrap_err(),
+            PartitionError::GroupNotFound("nope".into())
         );
     });
 }

@@ -189,7 +189,7 @@ pub(super) async fn drain(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &mut
                             .consume(ConsumeParams {
                                 topic: topic.to_string(),
                                 group: g.to_string(),
-                                wait_ms: 0,
+                                wait_ms: Some(0),
                                 visibility_ms: Some(60_000),
                                 max: 10,
                                 media: None,

@@ -99,6 +99,7 @@ async fn produce_many(world: &World, topic: &'static str, bodies: Vec<Bytes>) {
                         .into_iter()
                         .map(|body| ClientRecord {
                             meta: None,
+                            topic_delay: false,
                             body,
                             target: Target::Partition(0),
                         })
@@ -123,7 +124,7 @@ async fn consume_in(world: &World, topic: &'static str, group: &'static str) -> 
                 .consume(ConsumeParams {
                     topic: topic.to_string(),
                     group: group.to_string(),
-                    wait_ms: 0,
+                    wait_ms: Some(0),
                     visibility_ms: Some(1000),
                     max: 10,
                     media: None,

@@ -76,6 +76,7 @@ pub(super) fn spawn_produce(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &m
         };
         records.push(ClientRecord {
             meta: None,
+            topic_delay: false,
             body: Bytes::from(body.clone()),
             target,
         });
@@ -152,7 +153,7 @@ pub(super) fn spawn_consume(world: &World, oracle: &Rc<RefCell<Oracle>>, rng: &m
             .consume(ConsumeParams {
                 topic: topic.to_string(),
                 group: group.to_string(),
-                wait_ms,
+                wait_ms: Some(wait_ms),
                 visibility_ms: Some(visibility_ms),
                 max,
                 media: None,

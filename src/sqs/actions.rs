@@ -69,13 +69,23 @@ pub async fn run(ctx: &Context<'_>, action: &str, input: Value) -> Result<Value>
         "DeleteMessageBatch" => delete_message_batch(ctx, &input).await,
         "ChangeMessageVisibility" => change_visibility(ctx, &input).await,
         "ChangeMessageVisibilityBatch" => change_visibility_batch(ctx, &input).await,
+        "PurgeQueue" => super::manage::purge_queue(ctx, &input).await,
+        "TagQueue" => super::manage::tag_queue(ctx, &input).await,
+        "UntagQueue" => super::manage::untag_queue(ctx, &input).await,
+        "ListQueueTags" => super::manage::list_queue_tags(ctx, &input),
+        "AddPermission" => super::manage::add_permission(ctx, &input).await,
+        "RemovePermission" => super::manage::remove_permission(ctx, &input).await,
+        "ListDeadLetterSourceQueues" => super::manage::list_dead_letter_source_queues(ctx, &input),
+        "StartMessageMoveTask" => super::tasks::start(ctx, &input).await,
+        "ListMessageMoveTasks" => super::tasks::list(ctx, &input),
+        "CancelMessageMoveTask" => super::tasks::cancel(ctx, &input),
         other => Err(SqsError::unsupported(other)),
     }
 }
 
 // ---- Input helpers ----
 
-fn string<'v>(input: &'v Value, name: &str) -> Result<Option<&'v str>> {
+pub(super) fn string<'v>(input: &'v Value, name: &str) -> Result<Option<&'v str>> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -83,12 +93,12 @@ fn string<'v>(input: &'v Value, name: &str) -> Result<Option<&'v str>> {
     }
 }
 
-fn required<'v>(input: &'v Value, name: &str) -> Result<&'v str> {
+pub(super) fn required<'v>(input: &'v Value, name: &str) -> Result<&'v str> {
     string(input, name)?.ok_or_else(|| SqsError::missing(name))
 }
 
 /// An integer member within `min..=max` (AWS's texts for the receive parameters).
-fn integer(input: &Value, name: &str, min: i64, max: i64) -> Result<Option<i64>> {
+pub(super) fn integer(input: &Value, name: &str, min: i64, max: i64) -> Result<Option<i64>> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_i64() {
@@ -100,7 +110,7 @@ fn integer(input: &Value, name: &str, min: i64, max: i64) -> Result<Option<i64>>
     }
 }
 
-fn list<'v>(input: &'v Value, name: &str) -> Result<&'v [Value]> {
+pub(super) fn list<'v>(input: &'v Value, name: &str) -> Result<&'v [Value]> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(items)) => Ok(items),
@@ -111,7 +121,7 @@ fn list<'v>(input: &'v Value, name: &str) -> Result<&'v [Value]> {
 /// Most names a list of attribute names may hold (every system attribute, or many message attribute names).
 const MAX_NAMES: usize = 100;
 
-fn strings(input: &Value, name: &str) -> Result<Vec<String>> {
+pub(super) fn strings(input: &Value, name: &str) -> Result<Vec<String>> {
     let items = list(input, name)?;
     if items.len() > MAX_NAMES {
         return Err(SqsError::invalid(format!(
@@ -128,7 +138,10 @@ fn strings(input: &Value, name: &str) -> Result<Vec<String>> {
         .collect()
 }
 
-fn attribute_map<'v>(input: &'v Value, name: &str) -> Result<Option<&'v Map<String, Value>>> {
+pub(super) fn attribute_map<'v>(
+    input: &'v Value,
+    name: &str,
+) -> Result<Option<&'v Map<String, Value>>> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m)),
@@ -163,7 +176,7 @@ fn check_queue_name(name: &str, fifo: bool) -> Result<()> {
 }
 
 /// The queue a request names: its `QueueUrl`'s last path segment, else the request path's queue.
-fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
+pub(super) fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
     let name = match string(input, "QueueUrl")? {
         Some(url) => {
             let path = url.split(['?', '#']).next().unwrap_or("");
@@ -184,11 +197,11 @@ fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
     Ok(name)
 }
 
-fn queue_url(ctx: &Context<'_>, name: &str) -> String {
+pub(super) fn queue_url(ctx: &Context<'_>, name: &str) -> String {
     format!("{}://{}/{}/{}", ctx.scheme, ctx.host, ctx.account, name)
 }
 
-fn queue_arn(ctx: &Context<'_>, name: &str) -> String {
+pub(super) fn queue_arn(ctx: &Context<'_>, name: &str) -> String {
     format!("arn:aws:sqs:{}:{}:{}", ctx.region, ctx.account, name)
 }
 
@@ -241,27 +254,22 @@ fn settings_of(
             "MessageRetentionPeriod" => {
                 settings.retention_ms = Some(seconds(60, 1_209_600)? * 1000);
             }
-            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => {
-                // Not kept per queue yet: only the default is accepted (docs/sqs.md).
-                if seconds(0, if name == "DelaySeconds" { 900 } else { 20 })? != 0 {
-                    return Err(SqsError::new(
-                        400,
-                        "InvalidAttributeValue",
-                        "InvalidAttributeValue",
-                        format!("Invalid value for the parameter {name}. Reason: berth keeps no per-queue {name} yet; give it per request (docs/sqs.md)."),
-                    ));
-                }
+            "DelaySeconds" => settings.delay_ms = Some(seconds(0, 900)? * 1000),
+            "ReceiveMessageWaitTimeSeconds" => {
+                settings.receive_wait_ms = Some(seconds(0, 20)? * 1000)
             }
             "MaximumMessageSize" => {
-                // The limit is the server's `max_message_bytes`; a smaller one per queue is not kept yet.
-                if seconds(1024, 1_048_576)? as usize != config.max_message_bytes {
+                // The topic's limit, within the server's `max_message_bytes` (docs/sqs.md).
+                let bytes = seconds(1024, 1_048_576)?;
+                if bytes as usize > config.max_message_bytes {
                     return Err(SqsError::new(
                         400,
                         "InvalidAttributeValue",
                         "InvalidAttributeValue",
-                        format!("Invalid value for the parameter MaximumMessageSize. Reason: berth's limit is the server's max_message_bytes ({}) (docs/sqs.md).", config.max_message_bytes),
+                        format!("Invalid value for the parameter MaximumMessageSize. Reason: above the server's max_message_bytes ({}) (docs/sqs.md).", config.max_message_bytes),
                     ));
                 }
+                settings.max_message_bytes = Some(bytes);
             }
             "RedrivePolicy" => {
                 if text.is_empty() {
@@ -290,8 +298,16 @@ fn settings_of(
                         return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: deadLetterTargetArn must be the ARN of a queue of account {}.", ctx.account)))
                     }
                 };
+                let source_arn = creating
+                    .or(current.map(|c| c.name.as_str()))
+                    .map(|n| queue_arn(ctx, n));
                 match ctx.front.engine().topic(dlq) {
-                    Ok(t) if t.config().fifo == is_fifo => {}
+                    Ok(t) if t.config().fifo == is_fifo => {
+                        let allow = &t.config().sqs_redrive_allow_policy;
+                        if !allow.is_empty() && redrive_allowed(allow, source_arn.as_deref()) != Ok(true) {
+                            return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Queue {dlq} does not allow this queue as a source queue (its RedriveAllowPolicy).")));
+                        }
+                    }
                     Ok(_) => {
                         return Err(SqsError::invalid(format!("Value {text} for parameter RedrivePolicy is invalid. Reason: Dead-letter queue must be same type of queue as the source.")))
                     }
@@ -352,12 +368,25 @@ fn settings_of(
                     return Err(SqsError::new(400, "InvalidAttributeValue", "InvalidAttributeValue", format!("Invalid value for the parameter {name}. Reason: berth supports {want} only (docs/sqs.md).")));
                 }
             }
-            "Policy"
-            | "KmsMasterKeyId"
-            | "KmsDataKeyReusePeriodSeconds"
-            | "SqsManagedSseEnabled"
-            | "RedriveAllowPolicy" => {
-                // Accepted and not kept: berth has no IAM policies or encryption at rest (docs/sqs.md).
+            "Policy" => {
+                // Kept and returned, not enforced: berth has no IAM (docs/sqs.md).
+                if !text.is_empty()
+                    && (text.len() > crate::engine::topic::MAX_POLICY_BYTES
+                        || !matches!(serde_json::from_str::<Value>(text), Ok(Value::Object(_))))
+                {
+                    return Err(bad());
+                }
+                settings.sqs_policy = Some(text.to_string());
+            }
+            "RedriveAllowPolicy" => {
+                // Kept, returned, and checked when a queue names this one as its dead-letter queue.
+                if !text.is_empty() {
+                    redrive_allowed(text, None).map_err(|_| bad())?;
+                }
+                settings.sqs_redrive_allow_policy = Some(text.to_string());
+            }
+            "KmsMasterKeyId" | "KmsDataKeyReusePeriodSeconds" | "SqsManagedSseEnabled" => {
+                // Accepted and not kept: berth has no encryption at rest (docs/sqs.md).
             }
             _ => return Err(unknown()),
         }
@@ -370,6 +399,30 @@ fn settings_of(
     Ok(settings)
 }
 
+/// Checks a RedriveAllowPolicy document (`{"redrivePermission": "allowAll"|"denyAll"|"byQueue",
+/// "sourceQueueArns": [..]}`, 1–10 ARNs with `byQueue` only) and whether it lets the queue of `source` use this
+/// queue as its dead-letter queue (`Ok(true)` for no source).
+fn redrive_allowed(policy: &str, source: Option<&str>) -> std::result::Result<bool, ()> {
+    let v: Value = serde_json::from_str(policy).map_err(|_| ())?;
+    let arns: Vec<&str> = match v.get("sourceQueueArns") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().ok_or(()))
+            .collect::<std::result::Result<_, _>>()?,
+        Some(_) => return Err(()),
+    };
+    let allowed = match v.get("redrivePermission").and_then(Value::as_str) {
+        Some("allowAll") if arns.is_empty() => true,
+        Some("denyAll") if arns.is_empty() => false,
+        Some("byQueue") if (1..=10).contains(&arns.len()) => {
+            source.is_none_or(|s| arns.contains(&s))
+        }
+        _ => return Err(()),
+    };
+    Ok(allowed || source.is_none())
+}
+
 async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     let name = required(input, "QueueName")?;
     let empty = Map::new();
@@ -377,6 +430,7 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     let fifo = name.ends_with(".fifo");
     check_queue_name(name, fifo)?;
     let mut settings = settings_of(ctx, attrs, Some(name), None)?;
+    let tags = super::manage::tags_of(input, "tags")?;
     // A standard queue spreads over the node's cores; a FIFO queue is one partition, so its deduplication scope is
     // the queue, as SQS's default.
     settings.partitions = Some(if fifo {
@@ -400,7 +454,9 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         }
         return Ok(json!({"QueueUrl": queue_url(ctx, name)}));
     }
-    let config = settings.new_topic(name);
+    let mut config = settings.new_topic(name);
+    // Tags are set at creation only (an existing queue keeps its own, as on SQS).
+    config.tags = tags.unwrap_or_default();
     ctx.front.create_topic(config).await?;
     Ok(json!({"QueueUrl": queue_url(ctx, name)}))
 }
@@ -455,7 +511,7 @@ async fn delete_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
 }
 
 /// Every attribute `All` returns.
-const QUEUE_ATTRIBUTES: [&str; 18] = [
+const QUEUE_ATTRIBUTES: [&str; 19] = [
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesDelayed",
     "ApproximateNumberOfMessagesNotVisible",
@@ -474,6 +530,7 @@ const QUEUE_ATTRIBUTES: [&str; 18] = [
     "DeduplicationScope",
     "FifoThroughputLimit",
     "Policy",
+    "RedriveAllowPolicy",
 ];
 
 async fn get_queue_attributes(ctx: &Context<'_>, input: &Value) -> Result<Value> {
@@ -489,7 +546,7 @@ async fn get_queue_attributes(ctx: &Context<'_>, input: &Value) -> Result<Value>
             && !QUEUE_ATTRIBUTES.contains(&a.as_str())
             && !matches!(
                 a.as_str(),
-                "KmsMasterKeyId" | "KmsDataKeyReusePeriodSeconds" | "RedriveAllowPolicy"
+                "KmsMasterKeyId" | "KmsDataKeyReusePeriodSeconds"
             )
         {
             return Err(SqsError::new(
@@ -520,17 +577,38 @@ async fn get_queue_attributes(ctx: &Context<'_>, input: &Value) -> Result<Value>
     put("ApproximateNumberOfMessages", ready.to_string());
     put("ApproximateNumberOfMessagesNotVisible", leased.to_string());
     put("ApproximateNumberOfMessagesDelayed", delayed.to_string());
-    put("DelaySeconds", "0".into());
+    put("DelaySeconds", (config.delay_ms / 1000).to_string());
     put(
         "MaximumMessageSize",
-        ctx.front.engine().config().max_message_bytes.to_string(),
+        config
+            .message_limit(ctx.front.engine().config().max_message_bytes)
+            .to_string(),
     );
+    if config.created_ms > 0 {
+        put("CreatedTimestamp", (config.created_ms / 1000).to_string());
+        put(
+            "LastModifiedTimestamp",
+            (config.modified_ms / 1000).to_string(),
+        );
+    }
+    if !config.sqs_policy.is_empty() {
+        put("Policy", config.sqs_policy.clone());
+    }
+    if !config.sqs_redrive_allow_policy.is_empty() {
+        put(
+            "RedriveAllowPolicy",
+            config.sqs_redrive_allow_policy.clone(),
+        );
+    }
     put(
         "MessageRetentionPeriod",
         (config.retention_ms / 1000).to_string(),
     );
     put("QueueArn", queue_arn(ctx, &name));
-    put("ReceiveMessageWaitTimeSeconds", "0".into());
+    put(
+        "ReceiveMessageWaitTimeSeconds",
+        (config.receive_wait_ms / 1000).to_string(),
+    );
     put("SqsManagedSseEnabled", "false".into());
     put(
         "VisibilityTimeout",
@@ -719,7 +797,7 @@ fn outgoing(ctx: &Context<'_>, config: &TopicConfig, entry: &Value) -> Result<Ou
     }
     let attributes = message_attributes(attribute_map(entry, "MessageAttributes")?)?;
     let size = body.len() + crate::ops::attributes::size(&attributes);
-    let limit = ctx.front.engine().config().max_message_bytes;
+    let limit = config.message_limit(ctx.front.engine().config().max_message_bytes);
     if size > limit {
         return Err(SqsError::invalid(format!(
             "One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
@@ -774,6 +852,8 @@ fn outgoing(ctx: &Context<'_>, config: &TopicConfig, entry: &Value) -> Result<Ou
             body: Bytes::copy_from_slice(body.as_bytes()),
             target: group.map_or(Target::Any, Target::Key),
             meta: (!meta.is_empty()).then(|| Box::new(meta)),
+            // Without DelaySeconds, the queue's DelaySeconds applies (SQS's rule).
+            topic_delay: delay.is_none(),
         },
     })
 }
@@ -1006,7 +1086,8 @@ async fn receive_message(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         .map_err(|_| SqsError::no_queue())?;
     let config = topic.config();
     let max = integer(input, "MaxNumberOfMessages", 1, 10)?.unwrap_or(1) as usize;
-    let wait = integer(input, "WaitTimeSeconds", 0, 20)?.unwrap_or(0) as u64;
+    // Without WaitTimeSeconds, the queue's ReceiveMessageWaitTimeSeconds (the topic's `receive_wait`) applies.
+    let wait = integer(input, "WaitTimeSeconds", 0, 20)?.map(|w| w as u64);
     let visibility = integer(input, "VisibilityTimeout", 0, 43_200)?
         .map(|s| (s as u64 * 1000).clamp(MIN_VISIBILITY_MS, MAX_VISIBILITY_MS));
     let mut system = strings(input, "AttributeNames")?;
@@ -1017,7 +1098,7 @@ async fn receive_message(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         .consume(ConsumeParams {
             topic: name,
             group: DEFAULT_GROUP.to_string(),
-            wait_ms: wait * 1000,
+            wait_ms: wait.map(|w| w * 1000),
             visibility_ms: visibility,
             max,
             media: Some(crate::ops::params::Media::Ndjson),

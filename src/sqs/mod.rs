@@ -12,9 +12,11 @@
 //! Read in order: `handle` here, then `actions.rs`; `md5.rs` (the digests replies carry), `query.rs`, `sigv4.rs`.
 
 mod actions;
+mod manage;
 pub mod md5;
 pub mod query;
 pub mod sigv4;
+pub mod tasks;
 
 use crate::front::Front;
 use crate::http::request::Request;

@@ -340,6 +340,7 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
             let records = (0..12)
                 .map(|i| ClientRecord {
                     meta: None,
+                    topic_delay: false,
                     body: Bytes::from(format!("m{i}")),
                     target: Target::Partition(i % 2),
                 })
@@ -360,7 +361,7 @@ fn consumes_from_a_core_owning_nothing_rotate_over_the_owning_cores() {
                     .consume(ConsumeParams {
                         topic: topic.clone(),
                         group: DEFAULT_GROUP.to_string(),
-                        wait_ms: 0,
+                        wait_ms: Some(0),
                         visibility_ms: Some(30_000),
                         max: 1,
                         media: None,
@@ -493,7 +494,7 @@ fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up
                     .consume(ConsumeParams {
                         topic,
                         group: DEFAULT_GROUP.to_string(),
-                        wait_ms: 0,
+                        wait_ms: Some(0),
                         visibility_ms: Some(1_000),
                         max: 1,
                         media: None,
@@ -528,6 +529,7 @@ fn a_dead_letter_settle_refused_by_a_full_channel_is_retried_each_millisecond_up
                         topic: topic.clone(),
                         records: vec![ClientRecord {
                             meta: None,
+                            topic_delay: false,
                             body: Bytes::from(format!("m{i}")),
                             target: Target::Partition(0),
                         }],

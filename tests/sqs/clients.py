@@ -207,10 +207,127 @@ while len(order) < 6:
 check([b for b in order if b.startswith("a") or b in "xy"] == ["a1", "a2", "a3", "x"], order)
 check([b for b in order if b.startswith("b")] == ["b1", "b2"], order)
 
+# ---- Queue settings: delay, receive wait, message size, timestamps, tags ----
+slow = sqs.create_queue(QueueName=f"{prefix}-slow", Attributes={
+    "DelaySeconds": "2", "ReceiveMessageWaitTimeSeconds": "3", "MaximumMessageSize": "1024",
+}, tags={"team": "payments", "env": "test"})["QueueUrl"]
+sattrs = sqs.get_queue_attributes(QueueUrl=slow, AttributeNames=["All"])["Attributes"]
+check(sattrs["DelaySeconds"] == "2" and sattrs["ReceiveMessageWaitTimeSeconds"] == "3", sattrs)
+check(sattrs["MaximumMessageSize"] == "1024", sattrs)
+check(abs(int(sattrs["CreatedTimestamp"]) - time.time()) < 60, sattrs)
+check(int(sattrs["LastModifiedTimestamp"]) >= int(sattrs["CreatedTimestamp"]), sattrs)
+fails("InvalidParameterValue", sqs.send_message, QueueUrl=slow, MessageBody="x" * 1025)
+# The queue's delay holds a message without DelaySeconds back; a receive without WaitTimeSeconds waits the queue's
+# ReceiveMessageWaitTimeSeconds for it.
+sqs.send_message(QueueUrl=slow, MessageBody="held")
+start = time.monotonic()
+held = sqs.receive_message(QueueUrl=slow).get("Messages", [])
+waited = time.monotonic() - start
+check(len(held) == 1 and held[0]["Body"] == "held" and 1.9 <= waited < 3.5, f"after {waited:.2f}s: {held}")
+sqs.delete_message(QueueUrl=slow, ReceiptHandle=held[0]["ReceiptHandle"])
+# DelaySeconds=0 is a delay of its own: the queue's does not apply.
+sqs.send_message(QueueUrl=slow, MessageBody="now", DelaySeconds=0)
+now = sqs.receive_message(QueueUrl=slow, WaitTimeSeconds=0).get("Messages", [])
+check([x["Body"] for x in now] == ["now"], now)
+sqs.delete_message(QueueUrl=slow, ReceiptHandle=now[0]["ReceiptHandle"])
+sqs.set_queue_attributes(QueueUrl=slow, Attributes={"DelaySeconds": "0"})
+check(sqs.get_queue_attributes(QueueUrl=slow, AttributeNames=["DelaySeconds"])["Attributes"] == {"DelaySeconds": "0"}, "DelaySeconds set")
+fails("InvalidAttributeValue", sqs.set_queue_attributes, QueueUrl=slow, Attributes={"DelaySeconds": "901"})
+fails("InvalidAttributeValue", sqs.set_queue_attributes, QueueUrl=slow, Attributes={"MaximumMessageSize": "1023"})
+
+check(sqs.list_queue_tags(QueueUrl=slow)["Tags"] == {"team": "payments", "env": "test"}, "tags at creation")
+sqs.tag_queue(QueueUrl=slow, Tags={"env": "prod", "owner": "ops"})
+sqs.untag_queue(QueueUrl=slow, TagKeys=["team"])
+check(sqs.list_queue_tags(QueueUrl=slow)["Tags"] == {"env": "prod", "owner": "ops"}, "tags changed")
+fails("InvalidParameterValue", sqs.tag_queue, QueueUrl=slow, Tags={"aws:reserved": "x"})
+check("Tags" not in sqs.list_queue_tags(QueueUrl=url), "no tags")
+
+# ---- Permissions: kept in the Policy, not enforced ----
+import json
+sqs.add_permission(QueueUrl=slow, Label="share", AWSAccountIds=["111122223333"], Actions=["SendMessage", "ReceiveMessage"])
+policy = json.loads(sqs.get_queue_attributes(QueueUrl=slow, AttributeNames=["Policy"])["Attributes"]["Policy"])
+statement = policy["Statement"][0]
+check(statement["Sid"] == "share" and statement["Principal"]["AWS"] == "arn:aws:iam::111122223333:root", policy)
+check(statement["Action"] == ["SQS:SendMessage", "SQS:ReceiveMessage"], policy)
+fails("InvalidParameterValue", sqs.add_permission, QueueUrl=slow, Label="share", AWSAccountIds=["111122223333"], Actions=["SendMessage"])
+sqs.remove_permission(QueueUrl=slow, Label="share")
+check("Policy" not in sqs.get_queue_attributes(QueueUrl=slow, AttributeNames=["All"])["Attributes"], "the last permission removed")
+fails("InvalidParameterValue", sqs.remove_permission, QueueUrl=slow, Label="share")
+
+# ---- Purge: every message goes, leased ones included ----
+for i in range(5):
+    sqs.send_message(QueueUrl=slow, MessageBody=f"p{i}")
+leased = sqs.receive_message(QueueUrl=slow, WaitTimeSeconds=1)["Messages"][0]
+sqs.purge_queue(QueueUrl=slow)
+counts = sqs.get_queue_attributes(QueueUrl=slow, AttributeNames=["All"])["Attributes"]
+check(counts["ApproximateNumberOfMessages"] == "0" and counts["ApproximateNumberOfMessagesNotVisible"] == "0", counts)
+check("Messages" not in sqs.receive_message(QueueUrl=slow, WaitTimeSeconds=0), "purged")
+fails("InvalidParameterValue", sqs.delete_message, QueueUrl=slow, ReceiptHandle=leased["ReceiptHandle"])
+sqs.send_message(QueueUrl=slow, MessageBody="after")
+check(sqs.receive_message(QueueUrl=slow, WaitTimeSeconds=1)["Messages"][0]["Body"] == "after", "the queue goes on after a purge")
+
+# ---- Dead-letter sources and message move tasks ----
+arn = lambda name: f"arn:aws:sqs:eu-west-3:000000000000:{name}"
+dlq2 = sqs.create_queue(QueueName=f"{prefix}-dlq2", Attributes={
+    "RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [arn(f"{prefix}-work2")]}),
+})["QueueUrl"]
+work2 = sqs.create_queue(QueueName=f"{prefix}-work2", Attributes={
+    "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn(f"{prefix}-dlq2"), "maxReceiveCount": 1}),
+})["QueueUrl"]
+fails("InvalidParameterValue", sqs.create_queue, QueueName=f"{prefix}-denied", Attributes={
+    "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn(f"{prefix}-dlq2"), "maxReceiveCount": 1}),
+})
+check(sqs.list_dead_letter_source_queues(QueueUrl=dlq2)["queueUrls"] == [work2], "dead-letter sources")
+check(sqs.list_dead_letter_source_queues(QueueUrl=work2).get("queueUrls", []) == [], "no sources")
+fails("InvalidParameterValue", sqs.start_message_move_task, SourceArn=arn(f"{prefix}-work2"))
+for i in range(3):
+    sqs.send_message(QueueUrl=work2, MessageBody=f"d{i}")
+got = []
+while len(got) < 3:
+    got += sqs.receive_message(QueueUrl=work2, MaxNumberOfMessages=10, WaitTimeSeconds=2)["Messages"]
+sqs.change_message_visibility_batch(QueueUrl=work2, Entries=[
+    {"Id": str(i), "ReceiptHandle": x["ReceiptHandle"], "VisibilityTimeout": 0} for i, x in enumerate(got)])
+check("Messages" not in sqs.receive_message(QueueUrl=work2, WaitTimeSeconds=1), "all three dead-lettered")
+check(sqs.get_queue_attributes(QueueUrl=dlq2, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"] == "3", "three in the dead-letter queue")
+
+
+def wait_task(source, status):
+    for _ in range(100):
+        tasks = sqs.list_message_move_tasks(SourceArn=source, MaxResults=10)["Results"]
+        if tasks and tasks[0]["Status"] == status:
+            return tasks
+        time.sleep(0.1)
+    raise AssertionError(f"no {status} task: {tasks}")
+
+
+handle = sqs.start_message_move_task(SourceArn=arn(f"{prefix}-dlq2"))["TaskHandle"]
+done = wait_task(arn(f"{prefix}-dlq2"), "COMPLETED")[0]
+check(done["ApproximateNumberOfMessagesMoved"] == 3 and done["ApproximateNumberOfMessagesToMove"] == 3, done)
+check("TaskHandle" not in done and done["SourceArn"] == arn(f"{prefix}-dlq2"), done)
+back = []
+while len(back) < 3:
+    back += sqs.receive_message(QueueUrl=work2, MaxNumberOfMessages=10, WaitTimeSeconds=2)["Messages"]
+check(sorted(x["Body"] for x in back) == ["d0", "d1", "d2"], back)
+for x in back:
+    sqs.delete_message(QueueUrl=work2, ReceiptHandle=x["ReceiptHandle"])
+fails("AWS.SimpleQueueService.UnsupportedOperation", sqs.cancel_message_move_task, TaskHandle=handle)
+fails("ResourceNotFoundException", sqs.cancel_message_move_task, TaskHandle="bm90LWEtdGFzaw==")
+fails("ResourceNotFoundException", sqs.start_message_move_task, SourceArn=arn(f"{prefix}-nothing"))
+# A paced task, cancelled: at most one message a second, and only one task per source at a time.
+for i in range(5):
+    sqs.send_message(QueueUrl=dlq2, MessageBody=f"slow{i}")
+paced = sqs.start_message_move_task(SourceArn=arn(f"{prefix}-dlq2"), DestinationArn=arn(f"{prefix}-work2"), MaxNumberOfMessagesPerSecond=1)["TaskHandle"]
+fails("AWS.SimpleQueueService.UnsupportedOperation", sqs.start_message_move_task, SourceArn=arn(f"{prefix}-dlq2"))
+running = sqs.list_message_move_tasks(SourceArn=arn(f"{prefix}-dlq2"), MaxResults=10)["Results"]
+check(running[0]["TaskHandle"] == paced and running[0]["MaxNumberOfMessagesPerSecond"] == 1 and len(running) == 2, running)
+moved = sqs.cancel_message_move_task(TaskHandle=paced)["ApproximateNumberOfMessagesMoved"]
+cancelled = wait_task(arn(f"{prefix}-dlq2"), "CANCELLED")[0]
+check(moved <= cancelled["ApproximateNumberOfMessagesMoved"] < 5, cancelled)
+
 # ---- Queues deleted ----
 # berth keeps a dead-letter queue while a queue's RedrivePolicy names it (SQS lets it go: docs/sqs.md).
 fails("InvalidParameterValue", sqs.delete_queue, QueueUrl=dlq)
-for q in [url, work, dlq, fifo] + listed:
+for q in [url, work, dlq, fifo, slow, work2, dlq2] + listed:
     sqs.delete_queue(QueueUrl=q)
 fails("AWS.SimpleQueueService.NonExistentQueue", sqs.send_message, QueueUrl=url, MessageBody="gone")
 print(f"ok: {protocol}")

@@ -52,6 +52,13 @@ fn config_value() -> TopicConfig {
     c.dead_letter = Some("orders.dlq".into());
     c.max_deliveries = 5;
     c.groups = vec!["billing".into(), "audit".into()];
+    c.delay_ms = 5_000;
+    c.receive_wait_ms = 20_000;
+    c.max_message_bytes = 262_144;
+    c.created_ms = 1_700_000_000_000;
+    c.modified_ms = 1_700_000_100_000;
+    c.tags = [("team".to_string(), "payments".to_string())].into();
+    c.sqs_policy = r#"{"Version":"2012-10-17"}"#.into();
     c
 }
 
@@ -126,10 +133,10 @@ fn every_request() -> Vec<Request> {
             offset: 123,
             wait_ms: 5000,
         }),
-        Request::CreateTopic(config_value()),
+        Request::CreateTopic(Box::new(config_value())),
         Request::ChangeTopic(
             topic(),
-            Settings {
+            Box::new(Settings {
                 partitions: None,
                 visibility_ms: Some(10_000),
                 max_in_flight: Some(64),
@@ -145,7 +152,15 @@ fn every_request() -> Vec<Request> {
                 dedup_window_ms: Some(60_000),
                 fifo: None,
                 content_dedup: Some(true),
-            },
+                delay_ms: Some(2_000),
+                receive_wait_ms: Some(20_000),
+                max_message_bytes: Some(4096),
+                tags: Some(crate::ops::topics::TagChange::Set(
+                    [("team".to_string(), "payments".to_string())].into(),
+                )),
+                sqs_policy: Some("{}".into()),
+                sqs_redrive_allow_policy: None,
+            }),
         ),
         Request::DeleteTopic(topic()),
         Request::CreateGroup(topic(), "audit".into(), true),
@@ -267,6 +282,7 @@ fn every_request() -> Vec<Request> {
             learners: vec![4],
         }),
         Request::DrainNode("n3".into(), crate::engine::cluster::DrainAction::Remove),
+        Request::Purge(topic(), "audit".into()),
     ]
 }
 
@@ -380,6 +396,7 @@ fn every_reply() -> Vec<ReplyBody> {
             learner: true,
             nonces: 0,
         })),
+        Ok(Reply::Purged(12)),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),
         Err(OpError::PartitionUnavailable("node 3".into())),
         Err(OpError::Engine(EngineError::TopicExists {
@@ -419,6 +436,7 @@ fn request_variant(r: &Request) -> usize {
         Request::BeginEpoch(_) => 18,
         Request::MoveLeader(_) => 19,
         Request::DrainNode(..) => 20,
+        Request::Purge(..) => 21,
     }
 }
 
@@ -437,6 +455,7 @@ fn reply_variant(r: &Reply) -> usize {
         Reply::Partitions(_) => 10,
         Reply::Replicated(_) => 11,
         Reply::Began(_) => 12,
+        Reply::Purged(_) => 13,
     }
 }
 
@@ -445,7 +464,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
     let requests = every_request();
     let mut seen: Vec<usize> = requests.iter().map(request_variant).collect();
     seen.dedup();
-    assert_eq!(seen, (0..21).collect::<Vec<_>>(), "every request variant");
+    assert_eq!(seen, (0..22).collect::<Vec<_>>(), "every request variant");
     let replies = every_reply();
     let mut seen: Vec<usize> = replies
         .iter()
@@ -453,7 +472,7 @@ fn every_request_and_reply_variant_round_trips_through_frames() {
         .map(reply_variant)
         .collect();
     seen.dedup();
-    assert_eq!(seen, (0..13).collect::<Vec<_>>(), "every reply variant");
+    assert_eq!(seen, (0..14).collect::<Vec<_>>(), "every reply variant");
 
     let mut wire = Vec::new();
     for (i, request) in requests.iter().enumerate() {

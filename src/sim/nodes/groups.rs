@@ -349,7 +349,7 @@ impl Cluster {
                 .consume(ConsumeParams {
                     topic: TOPIC.to_string(),
                     group: DEFAULT_GROUP.to_string(),
-                    wait_ms,
+                    wait_ms: Some(wait_ms),
                     visibility_ms: Some(visibility_ms),
                     max,
                     media: None,
@@ -473,7 +473,7 @@ impl Cluster {
                             f.consume(ConsumeParams {
                                 topic: TOPIC.to_string(),
                                 group: DEFAULT_GROUP.to_string(),
-                                wait_ms: 0,
+                                wait_ms: Some(0),
                                 visibility_ms: Some(10_000),
                                 max: 32,
                                 media: None,

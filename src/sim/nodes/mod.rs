@@ -751,6 +751,7 @@ impl Cluster {
                     topic: TOPIC.to_string(),
                     records: vec![ClientRecord {
                         meta: None,
+                        topic_delay: false,
                         body: Bytes::from(body.clone()),
                         target: Target::Partition(p as u64),
                     }],
