@@ -2731,6 +2731,12 @@ fn a_replicated_topics_group_frontiers_and_group_starts_reach_its_followers_fron
     for n in 0..6 {
         produce(c.node(0), "fr", "", &format!("after-{n}"));
     }
+    // A group purged through one node: every leader's purge reaches its followers as an ack's frontier does (a
+    // purge whose frontier was written to the leader's file only came back after a failover).
+    assert_eq!(c.node(1).put("/topics/fr/groups/purged").status, 201);
+    let a = c.node(2).post("/topics/fr/groups/purged/purge", b"");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["purged"], 46, "{}", a.text());
     // Every leader has made its frontiers durable (so they are on their way to its followers).
     wait_for(
         "every frontier durable on its leader",
@@ -2757,8 +2763,10 @@ fn a_replicated_topics_group_frontiers_and_group_starts_reach_its_followers_fron
     for i in 0..3 {
         assert!(c.terminate(i).success());
     }
-    let (mut acked, mut late, mut checked) = (0, 0, 0);
+    let (mut acked, mut late, mut purged, mut checked) = (0, 0, 0, 0);
     for (p, leader, replicas) in &leaders {
+        let lead_purged = frontier_file(c.node(*leader), "fr", *p, "purged");
+        purged += lead_purged.as_deref().map_or(0, frontier_value);
         // (A partition nothing was acked on may have no file of the default group: its frontier is 0.)
         let lead = frontier_file(c.node(*leader), "fr", *p, "default");
         let lead_late = frontier_file(c.node(*leader), "fr", *p, "late")
@@ -2780,10 +2788,16 @@ fn a_replicated_topics_group_frontiers_and_group_starts_reach_its_followers_fron
                 "partition {p}: the 'late' group's start on follower {} differs from its leader's",
                 c.node(f).id
             );
+            assert_eq!(
+                frontier_file(c.node(f), "fr", *p, "purged").as_deref().map_or(0, frontier_value),
+                lead_purged.as_deref().map_or(0, frontier_value),
+                "partition {p}: the purged group's frontier on follower {} differs from its leader's",
+                c.node(f).id
+            );
             checked += 1;
         }
     }
-    assert_eq!((acked, late), (25, 40), "{leaders:?}");
+    assert_eq!((acked, late, purged), (25, 40, 46), "{leaders:?}");
     assert!(checked >= 4, "too few followers checked: {leaders:?}");
 }
 

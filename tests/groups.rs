@@ -1860,3 +1860,140 @@ fn a_dead_letter_topic_in_use_cannot_be_deleted() {
     assert_eq!(call(&s, "DELETE", "/topics/used.dlq").status, 204);
     assert_error(&call(&s, "GET", "/topics/used.dlq"), 404, "topic_not_found");
 }
+
+/// `POST /topics/T/groups/G/purge` settles everything the group has not settled at once (waiting, leased, delayed
+/// and acked-ahead alike), on every partition, durably before the answer: a kill -9 right after it brings nothing
+/// back. Other groups keep their messages; the group goes on with what is produced after.
+#[test]
+fn a_purge_settles_everything_at_once_and_survives_kill_9() {
+    let _g = common::serial();
+    let mut s = start_with(2, "frontier_flush_interval_ms = 60000\n");
+    s.create_topic("pg", "partitions=2");
+    for i in 0..10 {
+        s.produce(
+            "pg",
+            &format!("&partition={}", i % 2),
+            format!("m{i}").as_bytes(),
+        );
+    }
+    s.produce("pg", "&partition=0&delay=10m", b"later");
+    // The audit group reads everything; default leases two and acks one above a leased one.
+    assert_eq!(s.put("/topics/pg/groups/audit").status, 201);
+    let h0 = consume(&s, "pg", "").unwrap().handle;
+    let h1 = consume(&s, "pg", "").unwrap().handle;
+    assert_eq!(settle(&s, "ack", "pg", &h1, "").status, 200);
+    let a = s.post("/topics/pg/groups/default/purge", b"");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        a.json(),
+        json!({"group": "default", "purged": 10, "topic": "pg"}),
+        "eleven produced, one acked"
+    );
+    assert_eq!(
+        settle(&s, "ack", "pg", &h0, "").status,
+        410,
+        "a purged lease is gone"
+    );
+    assert!(consume(&s, "pg", "&wait=200ms").is_none());
+    assert_error(
+        &s.post("/topics/pg/groups/nope/purge", b""),
+        404,
+        "group_not_found",
+    );
+    assert_error(
+        &s.post("/topics/nope/groups/default/purge", b""),
+        404,
+        "topic_not_found",
+    );
+    assert_eq!(s.get("/topics/pg/groups/default/purge").status, 405);
+    // The frontier flush is a minute away: only the purge's own write keeps it across a crash.
+    s.kill9();
+    s.restart();
+    assert!(
+        consume(&s, "pg", "&wait=200ms").is_none(),
+        "nothing purged comes back after kill -9"
+    );
+    let mut audit = 0;
+    while consume(&s, "pg", "&group=audit").is_some() {
+        audit += 1;
+    }
+    assert_eq!(
+        audit, 10,
+        "another group keeps its messages (the delayed one is not due)"
+    );
+    s.produce("pg", "&partition=1", b"after");
+    let body = consume(&s, "pg", "&wait=1s").unwrap().body;
+    assert_eq!(body, b"after", "the group goes on");
+}
+
+/// The topic settings `delay`, `receive_wait` and `max_message_bytes` (SQS's DelaySeconds,
+/// ReceiveMessageWaitTimeSeconds, MaximumMessageSize): set by PATCH, applied to produces and consumes that give no
+/// value of their own, kept across a restart.
+#[test]
+fn topic_delay_receive_wait_and_message_size_apply_to_what_gives_none() {
+    let _g = common::serial();
+    let mut s = Server::start(1, &[]);
+    s.create_topic("tw", "");
+    assert_error(
+        &call(&s, "PATCH", "/topics/tw?delay=16m"),
+        400,
+        "invalid_duration",
+    );
+    assert_error(
+        &call(&s, "PATCH", "/topics/tw?receive_wait=21s"),
+        400,
+        "invalid_duration",
+    );
+    assert_error(
+        &call(&s, "PATCH", "/topics/tw?max_message_bytes=2000000"),
+        400,
+        "invalid_parameter",
+    );
+    let a = call(
+        &s,
+        "PATCH",
+        "/topics/tw?delay=700ms&receive_wait=3s&max_message_bytes=16",
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    s.restart();
+    let config = topic_config(&s, "tw");
+    assert_eq!(
+        (
+            &config["delay_ms"],
+            &config["receive_wait_ms"],
+            &config["max_message_bytes"]
+        ),
+        (&json!(700), &json!(3000), &json!(16)),
+        "{config}"
+    );
+    let (created, modified) = (
+        config["created_ms"].as_u64(),
+        config["modified_ms"].as_u64(),
+    );
+    assert!(created.unwrap() > 0 && modified > created, "{config}");
+    assert_error(
+        &s.post("/produce?topic=tw", b"seventeen bytes.."),
+        413,
+        "message_too_large",
+    );
+    // No `wait`: the topic's receive_wait parks the consume until the topic's delay lets the message out.
+    let started = Instant::now();
+    s.produce("tw", "", b"held");
+    let Msg {
+        handle: h, body, ..
+    } = consume(&s, "tw", "").expect("delivered within receive_wait");
+    let waited = started.elapsed();
+    assert_eq!(body, b"held");
+    assert!(
+        waited >= at_least(700) && waited < ms(2900),
+        "waited {waited:?}"
+    );
+    assert_eq!(settle(&s, "ack", "tw", &h, "").status, 200);
+    // Its own delay=0 and wait=0 win over the topic's.
+    s.produce("tw", "&delay=0", b"now");
+    let started = Instant::now();
+    let body = consume(&s, "tw", "&wait=0").expect("not delayed").body;
+    assert_eq!(body, b"now");
+    assert!(consume(&s, "tw", "&wait=0").is_none());
+    assert!(started.elapsed() < ms(500), "wait=0 does not park");
+}

@@ -157,8 +157,9 @@ pub const MAX_PRODUCE_DELAY_MS: u64 = crate::storage::meta::MAX_DELAY_MS;
 pub const MAX_RECEIVE_WAIT_MS: u64 = 20_000;
 /// Most tags of a topic (SQS's limit).
 pub const MAX_TAGS: usize = 50;
-/// Longest policy document kept (SQS's limit on an attribute value).
-pub const MAX_POLICY_BYTES: usize = 256 << 10;
+/// Longest SQS `Policy` document kept: 20 KiB (every topic's copy lives on every core; SQS's own limit on a
+/// policy is about this size).
+pub const MAX_POLICY_BYTES: usize = 20 << 10;
 
 fn one_replica() -> u32 {
     1

@@ -97,7 +97,7 @@ impl Front {
         let mut purged = 0;
         for reply in join_all(calls).await {
             match reply? {
-                Reply::Purged(n) => purged += n,
+                Reply::Purged(n) => purged = n.saturating_add(purged),
                 other => unreachable!("a purge answered {other:?}"),
             }
         }

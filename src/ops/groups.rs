@@ -36,18 +36,51 @@ pub async fn delete(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<(
 }
 
 /// Purges a group on the partitions of `topic` this core leads (any core: `Request::Purge`): how many messages
-/// were unsettled. A group the topic lacks is `404 group_not_found`.
+/// were unsettled. The new frontiers are durable before this returns, as a tick of the frontier timer makes them:
+/// recorded in the core's journal (synced) and shipped to a replicated partition's followers, or without a journal
+/// written to their files. A group the topic lacks is `404 group_not_found`.
 pub async fn purge(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<u64> {
-    let t = engine.topic(topic)?;
-    if !t.config().has_group(group) {
-        return Err(OpError::Engine(crate::engine::EngineError::GroupNotFound {
+    let gone = || {
+        OpError::Engine(crate::engine::EngineError::GroupNotFound {
             topic: topic.to_string(),
             group: group.to_string(),
-        }));
+        })
+    };
+    let t = engine.topic(topic)?;
+    if !t.config().has_group(group) {
+        return Err(gone());
     }
-    let mut purged = 0;
+    let mut purged = 0u64;
+    let mut ends = Vec::new();
     for p in t.owned_partitions() {
-        purged += p.purge_group(group).await?;
+        let (n, end) = p.purge_group(group).await?;
+        purged = purged.saturating_add(n);
+        ends.push((p, end));
+    }
+    let journaled = crate::engine::timers::journal_moved(engine).await;
+    match engine.journal() {
+        Some(journal) if journaled => journal.sync_now().await.map_err(|e| {
+            OpError::Engine(crate::engine::EngineError::Partition(
+                crate::partition::PartitionError::from(e),
+            ))
+        })?,
+        _ => {
+            for (p, _) in &ends {
+                p.flush_frontiers().await;
+            }
+        }
+    }
+    for (p, end) in &ends {
+        match p.durable_frontier(group) {
+            None => return Err(gone()),
+            Some(d) if d < *end => {
+                return Err(OpError::Engine(crate::engine::EngineError::Storage(format!(
+                    "partition {}: the purge holds in memory, but its frontier could not be made durable now (retried at the next flush)",
+                    p.id
+                ))))
+            }
+            Some(_) => {}
+        }
     }
     Ok(purged)
 }

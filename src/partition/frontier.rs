@@ -412,7 +412,7 @@ impl Partition {
 
     /// Writes a group's frontier file; returns the lag when that made its frontier durable (it was not yet, in the
     /// journal either).
-    pub(super) async fn flush_group(&self, g: &Group) -> Option<u64> {
+    async fn flush_group(&self, g: &Group) -> Option<u64> {
         let committed = g.frontier_value()?;
         if g.frontier.flushed.get() == committed || g.frontier.flushing.get() || self.closed.get() {
             return None;

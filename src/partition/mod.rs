@@ -1079,10 +1079,10 @@ impl Partition {
 
     /// Purges a group: everything appended (and served) so far is settled for it at once, leased, delayed and held
     /// messages included: its frontier moves to the end as retention would move it, and the handles of its leases
-    /// are gone. The frontier is durable (its file written) before this returns, so a crash after the answer
-    /// brings nothing purged back. Returns how many messages were unsettled (the acked-ahead ones were settled
-    /// already).
-    pub async fn purge_group(&self, group: &str) -> Result<u64, PartitionError> {
+    /// are gone. Returns how many messages were unsettled (the acked-ahead ones were settled already) and the
+    /// frontier it set; the caller makes it durable (`ops::groups::purge`: the core's journal, which also ships it
+    /// to a replicated partition's followers, or the file).
+    pub async fn purge_group(&self, group: &str) -> Result<(u64, u64), PartitionError> {
         self.ensure_loaded().await?;
         self.check_leading()?;
         let g = self.group(group)?;
@@ -1097,15 +1097,7 @@ impl Partition {
             unsettled
         });
         self.note_moved(&g);
-        g.frontier.wait_flush().await;
-        self.flush_group(&g).await;
-        if g.frontier.durable() < end && !self.closed.get() {
-            return Err(PartitionError::Storage(format!(
-                "partition {}: the purge is made in memory, but its frontier file could not be written now (it is retried at the next flush)",
-                self.id
-            )));
-        }
-        Ok(purged)
+        Ok((purged, end))
     }
 
     /// Releases expired leases and due delays of every group (the background timer), waking each group's consumers
@@ -1268,7 +1260,6 @@ impl Partition {
     }
 
     /// The frontier of `group` known durable (in its file or the journal), if its shard is loaded.
-    #[cfg(test)]
     pub fn durable_frontier(&self, group: &str) -> Option<u64> {
         let g = self.group(group).ok()?;
         g.with_loaded(|_| g.frontier.durable())

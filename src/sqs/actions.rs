@@ -379,11 +379,14 @@ fn settings_of(
                 settings.sqs_policy = Some(text.to_string());
             }
             "RedriveAllowPolicy" => {
-                // Kept, returned, and checked when a queue names this one as its dead-letter queue.
-                if !text.is_empty() {
-                    redrive_allowed(text, None).map_err(|_| bad())?;
-                }
-                settings.sqs_redrive_allow_policy = Some(text.to_string());
+                // Kept (normalised: its two members only, so its size is bounded), returned, and checked when a
+                // queue names this one as its dead-letter queue.
+                let normal = if text.is_empty() {
+                    String::new()
+                } else {
+                    normal_redrive_allow_policy(text).map_err(|_| bad())?
+                };
+                settings.sqs_redrive_allow_policy = Some(normal);
             }
             "KmsMasterKeyId" | "KmsDataKeyReusePeriodSeconds" | "SqsManagedSseEnabled" => {
                 // Accepted and not kept: berth has no encryption at rest (docs/sqs.md).
@@ -397,6 +400,32 @@ fn settings_of(
         ));
     }
     Ok(settings)
+}
+
+/// A RedriveAllowPolicy document as berth keeps it: `redrivePermission`, and `sourceQueueArns` with `byQueue`
+/// (each ARN at most 256 bytes); anything else in it is refused.
+fn normal_redrive_allow_policy(text: &str) -> std::result::Result<String, ()> {
+    redrive_allowed(text, None)?;
+    let v: Value = serde_json::from_str(text).map_err(|_| ())?;
+    let map = v.as_object().ok_or(())?;
+    if map
+        .keys()
+        .any(|k| k != "redrivePermission" && k != "sourceQueueArns")
+    {
+        return Err(());
+    }
+    let mut out = Map::new();
+    out.insert("redrivePermission".into(), map["redrivePermission"].clone());
+    if let Some(arns) = map.get("sourceQueueArns") {
+        if arns
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x.as_str().is_none_or(|s| s.len() > 256)))
+        {
+            return Err(());
+        }
+        out.insert("sourceQueueArns".into(), arns.clone());
+    }
+    Ok(Value::Object(out).to_string())
 }
 
 /// Checks a RedriveAllowPolicy document (`{"redrivePermission": "allowAll"|"denyAll"|"byQueue",
@@ -443,7 +472,13 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         let current = topic.config();
         let mut want = (*current).clone();
         settings.apply_to(&mut want);
-        if settings.fifo.is_some_and(|f| f != current.fifo) || want != *current {
+        // The message size limit compares as the queue sees it (unset is the server's).
+        let server_max = ctx.front.engine().config().max_message_bytes;
+        let mut have = (*current).clone();
+        for c in [&mut want, &mut have] {
+            c.max_message_bytes = c.message_limit(server_max) as u64;
+        }
+        if settings.fifo.is_some_and(|f| f != current.fifo) || want != have {
             return Err(SqsError::new(
                 400,
                 "QueueNameExists",

@@ -182,6 +182,18 @@ pub(super) async fn start(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         ));
     }
     let rate = integer(input, "MaxNumberOfMessagesPerSecond", 1, 500)?.map(|r| r as u32);
+    // The queues as they are now: a task whose source or destination is deleted (and perhaps created again under
+    // its name) meanwhile fails rather than move into another queue.
+    let ids = {
+        let engine = ctx.front.engine();
+        let id = |n: &str| {
+            engine
+                .topic(n)
+                .map(|t| t.id())
+                .map_err(|_| not_found("SourceArn"))
+        };
+        (id(&source)?, id(&destination)?)
+    };
     let to_move = visible(ctx.front, &source).await?;
     let shared = table(ctx);
     let handle = {
@@ -223,7 +235,7 @@ pub(super) async fn start(ctx: &Context<'_>, input: &Value) -> Result<Value> {
         front,
         shared,
         handle.clone(),
-        (source, destination),
+        [(source, ids.0), (destination, ids.1)],
         rate,
         to_move,
     ))
@@ -236,7 +248,7 @@ async fn run(
     front: std::rc::Rc<Front>,
     shared: Arc<crate::engine::Shared>,
     handle: String,
-    (source, destination): (String, String),
+    [(source, source_id), (destination, destination_id)]: [(String, u64); 2],
     rate: Option<u32>,
     to_move: u64,
 ) {
@@ -254,6 +266,13 @@ async fn run(
         }
         if front.engine().is_stopping() {
             break (Status::Failed, Some("the server is stopping".to_string()));
+        }
+        let current = |name: &str, id: u64| front.engine().topic(name).is_ok_and(|t| t.id() == id);
+        if !current(&source, source_id) || !current(&destination, destination_id) {
+            break (
+                Status::Failed,
+                Some("the source or the destination queue was deleted".to_string()),
+            );
         }
         let mut want = (to_move - moved).min(REDRIVE_BATCH as u64);
         if let Some(r) = rate {
