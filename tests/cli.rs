@@ -112,6 +112,17 @@ fn handle(message: &Value) -> &str {
         .expect("a receipt handle")
 }
 
+/// A topic's settings without its times (checked set: `created_ms` and `modified_ms` are clock readings).
+fn settings(config: &Value) -> Value {
+    let mut c = config.clone();
+    let map = c.as_object_mut().expect("config is an object");
+    for k in ["created_ms", "modified_ms"] {
+        let t = map.remove(k).and_then(|v| v.as_u64());
+        assert!(t.is_some_and(|t| t > 0), "{k} missing from {config}");
+    }
+    c
+}
+
 #[test]
 fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
     let server = Server::start(1, &[]);
@@ -148,6 +159,12 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
             "1",
             "--dedup-window",
             "1m",
+            "--delay",
+            "5s",
+            "--receive-wait",
+            "2s",
+            "--max-message-bytes",
+            "4096",
         ],
     )
     .json();
@@ -172,10 +189,19 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "dedup_window_ms": 60_000,
         "fifo": false,
         "content_dedup": false,
+        "delay": "5s",
+        "delay_ms": 5000,
+        "receive_wait": "2s",
+        "receive_wait_ms": 2000,
+        "max_message_bytes": 4096,
+        "tags": {},
     });
     assert_eq!(created["created"], true);
-    assert_eq!(created["config"], want);
-    assert_eq!(server.get("/topics/orders").json()["config"], want);
+    assert_eq!(settings(&created["config"]), want);
+    assert_eq!(
+        settings(&server.get("/topics/orders").json()["config"]),
+        want
+    );
 
     // Update: every setting but partitions; the reply is the new config, and it is what the server now holds.
     let updated = berth(
@@ -206,6 +232,12 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
             "orders.dlq",
             "--dedup-window",
             "0",
+            "--delay",
+            "0",
+            "--receive-wait",
+            "20s",
+            "--max-message-bytes",
+            "0",
         ],
     )
     .json();
@@ -230,9 +262,19 @@ fn topic_create_takes_every_setting_and_update_patches_all_but_partitions() {
         "dedup_window_ms": 0,
         "fifo": false,
         "content_dedup": false,
+        "delay": "0ms",
+        "delay_ms": 0,
+        "receive_wait": "20s",
+        "receive_wait_ms": 20_000,
+        "max_message_bytes": 0,
+        "tags": {},
     });
-    assert_eq!(updated, json!({"name": "orders", "config": want}));
-    assert_eq!(server.get("/topics/orders").json()["config"], want);
+    assert_eq!(updated["name"], "orders");
+    assert_eq!(settings(&updated["config"]), want);
+    assert_eq!(
+        settings(&server.get("/topics/orders").json()["config"]),
+        want
+    );
 
     // Settings not named are left alone; an empty --dead-letter clears it (with max_deliveries back to 0).
     let updated = berth(

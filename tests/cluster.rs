@@ -726,6 +726,45 @@ fn topic_created_on_one_node_is_served_by_all() {
             node.id
         );
     }
+
+    // The SQS face: a queue created through one node is usable at once through every other (a node whose
+    // metastore replica has not seen it yet asks the metastore, as the native routes do).
+    let sqs = |node: usize, action: &str, body: serde_json::Value| -> serde_json::Value {
+        let a = c
+            .node(node)
+            .client
+            .call_with(
+                "POST",
+                "/",
+                &[
+                    ("X-Amz-Target", &format!("AmazonSQS.{action}")),
+                    ("Content-Type", "application/x-amz-json-1.0"),
+                ],
+                body.to_string().as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(a.status, 200, "{action} through node {node}: {}", a.text());
+        a.json()
+    };
+    for round in 0..5 {
+        let name = format!("sqs-{round}");
+        let url = sqs(
+            round % 3,
+            "CreateQueue",
+            serde_json::json!({"QueueName": name}),
+        )["QueueUrl"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        for node in 0..3 {
+            let sent = sqs(
+                node,
+                "SendMessage",
+                serde_json::json!({"QueueUrl": url, "MessageBody": "x"}),
+            );
+            assert!(sent["MessageId"].is_string(), "{sent}");
+        }
+    }
 }
 
 #[test]

@@ -1692,6 +1692,12 @@ fn patch_changes_settings_which_take_effect_and_survive_a_restart() {
     assert_eq!(a.status, 200, "{}", a.text());
     let mut want_config = config.clone();
     want_config["max_in_flight"] = json!(7);
+    let modified = &a.json()["config"]["modified_ms"];
+    assert!(
+        modified.as_u64() > config["modified_ms"].as_u64(),
+        "a PATCH is a modification: {modified}"
+    );
+    want_config["modified_ms"] = modified.clone();
     assert_eq!(a.json()["config"], want_config);
     s.restart();
     assert_eq!(

@@ -175,6 +175,27 @@ fn check_queue_name(name: &str, fifo: bool) -> Result<()> {
     Ok(())
 }
 
+/// The queue a request names, if any: its `QueueUrl`, its `QueueName`, else the request path's queue.
+pub(super) fn queue_named(input: &Value, path_queue: Option<&str>) -> Option<String> {
+    let from_url = input.get("QueueUrl").and_then(Value::as_str).map(|url| {
+        let path = url.split(['?', '#']).next().unwrap_or("");
+        path.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    });
+    from_url
+        .or_else(|| {
+            input
+                .get("QueueName")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .or_else(|| path_queue.map(str::to_string))
+        .filter(|n| crate::engine::topic::validate_name(n).is_ok())
+}
+
 /// The queue a request names: its `QueueUrl`'s last path segment, else the request path's queue.
 pub(super) fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
     let name = match string(input, "QueueUrl")? {

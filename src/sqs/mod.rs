@@ -384,7 +384,23 @@ pub async fn handle(front: &Front, req: Request, tls: bool) -> Response {
             .unwrap_or_else(|| "us-east-1".into()),
         path_queue,
     };
-    match Box::pin(actions::run(&ctx, &action, input)).await {
+    // Cluster mode: a queue created through another node a moment ago may not be in this node's replica of the
+    // metastore yet. As for the native routes, the metastore itself is asked, and the action run again (it failed
+    // at its first step, finding the queue, so nothing of it was done).
+    let named = front
+        .engine()
+        .clustered()
+        .then(|| actions::queue_named(&input, ctx.path_queue.as_deref()))
+        .flatten();
+    let mut result = Box::pin(actions::run(&ctx, &action, input)).await;
+    if let (Err(e), Some(name)) = (&result, &named) {
+        if *e == SqsError::no_queue() && front.lookup_topic(name, true).await {
+            if let Ok((_, _, input)) = decode(&req) {
+                result = Box::pin(actions::run(&ctx, &action, input)).await;
+            }
+        }
+    }
+    match result {
         Ok(output) => match protocol {
             Protocol::Json => Response::bytes(
                 200,
