@@ -1212,33 +1212,39 @@ fn a_deduplicated_produce_is_appended_once_within_its_window_even_across_a_reope
     });
 }
 
+/// A FIFO record of message group `group`.
+fn grouped(group: &str, body: &str) -> Bytes {
+    let meta = crate::storage::meta::RecordMeta {
+        group_key: Some(Bytes::from(group.to_string())),
+        ..Default::default()
+    };
+    Bytes::from(meta.encode(body.as_bytes()))
+}
+
+/// Appends a1, b1, a2, b2, a3 (groups `a` and `b`) to a FIFO partition.
+async fn append_five_of_two_groups(p: &Partition) {
+    let items = [
+        ("a", "a1"),
+        ("b", "b1"),
+        ("a", "a2"),
+        ("b", "b2"),
+        ("a", "a3"),
+    ];
+    p.append_records(
+        items.iter().map(|(g, b)| grouped(g, b)).collect(),
+        vec![true; items.len()],
+    )
+    .await
+    .unwrap();
+}
+
 #[test]
 fn a_purge_settles_everything_at_once_durably_and_the_group_goes_on() {
-    use crate::storage::meta::RecordMeta;
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
         let p = open_with(&sim, &clock, Rc::new(|_, _| {}), true).await;
-        let grouped = |group: &str, body: &str| {
-            let meta = RecordMeta {
-                group_key: Some(Bytes::from(group.to_string())),
-                ..RecordMeta::default()
-            };
-            Bytes::from(meta.encode(body.as_bytes()))
-        };
-        let items = [
-            ("a", "a1"),
-            ("b", "b1"),
-            ("a", "a2"),
-            ("b", "b2"),
-            ("a", "a3"),
-        ];
-        p.append_records(
-            items.iter().map(|(g, b)| grouped(g, b)).collect(),
-            vec![true; items.len()],
-        )
-        .await
-        .unwrap();
+        append_five_of_two_groups(&p).await;
         let first = p.take(DEFAULT_GROUP, 10, VISIBILITY_MS).await.unwrap();
         assert_eq!(first.deliveries.len(), 2, "a1 and b1 leased, three held");
         let b1 = &first.deliveries[1];
@@ -1290,33 +1296,13 @@ fn a_purge_settles_everything_at_once_durably_and_the_group_goes_on() {
 /// expiry gives the same message again; held messages count against `max_in_flight`.
 #[test]
 fn a_fifo_partition_leases_one_message_per_group_at_a_time_in_order() {
-    use crate::storage::meta::RecordMeta;
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
         let woken = Rc::new(std::cell::Cell::new(0usize));
         let w = woken.clone();
         let p = open_with(&sim, &clock, Rc::new(move |_, n| w.set(w.get() + n)), true).await;
-        let grouped = |group: &str, body: &str| {
-            let meta = RecordMeta {
-                group_key: Some(Bytes::from(group.to_string())),
-                ..RecordMeta::default()
-            };
-            Bytes::from(meta.encode(body.as_bytes()))
-        };
-        let items = [
-            ("a", "a1"),
-            ("b", "b1"),
-            ("a", "a2"),
-            ("b", "b2"),
-            ("a", "a3"),
-        ];
-        p.append_records(
-            items.iter().map(|(g, b)| grouped(g, b)).collect(),
-            vec![true; items.len()],
-        )
-        .await
-        .unwrap();
+        append_five_of_two_groups(&p).await;
         let bodies = |t: &Taken| -> Vec<String> {
             t.deliveries
                 .iter()

@@ -175,17 +175,22 @@ fn check_queue_name(name: &str, fifo: bool) -> Result<()> {
     Ok(())
 }
 
+/// The queue name of a queue URL: its path's last segment.
+fn name_of_url(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or("");
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
 /// The queue a request names, if any: its `QueueUrl`, its `QueueName`, else the request path's queue.
 pub(super) fn queue_named(input: &Value, path_queue: Option<&str>) -> Option<String> {
-    let from_url = input.get("QueueUrl").and_then(Value::as_str).map(|url| {
-        let path = url.split(['?', '#']).next().unwrap_or("");
-        path.trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .unwrap_or("")
-            .to_string()
-    });
-    from_url
+    input
+        .get("QueueUrl")
+        .and_then(Value::as_str)
+        .map(name_of_url)
         .or_else(|| {
             input
                 .get("QueueName")
@@ -199,14 +204,7 @@ pub(super) fn queue_named(input: &Value, path_queue: Option<&str>) -> Option<Str
 /// The queue a request names: its `QueueUrl`'s last path segment, else the request path's queue.
 pub(super) fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
     let name = match string(input, "QueueUrl")? {
-        Some(url) => {
-            let path = url.split(['?', '#']).next().unwrap_or("");
-            path.trim_end_matches('/')
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        }
+        Some(url) => name_of_url(url),
         None => ctx
             .path_queue
             .clone()
@@ -216,6 +214,20 @@ pub(super) fn queue_name(ctx: &Context<'_>, input: &Value) -> Result<String> {
         return Err(SqsError::no_queue());
     }
     Ok(name)
+}
+
+/// The queue a request names and its topic (`QueueDoesNotExist` when there is none).
+pub(super) fn queue_topic(
+    ctx: &Context<'_>,
+    input: &Value,
+) -> Result<(String, std::rc::Rc<crate::engine::topic::Topic>)> {
+    let name = queue_name(ctx, input)?;
+    let topic = ctx
+        .front
+        .engine()
+        .topic(&name)
+        .map_err(|_| SqsError::no_queue())?;
+    Ok((name, topic))
 }
 
 pub(super) fn queue_url(ctx: &Context<'_>, name: &str) -> String {
@@ -695,12 +707,7 @@ async fn get_queue_attributes(ctx: &Context<'_>, input: &Value) -> Result<Value>
 }
 
 async fn set_queue_attributes(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    let topic = ctx
-        .front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (name, topic) = queue_topic(ctx, input)?;
     let empty = Map::new();
     let attrs = attribute_map(input, "Attributes")?.unwrap_or(&empty);
     let settings = settings_of(ctx, attrs, None, Some(&topic.config()))?;
@@ -935,12 +942,7 @@ fn sent(config: &TopicConfig, out: &Outgoing, partition: u32, offset: u64) -> Ma
 }
 
 async fn send_message(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    let topic = ctx
-        .front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (name, topic) = queue_topic(ctx, input)?;
     let config = topic.config();
     let out = outgoing(ctx, &config, input)?;
     let results = ctx
@@ -1015,12 +1017,7 @@ fn batch_reply(successful: Vec<Value>, failures: Vec<Value>) -> Value {
 }
 
 async fn send_message_batch(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    let topic = ctx
-        .front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (name, topic) = queue_topic(ctx, input)?;
     let config = topic.config();
     let entries = list(input, "Entries")?;
     let ids = check_entries(entries, "SendMessageBatchRequestEntry")?;
@@ -1134,12 +1131,7 @@ fn attribute_selected(name: &str, patterns: &[String]) -> bool {
 }
 
 async fn receive_message(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    let topic = ctx
-        .front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (name, topic) = queue_topic(ctx, input)?;
     let config = topic.config();
     let max = integer(input, "MaxNumberOfMessages", 1, 10)?.unwrap_or(1) as usize;
     // Without WaitTimeSeconds, the queue's ReceiveMessageWaitTimeSeconds (the topic's `receive_wait`) applies.

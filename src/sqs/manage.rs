@@ -4,7 +4,8 @@
 //! topics whose `dead_letter` is this one).
 
 use super::actions::{
-    attribute_map, integer, queue_arn, queue_name, queue_url, required, string, strings,
+    attribute_map, integer, queue_arn, queue_name, queue_topic, queue_url, required, string,
+    strings,
 };
 use super::{Context, SqsError};
 use crate::engine::topic::{MAX_POLICY_BYTES, MAX_TAGS};
@@ -18,11 +19,7 @@ type Result<T> = std::result::Result<T, SqsError>;
 /// Deletes every message of the queue, leased, delayed and held ones included, at once (SQS takes up to 60 s and
 /// allows one purge a minute; berth purges at once, any time).
 pub(super) async fn purge_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    ctx.front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (name, _) = queue_topic(ctx, input)?;
     ctx.front.purge_group(&name, DEFAULT_GROUP).await?;
     Ok(json!({}))
 }
@@ -96,12 +93,7 @@ pub(super) async fn untag_queue(ctx: &Context<'_>, input: &Value) -> Result<Valu
 }
 
 pub(super) fn list_queue_tags(ctx: &Context<'_>, input: &Value) -> Result<Value> {
-    let name = queue_name(ctx, input)?;
-    let topic = ctx
-        .front
-        .engine()
-        .topic(&name)
-        .map_err(|_| SqsError::no_queue())?;
+    let (_, topic) = queue_topic(ctx, input)?;
     let tags = topic.config().tags.clone();
     if tags.is_empty() {
         return Ok(json!({}));
