@@ -52,10 +52,20 @@ pub async fn purge(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<u6
     }
     let mut purged = 0u64;
     let mut ends = Vec::new();
+    // A partition that cannot purge (deposed, its frontier unreadable) fails the request, but only once the ones
+    // purged already are made durable: what the answer says was reached stays purged.
+    let mut failed = None;
     for p in t.owned_partitions() {
-        let (n, end) = p.purge_group(group).await?;
-        purged = purged.saturating_add(n);
-        ends.push((p, end));
+        match p.purge_group(group).await {
+            Ok((n, end)) => {
+                purged = purged.saturating_add(n);
+                ends.push((p, end));
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
     }
     let journaled = crate::engine::timers::journal_moved(engine).await;
     match engine.journal() {
@@ -65,13 +75,23 @@ pub async fn purge(engine: &Rc<Engine>, topic: &str, group: &str) -> OpResult<u6
             ))
         })?,
         _ => {
-            for (p, _) in &ends {
-                p.flush_frontiers().await;
+            for (p, end) in &ends {
+                p.make_frontier_durable(group, *end).await;
             }
         }
     }
+    if let Some(e) = failed {
+        return Err(OpError::Engine(crate::engine::EngineError::Partition(e)));
+    }
     for (p, end) in &ends {
         match p.durable_frontier(group) {
+            // Its shard went meanwhile: the group was deleted, or this node stopped leading the partition.
+            None if t.config().has_group(group) && engine.topic(topic).is_ok() => {
+                return Err(OpError::PartitionUnavailable(format!(
+                    "partition {} changed leader during the purge; run it again",
+                    p.id
+                )))
+            }
             None => return Err(gone()),
             Some(d) if d < *end => {
                 return Err(OpError::Engine(crate::engine::EngineError::Storage(format!(

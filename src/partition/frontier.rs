@@ -446,6 +446,25 @@ impl Partition {
         lag
     }
 
+    /// Writes `group`'s frontier file until it holds at least `end` (waiting out a flush of an older value that is
+    /// running): true once durable there, false if a write failed (retried at the next flush) or the group is gone.
+    pub async fn make_frontier_durable(&self, group: &str, end: u64) -> bool {
+        let Ok(g) = self.group(group) else {
+            return false;
+        };
+        for _ in 0..3 {
+            if g.frontier.durable() >= end {
+                return true;
+            }
+            g.frontier.wait_flush().await;
+            if self.flush_group(&g).await.is_none() && !g.frontier.flushing.get() {
+                // Nothing written and nothing running: the write failed, or there is nothing newer to write.
+                return g.frontier.durable() >= end;
+            }
+        }
+        g.frontier.durable() >= end
+    }
+
     /// Waits out running flushes (a flush whose task is dropped mid-write ends too: see `Flushing`).
     pub(super) async fn wait_flushes(&self) {
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();

@@ -500,14 +500,14 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
     } else {
         ctx.front.engine().cores().max(1) as u32
     });
-    if let Ok(topic) = ctx.front.engine().topic(name) {
-        // It exists: the given attributes must match what it has (AWS: QueueAlreadyExists).
-        let current = topic.config();
-        let mut want = (*current).clone();
+    // It exists: the given attributes must match what it has (AWS: QueueAlreadyExists). Checked before, and again
+    // when the creation finds it existing (created meanwhile, or through a node whose metastore replica lagged).
+    let matches = |current: &TopicConfig| -> Result<()> {
+        let mut want = current.clone();
         settings.apply_to(&mut want);
         // The message size limit compares as the queue sees it (unset is the server's).
         let server_max = ctx.front.engine().config().max_message_bytes;
-        let mut have = (*current).clone();
+        let mut have = current.clone();
         for c in [&mut want, &mut have] {
             c.max_message_bytes = c.message_limit(server_max) as u64;
         }
@@ -520,12 +520,19 @@ async fn create_queue(ctx: &Context<'_>, input: &Value) -> Result<Value> {
                     .into(),
             ));
         }
+        Ok(())
+    };
+    if let Ok(topic) = ctx.front.engine().topic(name) {
+        matches(&topic.config())?;
         return Ok(json!({"QueueUrl": queue_url(ctx, name)}));
     }
     let mut config = settings.new_topic(name);
     // Tags are set at creation only (an existing queue keeps its own, as on SQS).
     config.tags = tags.unwrap_or_default();
-    ctx.front.create_topic(config).await?;
+    let (created, existing) = ctx.front.create_topic(config).await?;
+    if !created {
+        matches(&existing)?;
+    }
     Ok(json!({"QueueUrl": queue_url(ctx, name)}))
 }
 
