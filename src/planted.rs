@@ -12,6 +12,11 @@ pub enum Bug {
     /// A new leader serves without its fencing round: it fences no replica (an old leader goes on committing) and
     /// ranks no log (it may lack acknowledged records a majority holds) (`front/round.rs`).
     NoFencing,
+    /// The journal's frontier records leave out the acks above the frontier (`Partition::moved_frontiers`), though
+    /// the process counts them durable.
+    AcksNotJournaled,
+    /// A restart does not take back the acks above the frontier that were durable (`Partition::install_shard`).
+    AcksNotSeeded,
 }
 
 #[cfg(test)]

@@ -818,11 +818,36 @@ fn crash_loop_loses_nothing_and_resurrects_nothing() {
         }
     }
 
+    // Acks are durable with the frontier, those above it (the acked-ahead ranges) too: an offset acked (200) by
+    // instance e more than LAG before it was killed is never delivered again by a later instance. Only what was
+    // leased and unsettled at a crash (and acks of its last frontier interval) comes back.
+    const LAG: Duration = Duration::from_millis(500);
+    let mut settled_redelivered = Vec::new();
+    let mut durably_acked: HashMap<(u64, u64), u64> = HashMap::new();
+    for a in consumed.acks.iter().filter(|a| a.epoch_lo == a.epoch_hi) {
+        let e = a.epoch_lo as usize;
+        if read_at.get(e).is_some_and(|killed| *killed > a.done + LAG) {
+            let first = durably_acked
+                .entry((a.partition, a.offset))
+                .or_insert(a.epoch_lo);
+            *first = (*first).min(a.epoch_lo);
+        }
+    }
+    for d in &consumed.deliveries {
+        if let Some(&e) = durably_acked.get(&(d.partition, d.offset)) {
+            if d.epoch_lo > e {
+                settled_redelivered.push(format!(
+                    "{}:{} ({}) acked by instance {e} well before it was killed, delivered again by instance {}",
+                    d.partition, d.offset, d.body, d.epoch_lo
+                ));
+            }
+        }
+    }
+
     // The durable frontier lags acks by ~50 ms: if instance e had every offset of a partition below o settled (below
     // its starting frontier, or acked 200 by it) more than LAG before the frontier was read ahead of crash e + 1,
     // then that read shows at least o. Acks whose answer was lost, or acked before the start frontier read by us,
     // only make this bound weaker.
-    const LAG: Duration = Duration::from_millis(500);
     let mut lagging = Vec::new();
     let mut lag_checked = 0u64;
     for (e, (read, at)) in frontier_before.iter().zip(&read_at).enumerate() {
@@ -946,7 +971,7 @@ fn crash_loop_loses_nothing_and_resurrects_nothing() {
     println!(
         "crash_loop summary: rounds={rounds} produced(acked)={} indeterminate={} (delivered {delivered_indeterminate}) \
          refused={} delivered={} unique_delivered={unique_delivered} duplicates={} lost={} unexpected={} \
-         resurrected={} acks={} nacks={} dropped={} elapsed={:.1?}",
+         resurrected={} settled_redelivered={} duplicates_per_crash={:.1} acks={} nacks={} dropped={} elapsed={:.1?}",
         produced.acked.len(),
         produced.indeterminate.len(),
         produced.refused.len(),
@@ -955,6 +980,8 @@ fn crash_loop_loses_nothing_and_resurrects_nothing() {
         lost.len(),
         unexpected.len(),
         resurrected.len(),
+        settled_redelivered.len(),
+        (consumed.deliveries.len() - unique_delivered) as f64 / rounds.max(1) as f64,
         consumed.acks.len(),
         consumed.nacks_ok,
         consumed.dropped,
@@ -998,6 +1025,10 @@ fn crash_loop_loses_nothing_and_resurrects_nothing() {
     check(
         "acked offset redelivered without a crash",
         redelivered_after_ack,
+    );
+    check(
+        "offsets acked well before a crash delivered again after it",
+        settled_redelivered,
     );
     check("frontier file problems", frontier_problems);
     check("durable frontier lagging acks", lagging);

@@ -593,6 +593,7 @@ impl Engine {
                     group: group.to_string(),
                     committed: start,
                     start: true,
+                    acked: Vec::new(),
                 }]);
             }
         }

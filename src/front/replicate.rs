@@ -209,29 +209,41 @@ enum CatchUp {
 }
 
 /// A group's frontier waiting to go to a follower.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Pending {
     committed: u64,
     /// The group started (was created) at or before this value since the last send: the follower replaces the
     /// group with one starting at `committed`.
     start: bool,
+    /// Acked-ahead ranges above `committed` (`FrontierMark::acked`).
+    acked: Vec<(u64, u64)>,
 }
 
 impl Pending {
+    fn value(&self) -> crate::storage::frontier::FrontierValue {
+        crate::storage::frontier::FrontierValue {
+            committed: self.committed,
+            acked: self.acked.clone(),
+        }
+    }
+
     /// `self`, then `later`: a later start replaces everything before it; a later value after a start is that
-    /// start moved on; otherwise the higher value.
+    /// start moved on; otherwise what both settled (the higher value, the acked ranges of both above it).
     fn then(self, later: Pending) -> Pending {
         if later.start {
             later
         } else if self.start {
             Pending {
-                committed: later.committed,
                 start: true,
+                ..later
             }
         } else {
+            let mut value = self.value();
+            value.merge(&later.value());
             Pending {
-                committed: self.committed.max(later.committed),
+                committed: value.committed,
                 start: false,
+                acked: value.acked,
             }
         }
     }
@@ -240,7 +252,7 @@ impl Pending {
 /// Adds `value` for `group` to what waits, after what waits.
 fn queue_frontier(waiting: &mut BTreeMap<String, Pending>, group: &str, value: Pending) {
     match waiting.get_mut(group) {
-        Some(p) => *p = p.then(value),
+        Some(p) => *p = std::mem::take(p).then(value),
         None => {
             waiting.insert(group.to_string(), value);
         }
@@ -401,6 +413,7 @@ impl Shipper {
                 let value = Pending {
                     committed: r.committed,
                     start: r.start,
+                    acked: r.acked.clone(),
                 };
                 queue_frontier(&mut waiting, &r.group, value);
             }
@@ -556,6 +569,7 @@ impl Shipper {
                 Pending {
                     committed: r.committed,
                     start: false,
+                    acked: r.acked,
                 },
             );
             owed.insert(r.group);
@@ -1053,6 +1067,7 @@ fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
             committed: p.committed,
             start: p.start,
             group_id: 0,
+            acked: p.acked,
         });
     }
     marks
@@ -1073,7 +1088,9 @@ async fn send_frontiers(
     if let Some(partition) = shipper.led_partition(&stream) {
         for m in marks.iter_mut().filter(|m| m.start) {
             if let Some(now) = partition.durable_frontier_to_ship(&m.group) {
-                m.committed = m.committed.max(now);
+                let mut value = m.value();
+                value.merge(&now);
+                (m.committed, m.acked) = (value.committed, value.acked);
             }
         }
     }
@@ -1116,9 +1133,10 @@ async fn send_frontiers(
                     let sent = Pending {
                         committed: m.committed,
                         start: m.start,
+                        acked: m.acked,
                     };
-                    let merged = match waiting.get(&m.group) {
-                        Some(&later) => sent.then(later),
+                    let merged = match waiting.remove(&m.group) {
+                        Some(later) => sent.then(later),
                         None => sent,
                     };
                     waiting.insert(m.group, merged);
@@ -1315,7 +1333,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn p(committed: u64, start: bool) -> Pending {
-        Pending { committed, start }
+        Pending {
+            committed,
+            start,
+            acked: Vec::new(),
+        }
     }
 
     #[test]
@@ -1337,5 +1359,19 @@ mod tests {
         assert_eq!(p(9, false).then(p(4, true)), p(4, true));
         assert_eq!(p(3, true).then(p(6, false)), p(6, true));
         assert_eq!(w.len(), 1);
+        // Acked ranges: what both settled, above the higher frontier; a start takes the later value's.
+        let acked = |committed: u64, start: bool, acked: &[(u64, u64)]| Pending {
+            committed,
+            start,
+            acked: acked.to_vec(),
+        };
+        assert_eq!(
+            acked(5, false, &[(7, 9)]).then(acked(6, false, &[(9, 10), (12, 13)])),
+            acked(6, false, &[(7, 10), (12, 13)])
+        );
+        assert_eq!(
+            acked(5, true, &[(7, 9)]).then(acked(6, false, &[(12, 13)])),
+            acked(6, true, &[(12, 13)])
+        );
     }
 }

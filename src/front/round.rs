@@ -425,24 +425,35 @@ impl Shipper {
         answers: &[(NodeIndex, Began, bool)],
     ) -> Result<(), PartitionError> {
         let end = partition.log.end_offset();
-        let mut highest: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        let mut highest: std::collections::BTreeMap<&str, crate::storage::frontier::FrontierValue> =
+            std::collections::BTreeMap::new();
         for (_, began, _) in answers {
             for m in began.frontiers.iter().take(MAX_FRONTIER_MARKS) {
-                if m.start || crate::engine::topic::validate_name(&m.group).is_err() {
+                if m.start
+                    || crate::engine::topic::validate_name(&m.group).is_err()
+                    || m.acked.len() > crate::storage::frontier::MAX_RANGES
+                {
                     continue;
                 }
-                let v = highest.entry(&m.group).or_insert(0);
-                *v = (*v).max(m.committed.min(end));
+                // What each replica settled, below this log's end (acks above a frontier included).
+                let mut value = m.value();
+                value.committed = value.committed.min(end);
+                value.acked.retain_mut(|r| {
+                    r.1 = r.1.min(end);
+                    r.0 < r.1
+                });
+                highest.entry(&m.group).or_default().merge(&value);
             }
         }
         let marks: Vec<FrontierMark> = highest
             .into_iter()
             .take(MAX_FRONTIER_MARKS)
-            .map(|(group, committed)| FrontierMark {
+            .map(|(group, value)| FrontierMark {
                 group: group.to_string(),
-                committed,
+                committed: value.committed,
                 start: false,
                 group_id: 0,
+                acked: value.acked,
             })
             .collect();
         if marks.is_empty() {

@@ -124,6 +124,19 @@ pub struct FrontierMark {
     /// leadership), so the frontier a majority holds never moves back (found by the node simulation, seeds 1471
     /// and 4395).
     pub group_id: u64,
+    /// Offsets settled above `committed` (acknowledged ahead of the frontier), as ranges in canonical form
+    /// (`storage::frontier::FrontierValue`): a replica that comes to lead does not deliver them again.
+    pub acked: Vec<(u64, u64)>,
+}
+
+impl FrontierMark {
+    /// The value it carries.
+    pub fn value(&self) -> crate::storage::frontier::FrontierValue {
+        crate::storage::frontier::FrontierValue {
+            committed: self.committed,
+            acked: self.acked.clone(),
+        }
+    }
 }
 
 /// Most marks in one `ReplicateFrontiers` (a topic has at most `MAX_GROUPS_LIMIT` groups; a leader sends more in
@@ -268,6 +281,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
             committed: r.committed,
             start: false,
             group_id: 0,
+            acked: r.acked,
         })
         .collect();
     Ok(Began {
@@ -1102,6 +1116,7 @@ mod tests {
                     committed: 0,
                     start: false,
                     group_id: 0,
+                    acked: Vec::new(),
                 }]
             );
             let file =
@@ -1241,6 +1256,7 @@ mod tests {
                     committed,
                     start: false,
                     group_id: 0,
+                    acked: Vec::new(),
                 }],
                 ..frontiers(epoch)
             };

@@ -248,6 +248,14 @@ pub fn admit(
             }
             for (i, m) in r.marks.iter().enumerate() {
                 validate_name(&m.group)?;
+                if !m.value().is_normal() {
+                    return Err(OpError::InvalidParameter(format!(
+                        "the acked ranges of group '{}' are not sorted, disjoint ranges above its frontier {} (at most {})",
+                        m.group,
+                        m.committed,
+                        crate::storage::frontier::MAX_RANGES
+                    )));
+                }
                 // One mark per group, in name order (as a leader sends them): no group twice in one request.
                 if i > 0 && r.marks[i - 1].group >= m.group {
                     return Err(OpError::InvalidParameter(format!(
@@ -742,6 +750,7 @@ mod tests {
                         committed: 5,
                         start: false,
                         group_id: 0,
+                        acked: Vec::new(),
                     })
                     .collect(),
             })

@@ -385,10 +385,15 @@ impl Partition {
         self.set_wake(std::rc::Rc::new(|_, _| {}));
         for g in self.groups.borrow().values() {
             if g.shard.borrow_mut().take().is_some() {
-                let shipped = g.frontier.replica.get().unwrap_or(0);
-                g.frontier
-                    .replica
-                    .set(Some(shipped.max(g.frontier.durable())));
+                let mut value = crate::storage::frontier::FrontierValue {
+                    committed: g.frontier.replica.get().unwrap_or(0),
+                    acked: g.frontier.replica_acked.borrow().clone(),
+                };
+                value.merge(&crate::storage::frontier::FrontierValue::at(
+                    g.frontier.durable(),
+                ));
+                g.frontier.replica.set(Some(value.committed));
+                *g.frontier.replica_acked.borrow_mut() = value.acked;
             }
         }
     }

@@ -33,7 +33,7 @@ pub use crate::storage::frontier::*;
 
 use super::{Group, Partition, PartitionError};
 use crate::storage::journal;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 use tracing::warn;
@@ -44,12 +44,21 @@ pub(super) struct FrontierState {
     pub(super) path: PathBuf,
     /// Frontier value known durable in its file (read at the first touch, then each flush).
     pub(super) flushed: Cell<u64>,
+    /// The acked-ahead ranges its file holds beside `flushed` (docs/format.md, "consumer.offset").
+    pub(super) flushed_acked: RefCell<Vec<(u64, u64)>>,
+    /// The loaded shard's `InFlight::acked_version` last recorded in the journal (its ranges with the frontier):
+    /// a tick records the group again when its acked-ahead set changed since, even if the frontier did not move.
+    pub(super) acks_journaled: Cell<u64>,
+    /// The acked-ahead ranges the journal holds beside `journaled` (its newest record's).
+    pub(super) journaled_acked: RefCell<Vec<(u64, u64)>>,
     /// Frontier value known durable in the core's journal (0: none recorded there yet); the durable frontier is the
     /// higher of this and `flushed`.
     pub(super) journaled: Cell<u64>,
     /// On a follower replica: the frontier its leader last shipped (None: none since the replica opened). Its
     /// files are written from it as a leader's are from its shard's committed frontier.
     pub(super) replica: Cell<Option<u64>>,
+    /// With `replica`: the acked-ahead ranges above it its leader shipped (canonical for `replica`).
+    pub(super) replica_acked: RefCell<Vec<(u64, u64)>>,
     /// `flushed` holds what its file held when the partition opened, at least (a leader's load reads it; a
     /// follower reads it at the first value its leader ships).
     pub(super) file_known: Cell<bool>,
@@ -66,8 +75,12 @@ impl FrontierState {
         FrontierState {
             path,
             flushed: Cell::new(0),
+            flushed_acked: RefCell::new(Vec::new()),
+            acks_journaled: Cell::new(0),
+            journaled_acked: RefCell::new(Vec::new()),
             journaled: Cell::new(0),
             replica: Cell::new(None),
+            replica_acked: RefCell::new(Vec::new()),
             file_known: Cell::new(false),
             flushing: Cell::new(false),
             moved_at: Cell::new(None),
@@ -78,6 +91,20 @@ impl FrontierState {
     /// The frontier known durable, in its file or in the journal.
     pub(super) fn durable(&self) -> u64 {
         self.flushed.get().max(self.journaled.get())
+    }
+
+    /// What is known durable, in its file or in the journal, acked-ahead ranges included: what a restart starts
+    /// from.
+    pub(super) fn durable_value(&self) -> FrontierValue {
+        let mut value = FrontierValue {
+            committed: self.flushed.get(),
+            acked: self.flushed_acked.borrow().clone(),
+        };
+        value.merge(&FrontierValue {
+            committed: self.journaled.get(),
+            acked: self.journaled_acked.borrow().clone(),
+        });
+        value
     }
 
     /// Waits out a running flush of this file (one whose task is dropped mid-write ends too: see `Flushing`).
@@ -115,6 +142,7 @@ impl Partition {
                 group: group.to_string(),
                 committed: value,
                 start: true,
+                acked: Vec::new(),
             };
             link.journal
                 .commit_frontiers(journal::frontier_entry(&[record]))
@@ -142,13 +170,14 @@ impl Partition {
             ));
         };
         let _turn = FollowTurn::take(self).await;
-        let record = |group: &str, committed: u64, start: bool| journal::FrontierRecord {
+        let record = |group: &str, value: FrontierValue, start: bool| journal::FrontierRecord {
             topic: link.topic.clone(),
             topic_id: link.topic_id,
             partition: link.partition,
             group: group.to_string(),
-            committed,
+            committed: value.committed,
             start,
+            acked: value.acked,
         };
         let mut records = Vec::new();
         let mut raised = Vec::new();
@@ -175,13 +204,16 @@ impl Partition {
                 if self.closed.get() {
                     return Err(PartitionError::Closed);
                 }
-                write(&*self.storage, &g.frontier.path, m.committed)
+                let value = m.value();
+                write_value(&*self.storage, &g.frontier.path, &value)
                     .await
                     .map_err(|e| PartitionError::Storage(e.to_string()))?;
                 g.frontier.flushed.set(m.committed);
+                *g.frontier.flushed_acked.borrow_mut() = m.acked.clone();
                 g.frontier.replica.set(Some(m.committed));
+                *g.frontier.replica_acked.borrow_mut() = m.acked.clone();
                 drop(writing);
-                records.push(record(&m.group, m.committed, true));
+                records.push(record(&m.group, value, true));
                 continue;
             }
             let Some(g) = old else {
@@ -190,25 +222,33 @@ impl Partition {
             if !g.frontier.file_known.get() {
                 // First value since the replica opened: what its file holds (a restart forgets it) is the floor.
                 g.frontier.wait_flush().await;
-                let stored = read(&*self.storage, &g.frontier.path).map_err(|e| {
+                let stored = read_value(&*self.storage, &g.frontier.path).map_err(|e| {
                     PartitionError::Unavailable(format!("cannot read its frontier: {e}"))
                 })?;
                 if !g.frontier.file_known.get() {
-                    g.frontier.flushed.set(g.frontier.flushed.get().max(stored));
+                    if stored.committed >= g.frontier.flushed.get() {
+                        g.frontier.flushed.set(stored.committed);
+                        *g.frontier.flushed_acked.borrow_mut() = stored.acked;
+                    }
                     g.frontier.file_known.set(true);
                 }
             }
-            let value = g
-                .frontier
-                .replica
-                .get()
-                .unwrap_or(0)
-                .max(m.committed)
-                .max(g.frontier.flushed.get());
-            g.frontier.replica.set(Some(value));
-            if m.committed > g.frontier.durable() {
-                records.push(record(&m.group, m.committed, false));
-                raised.push((g, m.committed));
+            // What the replica held, what its file holds and what the leader settled: all true of this group.
+            let before = FrontierValue {
+                committed: g.frontier.replica.get().unwrap_or(0),
+                acked: g.frontier.replica_acked.borrow().clone(),
+            };
+            let mut value = before.clone();
+            value.merge(&m.value());
+            value.merge(&FrontierValue {
+                committed: g.frontier.flushed.get(),
+                acked: g.frontier.flushed_acked.borrow().clone(),
+            });
+            g.frontier.replica.set(Some(value.committed));
+            *g.frontier.replica_acked.borrow_mut() = value.acked.clone();
+            if m.committed > g.frontier.durable() || value.acked != before.acked {
+                raised.push((g, value.clone()));
+                records.push(record(&m.group, value, false));
             }
         }
         if records.is_empty() {
@@ -220,8 +260,9 @@ impl Partition {
         // Durable before the answer under `fsync interval` too: the leader counts on it.
         link.journal.sync_now().await?;
         for (g, value) in raised {
-            if value > g.frontier.journaled.get() {
-                g.frontier.journaled.set(value);
+            if value.committed >= g.frontier.journaled.get() {
+                g.frontier.journaled.set(value.committed);
+                *g.frontier.journaled_acked.borrow_mut() = value.acked;
             }
         }
         Ok(())
@@ -241,6 +282,7 @@ impl Partition {
             group: group.to_string(),
             committed: 0,
             start: true,
+            acked: Vec::new(),
         };
         link.journal
             .commit_frontiers(journal::frontier_entry(&[record]))
@@ -269,8 +311,9 @@ impl Partition {
                     topic_id: link.topic_id,
                     partition: link.partition,
                     group: g.name.clone(),
-                    committed: value,
+                    committed: value.committed,
                     start: true,
+                    acked: value.acked,
                 })
             })
             .collect()
@@ -281,28 +324,33 @@ impl Partition {
     /// it is when the start is sent, not when it was queued (`front::replicate`): a follower down since the round
     /// would otherwise take a start older than what the leader's other followers hold since, and the frontier a
     /// majority holds would move back until the next value reached it (seed 1471 of the node simulation).
-    pub fn durable_frontier_to_ship(&self, group: &str) -> Option<u64> {
+    pub fn durable_frontier_to_ship(&self, group: &str) -> Option<FrontierValue> {
         let g = self.groups.borrow().get(group).cloned()?;
         self.durable_value(&g)
     }
 
-    fn durable_value(&self, g: &Group) -> Option<u64> {
+    /// A group's durable frontier, with the acked-ahead ranges known durable with it: a loaded shard's in its file
+    /// or journal; else its file's and the shipped ones.
+    fn durable_value(&self, g: &Group) -> Option<FrontierValue> {
         Some(if g.shard.borrow().is_some() {
-            g.frontier.durable()
+            g.frontier.durable_value()
         } else {
             // A replica that led since it followed: its leader's shipped frontier (journaled here) may be ahead of
             // its file.
-            read(&*self.storage, &g.frontier.path)
-                .ok()?
-                .max(g.frontier.replica.get().unwrap_or(0))
-                .max(g.frontier.durable())
+            let mut value = read_value(&*self.storage, &g.frontier.path).ok()?;
+            value.merge(&FrontierValue {
+                committed: g.frontier.replica.get().unwrap_or(0),
+                acked: g.frontier.replica_acked.borrow().clone(),
+            });
+            value.merge(&FrontierValue::at(g.frontier.durable()));
+            value
         })
     }
 
     /// Adds to `out` a record of each group whose frontier moved past the durable one (for one journal entry of
     /// the whole core); returns the groups and values recorded, for [`Partition::frontiers_journaled`]. Nothing
     /// without a journal, or after the partition closed.
-    pub fn moved_frontiers(&self, out: &mut Vec<journal::FrontierRecord>) -> Vec<(Rc<Group>, u64)> {
+    pub fn moved_frontiers(&self, out: &mut Vec<journal::FrontierRecord>) -> Vec<Moved> {
         let Some(link) = self.log.journal_link() else {
             return Vec::new();
         };
@@ -311,12 +359,14 @@ impl Partition {
         }
         let mut marks = Vec::new();
         for g in self.groups.borrow().values() {
-            let Some(committed) = g.with_loaded(|s| s.committed()) else {
+            let Some((committed, version)) = g.with_loaded(|s| (s.committed(), s.acked_version()))
+            else {
                 continue;
             };
-            if committed <= g.frontier.durable() {
+            if committed <= g.frontier.durable() && version == g.frontier.acks_journaled.get() {
                 continue;
             }
+            let acked = g.acked_ranges();
             out.push(journal::FrontierRecord {
                 topic: link.topic.clone(),
                 topic_id: link.topic_id,
@@ -324,30 +374,63 @@ impl Partition {
                 group: g.name.clone(),
                 committed,
                 start: false,
+                acked: if crate::planted::planted(crate::planted::Bug::AcksNotJournaled) {
+                    Vec::new()
+                } else {
+                    acked.clone()
+                },
             });
-            marks.push((g.clone(), committed));
+            marks.push(Moved {
+                group: g.clone(),
+                committed,
+                version,
+                acked,
+            });
         }
         marks
     }
 
     /// The journal made the values `moved_frontiers` recorded at `started` (ms) durable: returns how long each had
     /// waited since its frontier first moved (ms).
-    pub fn frontiers_journaled(&self, marks: &[(Rc<Group>, u64)], started: u64) -> Vec<u64> {
+    pub fn frontiers_journaled(&self, marks: &[Moved], started: u64) -> Vec<u64> {
         let now = self.clock.now_ms();
         let mut lags = Vec::with_capacity(marks.len());
-        for (g, value) in marks {
-            if *value <= g.frontier.durable() {
+        for Moved {
+            group: g,
+            committed: value,
+            version,
+            acked,
+        } in marks
+        {
+            if g.shard.borrow().is_some() && *version > g.frontier.acks_journaled.get() {
+                g.frontier.acks_journaled.set(*version);
+            }
+            let newly_durable = *value > g.frontier.durable();
+            // The newest record's ranges are the journal's (a value only grows: the same frontier with more acks
+            // above it, or a higher one).
+            if *value >= g.frontier.journaled.get() {
+                *g.frontier.journaled_acked.borrow_mut() = acked.clone();
+                g.frontier.journaled.set(*value);
+            }
+            if !newly_durable {
                 continue;
             }
             let moved_at = g.frontier.moved_at.get().unwrap_or(started);
-            g.frontier.journaled.set(*value);
             if g.shard.borrow().is_none() {
                 // Journaled after its shard went (this leader was deposed meanwhile, `Partition::follow`): the value
                 // it keeps as its replica's frontier takes it too, so that leading again here, or a checkpoint's
                 // file, never starts below what its own journal holds. (Found by the node simulation: a re-elected
                 // leader served from below an ack it had answered `200`.)
-                let replica = g.frontier.replica.get().unwrap_or(0);
-                g.frontier.replica.set(Some(replica.max(*value)));
+                let mut replica = FrontierValue {
+                    committed: g.frontier.replica.get().unwrap_or(0),
+                    acked: g.frontier.replica_acked.borrow().clone(),
+                };
+                replica.merge(&FrontierValue {
+                    committed: *value,
+                    acked: acked.clone(),
+                });
+                g.frontier.replica.set(Some(replica.committed));
+                *g.frontier.replica_acked.borrow_mut() = replica.acked;
             }
             let behind = g.with_loaded(|s| s.committed()).is_some_and(|c| c > *value);
             g.frontier.moved_at.set(behind.then_some(started));
@@ -383,11 +466,10 @@ impl Partition {
 
     /// Whether some group's frontier file is behind its frontier (a checkpoint must write it).
     pub fn frontier_file_behind(&self) -> bool {
-        self.groups.borrow().values().any(|g| {
-            g.frontier.flushing.get()
-                || g.frontier_value()
-                    .is_some_and(|c| c != g.frontier.flushed.get())
-        })
+        self.groups
+            .borrow()
+            .values()
+            .any(|g| g.frontier.flushing.get() || g.file_behind())
     }
 
     /// Writes every group's frontier file that is behind its frontier, after the writes already running (a
@@ -401,7 +483,7 @@ impl Partition {
             let Some(committed) = g.frontier_value() else {
                 continue;
             };
-            if g.frontier.flushed.get() >= committed || self.closed.get() {
+            if !g.file_behind() || self.closed.get() {
                 continue;
             }
             self.flush_group(&g).await;
@@ -414,21 +496,24 @@ impl Partition {
     /// journal either).
     async fn flush_group(&self, g: &Group) -> Option<u64> {
         let committed = g.frontier_value()?;
-        if g.frontier.flushed.get() == committed || g.frontier.flushing.get() || self.closed.get() {
+        if !g.file_behind() || g.frontier.flushing.get() || self.closed.get() {
             return None;
         }
+        let acked = g.acked_ranges();
         let started = self.clock.now_ms();
         let was_durable = committed <= g.frontier.durable();
         let moved_at = g.frontier.moved_at.get().unwrap_or(started);
         assert!(
-            committed > g.frontier.flushed.get(),
+            committed >= g.frontier.flushed.get(),
             "frontier {committed} would replace the durable {} with a lower one",
             g.frontier.flushed.get()
         );
         let _flushing = Flushing::start(&g.frontier);
-        let lag = match write(&*self.storage, &g.frontier.path, committed).await {
+        let value = FrontierValue { committed, acked };
+        let lag = match write_value(&*self.storage, &g.frontier.path, &value).await {
             Ok(()) => {
                 g.frontier.flushed.set(committed);
+                *g.frontier.flushed_acked.borrow_mut() = value.acked;
                 if was_durable {
                     None
                 } else {
@@ -471,6 +556,35 @@ impl Partition {
         for g in groups {
             g.frontier.wait_flush().await;
         }
+    }
+}
+
+/// A group whose frontier (or acked-ahead set) moved, as [`Partition::moved_frontiers`] recorded it: the value and
+/// the shard's `InFlight::acked_version` with it.
+pub struct Moved {
+    group: Rc<Group>,
+    committed: u64,
+    version: u64,
+    acked: Vec<(u64, u64)>,
+}
+
+impl Group {
+    /// The acked-ahead ranges to persist with [`Group::frontier_value`]: the loaded shard's, or on a follower
+    /// replica those its leader shipped (at most `MAX_RANGES`, the lowest).
+    pub(super) fn acked_ranges(&self) -> Vec<(u64, u64)> {
+        let mut acked = self
+            .with_loaded(|s| s.acked_ranges())
+            .unwrap_or_else(|| self.frontier.replica_acked.borrow().clone());
+        acked.truncate(MAX_RANGES);
+        acked
+    }
+
+    /// Its file holds less than its frontier value and acked-ahead ranges.
+    fn file_behind(&self) -> bool {
+        self.frontier_value().is_some_and(|c| {
+            c != self.frontier.flushed.get()
+                || *self.frontier.flushed_acked.borrow() != self.acked_ranges()
+        })
     }
 }
 

@@ -215,6 +215,9 @@ pub struct InFlight {
     /// At most `limits.max_acked_ahead` entries are ever added (a batch ack also parks,
     /// for the length of the call, the acks that the frontier passes at its end).
     acked_ahead: BTreeSet<u64>,
+    /// Bumped at each offset parked in `acked_ahead`: the caller persists the set as ranges when it changed since
+    /// it last did ([`InFlight::acked_version`]).
+    acked_version: u64,
     /// Corrupt-skipped offsets above `committed`, as maximal disjoint half-open runs
     /// `start -> end`. Run-length encoded so a long stretch of unreadable records costs
     /// O(1) memory: the number of runs is bounded by the caps, not by the log.
@@ -227,6 +230,34 @@ pub struct InFlight {
     /// FIFO message groups (`admit`): each group's head, and the offsets held behind it. Empty unless the
     /// caller admits offsets (a FIFO topic).
     fifo: FifoGroups,
+}
+
+/// The part of the acks persisted above a frontier at `committed` (`acked`: ranges in canonical form) that
+/// [`InFlight::seed_acked`] takes: only offsets below `end` (the log's end: under `fsync never` a crash may have lost
+/// records an ack settled, and offsets there are new records to come), at most `max_acked_ahead + max_in_flight`
+/// of them (acks park up to `max_acked_ahead`, dead-lettered leases beyond it), and none past more than
+/// `max_in_flight + max_acked_ahead` unsettled offsets between the frontier and them (each becomes deliverable
+/// again, so this bounds the memory a restart spends on them). Lower caps than when the acks were made, or a long
+/// run of corrupt records under them, leave the higher ones out: they redeliver.
+pub fn seedable(committed: u64, acked: &[(u64, u64)], end: u64, limits: Limits) -> Vec<(u64, u64)> {
+    let mut room = (limits.max_acked_ahead as u64).saturating_add(limits.max_in_flight as u64);
+    let mut gaps = room;
+    let mut cursor = committed;
+    let mut out = Vec::new();
+    for &(start, stop) in acked {
+        if start < cursor || start - cursor > gaps {
+            break;
+        }
+        let stop = stop.min(end).min(start.saturating_add(room));
+        if start >= stop {
+            break;
+        }
+        gaps -= start - cursor;
+        room -= stop - start;
+        out.push((start, stop));
+        cursor = stop;
+    }
+    out
 }
 
 impl InFlight {
@@ -246,6 +277,7 @@ impl InFlight {
             delayed: BTreeMap::new(),
             delay_order: BTreeSet::new(),
             acked_ahead: BTreeSet::new(),
+            acked_version: 0,
             corrupt_runs: Runs::new(),
             corrupt_skipped_total: 0,
             expiry: BinaryHeap::new(),
@@ -312,6 +344,51 @@ impl InFlight {
     /// Number of parked out-of-order acks.
     pub fn acked_ahead(&self) -> usize {
         self.acked_ahead.len()
+    }
+
+    /// Grows each time an ack is parked above the frontier: the acked-ahead set may differ from the one persisted
+    /// at an older version (a set that only shrank did so as `committed` moved past it).
+    pub fn acked_version(&self) -> u64 {
+        self.acked_version
+    }
+
+    /// The parked out-of-order acks as half-open ranges `[start, end)`, sorted, disjoint and not touching (what
+    /// the caller persists beside `committed`). O(parked acks).
+    pub fn acked_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &o in &self.acked_ahead {
+            match out.last_mut() {
+                Some(last) if last.1 == o => last.1 = o + 1,
+                _ => out.push((o, o + 1)),
+            }
+        }
+        out
+    }
+
+    /// Right after [`InFlight::new`]: the acks persisted above the frontier (`acked`, ranges in canonical form
+    /// above `committed`) are settled again, so a restart does not deliver them; every offset between them is
+    /// deliverable again (undelivered, count 0), lowest first, as after a restart without them. What is taken is
+    /// [`seedable`]'s part of them (below the log's `end`, within the caps); the rest redeliver, as they did
+    /// before acks were persisted. Returns how many acked offsets were taken.
+    pub fn seed_acked(&mut self, acked: &[(u64, u64)], end: u64) -> u64 {
+        assert!(
+            self.cursor == self.committed && self.leases.is_empty() && self.acked_ahead.is_empty(),
+            "acks are seeded into a fresh shard"
+        );
+        let mut taken = 0;
+        for (start, stop) in seedable(self.committed, acked, end, self.limits) {
+            assert!(
+                start > self.cursor,
+                "acked ranges in canonical form above the frontier"
+            );
+            for o in self.cursor..start {
+                self.redeliver.insert(o, 0);
+            }
+            self.acked_ahead.extend(start..stop);
+            self.cursor = stop;
+            taken += stop - start;
+        }
+        taken
     }
 
     /// Total corrupt skips reported to this shard.
@@ -485,6 +562,7 @@ impl InFlight {
             self.leases.remove(&offset);
             let fresh = self.acked_ahead.insert(offset);
             assert!(fresh, "leased offset {offset} was also acked-ahead");
+            self.acked_version += 1;
         }
         self.fifo_settled(offset);
         Ok(self.committed)
@@ -544,6 +622,7 @@ impl InFlight {
             self.leases.remove(&offset);
             let fresh = self.acked_ahead.insert(offset);
             assert!(fresh, "leased offset {offset} was also acked-ahead");
+            self.acked_version += 1;
             self.fifo_settled(offset);
             results.push(Ok(()));
         }

@@ -524,6 +524,7 @@ impl Partition {
         // Nothing left to write in it (a checkpoint may hold it still): no shard, no shipped value.
         *g.shard.borrow_mut() = None;
         g.frontier.replica.set(None);
+        g.frontier.replica_acked.borrow_mut().clear();
         g.frontier.wait_flush().await;
         if !self.closed.get() {
             if let Err(e) = self.storage.remove(&g.frontier.path).await {
@@ -544,7 +545,7 @@ impl Partition {
             .collect();
         let mut stored = Vec::with_capacity(groups.len());
         for g in &groups {
-            let value = frontier::read(&*self.storage, &g.frontier.path).map_err(|e| {
+            let value = frontier::read_value(&*self.storage, &g.frontier.path).map_err(|e| {
                 error!(file = %g.frontier.path.display(), error = %e, "cannot read a frontier file: the partition answers 503 until it can");
                 PartitionError::Unavailable(format!("cannot read its frontier: {e}"))
             })?;
@@ -552,13 +553,22 @@ impl Partition {
         }
         // A replica that followed before it led: the frontiers its leader shipped (durable in its journal) may be
         // ahead of its files.
-        let known = |g: &Group, stored: u64| stored.max(g.frontier.replica.get().unwrap_or(0));
-        let highest = groups
+        let known = |g: &Group, stored: &frontier::FrontierValue| {
+            let mut known = stored.clone();
+            if let Some(replica) = g.frontier.replica.get() {
+                known.merge(&frontier::FrontierValue {
+                    committed: replica,
+                    acked: g.frontier.replica_acked.borrow().clone(),
+                });
+            }
+            known
+        };
+        let known: Vec<frontier::FrontierValue> = groups
             .iter()
             .zip(&stored)
-            .map(|(g, &s)| known(g, s))
-            .max()
-            .unwrap_or(0);
+            .map(|(g, s)| known(g, s))
+            .collect();
+        let highest = known.iter().map(|k| k.committed).max().unwrap_or(0);
         // A durable frontier covers only what was served, so committed.
         self.committed_at_least(highest);
         let recovered_end = self.log.end_offset();
@@ -569,8 +579,47 @@ impl Partition {
             })?;
             self.lost_below_frontier.set(highest - recovered_end);
         }
-        for (g, value) in groups.iter().zip(stored) {
-            self.install_shard(g, value, known(g, value));
+        // Acks above a frontier were of served records too, those below the log's end: under `fsync never` a crash
+        // may have lost the rest, and offsets there are new records to come. A file that holds acks at or above the
+        // end is written without them before anything is appended (this runs before the first append), so that no
+        // later restart takes a new record for one settled.
+        let end = self.log.end_offset();
+        for (i, g) in groups.iter().enumerate() {
+            if stored[i].settled_end() <= end {
+                continue;
+            }
+            let mut clipped = stored[i].clone();
+            clipped.acked.retain_mut(|r| {
+                r.1 = r.1.min(end);
+                r.0 < r.1
+            });
+            frontier::write_value(&*self.storage, &g.frontier.path, &clipped)
+                .await
+                .map_err(|e| {
+                    error!(file = %g.frontier.path.display(), error = %e, "cannot write a frontier file without the acks past the log's end: the partition answers 503 until it can");
+                    PartitionError::Unavailable(format!("cannot write its frontier: {e}"))
+                })?;
+            warn!(file = %g.frontier.path.display(), end, "acks above the frontier past the log's end (records a crash lost) were dropped from the frontier file");
+            stored[i] = clipped;
+        }
+        let known: Vec<frontier::FrontierValue> = known
+            .into_iter()
+            .map(|mut k| {
+                k.acked.retain_mut(|r| {
+                    r.1 = r.1.min(end);
+                    r.0 < r.1
+                });
+                k
+            })
+            .collect();
+        let acked_end = known
+            .iter()
+            .map(|k| k.settled_end().min(end))
+            .max()
+            .unwrap_or(0);
+        self.committed_at_least(acked_end);
+        for ((g, stored), known) in groups.iter().zip(stored).zip(known) {
+            self.install_shard(g, stored, known);
         }
         Ok(())
     }
@@ -585,18 +634,36 @@ impl Partition {
         }
     }
 
-    /// Seeds a group's shard at its durable frontier `known` (its file holds `stored`; never below the oldest
-    /// retained offset).
-    fn install_shard(&self, g: &Group, stored: u64, known: u64) {
+    /// Seeds a group's shard at its durable frontier `known`, with the acks above it that `known` holds (its file
+    /// holds `stored`; never below the oldest retained offset).
+    fn install_shard(
+        &self,
+        g: &Group,
+        stored: frontier::FrontierValue,
+        known: frontier::FrontierValue,
+    ) {
         let (start, end) = (self.log.start_offset(), self.log.end_offset());
-        let committed = known.max(start);
-        // Retention removed what this group had not settled while it was not loaded: counted as it would be live.
-        bump(&g.counters.retention_skipped, committed - known);
+        let mut seeded = known.clone();
+        seeded.merge(&frontier::FrontierValue::at(start));
+        let committed = seeded.committed;
+        // Retention removed what this group had not settled while it was not loaded: counted as it would be live
+        // (acked offsets it passed were settled already).
+        let acked_below = known
+            .acked
+            .iter()
+            .map(|&(s, e)| e.min(committed).saturating_sub(s))
+            .sum::<u64>();
+        bump(
+            &g.counters.retention_skipped,
+            (committed - known.committed).saturating_sub(acked_below),
+        );
         assert!(
             committed <= end,
             "frontier {committed} beyond the log end {end}"
         );
-        g.frontier.flushed.set(stored);
+        g.frontier.flushed.set(stored.committed);
+        *g.frontier.flushed_acked.borrow_mut() = stored.acked;
+        g.frontier.acks_journaled.set(0);
         g.frontier.file_known.set(true);
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
         // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
@@ -612,6 +679,9 @@ impl Partition {
             nonce_seed
         };
         let mut shard = InFlight::new(committed, nonce_seed, self.limits.get());
+        if !crate::planted::planted(crate::planted::Bug::AcksNotSeeded) {
+            shard.seed_acked(&seeded.acked, end);
+        }
         shard.set_redelivery(self.redelivery.get());
         *g.shard.borrow_mut() = Some(shard);
     }
@@ -1263,6 +1333,13 @@ impl Partition {
     pub fn durable_frontier(&self, group: &str) -> Option<u64> {
         let g = self.group(group).ok()?;
         g.with_loaded(|_| g.frontier.durable())
+    }
+
+    /// [`Partition::durable_frontier`] with the acked-ahead ranges known durable beside it (in its file or its
+    /// journal): what a restart starts the group from.
+    pub fn durable_acked(&self, group: &str) -> Option<frontier::FrontierValue> {
+        let g = self.group(group).ok()?;
+        g.with_loaded(|_| g.frontier.durable_value())
     }
 
     /// Whether this partition has group `group` (loaded or not).

@@ -113,6 +113,7 @@ fn mark(group: &str, committed: u64, start: bool) -> FrontierMark {
         committed,
         start,
         group_id: 0,
+        acked: Vec::new(),
     }
 }
 

@@ -9,7 +9,10 @@ pub(super) fn disk_frontiers(
     world: &World,
     oracle: &Oracle,
     medium: bool,
-) -> Vec<((u64, String, u32), u64)> {
+) -> Vec<(
+    (u64, String, u32),
+    crate::partition::frontier::FrontierValue,
+)> {
     let mut out = Vec::new();
     for (name, &id) in &oracle.ids {
         let Ok(t) = world.fronts[0].engine().topic(name) else {
@@ -30,7 +33,7 @@ pub(super) fn disk_frontiers(
                     world.sim.contents(&path)
                 };
                 if let Some(bytes) = bytes {
-                    if let Some(v) = crate::partition::frontier::decode(&bytes) {
+                    if let Some(v) = crate::partition::frontier::decode_value(&bytes) {
                         out.push(((id, g.to_string(), p), v));
                     }
                 }
@@ -41,18 +44,62 @@ pub(super) fn disk_frontiers(
 }
 
 /// After a restart (the journal replayed, no partition touched yet): every frontier file holds at least the
-/// frontier the last process held durable, in the file or in its journal.
-pub(super) fn check_durable_frontiers(world: &World, o: &Oracle) {
+/// frontier the last process held durable, in the file or in its journal, and every offset acknowledged above it
+/// that was durable with it.
+pub(super) fn check_durable_frontiers(world: &World, o: &mut Oracle) {
+    // Acks of records a crash took (a damaged tail, or an unsynced one under fsync `interval` and `never`) are
+    // dropped at the restart (`Partition::load_shards`): their offsets take new records.
+    for e in &world.engines {
+        for (topic, partition) in e.owned_partitions() {
+            let end = partition.log.end_offset();
+            for g in GROUPS {
+                if let Some(v) =
+                    o.settled_durable
+                        .get_mut(&(topic.id(), g.to_string(), partition.id))
+                {
+                    v.acked.retain_mut(|r| {
+                        r.1 = r.1.min(end);
+                        r.0 < r.1
+                    });
+                }
+            }
+        }
+    }
+    let o = &*o;
     let on_disk: BTreeMap<_, _> = disk_frontiers(world, o, false).into_iter().collect();
     let current: BTreeSet<u64> = o.ids.values().copied().collect();
     for (key, &durable) in &o.frontier_durable {
         if !current.contains(&key.0) || o.deleted.contains(&key.0) {
             continue;
         }
-        let held = on_disk.get(key).copied().unwrap_or(0);
+        let held = on_disk.get(key).map_or(0, |v| v.committed);
         if held < durable {
             o.fail(format!(
                 "{key:?} frontier file holds {held} after the restart; the last process held {durable} durable"
+            ));
+        }
+    }
+    for (key, durable) in &o.settled_durable {
+        if !current.contains(&key.0) || o.deleted.contains(&key.0) {
+            continue;
+        }
+        let held = on_disk.get(key).cloned().unwrap_or_default();
+        // As much of it as a restart takes back (`inflight::seedable`): what a process holds durable above that is
+        // allowed to go.
+        let durable = crate::partition::frontier::FrontierValue {
+            committed: durable.committed,
+            acked: crate::partition::inflight::seedable(
+                durable.committed,
+                &durable.acked,
+                u64::MAX,
+                SIM_LIMITS,
+            ),
+        };
+        let mut both = held.clone();
+        both.merge(&durable);
+        if both != held {
+            o.fail(format!(
+                "{key:?} frontier file holds {held:?} after the restart; the last processes held {durable:?} durable"
             ));
         }
     }
@@ -83,6 +130,16 @@ pub(super) async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
                         let held = o.frontier_durable.entry(key.clone()).or_insert(0);
                         *held = (*held).max(d);
                     }
+                    if let Some(v) = partition.durable_acked(g) {
+                        if v.committed > c
+                            || v.acked.iter().any(|&(_, e)| e > partition.log.end_offset())
+                        {
+                            o.fail(format!(
+                                "{key:?} durable {v:?} beyond the committed {c} or the log end"
+                            ));
+                        }
+                        o.settled_durable.entry(key.clone()).or_default().merge(&v);
+                    }
                     let seen = o.frontier_mem.entry(key.clone()).or_insert(0);
                     if c < *seen {
                         let was = *seen;
@@ -93,6 +150,7 @@ pub(super) async fn check(world: &World, oracle: &Rc<RefCell<Oracle>>) {
             }
         }
         for (key, value) in disk_frontiers(world, &o, true) {
+            let value = value.committed;
             let seen = o.frontier_disk.entry(key.clone()).or_insert(0);
             if value < *seen {
                 let was = *seen;

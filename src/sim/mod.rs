@@ -34,7 +34,7 @@ mod net;
 pub(crate) mod nodes;
 mod oracle;
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 mod workload;
 mod world;
 
@@ -129,7 +129,7 @@ pub async fn run_seed_here(seed: u64) {
         if first {
             create_topics(&world, &plan, &oracle).await;
         } else {
-            check_durable_frontiers(&world, &oracle.borrow());
+            check_durable_frontiers(&world, &mut oracle.borrow_mut());
         }
         let outcome = run_world(&world, &plan, &oracle, &mut rng, &mut step).await;
         // The disk as the process leaves it, taken before the shutdown below writes anything; then the process's

@@ -47,6 +47,11 @@ pub(super) struct Oracle {
     /// Highest frontier a process held durable (in its file or its journal): after a restart's replay, the file
     /// holds at least that much.
     pub(super) frontier_durable: BTreeMap<(u64, String, u32), u64>,
+    /// Everything a process held durable as settled, the acked-ahead ranges above the frontier included (what a
+    /// restart starts from), merged over every process (acks of records a crash took dropped at each restart:
+    /// `check_durable_frontiers`).
+    pub(super) settled_durable:
+        BTreeMap<(u64, String, u32), crate::partition::frontier::FrontierValue>,
     /// Topic ids deleted (their records need no delivery).
     pub(super) deleted: BTreeSet<u64>,
     /// Current id per topic name.
@@ -173,6 +178,21 @@ impl Oracle {
             }
         }
         let key = (topic_id, group.to_string(), d.partition, d.offset);
+        if let Some(v) = self
+            .settled_durable
+            .get(&(topic_id, group.to_string(), d.partition))
+        {
+            // Below the durable frontier, or acknowledged above it and durable with it (as much of that as a
+            // restart takes back: `inflight::seedable`): never delivered again, by any process.
+            let seeded =
+                crate::partition::inflight::seedable(v.committed, &v.acked, u64::MAX, SIM_LIMITS);
+            if d.offset < v.committed || seeded.iter().any(|&(s, e)| (s..e).contains(&d.offset)) {
+                self.fail(format!(
+                    "{topic}/{group} {}:{} delivered again though settled durably (committed {}, acked above it {:?})",
+                    d.partition, d.offset, v.committed, v.acked
+                ));
+            }
+        }
         if self.settled.contains(&key) {
             self.fail(format!(
                 "{topic}/{group} {}:{} was acknowledged as settled in this process and is delivered again",

@@ -1,6 +1,7 @@
 //! The simulation's seeds in the test suite, and targeted scenarios on a quiet world.
 
 use super::*;
+use crate::planted::{plant, Bug};
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -53,6 +54,85 @@ fn simulated_crashes_power_cuts_and_faults_lose_nothing_acknowledged() {
         eprintln!("simulation: {n} {what} over {seeds} seeds");
         assert!(seeds < 200 || n > 0, "{seeds} seeds ran no {what}");
     }
+}
+
+thread_local! {
+    /// This thread's panics are expected (a planted bug's search): not printed.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `seed` of a simulation (`run`: one seed, on an executor of its own) on a thread of its own with `bug`
+/// planted (None: none); the panic's message if it failed.
+fn failure(run: fn(u64), bug: Option<Bug>, seed: u64) -> Option<String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    // A thread per seed: a failed seed's executor goes with its thread (glommio keeps descriptors per thread).
+    std::thread::spawn(move || {
+        QUIET.with(|q| q.set(true));
+        plant(bug);
+        run(seed);
+    })
+    .join()
+    .err()
+    .map(|e| {
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+}
+
+/// Runs seeds from 1 with `bug` planted until one fails that passes without it (a seed that fails either way finds
+/// something else); returns that seed and its message.
+pub(super) fn first_failing_seed(run: fn(u64), bug: Bug, limit: u64) -> Option<(u64, String)> {
+    (1..=limit).find_map(|seed| {
+        let message = failure(run, Some(bug), seed)?;
+        if let Some(without) = failure(run, None, seed) {
+            eprintln!(
+                "{bug:?}: seed {seed} fails without it too, passed over: {}",
+                without.lines().next().unwrap_or_default()
+            );
+            return None;
+        }
+        Some((seed, message))
+    })
+}
+
+/// The single-node simulation finds `bug` within `BERTH_SIM_PLANTED_SEEDS` seeds (default 2000), as a finding of
+/// its oracle.
+fn finds(bug: Bug) {
+    let limit = env("BERTH_SIM_PLANTED_SEEDS").unwrap_or(2000);
+    match first_failing_seed(run_seed, bug, limit) {
+        Some((seed, message)) => {
+            let first = message.lines().next().unwrap_or_default().to_string();
+            eprintln!("{bug:?}: found by seed {seed}: {first}");
+            assert!(
+                message.contains(&format!("simulation seed {seed} found: ")),
+                "{bug:?}: seed {seed} failed, but not with a finding of the oracle: {message}"
+            );
+        }
+        None => panic!("{bug:?} planted: {limit} seeds found nothing"),
+    }
+}
+
+/// Acks above the frontier left out of the journal's frontier records: a restart's files lack what the process
+/// held durable.
+#[test]
+fn acks_above_the_frontier_not_journaled_are_found() {
+    finds(Bug::AcksNotJournaled);
+}
+
+/// Acks above the frontier journaled but not taken back at a restart: settled offsets are delivered again.
+#[test]
+fn acks_above_the_frontier_not_seeded_at_a_restart_are_found() {
+    finds(Bug::AcksNotSeeded);
 }
 
 fn quiet_plan() -> Plan {

@@ -58,11 +58,18 @@ pub(super) fn sim_config(plan: &Plan) -> Config {
     }
 }
 
+/// Every simulated topic's caps (small, so that they bind).
+pub(super) const SIM_LIMITS: crate::partition::inflight::Limits =
+    crate::partition::inflight::Limits {
+        max_in_flight: 6,
+        max_acked_ahead: 4,
+    };
+
 pub(super) fn topic_config(name: &str, partitions: u32) -> TopicConfig {
     let mut c = TopicConfig::with_defaults(name);
     c.partitions = partitions;
-    c.max_in_flight = 6;
-    c.max_acked_ahead = 4;
+    c.max_in_flight = SIM_LIMITS.max_in_flight;
+    c.max_acked_ahead = SIM_LIMITS.max_acked_ahead;
     c.groups = vec!["g2".to_string()];
     if name == SOURCE {
         c.max_deliveries = MAX_DELIVERIES;

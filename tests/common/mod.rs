@@ -148,7 +148,10 @@ impl Server {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        // `BERTH_TEST_BIN` runs another build's server under the same test (a before/after measurement).
+        let bin = std::env::var_os("BERTH_TEST_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_berth").into());
+        let child = Command::new(bin)
             .args(&self.args)
             .env("BERTH_LOG", "info")
             .stdout(Stdio::null())
@@ -358,9 +361,29 @@ pub fn encode_frontier(value: u64) -> Vec<u8> {
 
 /// Decodes a `consumer.offset` file's bytes; None when the length or the check is wrong.
 pub fn decode_frontier(bytes: &[u8]) -> Option<u64> {
-    let value: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
-    let crc = u32::from_le_bytes(bytes.get(8..)?.try_into().ok()?);
-    (crc32c::crc32c(&value) == crc).then(|| u64::from_le_bytes(value))
+    decode_frontier_ranges(bytes).map(|(committed, _)| committed)
+}
+
+/// A frontier file's committed frontier and acked-ahead ranges (docs/format.md, "consumer.offset": 12 bytes
+/// without ranges, `16 + 16 × count` with them, the CRC-32C of the rest last); None if it does not decode.
+pub fn decode_frontier_ranges(bytes: &[u8]) -> Option<(u64, Vec<(u64, u64)>)> {
+    let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().ok()?) {
+        return None;
+    }
+    let u64_at = |i: usize| Some(u64::from_le_bytes(body.get(i..i + 8)?.try_into().ok()?));
+    let committed = u64_at(0)?;
+    if body.len() == 8 {
+        return Some((committed, Vec::new()));
+    }
+    let count = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
+    if count == 0 || body.len() != 12 + 16 * count {
+        return None;
+    }
+    let ranges = (0..count)
+        .map(|i| Some((u64_at(12 + 16 * i)?, u64_at(20 + 16 * i)?)))
+        .collect::<Option<Vec<_>>>()?;
+    Some((committed, ranges))
 }
 
 /// A delivered message: (partition, offset, receipt handle, body).

@@ -166,6 +166,98 @@ fn out_of_order_acks_park_until_gap_closes() {
     s.check_invariants();
 }
 
+/// The acked-ahead set persisted as ranges and seeded into a fresh shard (a restart): the offsets it held are
+/// never handed out again; every other offset above the frontier is, lowest first, undelivered (count 0).
+#[test]
+fn seeded_acks_are_not_handed_out_again() {
+    let mut s = InFlight::new(0, 0, limits(10, 10));
+    let ls: Vec<Lease> = (0..8).map(|_| leased(s.reserve(8, 0, 100))).collect();
+    for i in [2, 3, 5, 7] {
+        assert_eq!(s.ack(i, ls[i as usize].nonce, 0), Ok(0));
+    }
+    assert_eq!(s.acked_ranges(), vec![(2, 4), (5, 6), (7, 8)]);
+    let version = s.acked_version();
+    assert_eq!(s.ack(0, ls[0].nonce, 0), Ok(1));
+    assert_eq!(
+        s.acked_version(),
+        version,
+        "an ack at the frontier parks nothing"
+    );
+    let mut r = InFlight::new(s.committed(), 99, limits(10, 10));
+    assert_eq!(r.seed_acked(&s.acked_ranges(), 10), 4);
+    r.check_invariants();
+    let offsets: Vec<u64> = (0..4)
+        .map(|_| leased(r.reserve(10, 0, 100)).offset)
+        .collect();
+    assert_eq!(offsets, vec![1, 4, 6, 8]);
+    assert_eq!(r.delivery_count(1), 1);
+    assert_eq!(
+        r.ack(1, leased_nonce(&r, 1), 0),
+        Ok(4),
+        "over the seeded 2..4"
+    );
+    r.check_invariants();
+}
+
+fn leased_nonce(s: &InFlight, offset: u64) -> u64 {
+    s.leases[&offset].nonce
+}
+
+/// Seeding takes only acks below the log's end, at most `max_acked_ahead + max_in_flight` of them, and none past
+/// `max_in_flight + max_acked_ahead` unsettled offsets above the frontier: the rest redeliver.
+#[test]
+fn seeded_acks_are_bounded_by_the_log_end_and_the_caps() {
+    let mut r = InFlight::new(10, 0, limits(4, 3));
+    assert_eq!(r.seed_acked(&[(12, 14), (15, 30)], 100), 7);
+    assert_eq!(r.acked_ranges(), vec![(12, 14), (15, 20)]);
+    r.check_invariants();
+    // The unsettled offsets between: 2 + 26 fit in 34, 2 + 46 do not.
+    let mut r = InFlight::new(10, 0, limits(4, 30));
+    assert_eq!(r.seed_acked(&[(12, 14), (40, 50)], 100), 2 + 10);
+    r.check_invariants();
+    let mut r = InFlight::new(10, 0, limits(4, 30));
+    assert_eq!(r.seed_acked(&[(12, 14), (60, 70)], 100), 2);
+    assert_eq!(r.acked_ranges(), vec![(12, 14)]);
+    r.check_invariants();
+    let mut r = InFlight::new(10, 0, limits(4, 30));
+    assert_eq!(r.seed_acked(&[(12, 14), (20, 25)], 22), 2 + 2);
+    assert_eq!(r.acked_ranges(), vec![(12, 14), (20, 22)]);
+    r.check_invariants();
+    let mut r = InFlight::new(10, 0, limits(4, 30));
+    assert_eq!(r.seed_acked(&[(12, 14)], 11), 0);
+    assert_eq!((r.acked_ahead(), r.cursor), (0, 10));
+    r.check_invariants();
+}
+
+proptest! {
+    /// Whatever order acks come in, a shard seeded from another's committed frontier and acked ranges hands out
+    /// exactly the offsets the other had not settled, below its cursor, and then goes on from there.
+    #[test]
+    fn a_seeded_shard_hands_out_exactly_what_was_unsettled(
+        n in 1u64..40,
+        acks in proptest::collection::vec(any::<u16>(), 0..60),
+    ) {
+        let mut s = InFlight::new(0, 0, limits(64, 64));
+        let ls: Vec<Lease> = (0..n).map(|_| leased(s.reserve(n, 0, 1_000))).collect();
+        let mut settled = HashSet::new();
+        for a in acks {
+            let l = ls[a as usize % ls.len()];
+            if s.ack(l.offset, l.nonce, 0).is_ok() {
+                settled.insert(l.offset);
+            }
+        }
+        let mut r = InFlight::new(s.committed(), 7, limits(64, 64));
+        r.seed_acked(&s.acked_ranges(), n + 5);
+        r.check_invariants();
+        let mut handed = Vec::new();
+        while let Reserve::Leased(l) = r.reserve(n + 5, 0, 1_000) {
+            handed.push(l.offset);
+        }
+        let expected: Vec<u64> = (s.committed()..n + 5).filter(|o| !settled.contains(o)).collect();
+        prop_assert_eq!(handed, expected);
+    }
+}
+
 #[test]
 fn acked_ahead_cap_refuses_and_keeps_lease() {
     let mut s = InFlight::new(0, 0, limits(10, 1));

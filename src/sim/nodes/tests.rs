@@ -1,7 +1,7 @@
 //! The node simulation's seeds in the test suite, and the planted bugs it must find.
 
 use super::*;
-use crate::planted::{plant, Bug};
+use crate::planted::Bug;
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -45,52 +45,9 @@ fn three_simulated_nodes_under_kills_power_cuts_a_lost_disk_pauses_and_partition
     run_seeds(env("BERTH_SIM_FIRST").unwrap_or(1), seeds);
 }
 
-thread_local! {
-    /// This thread's panics are expected (a planted bug's search): not printed.
-    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `seed` on a thread of its own with `bug` planted (None: none); the panic's message if it failed.
-fn failure(bug: Option<Bug>, seed: u64) -> Option<String> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !QUIET.with(|q| q.get()) {
-                previous(info);
-            }
-        }));
-    });
-    // A thread per seed: a failed seed's executor goes with its thread (glommio keeps descriptors per thread).
-    std::thread::spawn(move || {
-        QUIET.with(|q| q.set(true));
-        plant(bug);
-        run_node_seed(seed);
-    })
-    .join()
-    .err()
-    .map(|e| {
-        e.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
-}
-
-/// Runs seeds from 1 with `bug` planted until one fails that passes without it (a seed that fails either way finds
-/// something else); returns that seed and its message.
+/// Runs seeds from 1 with `bug` planted until one fails that passes without it.
 fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
-    (1..=limit).find_map(|seed| {
-        let message = failure(Some(bug), seed)?;
-        if let Some(without) = failure(None, seed) {
-            eprintln!(
-                "{bug:?}: seed {seed} fails without it too, passed over: {}",
-                without.lines().next().unwrap_or_default()
-            );
-            return None;
-        }
-        Some((seed, message))
-    })
+    crate::sim::tests::first_failing_seed(run_node_seed, bug, limit)
 }
 
 fn finds(bug: Bug) {

@@ -54,6 +54,19 @@ pub struct FrontierRecord {
     /// The group was created here, starting at `committed`: records of the same group before it belong to a group
     /// of the same name that was deleted, and no longer count.
     pub start: bool,
+    /// Offsets acknowledged above `committed`, as ranges in canonical form (`FrontierValue`): settled too, so a
+    /// restart does not deliver them again. Empty in records of version 2 and before.
+    pub acked: Vec<(u64, u64)>,
+}
+
+impl FrontierRecord {
+    /// The value it records (committed frontier and acked-ahead ranges).
+    pub fn value(&self) -> crate::storage::frontier::FrontierValue {
+        crate::storage::frontier::FrontierValue {
+            committed: self.committed,
+            acked: self.acked.clone(),
+        }
+    }
 }
 
 /// What [`scan`] found in one journal file.
@@ -95,7 +108,14 @@ pub fn frontier_entry(records: &[FrontierRecord]) -> Vec<u8> {
             + 4
             + records
                 .iter()
-                .map(|r| FRONTIER_FIXED_LEN + r.topic.len() + r.group.len())
+                .map(|r| {
+                    let ranges = if r.acked.is_empty() {
+                        0
+                    } else {
+                        4 + 16 * r.acked.len()
+                    };
+                    FRONTIER_FIXED_LEN + r.topic.len() + r.group.len() + ranges
+                })
                 .sum::<usize>(),
     );
     out.extend_from_slice(&FRONTIER_MAGIC_BYTES);
@@ -110,11 +130,23 @@ pub fn frontier_entry(records: &[FrontierRecord]) -> Vec<u8> {
         out.extend_from_slice(&r.topic_id.to_le_bytes());
         out.extend_from_slice(&r.partition.to_le_bytes());
         out.extend_from_slice(&r.committed.to_le_bytes());
-        out.push(if r.start { 2 } else { 1 });
+        assert!(
+            r.acked.len() <= crate::storage::frontier::MAX_RANGES && r.value().is_normal(),
+            "acked-ahead ranges in canonical form"
+        );
+        let kind = if r.start { 2 } else { 1 } + if r.acked.is_empty() { 0 } else { 2 };
+        out.push(kind);
         out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
         out.extend_from_slice(&(group.len() as u16).to_le_bytes());
         out.extend_from_slice(topic);
         out.extend_from_slice(group);
+        if !r.acked.is_empty() {
+            out.extend_from_slice(&(r.acked.len() as u32).to_le_bytes());
+            for &(s, e) in &r.acked {
+                out.extend_from_slice(&s.to_le_bytes());
+                out.extend_from_slice(&e.to_le_bytes());
+            }
+        }
     }
     out
 }
@@ -176,9 +208,12 @@ fn parse_frontiers(body: &[u8]) -> Option<Vec<FrontierRecord>> {
     let mut out = Vec::with_capacity(count.min(body.len() / FRONTIER_FIXED_LEN));
     for _ in 0..count {
         let fixed = body.get(at..at + FRONTIER_FIXED_LEN)?;
-        let start = match fixed[20] {
-            1 => false,
-            2 => true,
+        // 1 moved, 2 start; 3 and 4 the same with acked-ahead ranges after the names.
+        let (start, ranges) = match fixed[20] {
+            1 => (false, false),
+            2 => (true, false),
+            3 => (false, true),
+            4 => (true, true),
             _ => return None,
         };
         let topic_len = u16::from_le_bytes([fixed[21], fixed[22]]) as usize;
@@ -187,15 +222,33 @@ fn parse_frontiers(body: &[u8]) -> Option<Vec<FrontierRecord>> {
         let topic = std::str::from_utf8(body.get(names_at..names_at + topic_len)?).ok()?;
         let group_at = names_at + topic_len;
         let group = std::str::from_utf8(body.get(group_at..group_at + group_len)?).ok()?;
-        out.push(FrontierRecord {
+        at = group_at + group_len;
+        let mut acked = Vec::new();
+        if ranges {
+            let n = u32_at(body.get(at..at + 4)?, 0) as usize;
+            let bytes = body.get(at + 4..at + 4 + n.checked_mul(16)?)?;
+            acked = bytes
+                .chunks_exact(16)
+                .map(|r| (u64_at(r, 0), u64_at(r, 8)))
+                .collect();
+            at += 4 + bytes.len();
+            if n == 0 || n > crate::storage::frontier::MAX_RANGES {
+                return None;
+            }
+        }
+        let record = FrontierRecord {
             topic: topic.to_string(),
             topic_id: u64_at(fixed, 0),
             partition: u32_at(fixed, 8),
             group: group.to_string(),
             committed: u64_at(fixed, 12),
             start,
-        });
-        at = group_at + group_len;
+            acked,
+        };
+        if !record.value().is_normal() {
+            return None;
+        }
+        out.push(record);
     }
     (at == body.len()).then_some(out)
 }

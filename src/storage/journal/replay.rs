@@ -2,6 +2,7 @@
 
 use super::entry::scan;
 use crate::storage::backend::{SegmentFile, Storage};
+use crate::storage::frontier::FrontierValue;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -69,8 +70,8 @@ pub async fn replay(
     let mut touched: Vec<Rc<dyn SegmentFile>> = Vec::new();
     // Per frontier file, the highest value since its group's last start record; gathered per core (a partition's
     // records are all in its core's files), and dropped for a core whose files hold a damaged entry.
-    let mut frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
-    let mut core_frontiers: std::collections::BTreeMap<PathBuf, u64> = Default::default();
+    let mut frontiers: std::collections::BTreeMap<PathBuf, FrontierValue> = Default::default();
+    let mut core_frontiers: std::collections::BTreeMap<PathBuf, FrontierValue> = Default::default();
     let mut core_damaged = false;
     // Entries that could not be written to their (open) segment: the journal must then stay.
     let mut unrestored = 0usize;
@@ -97,13 +98,13 @@ pub async fn replay(
             let file = partition_dir.join(crate::storage::frontier::file_name(&record.group));
             match core_frontiers.entry(file) {
                 std::collections::btree_map::Entry::Occupied(mut e) if !record.start => {
-                    *e.get_mut() = (*e.get()).max(record.committed);
+                    e.get_mut().merge(&record.value());
                 }
                 std::collections::btree_map::Entry::Occupied(mut e) => {
-                    *e.get_mut() = record.committed;
+                    *e.get_mut() = record.value();
                 }
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(record.committed);
+                    e.insert(record.value());
                 }
             }
         }
@@ -211,14 +212,14 @@ pub async fn replay(
     drop(open);
     let mut writes = Vec::new();
     for (file, value) in &frontiers {
-        match crate::storage::frontier::read(storage, file) {
+        match crate::storage::frontier::read_value(storage, file) {
             // Written even when the file seems to hold as much: it may be a page a failed sync dropped (see above).
-            Ok(held) => {
-                let value = held.max(*value);
+            Ok(mut held) => {
+                held.merge(value);
                 writes.push(async move {
                     (
                         file,
-                        crate::storage::frontier::write(storage, file, value).await,
+                        crate::storage::frontier::write_value(storage, file, &held).await,
                     )
                 })
             }

@@ -21,6 +21,7 @@ fn record(topic: &str, group: &str, committed: u64, start: bool) -> FrontierReco
         group: group.into(),
         committed,
         start,
+        acked: Vec::new(),
     }
 }
 
@@ -740,9 +741,51 @@ fn the_documented_frontier_example_matches_the_code() {
         "docs/format.md's example"
     );
     let found = scan(&bytes);
-    assert_eq!((found.frontiers, found.entries.len()), (vec![r], 0));
+    assert_eq!((found.frontiers, found.entries.len()), (vec![r.clone()], 0));
     assert!(section.contains(&format!("`0x{FRONTIER_MAGIC:08X}`")));
     assert!(section.contains(&format!("| 23..{FRONTIER_FIXED_LEN} | u16 | group_len")));
+    // And the one with acked-ahead ranges.
+    let bytes = crate::format_doc::example("Journal", 2);
+    r.acked = vec![(8, 10), (12, 13)];
+    assert_eq!(
+        bytes,
+        frontiers(std::slice::from_ref(&r), 3),
+        "docs/format.md's example with ranges"
+    );
+    assert_eq!(scan(&bytes).frontiers, vec![r]);
+}
+
+/// A record's acked ranges round-trip; ranges out of canonical form, a count that runs past the body, or a kind
+/// byte beyond 4 make the entry damaged.
+#[test]
+fn frontier_records_with_ranges_round_trip_and_bad_ones_are_damaged() {
+    let mut a = record("t", "g", 6, false);
+    a.acked = vec![(8, 10), (12, 13)];
+    let mut b = record("t", "h", 0, true);
+    b.acked = vec![(3, 4)];
+    let c = record("u", "g", 9, false);
+    let bytes = frontiers(&[a.clone(), b.clone(), c.clone()], 1);
+    assert_eq!(scan(&bytes).frontiers, vec![a, b, c]);
+    // Ranges that are not canonical (built by hand: `frontier_entry` refuses them).
+    let mut body = frontier_entry(&[record("t", "g", 6, false)]);
+    body[HEADER_LEN + 4 + 20] = 3;
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&5u64.to_le_bytes());
+    body.extend_from_slice(&7u64.to_le_bytes());
+    let mut bad = body.clone();
+    seal_entry(&mut bad, 1);
+    assert_eq!((scan(&bad).frontiers.len(), scan(&bad).damaged), (0, 1));
+    // A count past the body's end.
+    let mut cut = body.clone();
+    let at = cut.len() - 20;
+    cut[at..at + 4].copy_from_slice(&9u32.to_le_bytes());
+    seal_entry(&mut cut, 1);
+    assert_eq!((scan(&cut).frontiers.len(), scan(&cut).damaged), (0, 1));
+    // Kind 5.
+    let mut kind = frontier_entry(&[record("t", "g", 6, false)]);
+    kind[HEADER_LEN + 4 + 20] = 5;
+    seal_entry(&mut kind, 1);
+    assert_eq!((scan(&kind).frontiers.len(), scan(&kind).damaged), (0, 1));
 }
 
 #[test]
