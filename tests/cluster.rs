@@ -1802,9 +1802,38 @@ fn a_leader_killed_with_9_is_replaced_by_an_elected_follower_that_serves_everyth
         assert_eq!(produce(c.node(i % 3), "el", "", &body).1, i as u64);
         want.insert(body);
     }
-    // A lease the old leader hands out, never settled.
+    // A lease the old leader hands out, never settled; four more above it, of which two are acknowledged: above
+    // the frontier (0), so they stay settled after the failover only as acked-ahead ranges its followers took.
     let old = consume(&c.node(survivors[0]).new_client(), "el", "&visibility=60s")
         .expect("a record to lease");
+    assert_eq!(old.offset, 0, "{old:?}");
+    let client = c.node(survivors[0]).new_client();
+    let above: Vec<Msg> = (1..5)
+        .map(|_| consume(&client, "el", "&visibility=60s").expect("a record to lease"))
+        .collect();
+    for m in above.iter().filter(|m| m.offset % 2 == 0) {
+        let a = settle(c.node(survivors[1]), "ack", "el", &m.handle, "");
+        assert_eq!(a.status, 200, "{}", a.text());
+        want.remove(&m.body);
+    }
+    // Both survivors hold them durably (the record of the group at 0 with 2..3 and 4..5, in their journals or
+    // their frontier files) before the leader is killed.
+    wait_for(
+        "the acks above the frontier on both survivors",
+        Duration::from_secs(15),
+        || {
+            let missing: Vec<&str> = survivors
+                .iter()
+                .filter(|&&i| !holds_acked(c.node(i), "el", 0, &[(2, 3), (4, 5)]))
+                .map(|&i| c.node(i).id.as_str())
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not yet on {missing:?}"))
+            }
+        },
+    );
     let nonce_of = |handle: &str| -> u64 {
         handle
             .rsplit(':')
@@ -1848,13 +1877,13 @@ fn a_leader_killed_with_9_is_replaced_by_an_elected_follower_that_serves_everyth
         "{}",
         a.text()
     );
-    // Everything acknowledged before the kill is served, through either survivor (the record leased by the old
-    // leader again).
+    // Everything acknowledged before the kill is served, through either survivor (the records leased by the old
+    // leader again), and nothing acked above the frontier comes back.
     let got = drain(c.node(survivors[1]), "el", &want);
     let bodies: HashSet<String> = got.iter().map(|m| m.body.clone()).collect();
     assert_eq!(
         bodies, want,
-        "every acknowledged record once the follower leads"
+        "every acknowledged record once the follower leads, and none of those acked above the frontier"
     );
     for m in &got {
         assert!(
@@ -2733,6 +2762,11 @@ fn frontier_file(node: &Node, topic: &str, p: u64, group: &str) -> Option<Vec<u8
         .join(p.to_string())
         .join(name);
     std::fs::read(path).ok()
+}
+
+/// Whether a node holds durably that partition `p` of `topic`'s default group acked `ranges` above its frontier 0.
+fn holds_acked(node: &Node, topic: &str, p: u64, ranges: &[(u64, u64)]) -> bool {
+    common::holds_acked(&node.data_dir, topic, p, "default", 0, ranges)
 }
 
 /// The frontier a frontier file holds (its first 8 bytes, little-endian: `docs/format.md`).

@@ -1112,6 +1112,66 @@ fn crash_redelivers_exactly_the_unsettled_offsets_above_the_flushed_frontier() {
     assert_eq!(field(&s, "crash", 0, "committed"), 10);
 }
 
+/// Acks above the frontier are durable with it (issue 29): a crash brings back only what was leased and unsettled,
+/// not the acks above the lowest unsettled offset.
+#[test]
+fn a_crash_redelivers_only_the_unsettled_offsets_not_the_acks_above_the_frontier() {
+    let _g = common::serial();
+    let mut s = Server::start(1, &[]);
+    s.create_topic("ahead", "");
+    for i in 0..20 {
+        assert_eq!(s.produce("ahead", "", format!("a{i}").as_bytes()), (0, i));
+    }
+    // 0 and 5 stay leased; 1..=4 and 6..=9 are acked above the frontier (0).
+    for want in 0..10u64 {
+        let (_, o, h, _) = consume(&s.client, "ahead", "&visibility=60s").unwrap();
+        assert_eq!(o, want);
+        if o != 0 && o != 5 {
+            assert_eq!(settle(&s.client, "ack", "ahead", &h, ""), 200);
+        }
+    }
+    assert_eq!(field(&s, "ahead", 0, "acked_ahead"), 8);
+    // Durable (a frontier record of the core's journal) within the flush interval.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !common::holds_acked(&s.data_dir, "ahead", 0, "default", 0, &[(1, 5), (6, 10)]) {
+        assert!(
+            Instant::now() < deadline,
+            "the acks above the frontier never reached the journal"
+        );
+        thread::sleep(ms(20));
+    }
+    s.kill9();
+    common::wait_port_free(s.port);
+    s.restart();
+    assert_eq!(
+        field(&s, "ahead", 0, "committed"),
+        0,
+        "frontier after restart"
+    );
+    assert_eq!(
+        field(&s, "ahead", 0, "acked_ahead"),
+        8,
+        "the acks above it came back"
+    );
+    let mut offsets = Vec::new();
+    while let Some((_, o, h, body)) = consume(&s.client, "ahead", "&wait=0") {
+        assert_eq!(body, format!("a{o}").into_bytes());
+        offsets.push(o);
+        assert!(offsets.len() <= 20, "runaway redelivery: {offsets:?}");
+        assert_eq!(settle(&s.client, "ack", "ahead", &h, ""), 200);
+    }
+    assert_eq!(
+        offsets,
+        [0, 5].into_iter().chain(10..20).collect::<Vec<u64>>()
+    );
+    assert_eq!(field(&s, "ahead", 0, "committed"), 20);
+    // The file written at the clean stop holds no ranges (version 1's 12 bytes).
+    assert_eq!(s.terminate(), Some(0));
+    assert_eq!(read_frontier(&s.partition_dir("ahead", 0)), Some(20));
+    let file = std::fs::read(s.partition_dir("ahead", 0).join("consumer.offset")).unwrap();
+    assert_eq!(file.len(), 12);
+}
+
 #[test]
 fn graceful_shutdown_flushes_the_frontier() {
     let _g = common::serial();

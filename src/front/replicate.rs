@@ -35,7 +35,7 @@
 use crate::engine::placement::{replica_core, Location, NodeIndex};
 use crate::engine::{Engine, Ship, ShipSink};
 use crate::ops::replicate::{
-    FrontierMark, Replicate, ReplicateFrontiers, Replicated, MAX_FRONTIER_MARKS,
+    FrontierMark, Replicate, ReplicateFrontiers, Replicated, MAX_FRONTIER_BYTES, MAX_FRONTIER_MARKS,
 };
 use crate::ops::{OpError, Reply, Request};
 use crate::partition::FollowerInfo;
@@ -1054,14 +1054,21 @@ fn stale_epoch_known(e: &OpError) -> Option<u64> {
 }
 
 /// Takes up to `MAX_FRONTIER_MARKS` of the frontiers waiting in `queue` (in group order, as the follower admits
-/// them).
+/// them), at most `MAX_FRONTIER_BYTES` of them (at least one): the rest wait for the next send.
 fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
     let mut waiting = queue.waiting.borrow_mut();
     let mut marks = Vec::with_capacity(waiting.len().min(MAX_FRONTIER_MARKS));
+    let mut bytes = 0;
     while marks.len() < MAX_FRONTIER_MARKS {
-        let Some((group, p)) = waiting.pop_first() else {
+        let Some(first) = waiting.first_key_value() else {
             break;
         };
+        let size = 48 + first.0.len() + 16 * first.1.acked.len();
+        if !marks.is_empty() && bytes + size > MAX_FRONTIER_BYTES {
+            break;
+        }
+        bytes += size;
+        let (group, p) = waiting.pop_first().expect("a first entry");
         marks.push(FrontierMark {
             group,
             committed: p.committed,
@@ -1094,6 +1101,8 @@ async fn send_frontiers(
             }
         }
     }
+    // Starts took their groups' durable ranges: still within the message's budget.
+    crate::ops::replicate::fit_marks(&mut marks);
     // With each group's id, so that a start for the incarnation a follower holds raises its value only.
     if let Ok(topic) = shipper.engine().topic(&stream.topic) {
         let config = topic.config();

@@ -143,6 +143,29 @@ impl FrontierMark {
 /// several requests).
 pub const MAX_FRONTIER_MARKS: usize = crate::engine::topic::MAX_GROUPS_LIMIT;
 
+/// Most bytes of marks in one `ReplicateFrontiers` or `Began` (an eighth of a node RPC frame's 64 MiB): a mark's
+/// acked ranges take 16 bytes each (up to `MAX_RANGES` per group), so many groups each with many may not all fit.
+pub const MAX_FRONTIER_BYTES: usize = 8 << 20;
+
+impl FrontierMark {
+    /// Bytes it takes in a message, about (its name, fixed fields and ranges).
+    pub fn size(&self) -> usize {
+        48 + self.group.len() + 16 * self.acked.len()
+    }
+}
+
+/// Keeps `marks` within [`MAX_FRONTIER_BYTES`]: the marks past the budget go without their acked ranges (their
+/// frontiers still go; what those acks settled is delivered again after a failover, duplicates only).
+pub fn fit_marks(marks: &mut [FrontierMark]) {
+    let mut used = 0usize;
+    for m in marks {
+        if used + m.size() > MAX_FRONTIER_BYTES {
+            m.acked.clear();
+        }
+        used += m.size();
+    }
+}
+
 /// A new leader's fencing round (`docs/replication.md` §4, step 2; step 4): sent by the node that became the
 /// partition's leader at `epoch` to each replica, before it serves. The replica raises its durable epoch floor to
 /// `epoch` (from then on it answers no request of an older leadership: `stale_epoch`), and, if it is the old leader
@@ -283,7 +306,9 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
             group_id: 0,
             acked: r.acked,
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut frontiers = frontiers;
+    fit_marks(&mut frontiers);
     Ok(Began {
         end,
         last_epoch,
@@ -526,6 +551,26 @@ async fn apply_to(
 
 #[cfg(test)]
 mod tests {
+    /// A message of marks stays within its byte budget: the marks past it go without their acked ranges, and
+    /// every frontier still goes.
+    #[test]
+    fn marks_past_the_byte_budget_go_without_their_ranges() {
+        let big = |g: String| FrontierMark {
+            group: g,
+            committed: 1,
+            start: false,
+            group_id: 0,
+            acked: (0..40_000u64).map(|i| (2 + 2 * i, 3 + 2 * i)).collect(),
+        };
+        let mut marks: Vec<FrontierMark> = (0..20).map(|i| big(format!("g{i:02}"))).collect();
+        fit_marks(&mut marks);
+        let total: usize = marks.iter().map(FrontierMark::size).sum();
+        assert!(total <= MAX_FRONTIER_BYTES, "{total}");
+        assert_eq!(marks[0].acked.len(), 40_000);
+        assert!(marks[19].acked.is_empty());
+        assert!(marks.iter().all(|m| m.committed == 1));
+    }
+
     use super::*;
     use crate::clock::{Clock, ManualClock};
     use crate::config::Config;

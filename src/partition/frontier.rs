@@ -46,6 +46,9 @@ pub(super) struct FrontierState {
     pub(super) flushed: Cell<u64>,
     /// The acked-ahead ranges its file holds beside `flushed` (docs/format.md, "consumer.offset").
     pub(super) flushed_acked: RefCell<Vec<(u64, u64)>>,
+    /// The loaded shard's `InFlight::acked_version` its file holds (`u64::MAX`: not the shard's ranges), so that
+    /// telling whether the file is behind costs no pass over the ranges.
+    pub(super) acks_flushed: Cell<u64>,
     /// The loaded shard's `InFlight::acked_version` last recorded in the journal (its ranges with the frontier):
     /// a tick records the group again when its acked-ahead set changed since, even if the frontier did not move.
     pub(super) acks_journaled: Cell<u64>,
@@ -76,6 +79,7 @@ impl FrontierState {
             path,
             flushed: Cell::new(0),
             flushed_acked: RefCell::new(Vec::new()),
+            acks_flushed: Cell::new(u64::MAX),
             acks_journaled: Cell::new(0),
             journaled_acked: RefCell::new(Vec::new()),
             journaled: Cell::new(0),
@@ -500,6 +504,7 @@ impl Partition {
             return None;
         }
         let acked = g.acked_ranges();
+        let version = g.with_loaded(|s| s.acked_version());
         let started = self.clock.now_ms();
         let was_durable = committed <= g.frontier.durable();
         let moved_at = g.frontier.moved_at.get().unwrap_or(started);
@@ -514,6 +519,7 @@ impl Partition {
             Ok(()) => {
                 g.frontier.flushed.set(committed);
                 *g.frontier.flushed_acked.borrow_mut() = value.acked;
+                g.frontier.acks_flushed.set(version.unwrap_or(u64::MAX));
                 if was_durable {
                     None
                 } else {
@@ -581,10 +587,15 @@ impl Group {
 
     /// Its file holds less than its frontier value and acked-ahead ranges.
     fn file_behind(&self) -> bool {
-        self.frontier_value().is_some_and(|c| {
-            c != self.frontier.flushed.get()
-                || *self.frontier.flushed_acked.borrow() != self.acked_ranges()
-        })
+        let flushed = self.frontier.flushed.get();
+        match self.with_loaded(|s| (s.committed(), s.acked_version())) {
+            Some((c, version)) => c != flushed || version != self.frontier.acks_flushed.get(),
+            None => self.frontier.replica.get().is_some_and(|c| {
+                c != flushed
+                    || *self.frontier.flushed_acked.borrow()
+                        != *self.frontier.replica_acked.borrow()
+            }),
+        }
     }
 }
 

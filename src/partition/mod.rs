@@ -662,7 +662,6 @@ impl Partition {
             "frontier {committed} beyond the log end {end}"
         );
         g.frontier.flushed.set(stored.committed);
-        *g.frontier.flushed_acked.borrow_mut() = stored.acked;
         g.frontier.acks_journaled.set(0);
         g.frontier.file_known.set(true);
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
@@ -682,6 +681,14 @@ impl Partition {
         if !crate::planted::planted(crate::planted::Bug::AcksNotSeeded) {
             shard.seed_acked(&seeded.acked, end);
         }
+        // The file holds the shard's ranges (its version now) unless the seeding took others than it holds.
+        let in_file = shard.acked_ranges() == stored.acked;
+        g.frontier.acks_flushed.set(if in_file {
+            shard.acked_version()
+        } else {
+            u64::MAX
+        });
+        *g.frontier.flushed_acked.borrow_mut() = stored.acked;
         shard.set_redelivery(self.redelivery.get());
         *g.shard.borrow_mut() = Some(shard);
     }

@@ -386,6 +386,55 @@ pub fn decode_frontier_ranges(bytes: &[u8]) -> Option<(u64, Vec<(u64, u64)>)> {
     Some((committed, ranges))
 }
 
+/// Whether the server whose data directory is `data_dir` holds durably that group `group` of partition `p` of
+/// `topic` stands at `committed` with `ranges` acked above it: as a frontier record of its journal (kind 3,
+/// docs/format.md "Journal": the partition, the frontier, the kind, the names, then the ranges) or in its frontier
+/// file.
+pub fn holds_acked(
+    data_dir: &std::path::Path,
+    topic: &str,
+    p: u64,
+    group: &str,
+    committed: u64,
+    ranges: &[(u64, u64)],
+) -> bool {
+    let name = if group == "default" {
+        "consumer.offset".to_string()
+    } else {
+        format!("consumer.{group}.offset")
+    };
+    let file = data_dir
+        .join("topics")
+        .join(topic)
+        .join(p.to_string())
+        .join(name);
+    if std::fs::read(file)
+        .ok()
+        .and_then(|b| decode_frontier_ranges(&b))
+        .is_some_and(|(c, acked)| c == committed && acked == ranges)
+    {
+        return true;
+    }
+    let mut record = (p as u32).to_le_bytes().to_vec();
+    record.extend_from_slice(&committed.to_le_bytes());
+    record.push(3);
+    record.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+    record.extend_from_slice(&(group.len() as u16).to_le_bytes());
+    record.extend_from_slice(topic.as_bytes());
+    record.extend_from_slice(group.as_bytes());
+    record.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    for &(s, e) in ranges {
+        record.extend_from_slice(&s.to_le_bytes());
+        record.extend_from_slice(&e.to_le_bytes());
+    }
+    std::fs::read_dir(data_dir.join("journal"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|f| std::fs::read(f.path()).ok())
+        .any(|bytes| bytes.windows(record.len()).any(|w| w == record))
+}
+
 /// A delivered message: (partition, offset, receipt handle, body).
 pub type Delivered = (u64, u64, String, Vec<u8>);
 
