@@ -993,7 +993,8 @@ fn a_nack_in_one_group_never_wakes_another_groups_parked_consumer() {
 
 /// Each group's frontier is its own file (`consumer.offset` for `default`, `consumer.{group}.offset` for another),
 /// durable within the flush interval (in the journal, which the restart replays into the files), and survives
-/// kill -9, while a group that acked only ahead of its frontier keeps its frontier where it was.
+/// kill -9, while a group that acked only ahead of its frontier keeps its frontier where it was, and its acks above
+/// it (durable with it: after the restart they are acked-ahead again, and only its unacked offset comes back).
 #[test]
 fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
     let _g = common::serial();
@@ -1032,6 +1033,14 @@ fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
 
     wait_durable(&s, "dur", "g1", 6);
     wait_durable(&s, "dur", "default", 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !common::holds_acked(&s.data_dir, "dur", 0, "g2", 0, &[(1, 3)]) {
+        assert!(
+            Instant::now() < deadline,
+            "g2's acks above its frontier never became durable"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(
         read_frontier(&dir.join("consumer.g2.offset")),
         Some(0),
@@ -1055,7 +1064,7 @@ fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
         BTreeMap::from([
             ("default".to_string(), vec![(2, 0, 0)]),
             ("g1".to_string(), vec![(6, 0, 0)]),
-            ("g2".to_string(), vec![(0, 0, 0)]),
+            ("g2".to_string(), vec![(0, 0, 2)]),
         ]),
         "after kill -9"
     );
@@ -1079,7 +1088,7 @@ fn each_groups_frontier_has_its_own_file_and_survives_kill_9() {
         BTreeMap::from([
             ("default".to_string(), vec![(2, 0, 0)]),
             ("g1".to_string(), vec![(0, 0, 0)]),
-            ("g2".to_string(), vec![(0, 0, 0)]),
+            ("g2".to_string(), vec![(0, 0, 2)]),
         ]),
         "after restarting on a damaged consumer.g1.offset"
     );

@@ -389,9 +389,9 @@ impl Partition {
                     committed: g.frontier.replica.get().unwrap_or(0),
                     acked: g.frontier.replica_acked.borrow().clone(),
                 };
-                value.merge(&crate::storage::frontier::FrontierValue::at(
-                    g.frontier.durable(),
-                ));
+                // What it made durable itself, the acks above the frontier included (its files are written from
+                // this value from now on).
+                value.merge(&g.frontier.durable_value());
                 g.frontier.replica.set(Some(value.committed));
                 *g.frontier.replica_acked.borrow_mut() = value.acked;
             }

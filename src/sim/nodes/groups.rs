@@ -32,6 +32,7 @@ use crate::ops::receipt::ReceiptHandle;
 use crate::ops::settle::SettleParams;
 use crate::partition::{Delivery, SettleOp, DEFAULT_GROUP};
 use crate::storage::backend::Storage;
+use crate::storage::frontier::FrontierValue;
 use crate::storage::sim::{Sim, SimStorage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -57,6 +58,11 @@ pub(super) struct GroupOracle {
     pub(super) draining: bool,
     /// A disk was lost since the last check (the majority's frontier may be lower now).
     pub(super) disk_lost: bool,
+    /// Per partition: every offset a majority of the replicas ever held durably settled, the acks above the
+    /// frontier included (`held` with the acked-ahead ranges).
+    pub(super) held_acked: BTreeMap<u32, FrontierValue>,
+    /// Per partition: `held_acked` as it stood at the check before the last leadership change.
+    pub(super) floor_acked: BTreeMap<u32, FrontierValue>,
     pub(super) consumes: u64,
     pub(super) deliveries: u64,
 }
@@ -72,7 +78,8 @@ enum Plan {
 
 impl Oracle {
     /// A lease answered at `d`, of a consume sent while the floors were `floors`.
-    fn delivered(&mut self, d: &Delivery, floors: &BTreeMap<u32, u64>, via: NodeIndex) {
+    fn delivered(&mut self, d: &Delivery, floors: &Floors, via: NodeIndex) {
+        let (floors, acked) = floors;
         let body = String::from_utf8_lossy(&d.payload).into_owned();
         let (p, offset) = (d.partition, d.offset);
         self.groups.deliveries += 1;
@@ -87,6 +94,14 @@ impl Oracle {
                 "{body} leased at {p}:{offset} through node {via}, below the default group's frontier {floor} that a majority of the replicas held durably when the consume was sent (a settled message delivered again after a leader change)"
             ));
         }
+        if let Some(v) = acked
+            .get(&p)
+            .filter(|v| v.acked.iter().any(|&(s, e)| (s..e).contains(&offset)))
+        {
+            self.fail(format!(
+                "{body} leased at {p}:{offset} through node {via}, acked above the default group's frontier on a majority of the replicas durably when the consume was sent ({v:?}; a settled message delivered again after a leader change)"
+            ));
+        }
         if self.groups.draining {
             self.groups.drained.insert((p, offset));
         }
@@ -99,7 +114,7 @@ pub(super) struct DiskRead {
     /// The disk read (kept, so that its address is no other disk's).
     disk: Option<Rc<Sim>>,
     /// Its values while its node is down (nothing writes to its disk then).
-    down: Option<Vec<u64>>,
+    down: Option<Vec<FrontierValue>>,
     /// The lowest index of its journal's files at the last read.
     first: u64,
     /// Journal file index → its durable bytes when last read, and their default group's frontier records
@@ -108,7 +123,10 @@ pub(super) struct DiskRead {
 }
 
 /// A journal file's durable bytes when last read, and its default group's frontier records.
-type JournalRead = (Vec<u8>, Option<Vec<(u32, u64, bool)>>);
+type JournalRead = (Vec<u8>, Option<Vec<(u32, FrontierValue, bool)>>);
+
+/// The floors a consume is checked against: each partition's frontier and what a majority held settled.
+type Floors = (BTreeMap<u32, u64>, BTreeMap<u32, FrontierValue>);
 
 /// Each partition's durable frontier of the default group on node `i`'s disk `sim`, as a restart now would find it
 /// after a power cut that keeps nothing unsynced: the higher of its frontier file and its journal's records since
@@ -120,7 +138,7 @@ pub(super) fn durable_frontiers(
     sim: &Rc<Sim>,
     i: NodeIndex,
     running: bool,
-) -> Vec<u64> {
+) -> Vec<FrontierValue> {
     if !read.disk.as_ref().is_some_and(|d| Rc::ptr_eq(d, sim)) {
         *read = DiskRead {
             disk: Some(sim.clone()),
@@ -131,7 +149,7 @@ pub(super) fn durable_frontiers(
         return values.clone();
     }
     let data = PathBuf::from(format!("/sim/n{i}"));
-    let mut values: Vec<u64> = (0..PARTITIONS)
+    let mut values: Vec<FrontierValue> = (0..PARTITIONS)
         .map(|p| {
             let file = data
                 .join("topics")
@@ -139,8 +157,8 @@ pub(super) fn durable_frontiers(
                 .join(p.to_string())
                 .join(crate::partition::frontier::file_name(DEFAULT_GROUP));
             sim.durable_contents(&file)
-                .and_then(|bytes| crate::partition::frontier::decode(&bytes))
-                .unwrap_or(0)
+                .and_then(|bytes| crate::partition::frontier::decode_value(&bytes))
+                .unwrap_or_default()
         })
         .collect();
     let journal = data.join("journal");
@@ -170,7 +188,7 @@ pub(super) fn durable_frontiers(
     }
     read.journals
         .retain(|k, _| files.iter().any(|(f, _)| f == k));
-    let mut journaled: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut journaled: BTreeMap<u32, FrontierValue> = BTreeMap::new();
     let mut damaged = false;
     for (name, bytes) in files {
         if read
@@ -186,7 +204,7 @@ pub(super) fn durable_frontiers(
                     .filter(|r| {
                         r.topic == TOPIC && r.group == DEFAULT_GROUP && r.partition < PARTITIONS
                     })
-                    .map(|r| (r.partition, r.committed, r.start))
+                    .map(|r| (r.partition, r.value(), r.start))
                     .collect()
             });
             read.journals.insert(name, (bytes, records));
@@ -196,22 +214,53 @@ pub(super) fn durable_frontiers(
             damaged = true;
             continue;
         };
-        for &(p, committed, start) in records {
-            let v = journaled.entry(p).or_insert(0);
-            *v = if start {
-                committed
+        for (p, value, start) in records {
+            let v = journaled.entry(*p).or_default();
+            if *start {
+                *v = value.clone();
             } else {
-                (*v).max(committed)
-            };
+                v.merge(value);
+            }
         }
     }
     if !damaged {
         for (p, v) in journaled {
-            values[p as usize] = values[p as usize].max(v);
+            values[p as usize].merge(&v);
         }
     }
     read.down = (!running).then(|| values.clone());
     values
+}
+
+/// The offsets a majority of `values` (settled offsets: below the frontier or in an acked range) holds, as a
+/// frontier value: a sweep over the ranges' ends, counting how many values cover each stretch.
+fn majority_settled(values: &[FrontierValue]) -> FrontierValue {
+    let need = values.len() / 2 + 1;
+    let mut edges: Vec<(u64, i64)> = Vec::new();
+    for v in values {
+        for (s, e) in std::iter::once((0, v.committed)).chain(v.acked.iter().copied()) {
+            if s < e {
+                edges.push((s, 1));
+                edges.push((e, -1));
+            }
+        }
+    }
+    edges.sort_unstable();
+    let mut out = FrontierValue::default();
+    let (mut count, mut from) = (0i64, None);
+    for (at, delta) in edges {
+        count += delta;
+        match from {
+            None if count as usize >= need => from = Some(at),
+            Some(start) if (count as usize) < need => {
+                out.acked.push((start, at));
+                from = None;
+            }
+            _ => {}
+        }
+    }
+    out.normalise();
+    out
 }
 
 /// The value a majority of three replicas holds at least: the second highest.
@@ -222,19 +271,32 @@ fn majority_of(mut values: Vec<u64>) -> u64 {
 
 impl Cluster {
     /// Each partition's frontier that a majority of its replicas holds durably now (per partition, each node's).
-    fn majority_frontiers(&self) -> (Vec<u64>, Vec<Vec<u64>>) {
+    fn majority_frontiers(&self) -> (Vec<u64>, Vec<Vec<u64>>, Vec<FrontierValue>) {
         let mut reads = self.disk_reads.borrow_mut();
-        let per_node: Vec<Vec<u64>> = self
+        let values: Vec<Vec<FrontierValue>> = self
             .slots
             .borrow()
             .iter()
             .zip(reads.iter_mut())
             .map(|(s, read)| durable_frontiers(read, &s.disk, s.index, s.node.is_some()))
             .collect();
+        let per_node: Vec<Vec<u64>> = values
+            .iter()
+            .map(|v| v.iter().map(|v| v.committed).collect())
+            .collect();
         let majority = (0..PARTITIONS as usize)
             .map(|p| majority_of(per_node.iter().map(|v| v[p]).collect()))
             .collect();
-        (majority, per_node)
+        let settled = (0..PARTITIONS as usize)
+            .map(|p| majority_settled(&values.iter().map(|v| v[p].clone()).collect::<Vec<_>>()))
+            .collect();
+        (majority, per_node, settled)
+    }
+
+    /// The floors a consume sent now is checked against.
+    fn floors(&self) -> Floors {
+        let o = self.oracle.borrow();
+        (o.groups.floor.clone(), o.groups.floor_acked.clone())
     }
 
     /// The checks of the default group's frontier after a step (see the module's header).
@@ -242,8 +304,12 @@ impl Cluster {
         // Leadership changes since the last check (elections, hand-overs, CheckQuorum): from each on, no leader
         // leases below what a majority held at the last check before it.
         let changes = std::mem::take(&mut *self.etcd.leaderships.borrow_mut());
-        let (majority, per_node) = self.majority_frontiers();
+        let (majority, per_node, settled) = self.majority_frontiers();
         let mut o = self.oracle.borrow_mut();
+        for &(p, _) in &changes {
+            let acked = o.groups.held_acked.get(&p).cloned().unwrap_or_default();
+            o.groups.floor_acked.insert(p, acked);
+        }
         for (p, epoch) in changes {
             let floor = o.groups.held.get(&p).copied().unwrap_or(0);
             if o.groups.floor.insert(p, floor) != Some(floor) {
@@ -274,6 +340,11 @@ impl Cluster {
             }
             let held = o.groups.held.entry(p).or_insert(0);
             *held = (*held).max(m);
+            o.groups
+                .held_acked
+                .entry(p)
+                .or_default()
+                .merge(&settled[p as usize]);
         }
         drop(o);
         // The leader etcd names, serving at its epoch, serves from the held frontier at least.
@@ -341,7 +412,7 @@ impl Cluster {
         self.note(format!(
             "consume c{n} (max {max}, wait {wait_ms} ms, visibility {visibility_ms} ms) through node {i}"
         ));
-        let floors = self.oracle.borrow().groups.floor.clone();
+        let floors = self.floors();
         let oracle = self.oracle.clone();
         let clock = self.clock.clone();
         tasks.spawn(async move {
@@ -466,7 +537,7 @@ impl Cluster {
             }
             let leased = match self.front(1) {
                 Some((front, _)) => {
-                    let floors = self.oracle.borrow().groups.floor.clone();
+                    let floors = self.floors();
                     let f = front.clone();
                     let result = self
                         .complete(async move {

@@ -79,3 +79,10 @@ fn a_follower_that_keeps_its_diverged_tail_is_found() {
 fn a_leader_that_skips_its_fencing_round_is_found() {
     finds(Bug::NoFencing);
 }
+
+/// A leader that does not take back the acks above the frontier its replicas hold: a settled message is delivered
+/// again after a failover.
+#[test]
+fn a_new_leader_that_forgets_the_acks_above_the_frontier_is_found() {
+    finds(Bug::AcksNotSeeded);
+}
