@@ -8,7 +8,9 @@
 # the median over the rounds, each round's R3/R1 ratio, and the median of those ratios. CPU per operation is that of
 # all three nodes (a follower's work is part of a replicated produce).
 #
-#   benches/replicated.sh [--duration 10s] [--repeat 3] [--connections 16] [--out DIR]
+#   benches/replicated.sh [--duration 10s] [--repeat 3] [--connections 16] [--config FILE] [--out DIR]
+#
+# `--config FILE` starts every node with `--config FILE` (e.g. `sync_via = "inline"`: docs/configuration.md).
 #
 # Results (.txt, .json per run, summary.md, summary.json, setup.txt) go to benches/results/replicated-<timestamp>/.
 # Needs etcd (apt-get install etcd-server, or ETCD_BIN), python3 and curl. Ports: etcd on BERTH_BENCH_ETCD_PORT
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 duration=10s
 repeat=3
 connections=16
+node_config=()
 out="benches/results/replicated-$(date -u +%Y-%m-%dT%H%M%SZ)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --repeat) repeat="$2"; shift 2 ;;
     --connections) connections="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --config) node_config=(--config "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,14 +53,14 @@ tmp=$(mktemp -d /tmp/berth-replicated-bench.XXXXXX)
 # pin, wait_up, the EXIT trap, start_etcd, start_berth_nodes
 source benches/lib/common.sh
 start_etcd "$etcd_bin" "$etcd_port" "$client_cpu"
-start_berth_nodes "$nodes" "$base" node_cpu_of --fsync always --replication-preview
+start_berth_nodes "$nodes" "$base" node_cpu_of --fsync always --replication-preview "${node_config[@]}"
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "berth: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' (modified)')"
   echo "etcd: $("$etcd_bin" --version | head -1)"
   echo "cpus: $ncpu; the 3 nodes on cpu $node_cpu; load generator and etcd on cpu $client_cpu"
-  echo "nodes: --cores 1 --fsync always --replication-preview"
+  echo "nodes: --cores 1 --fsync always --replication-preview ${node_config[*]}"
   echo "load: $connections connections, 100-byte messages, $duration per run, $repeat rounds"
   uname -sr
 } >"$out/setup.txt"
