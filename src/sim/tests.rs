@@ -91,7 +91,7 @@ fn failure(run: fn(u64), bug: Option<Bug>, seed: u64) -> Option<String> {
 
 /// Runs seeds from 1 with `bug` planted until one fails that passes without it (a seed that fails either way finds
 /// something else); returns that seed and its message.
-pub(super) fn first_failing_seed(run: fn(u64), bug: Bug, limit: u64) -> Option<(u64, String)> {
+fn first_failing_seed(run: fn(u64), bug: Bug, limit: u64) -> Option<(u64, String)> {
     (1..=limit).find_map(|seed| {
         let message = failure(run, Some(bug), seed)?;
         if let Some(without) = failure(run, None, seed) {
@@ -105,21 +105,26 @@ pub(super) fn first_failing_seed(run: fn(u64), bug: Bug, limit: u64) -> Option<(
     })
 }
 
-/// The single-node simulation finds `bug` within `BERTH_SIM_PLANTED_SEEDS` seeds (default 2000), as a finding of
-/// its oracle.
-fn finds(bug: Bug) {
+/// A simulation (`run`: one seed; its oracle's findings start with `{which} seed N found: `) finds `bug` within
+/// `BERTH_SIM_PLANTED_SEEDS` seeds (default 2000), as a finding of its oracle.
+pub(super) fn finds_in(run: fn(u64), which: &str, bug: Bug) {
     let limit = env("BERTH_SIM_PLANTED_SEEDS").unwrap_or(2000);
-    match first_failing_seed(run_seed, bug, limit) {
+    match first_failing_seed(run, bug, limit) {
         Some((seed, message)) => {
             let first = message.lines().next().unwrap_or_default().to_string();
             eprintln!("{bug:?}: found by seed {seed}: {first}");
             assert!(
-                message.contains(&format!("simulation seed {seed} found: ")),
+                message.contains(&format!("{which} seed {seed} found: ")),
                 "{bug:?}: seed {seed} failed, but not with a finding of the oracle: {message}"
             );
         }
         None => panic!("{bug:?} planted: {limit} seeds found nothing"),
     }
+}
+
+/// The single-node simulation finds `bug`.
+fn finds(bug: Bug) {
+    finds_in(run_seed, "simulation", bug);
 }
 
 /// Acks above the frontier left out of the journal's frontier records: a restart's files lack what the process

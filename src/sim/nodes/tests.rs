@@ -45,24 +45,9 @@ fn three_simulated_nodes_under_kills_power_cuts_a_lost_disk_pauses_and_partition
     run_seeds(env("BERTH_SIM_FIRST").unwrap_or(1), seeds);
 }
 
-/// Runs seeds from 1 with `bug` planted until one fails that passes without it.
-fn first_failing_seed(bug: Bug, limit: u64) -> Option<(u64, String)> {
-    crate::sim::tests::first_failing_seed(run_node_seed, bug, limit)
-}
-
+/// The node simulation finds `bug`.
 fn finds(bug: Bug) {
-    let limit = env("BERTH_SIM_PLANTED_SEEDS").unwrap_or(2000);
-    match first_failing_seed(bug, limit) {
-        Some((seed, message)) => {
-            let first = message.lines().next().unwrap_or_default().to_string();
-            eprintln!("{bug:?}: found by seed {seed}: {first}");
-            assert!(
-                message.contains(&format!("node simulation seed {seed} found: ")),
-                "{bug:?}: seed {seed} failed, but not with a finding of the oracle: {message}"
-            );
-        }
-        None => panic!("{bug:?} planted: {limit} seeds found nothing"),
-    }
+    crate::sim::tests::finds_in(run_node_seed, "node simulation", bug);
 }
 
 #[test]
