@@ -52,6 +52,9 @@ pub(super) struct FrontierState {
     /// The loaded shard's `InFlight::acked_version` last recorded in the journal (its ranges with the frontier):
     /// a tick records the group again when its acked-ahead set changed since, even if the frontier did not move.
     pub(super) acks_journaled: Cell<u64>,
+    /// Which shard `acks_journaled` counts for: bumped at each install (a new shard counts its versions from 0; a
+    /// journal write of the old one's that lands after it must not stand for the new one's).
+    pub(super) shard_gen: Cell<u64>,
     /// The acked-ahead ranges the journal holds beside `journaled` (its newest record's).
     pub(super) journaled_acked: RefCell<Vec<(u64, u64)>>,
     /// Frontier value known durable in the core's journal (0: none recorded there yet); the durable frontier is the
@@ -81,6 +84,7 @@ impl FrontierState {
             flushed_acked: RefCell::new(Vec::new()),
             acks_flushed: Cell::new(u64::MAX),
             acks_journaled: Cell::new(0),
+            shard_gen: Cell::new(0),
             journaled_acked: RefCell::new(Vec::new()),
             journaled: Cell::new(0),
             replica: Cell::new(None),
@@ -388,6 +392,7 @@ impl Partition {
                 group: g.clone(),
                 committed,
                 version,
+                shard_gen: g.frontier.shard_gen.get(),
                 acked,
             });
         }
@@ -403,10 +408,14 @@ impl Partition {
             group: g,
             committed: value,
             version,
+            shard_gen,
             acked,
         } in marks
         {
-            if g.shard.borrow().is_some() && *version > g.frontier.acks_journaled.get() {
+            if g.shard.borrow().is_some()
+                && *shard_gen == g.frontier.shard_gen.get()
+                && *version > g.frontier.acks_journaled.get()
+            {
                 g.frontier.acks_journaled.set(*version);
             }
             let newly_durable = *value > g.frontier.durable();
@@ -571,6 +580,7 @@ pub struct Moved {
     group: Rc<Group>,
     committed: u64,
     version: u64,
+    shard_gen: u64,
     acked: Vec<(u64, u64)>,
 }
 

@@ -663,6 +663,7 @@ impl Partition {
         );
         g.frontier.flushed.set(stored.committed);
         g.frontier.acks_journaled.set(0);
+        g.frontier.shard_gen.set(g.frontier.shard_gen.get() + 1);
         g.frontier.file_known.set(true);
         // Nonces are seeded from the wall clock (µs « 8) so handles from before a restart never match, and each
         // group's shard starts 2^32 above the previous one's, so groups loaded in the same instant never share a
