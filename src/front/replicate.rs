@@ -1025,7 +1025,7 @@ fn dispatch(
     Dispatch::Sent
 }
 
-/// Waits for a wake-up, at most `IDLE_CHECK`./// Waits for a wake-up, at most `IDLE_CHECK`.
+/// Waits for a wake-up, at most `IDLE_CHECK`.
 async fn idle(engine: &Engine, listener: event_listener::EventListener) {
     futures_lite::future::or(listener, engine.sleep(IDLE_CHECK)).await;
 }
