@@ -7,8 +7,8 @@
 //!
 //! The leader's side is [`Log::set_on_ship`], called with every durable batch (a log with a journal only: its
 //! link names the partition, and a follower writes through its own journal). On the follower, shipped batches go
-//! through the log's writer task like appends (one at a time, in arrival order, each alone in its write), so nothing
-//! else writes the segment meanwhile, a caller that stops waiting leaves nothing half done, and a close waits for
+//! through the log's writer task like appends (in arrival order; consecutive batches queued while a pass was written
+//! go in one write, as appends do: `Log::take_ships`), so nothing else writes the segment meanwhile, a caller that stops waiting leaves nothing half done, and a close waits for
 //! them. A follower's log takes no appends of its own (its partition is served by the leader); one that did would
 //! only make the next shipped batch a `Gap`.
 
@@ -33,6 +33,15 @@ enum Work {
     Cut(u64),
     /// [`Log::restart_at`] this offset, for the leadership of this epoch.
     Restart(u64, u64),
+}
+
+impl Work {
+    fn frames_len(&self) -> usize {
+        match self {
+            Work::Batch(_, frames, _) => frames.len(),
+            Work::Cut(_) | Work::Restart(..) => 0,
+        }
+    }
 }
 
 /// Why a shipped batch was not applied. Nothing of it was written (a refused batch may leave an empty new segment
@@ -343,6 +352,106 @@ impl Log {
         Ok(Some((head, frames)))
     }
 
+    /// The next shipped work for the writer task: one job, or the run of batches at the front of the queue that
+    /// continue each other exactly (one leadership's consecutive batches in one segment, queued while the last pass
+    /// was written), together at most `MAX_BATCH_BYTES`. Written in one pass, as appends queued meanwhile are: a
+    /// follower fed faster than it syncs does not fall further behind one fdatasync per leader pass.
+    pub(super) fn take_ships(&self) -> Vec<ShipJob> {
+        let mut ships = self.ships.borrow_mut();
+        let Some(first) = ships.pop_front() else {
+            return Vec::new();
+        };
+        let mut bytes = first.work.frames_len();
+        let mut jobs = vec![first];
+        loop {
+            let last = &jobs.last().expect("one job at least").work;
+            let (Work::Batch(last, last_frames, epoch), Some(next)) = (last, ships.front()) else {
+                break;
+            };
+            let Work::Batch(head, frames, next_epoch) = &next.work else {
+                break;
+            };
+            let len = frames.len() as u64;
+            let continues = next_epoch == epoch
+                && last.count > 0
+                && head.count > 0
+                && (head.topic_id, head.partition) == (last.topic_id, last.partition)
+                && head.topic == last.topic
+                && head.segment_base == last.segment_base
+                && last.first_offset.checked_add(u64::from(last.count)) == Some(head.first_offset)
+                && last.position.checked_add(last_frames.len() as u64) == Some(head.position)
+                // Its own place in the segment, as if it came alone (a batch that is not first in its segment
+                // stays within `segment_bytes`).
+                && head.position.checked_add(len).is_some_and(|to| to <= self.opts.segment_bytes)
+                && bytes as u64 + len <= MAX_BATCH_BYTES;
+            if !continues {
+                break;
+            }
+            bytes += frames.len();
+            jobs.push(ships.pop_front().expect("the front job"));
+        }
+        jobs
+    }
+
+    /// The writer task: applies shipped work taken by [`Log::take_ships`] and answers each job. Several batches go
+    /// in one write, each checked to be exactly what it claims; if that write is refused, each is tried alone, so
+    /// every answer is the one it would have had on its own.
+    pub(super) async fn run_ships(&self, mut jobs: Vec<ShipJob>) {
+        if jobs.len() > 1 {
+            if let Ok(first) = self.apply_together(&jobs).await {
+                self.batches.set(self.batches.get() + jobs.len() as u64);
+                self.appended.notify(usize::MAX);
+                if let Some(f) = self.on_append.borrow().as_ref() {
+                    f((self.end_offset() - first) as usize);
+                }
+                for job in jobs {
+                    let Work::Batch(head, _, _) = &job.work else {
+                        unreachable!("only batches are taken together")
+                    };
+                    let _ = job.reply.send(Ok(head.first_offset));
+                }
+                return;
+            }
+            for job in jobs {
+                self.run_ship(job).await;
+            }
+            return;
+        }
+        if let Some(job) = jobs.pop() {
+            self.run_ship(job).await;
+        }
+    }
+
+    /// Writes consecutive shipped batches ([`Log::take_ships`]) as one: their frames back to back under the first
+    /// one's head, each batch's first frame checked to start where its bytes do.
+    async fn apply_together(&self, jobs: &[ShipJob]) -> Result<u64, FollowError> {
+        let mut frames = Vec::with_capacity(jobs.iter().map(|j| j.work.frames_len()).sum());
+        let mut bounds = Vec::with_capacity(jobs.len());
+        let mut count = 0u32;
+        let mut head = None;
+        let mut epoch = 0;
+        for job in jobs {
+            let Work::Batch(h, f, e) = &job.work else {
+                return Err(FollowError::Mismatch("only batches are written together".into()));
+            };
+            bounds.push((count as usize, frames.len()));
+            count = count
+                .checked_add(h.count)
+                .ok_or_else(|| FollowError::Mismatch("too many frames together".into()))?;
+            frames.extend_from_slice(f);
+            head.get_or_insert_with(|| h.clone());
+            epoch = *e;
+        }
+        let mut head = head.ok_or_else(|| FollowError::Mismatch("nothing to write".into()))?;
+        head.count = count;
+        if self.is_poisoned() || self.ships_refused.get() || epoch < self.ship_fence.get() {
+            // Each alone says why.
+            return Err(FollowError::Mismatch("refused".into()));
+        }
+        let _writing = Shipping::start(self);
+        self.apply_checked(&head, &frames, &bounds).await
+    }
+
     /// The writer task: applies one shipped batch and answers it.
     pub(super) async fn run_ship(&self, job: ShipJob) {
         let result = if self.is_poisoned() {
@@ -360,7 +469,7 @@ impl Log {
                         self.ship_fence.get()
                     )))
                 }
-                Work::Batch(head, frames, _) => self.apply_checked(head, frames).await,
+                Work::Batch(head, frames, _) => self.apply_checked(head, frames, &[]).await,
                 Work::Cut(to) => {
                     let cut = self.cut(*to).await;
                     let _ = job.reply.send(cut);
@@ -578,7 +687,14 @@ impl Log {
         Ok(at)
     }
 
-    async fn apply_checked(&self, head: &EntryHead, frames: &[u8]) -> Result<u64, FollowError> {
+    /// Checks a shipped batch and writes it. `bounds` (index of a frame, its byte offset): where batches written
+    /// together begin, each checked as its own head claims.
+    async fn apply_checked(
+        &self,
+        head: &EntryHead,
+        frames: &[u8],
+        bounds: &[(usize, usize)],
+    ) -> Result<u64, FollowError> {
         let link = self.journal.as_ref().expect("checked by apply_shipped");
         if (head.topic.as_str(), head.topic_id, head.partition)
             != (link.topic.as_str(), link.topic_id, link.partition)
@@ -628,7 +744,11 @@ impl Log {
                 _ => return Err(mismatch()),
             }
         }
-        if at != frames.len() {
+        if at != frames.len()
+            || bounds
+                .iter()
+                .any(|&(i, at)| scan.positions.get(i).is_none_or(|&p| p as usize != at))
+        {
             return Err(mismatch());
         }
         let len = frames.len() as u64;

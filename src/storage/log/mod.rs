@@ -497,10 +497,10 @@ impl Log {
         loop {
             let batch = loop {
                 let listener = self.queue_event.listen();
-                // A follower's shipped batches: each on its own, in arrival order (`follow.rs`).
-                let ship = self.ships.borrow_mut().pop_front();
-                if let Some(job) = ship {
-                    self.run_ship(job).await;
+                // A follower's shipped batches, in arrival order, those queued together in one write (`follow.rs`).
+                let ships = self.take_ships();
+                if !ships.is_empty() {
+                    self.run_ships(ships).await;
                     continue;
                 }
                 if let Some(batch) = self.take_batch() {

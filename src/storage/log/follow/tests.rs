@@ -411,6 +411,134 @@ fn a_follower_queues_at_most_max_queued_ships_batches() {
     });
 }
 
+/// Shipped batches until the leader has shipped at least `n`.
+async fn ship_at_least(leader: &Rc<Log>, shipped: &Shipped, rng: &mut Rng, n: usize) -> Vec<(EntryHead, Vec<u8>)> {
+    let mut rounds = 0;
+    while shipped.borrow().len() < n {
+        rounds += 1;
+        assert!(rounds < 100_000, "the leader shipped only {} batches", shipped.borrow().len());
+        produce(leader, rng, 1).await;
+    }
+    std::mem::take(&mut *shipped.borrow_mut())
+}
+
+/// Batches queued while the writer was busy: each polled once (so it is in the queue) before the writer runs.
+async fn queue_all<'a>(
+    follower: &'a Log,
+    batches: &'a [(EntryHead, Vec<u8>)],
+) -> Vec<std::pin::Pin<Box<impl std::future::Future<Output = Result<(), FollowError>> + 'a>>> {
+    let mut waiting = Vec::new();
+    for (head, frames) in batches {
+        let mut f = Box::pin(follower.apply_shipped(head, frames));
+        assert!(futures_lite::future::poll_once(&mut f).await.is_none());
+        waiting.push(f);
+    }
+    waiting
+}
+
+/// Consecutive batches queued together go in one journal pass (one fdatasync) per run that continues one segment,
+/// each answered, and the follower still holds the leader's bytes, across a power cut too.
+#[test]
+fn batches_queued_together_are_written_in_one_pass_and_hold_the_leaders_bytes() {
+    run(async {
+        for seed in 1..=4u64 {
+            let (a, b, sa, sb) = two_disks();
+            let (lj, leader, shipped) = leader(&sa).await;
+            let (fj, follower) = open(&sb).await;
+            let mut rng = Rng(seed * 0x2545_f491_4f6c_dd1d);
+            let mut together = 0;
+            for _ in 0..6 {
+                let n = 2 + rng.below(8) as usize;
+                let batches = ship_at_least(&leader, &shipped, &mut rng, n).await;
+                let rolls = batches.windows(2).filter(|w| w[0].0.segment_base != w[1].0.segment_base).count();
+                let passes = fj.stats().passes;
+                for f in queue_all(&follower, &batches).await {
+                    f.await.expect("a queued batch applies");
+                }
+                let took = fj.stats().passes - passes;
+                // One pass per run of batches within one segment (a roll starts a new run; a run stops at
+                // MAX_BATCH_BYTES, far above these), plus at most one for the segment's roll itself.
+                assert!(
+                    took <= 2 * (rolls as u64 + 1),
+                    "seed {seed}: {} batches ({rolls} rolls) took {took} passes",
+                    batches.len()
+                );
+                together += batches.len() as u64 - took.min(batches.len() as u64);
+                assert_eq!(follower.end_offset(), leader.end_offset(), "seed {seed}");
+            }
+            assert!(together > 0, "seed {seed}: no two batches shared a pass");
+            let end = follower.end_offset();
+            let cut = b.power_cut(|_, _| 0);
+            let (rj, reopened) = restart(&cut).await;
+            assert_eq!(reopened.end_offset(), end, "seed {seed}: what the follower acknowledged is there");
+            reopened.close().await;
+            rj.close().await;
+            for (log, journal) in [(&leader, &lj), (&follower, &fj)] {
+                log.close().await;
+                journal.close().await;
+            }
+            assert_same_files(&a, &b, seed);
+        }
+    });
+}
+
+/// A batch whose head lies about where its frames end, queued with batches before and after it whose heads make
+/// the run's total right: written together they would pass as a whole, so each boundary is checked, and each batch
+/// gets the answer it would have had alone (the first applies, the liar is a mismatch, the next a gap).
+#[test]
+fn a_batch_queued_with_others_that_lies_about_its_frames_is_refused_alone() {
+    run(async {
+        let (_a, _b, sa, sb) = two_disks();
+        let (lj, leader, shipped) = leader(&sa).await;
+        let (fj, follower) = open(&sb).await;
+        let mut rng = Rng(11);
+        // Three batches in one segment, the last of more than one record.
+        let batches = loop {
+            let all = ship_at_least(&leader, &shipped, &mut rng, 3).await;
+            let run = all.windows(3).find(|w| {
+                w[0].0.segment_base == w[2].0.segment_base && w[1].0.count >= 1 && w[2].0.count >= 2
+            });
+            if let Some(w) = run {
+                // Whatever came before goes first, alone.
+                let first = w[0].0.first_offset;
+                for (head, frames) in all.iter().take_while(|(h, _)| h.first_offset < first) {
+                    follower.apply_shipped(head, frames).await.expect("applies");
+                }
+                break w.to_vec();
+            }
+            for (head, frames) in &all {
+                follower.apply_shipped(head, frames).await.expect("applies");
+            }
+        };
+        let mut lying = batches.clone();
+        lying[1].0.count += 1;
+        lying[2].0.first_offset += 1;
+        lying[2].0.count -= 1;
+        let start = follower.end_offset();
+        let answers: Vec<_> = {
+            let waiting = queue_all(&follower, &lying).await;
+            let mut answers = Vec::new();
+            for f in waiting {
+                answers.push(f.await);
+            }
+            answers
+        };
+        assert!(answers[0].is_ok(), "{answers:?}");
+        assert!(matches!(answers[1], Err(FollowError::Mismatch(_))), "{answers:?}");
+        assert!(matches!(answers[2], Err(FollowError::Gap { .. })), "{answers:?}");
+        let (h0, _) = &batches[0];
+        assert_eq!(follower.end_offset(), start + u64::from(h0.count));
+        // The truth, sent again, applies.
+        for (head, frames) in &batches[1..] {
+            follower.apply_shipped(head, frames).await.expect("the true batch applies");
+        }
+        leader.close().await;
+        follower.close().await;
+        lj.close().await;
+        fj.close().await;
+    });
+}
+
 /// Catch-up: a follower fed only runs of frames read back from the leader's log (`read_for_follower`: sealed
 /// segments, the active one's file and its write-behind buffer, in runs of at most a few hundred bytes) holds the
 /// leader's segments byte for byte; where a run must stop (`until`) and what cannot be shipped are kept to.
@@ -485,68 +613,72 @@ fn a_follower_caught_up_from_the_leaders_log_holds_its_segments_byte_for_byte() 
 #[test]
 fn a_replica_that_starts_leading_refuses_queued_and_new_shipped_batches() {
     run(async {
-        let (_a, _b, sa, sb) = two_disks();
-        let (lj, leader, shipped) = leader(&sa).await;
-        let (fj, follower) = open(&sb).await;
-        let mut rng = Rng(5);
-        while shipped.borrow().len() < 5 {
-            produce(&leader, &mut rng, 2).await;
-        }
-        let batches = std::mem::take(&mut *shipped.borrow_mut());
-        let mut waiting = Vec::new();
-        for (head, frames) in &batches[..3] {
-            let mut f = Box::pin(follower.apply_shipped(head, frames));
-            assert!(futures_lite::future::poll_once(&mut f).await.is_none());
-            waiting.push(f);
-        }
-        // The writer task may pick the first one up meanwhile.
-        futures_lite::future::yield_now().await;
-        follower.stop_following().await;
-        let end = follower.end_offset();
-        let mut applied = 0;
-        for (i, f) in waiting.into_iter().enumerate() {
-            match f.await {
-                Ok(()) => {
-                    assert_eq!(i, applied, "only a prefix is applied");
-                    applied += 1;
-                }
-                Err(FollowError::Mismatch(why)) => assert!(why.contains("leads"), "{why}"),
-                Err(e) => panic!("batch {i}: {e:?}"),
+        // The stop comes before the writer task ran, then after it took the queued batches.
+        for yield_first in [false, true] {
+            let (_a, _b, sa, sb) = two_disks();
+            let (lj, leader, shipped) = leader(&sa).await;
+            let (fj, follower) = open(&sb).await;
+            let mut rng = Rng(5);
+            while shipped.borrow().len() < 5 {
+                produce(&leader, &mut rng, 2).await;
             }
+            let batches = std::mem::take(&mut *shipped.borrow_mut());
+            let mut waiting = Vec::new();
+            for (head, frames) in &batches[..3] {
+                let mut f = Box::pin(follower.apply_shipped(head, frames));
+                assert!(futures_lite::future::poll_once(&mut f).await.is_none());
+                waiting.push(f);
+            }
+            if yield_first {
+                // The writer task picks them up (consecutive queued batches go in one write): they land.
+                futures_lite::future::yield_now().await;
+            }
+            follower.stop_following().await;
+            let end = follower.end_offset();
+            let mut applied = 0;
+            for (i, f) in waiting.into_iter().enumerate() {
+                match f.await {
+                    Ok(()) => {
+                        assert_eq!(i, applied, "only a prefix is applied");
+                        applied += 1;
+                    }
+                    Err(FollowError::Mismatch(why)) => assert!(why.contains("leads"), "{why}"),
+                    Err(e) => panic!("batch {i}: {e:?}"),
+                }
+            }
+            if !yield_first {
+                assert_eq!(applied, 0, "a batch queued before the stop was applied");
+            }
+            let expected = batches[..applied]
+                .last()
+                .map_or(0, |(h, _)| h.first_offset + u64::from(h.count));
+            assert_eq!(end, expected);
+            let (head, frames) = &batches[applied];
+            assert!(matches!(
+                follower.apply_shipped(head, frames).await,
+                Err(FollowError::Mismatch(_))
+            ));
+            for _ in 0..10 {
+                futures_lite::future::yield_now().await;
+            }
+            assert_eq!(
+                follower.end_offset(),
+                end,
+                "the end moved after stop_following"
+            );
+            // Following again: the batches apply from where the log stands.
+            follower.start_following();
+            for (head, frames) in &batches[applied..] {
+                follower
+                    .apply_shipped(head, frames)
+                    .await
+                    .expect("a follower again takes the next batch");
+            }
+            leader.close().await;
+            follower.close().await;
+            lj.close().await;
+            fj.close().await;
         }
-        assert!(
-            applied <= 1,
-            "{applied} batches applied after the replica began to lead"
-        );
-        let expected = batches[..applied]
-            .last()
-            .map_or(0, |(h, _)| h.first_offset + u64::from(h.count));
-        assert_eq!(end, expected);
-        let (head, frames) = &batches[applied];
-        assert!(matches!(
-            follower.apply_shipped(head, frames).await,
-            Err(FollowError::Mismatch(_))
-        ));
-        for _ in 0..10 {
-            futures_lite::future::yield_now().await;
-        }
-        assert_eq!(
-            follower.end_offset(),
-            end,
-            "the end moved after stop_following"
-        );
-        // Following again: the batches apply from where the log stands.
-        follower.start_following();
-        for (head, frames) in &batches[applied..] {
-            follower
-                .apply_shipped(head, frames)
-                .await
-                .expect("a follower again takes the next batch");
-        }
-        leader.close().await;
-        follower.close().await;
-        lj.close().await;
-        fj.close().await;
     });
 }
 
