@@ -1481,6 +1481,10 @@ impl LocalExecutor {
 
                 // run user code
                 let run = this.run_task_queues();
+                if run {
+                    // berth: see `sys::uring::Reactor::note_ran`.
+                    this.reactor.sys.note_ran();
+                }
 
                 // account for runtime and poll/sleep if possible
                 let cur_time = Instant::now();

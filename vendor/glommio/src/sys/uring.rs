@@ -1244,6 +1244,11 @@ pub(crate) struct Reactor {
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
+    // berth: the preemption timers stay armed across loops (BERTH.md, 4). When the latency ring's preempt timer was
+    // armed, and whether a task queue ran since; the sleep's user timer in its own slot, with its deadline.
+    latency_preemption_armed_at: Cell<Option<Instant>>,
+    ran_since_armed: Cell<bool>,
+    user_timeout_src: Cell<Option<(Source, Instant)>>,
 
     link_fd: RawFd,
 
@@ -1389,6 +1394,9 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
+            latency_preemption_armed_at: Cell::new(None),
+            ran_since_armed: Cell::new(false),
+            user_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
             notifier,
@@ -1849,22 +1857,34 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
-        //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
-
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // berth: glommio cancelled and re-armed both preemption timers here at every call (twice per loop of a
+        // busy executor: a cancellation and a new timeout in two rings, each a submission, most an io_uring_enter).
+        // A pending preempt timer is kept while it was armed less than half a slice ago (it then ends a slice early,
+        // never late) and, across a sleep, while a task queue ran since it was armed (an executor that goes idle
+        // wakes once more, at most, then sleeps without it). The throughput timer counts completions; it is kept
+        // until it fires. BERTH.md, 4.
+        let now = Instant::now();
+        let preempt = preempt_timer();
+        let kept = self.latency_preemption_timeout_src.take().filter(|src| {
+            src.result().is_none()
+                && self.latency_preemption_armed_at.get().is_some_and(|at| match preempt {
+                    Some(slice) => now.saturating_duration_since(at) < slice / 2,
+                    None => self.ran_since_armed.get(),
+                })
+        });
+        // (Dropping a source still in the kernel cancels it.)
+        self.latency_preemption_timeout_src.set(kept);
+        let throughput = self
+            .throughput_preemption_timeout_src
+            .take()
+            .filter(|src| src.result().is_none())
+            .unwrap_or_else(|| {
+                main_ring.prepare_throughput_preemption_timer(
+                    self.ring_depth() as u32,
+                    self.eventfd_src.raw(),
+                )
+            });
+        self.throughput_preemption_timeout_src.set(Some(throughput));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1876,7 +1896,7 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt_timer().is_none()
+        let should_sleep = preempt.is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
@@ -1885,10 +1905,31 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
-            if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+            // berth: in its own slot, kept while it fires no later than needed (earlier only wakes once more).
+            // (Completions its cancellation's flush consumed may have woken a task: then no sleep.)
+            let mut woken = 0;
+            let user = self.user_timeout_src.take();
+            match user_timer {
+                Some(dur) => {
+                    let deadline = now + dur;
+                    let kept = user.filter(|(src, at)| src.result().is_none() && *at <= deadline);
+                    match kept {
+                        Some(kept) => self.user_timeout_src.set(Some(kept)),
+                        None => {
+                            self.user_timeout_src.set(Some((
+                                lat_ring.prepare_latency_preemption_timer(dur),
+                                deadline,
+                            )));
+                            flush_cancellations!(into &mut woken; lat_ring);
+                            assert!(flush_rings!(lat_ring)? > 0);
+                        }
+                    }
+                }
+                None => {
+                    drop(user);
+                    flush_cancellations!(into &mut woken; lat_ring);
+                    flush_rings!(lat_ring)?;
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1899,7 +1940,7 @@ impl Reactor {
             // details. This translates to `sys_membarrier()` /
             // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
             membarrier::heavy();
-            let events = process_remote_channels() + self.flush_syscall_thread();
+            let events = process_remote_channels() + self.flush_syscall_thread() + woken;
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
                     self.link_rings_and_sleep(&mut main_ring)
@@ -1914,9 +1955,15 @@ impl Reactor {
             }
         }
 
-        if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+        if let Some(preempt) = preempt {
+            // berth: armed only when none is pending (see above).
+            let pending = self.latency_preemption_timeout_src.take();
+            let src = pending.unwrap_or_else(|| {
+                self.latency_preemption_armed_at.set(Some(Instant::now()));
+                self.ran_since_armed.set(false);
+                lat_ring.prepare_latency_preemption_timer(preempt)
+            });
+            self.latency_preemption_timeout_src.set(Some(src));
             flush_rings!(lat_ring, main_ring)?;
         }
 
@@ -1928,6 +1975,12 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// berth: a task queue ran (the executor's loop says so): a preempt timer armed before stays armed across the
+    /// next sleep (see `wait`).
+    pub(crate) fn note_ran(&self) {
+        self.ran_since_armed.set(true);
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
