@@ -432,7 +432,9 @@ impl Log {
         let mut epoch = 0;
         for job in jobs {
             let Work::Batch(h, f, e) = &job.work else {
-                return Err(FollowError::Mismatch("only batches are written together".into()));
+                return Err(FollowError::Mismatch(
+                    "only batches are written together".into(),
+                ));
             };
             bounds.push((count as usize, frames.len()));
             count = count

@@ -412,11 +412,20 @@ fn a_follower_queues_at_most_max_queued_ships_batches() {
 }
 
 /// Shipped batches until the leader has shipped at least `n`.
-async fn ship_at_least(leader: &Rc<Log>, shipped: &Shipped, rng: &mut Rng, n: usize) -> Vec<(EntryHead, Vec<u8>)> {
+async fn ship_at_least(
+    leader: &Rc<Log>,
+    shipped: &Shipped,
+    rng: &mut Rng,
+    n: usize,
+) -> Vec<(EntryHead, Vec<u8>)> {
     let mut rounds = 0;
     while shipped.borrow().len() < n {
         rounds += 1;
-        assert!(rounds < 100_000, "the leader shipped only {} batches", shipped.borrow().len());
+        assert!(
+            rounds < 100_000,
+            "the leader shipped only {} batches",
+            shipped.borrow().len()
+        );
         produce(leader, rng, 1).await;
     }
     std::mem::take(&mut *shipped.borrow_mut())
@@ -450,7 +459,10 @@ fn batches_queued_together_are_written_in_one_pass_and_hold_the_leaders_bytes() 
             for _ in 0..6 {
                 let n = 2 + rng.below(8) as usize;
                 let batches = ship_at_least(&leader, &shipped, &mut rng, n).await;
-                let rolls = batches.windows(2).filter(|w| w[0].0.segment_base != w[1].0.segment_base).count();
+                let rolls = batches
+                    .windows(2)
+                    .filter(|w| w[0].0.segment_base != w[1].0.segment_base)
+                    .count();
                 let passes = fj.stats().passes;
                 for f in queue_all(&follower, &batches).await {
                     f.await.expect("a queued batch applies");
@@ -470,7 +482,11 @@ fn batches_queued_together_are_written_in_one_pass_and_hold_the_leaders_bytes() 
             let end = follower.end_offset();
             let cut = b.power_cut(|_, _| 0);
             let (rj, reopened) = restart(&cut).await;
-            assert_eq!(reopened.end_offset(), end, "seed {seed}: what the follower acknowledged is there");
+            assert_eq!(
+                reopened.end_offset(),
+                end,
+                "seed {seed}: what the follower acknowledged is there"
+            );
             reopened.close().await;
             rj.close().await;
             for (log, journal) in [(&leader, &lj), (&follower, &fj)] {
@@ -524,13 +540,22 @@ fn a_batch_queued_with_others_that_lies_about_its_frames_is_refused_alone() {
             answers
         };
         assert!(answers[0].is_ok(), "{answers:?}");
-        assert!(matches!(answers[1], Err(FollowError::Mismatch(_))), "{answers:?}");
-        assert!(matches!(answers[2], Err(FollowError::Gap { .. })), "{answers:?}");
+        assert!(
+            matches!(answers[1], Err(FollowError::Mismatch(_))),
+            "{answers:?}"
+        );
+        assert!(
+            matches!(answers[2], Err(FollowError::Gap { .. })),
+            "{answers:?}"
+        );
         let (h0, _) = &batches[0];
         assert_eq!(follower.end_offset(), start + u64::from(h0.count));
         // The truth, sent again, applies.
         for (head, frames) in &batches[1..] {
-            follower.apply_shipped(head, frames).await.expect("the true batch applies");
+            follower
+                .apply_shipped(head, frames)
+                .await
+                .expect("the true batch applies");
         }
         leader.close().await;
         follower.close().await;
