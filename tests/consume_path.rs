@@ -1443,6 +1443,33 @@ fn metrics_count_per_partition_and_time_per_core() {
     assert_eq!(metric_sum(&m, "berth_acked_total", &t), 2.0);
     assert_eq!(metric_sum(&m, "berth_nacked_total", &t), 1.0);
     assert_eq!(metric_sum(&m, "berth_in_flight", &t), 0.0);
+
+    // The per-stage breakdown (docs/api.md, "Metrics"): a queue wait per request parsed (this scrape's own
+    // included: it is recorded when its handling starts), a reply per write of answers (one per request here: the
+    // client waits for each answer), and, with fsync always, a write and an fdatasync per journal pass, after each
+    // entry's wait for its pass.
+    let stage = |name: &str| metric_sum(&m, &format!("berth_stage_{name}_seconds_count"), &[]);
+    assert_eq!(stage("queue"), answered + 1.0, "{m}");
+    assert_eq!(stage("reply"), answered, "{m}");
+    let passes = stage("journal_write");
+    assert!(passes >= 3.0, "a pass per produce at least: {m}");
+    assert_eq!(stage("journal_sync"), passes, "{m}");
+    assert!(stage("journal_queue") >= passes, "{m}");
+    for name in [
+        "queue",
+        "journal_queue",
+        "journal_write",
+        "journal_sync",
+        "reply",
+    ] {
+        let name = format!("berth_stage_{name}_seconds");
+        let inf = metric_sum(&m, &format!("{name}_bucket"), &[("le", "+Inf")]);
+        assert_eq!(
+            inf,
+            metric_sum(&m, &format!("{name}_count"), &[]),
+            "{name}: {m}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ pub struct RunReport {
 }
 
 /// The server histograms the report shows: (Prometheus name, what the table calls it, JSON key).
-pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 2] = [
+pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 7] = [
     (
         "berth_request_duration_seconds",
         "request latency",
@@ -128,6 +128,46 @@ pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 2] = [
         "frontier lag",
         "server_frontier_lag_us",
     ),
+    // The per-stage breakdown (a berth server's `berth_stage_*_seconds`, docs/api.md "Metrics"), printed as one
+    // table per core with the request latency as its `service` row.
+    (
+        "berth_stage_queue_seconds",
+        "queue",
+        "server_stage_queue_us",
+    ),
+    (
+        "berth_stage_journal_queue_seconds",
+        "journal queue",
+        "server_stage_journal_queue_us",
+    ),
+    (
+        "berth_stage_journal_write_seconds",
+        "journal write",
+        "server_stage_journal_write_us",
+    ),
+    (
+        "berth_stage_journal_sync_seconds",
+        "journal sync",
+        "server_stage_journal_sync_us",
+    ),
+    (
+        "berth_stage_reply_seconds",
+        "reply",
+        "server_stage_reply_us",
+    ),
+];
+
+/// Where the stages start in `SERVER_HISTOGRAMS`.
+const FIRST_STAGE: usize = 2;
+
+/// What each stage row of the breakdown measures, in `SERVER_HISTOGRAMS`' order from `FIRST_STAGE`, the request
+/// latency (`service`) between `queue` and the journal's.
+const STAGE_NOTES: [&str; 5] = [
+    "last read -> handling starts",
+    "append queued -> its journal pass starts (per entry)",
+    "a journal pass's write (per pass)",
+    "a journal pass's fdatasync (per pass)",
+    "answer queued -> written to the socket (per write)",
 ];
 
 /// Quantiles reported for the server's histograms.
@@ -462,7 +502,11 @@ impl RunReport {
         } else {
             "whole server lifetime"
         };
-        for ((_, what, _), cores) in SERVER_HISTOGRAMS.iter().zip(&self.server.histograms) {
+        let histograms = &self.server.histograms;
+        for ((_, what, _), cores) in SERVER_HISTOGRAMS[..FIRST_STAGE]
+            .iter()
+            .zip(histograms.iter().take(FIRST_STAGE))
+        {
             // A histogram with nothing in it (no frontier moved, a server without the series) says nothing.
             for c in cores.iter().filter(|c| c.count > 0) {
                 let parts: Vec<String> = c
@@ -477,6 +521,67 @@ impl RunReport {
                     c.count,
                     parts.join(" ")
                 );
+            }
+        }
+        out.push_str(&self.stage_table(scope));
+        out
+    }
+
+    /// The per-stage breakdown, one table per server core that recorded any stage: each stage's count and
+    /// quantiles (µs, bucket upper bounds), the request latency as `service`.
+    fn stage_table(&self, scope: &str) -> String {
+        let histograms = &self.server.histograms;
+        let mut out = String::new();
+        let mut cores: Vec<&String> = histograms
+            .iter()
+            .skip(FIRST_STAGE)
+            .flatten()
+            .filter(|c| c.count > 0)
+            .map(|c| &c.core)
+            .collect();
+        cores.sort();
+        cores.dedup();
+        for core in cores {
+            let _ = writeln!(
+                out,
+                "server core {core} stages µs ({scope}, bucket upper bounds):\n  {:<14} {:>9} {:>7} {:>7} {:>7} {:>7}  what",
+                "stage", "n", "p50", "p90", "p99", "p99.9"
+            );
+            let row = |name: &str, note: &str, h: Option<&Vec<CoreQuantiles>>| {
+                let Some(c) = h.and_then(|cores| cores.iter().find(|c| &c.core == core)) else {
+                    return String::new();
+                };
+                let q = |want: &str| {
+                    c.quantiles
+                        .iter()
+                        .find(|(q, _)| q == want)
+                        .map_or("-".to_string(), |(_, v)| bound_text(*v))
+                };
+                format!(
+                    "  {name:<14} {:>9} {:>7} {:>7} {:>7} {:>7}  {note}\n",
+                    c.count,
+                    q("0.5"),
+                    q("0.9"),
+                    q("0.99"),
+                    q("0.999")
+                )
+            };
+            out.push_str(&row(
+                SERVER_HISTOGRAMS[FIRST_STAGE].1,
+                STAGE_NOTES[0],
+                histograms.get(FIRST_STAGE),
+            ));
+            out.push_str(&row(
+                "service",
+                "handling starts -> answer queued (journal included)",
+                histograms.first(),
+            ));
+            for (i, note) in STAGE_NOTES.iter().enumerate().skip(1) {
+                out.push_str(&row(
+                    SERVER_HISTOGRAMS[FIRST_STAGE + i].1,
+                    note,
+                    histograms.get(FIRST_STAGE + i),
+                ));
             }
         }
         out

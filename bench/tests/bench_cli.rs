@@ -201,6 +201,35 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
         stdout.contains("server core"),
         "server-side histograms missing:\n{stdout}"
     );
+    // The per-stage breakdown: a table per server core, each row's count the JSON's (the embedded server syncs
+    // its journal: fsync always).
+    assert!(stdout.contains("stages µs (this run"), "no stage table:\n{stdout}");
+    for (row, key) in [
+        ("queue", "server_stage_queue_us"),
+        ("service", "server_latency_us"),
+        ("journal queue", "server_stage_journal_queue_us"),
+        ("journal write", "server_stage_journal_write_us"),
+        ("journal sync", "server_stage_journal_sync_us"),
+        ("reply", "server_stage_reply_us"),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{row} ")))
+            .unwrap_or_else(|| panic!("no {row} row:\n{stdout}"));
+        let count: u64 = line[2 + row.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line}"));
+        let json: u64 = doc[key]
+            .as_object()
+            .unwrap_or_else(|| panic!("no {key} in {doc}"))
+            .values()
+            .map(|c| c["count"].as_u64().unwrap())
+            .sum();
+        assert!(count > 0, "{line}");
+        assert_eq!(count, json, "{row}: {line} / {key}");
+    }
 }
 
 /// `--server URL1,URL2`: connections spread over two plain single-node servers (the topic made on both, named with

@@ -227,6 +227,58 @@ impl Op {
 /// One latency histogram per [`Op`], in `Op::ALL`'s order.
 pub type OpLatencies = [Latency; 4];
 
+/// The stages a request's time is split into beside its service time (`berth_request_duration_seconds`), each a
+/// histogram per core (`berth_stage_NAME_seconds`), so that a tail can be traced to where it is spent: `berth bench`
+/// prints them per core (docs/api.md, "Metrics").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// From the read that completed a request's bytes to its handling starting (requests pipelined behind others,
+    /// and a connection's task waiting for its turn on the core).
+    Queue,
+    /// From an append (or frontier record) being queued for the journal to the start of the pass that writes it.
+    JournalQueue,
+    /// A journal pass's write (once per pass).
+    JournalWrite,
+    /// A journal pass's fdatasync (once per pass, fsync `always`).
+    JournalSync,
+    /// From an answer being queued to its connection's buffered answers being written to the socket.
+    Reply,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [
+        Stage::Queue,
+        Stage::JournalQueue,
+        Stage::JournalWrite,
+        Stage::JournalSync,
+        Stage::Reply,
+    ];
+
+    /// The metric's name, `berth_stage_{name}_seconds`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::JournalQueue => "journal_queue",
+            Stage::JournalWrite => "journal_write",
+            Stage::JournalSync => "journal_sync",
+            Stage::Reply => "reply",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Stage::Queue => "time from the read that completed a request to its handling starting (pipelined requests ahead of it, the connection's task waiting for the core)",
+            Stage::JournalQueue => "time from an entry being queued for the core's journal to the start of the pass that writes it",
+            Stage::JournalWrite => "time a journal pass took to write its entries (one per pass)",
+            Stage::JournalSync => "time a journal pass's fdatasync took (one per pass; fsync always)",
+            Stage::Reply => "time from an answer being queued to its connection's answers being written to the socket",
+        }
+    }
+}
+
+/// One latency histogram per [`Stage`], in `Stage::ALL`'s order.
+pub type StageLatencies = [Latency; 5];
+
 /// One core's live counters.
 #[derive(Default)]
 pub struct CoreMetrics {
@@ -251,12 +303,19 @@ pub struct CoreMetrics {
     pub journal_wait: std::cell::RefCell<Latency>,
     /// Records made durable by each journal pass (one sync in fsync `always`).
     pub journal_records: std::cell::RefCell<Counts>,
+    /// Per [`Stage`], in `Stage::ALL`'s order.
+    pub stages: std::cell::RefCell<StageLatencies>,
 }
 
 impl CoreMetrics {
     /// Records one answered request.
     pub fn record(&self, op: Op, latency_us: u64) {
         self.latency.borrow_mut()[op as usize].record(latency_us);
+    }
+
+    /// Records the time one request (or journal pass) spent in `stage`.
+    pub fn record_stage(&self, stage: Stage, us: u64) {
+        self.stages.borrow_mut()[stage as usize].record(us);
     }
 
     pub fn bump(c: &Cell<u64>) {
@@ -335,6 +394,8 @@ pub struct CoreStats {
     pub mesh_full: u64,
     pub journal_wait: Latency,
     pub journal_records: Counts,
+    /// Per [`Stage`], in `Stage::ALL`'s order.
+    pub stages: StageLatencies,
     /// The journal's counters (none with fsync `never`).
     #[serde(with = "journal_stats")]
     pub journal: Option<JournalStats>,
@@ -362,6 +423,7 @@ impl CoreStats {
             mesh_full: 0,
             journal_wait: Latency::default(),
             journal_records: Counts::default(),
+            stages: Default::default(),
             journal: None,
             partitions: Vec::new(),
             extra: Vec::new(),
@@ -576,6 +638,17 @@ pub fn render(stats: &[CoreStats]) -> String {
             "berth_journal_commit_wait_seconds",
             &format!("core=\"{}\"", s.core),
         );
+    }
+    for (i, stage) in Stage::ALL.iter().enumerate() {
+        let name = format!("berth_stage_{}_seconds", stage.name());
+        let _ = writeln!(
+            out,
+            "# HELP {name} {}\n# TYPE {name} histogram",
+            stage.help()
+        );
+        for s in stats {
+            s.stages[i].render(&mut out, &name, &format!("core=\"{}\"", s.core));
+        }
     }
     let _ = writeln!(out, "# HELP berth_journal_records_per_sync records made durable by one journal pass (one fdatasync with fsync always)\n# TYPE berth_journal_records_per_sync histogram");
     for s in stats {

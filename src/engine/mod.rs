@@ -822,6 +822,7 @@ impl Engine {
             mesh_full: m.mesh_full.get(),
             journal_wait: m.journal_wait.borrow().clone(),
             journal_records: m.journal_records.borrow().clone(),
+            stages: m.stages.borrow().clone(),
             journal: self.journal.borrow().as_ref().map(|j| j.stats()),
             partitions,
             extra: self
@@ -885,12 +886,22 @@ impl Engine {
         .await
         .map_err(|e| format!("cannot start the journal in {}: {e}", dir.display()))?;
         let engine = Rc::downgrade(self);
-        journal.set_observer(Box::new(move |records, waits| {
+        journal.set_observer(Box::new(move |pass| {
+            use metrics::Stage;
             if let Some(engine) = engine.upgrade() {
-                engine.metrics.journal_records.borrow_mut().record(records);
-                let mut wait = engine.metrics.journal_wait.borrow_mut();
-                for &us in waits {
+                let m = &engine.metrics;
+                m.journal_records.borrow_mut().record(pass.records);
+                let mut wait = m.journal_wait.borrow_mut();
+                for &us in pass.waits {
                     wait.record(us);
+                }
+                let mut stages = m.stages.borrow_mut();
+                for &us in pass.queued {
+                    stages[Stage::JournalQueue as usize].record(us);
+                }
+                stages[Stage::JournalWrite as usize].record(pass.write_us);
+                if let Some(us) = pass.sync_us {
+                    stages[Stage::JournalSync as usize].record(us);
                 }
             }
         }));

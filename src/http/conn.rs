@@ -6,7 +6,7 @@ use super::request::{self, Limits, ParseError, Parsed};
 use super::response::Response;
 use super::routes;
 use crate::clock::coarse_ms as now_ms;
-use crate::engine::metrics::Op;
+use crate::engine::metrics::{Op, Stage};
 use crate::engine::Engine;
 use crate::front::Front;
 use crate::tls::Stream;
@@ -188,6 +188,10 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
     let mut continued = false;
     // The head of the request being read passed `routes::refuse` (token, host) while its body was still due.
     let mut vetted = false;
+    // When the last read returned (the `queue` stage runs from it to a request's handling), and when the first
+    // answer waiting in `out` was queued (the `reply` stage runs from it to their write).
+    let mut read_at = Instant::now();
+    let mut first_answer: Option<Instant> = None;
     loop {
         // Answer the complete requests already buffered, in order, until the queued answers reach the per-connection
         // bound: a client that pipelines without reading then waits for its answers to drain before more of its
@@ -208,6 +212,10 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
                     let started = Instant::now();
+                    core.metrics().record_stage(
+                        Stage::Queue,
+                        started.saturating_duration_since(read_at).as_micros() as u64,
+                    );
                     let long_poll = is_long_poll(&front, &req);
                     let mut op = Op::of(req.method, &req.path);
                     if op == Op::Consume
@@ -232,8 +240,11 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     } else {
                         routes::handle(&front, req).await
                     };
-                    let served_us =
-                        (started.elapsed().as_micros() as u64).saturating_sub(response.parked_us);
+                    let answered = Instant::now();
+                    let served_us = (answered.saturating_duration_since(started).as_micros()
+                        as u64)
+                        .saturating_sub(response.parked_us);
+                    first_answer.get_or_insert(answered);
                     if long_poll && response.status >= 400 {
                         // An error ends the consume before its parked time reaches the response.
                         op = Op::Other;
@@ -243,6 +254,9 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     response.encode(close, &mut out);
                     if close {
                         let _ = write_out(&mut stream, watch, &out, config.write_timeout_ms).await;
+                        let queued = first_answer.take().unwrap_or(answered);
+                        core.metrics()
+                            .record_stage(Stage::Reply, queued.elapsed().as_micros() as u64);
                         return;
                     }
                 }
@@ -284,10 +298,12 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
             }
         }
         if !out.is_empty() {
-            if write_out(&mut stream, watch, &out, config.write_timeout_ms)
-                .await
-                .is_err()
-            {
+            let written = write_out(&mut stream, watch, &out, config.write_timeout_ms).await;
+            if let Some(queued) = first_answer.take() {
+                core.metrics()
+                    .record_stage(Stage::Reply, queued.elapsed().as_micros() as u64);
+            }
+            if written.is_err() {
                 return;
             }
             out.clear();
@@ -312,6 +328,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
             None => now_ms() + config.idle_timeout_ms,
         });
         let n = stream.read(buf.spare()).await.unwrap_or(0);
+        read_at = Instant::now();
         buf.filled(n);
         watch.idle.set(false);
         if n == 0 {

@@ -310,8 +310,15 @@ fn every_reply() -> Vec<ReplyBody> {
         tls_handshakes_failed: 6,
         tls_handshakes_evicted: 7,
         mesh_full: 5,
-        journal_wait: latency,
+        journal_wait: latency.clone(),
         journal_records: records,
+        stages: [
+            Latency::default(),
+            latency.clone(),
+            Latency::default(),
+            Latency::default(),
+            latency,
+        ],
         journal: Some(JournalStats {
             syncs: 1,
             passes: 2,

@@ -206,8 +206,22 @@ pub struct JournalStats {
     pub next_pass_waits: u64,
 }
 
-/// Called after each pass with its record count and each entry's wait (queue + write + sync) in µs.
-pub type PassObserver = Box<dyn Fn(u64, &[u64])>;
+/// What one pass took (µs), for the observer.
+pub struct PassTimes<'a> {
+    /// Records made durable.
+    pub records: u64,
+    /// Each entry's whole wait: queue, write and sync.
+    pub waits: &'a [u64],
+    /// Each entry's wait for the pass to start.
+    pub queued: &'a [u64],
+    /// The pass's write (the zeros ahead included).
+    pub write_us: u64,
+    /// Its fdatasync (fsync `always`), else None.
+    pub sync_us: Option<u64>,
+}
+
+/// Called after each pass with what it took.
+pub type PassObserver = Box<dyn Fn(&PassTimes<'_>)>;
 
 /// What a checkpoint asks of the journal's owner (the core's engine) before it removes a journal file that may hold
 /// frontier records: every frontier the journal recorded written to its frontier file, since only the owner knows
@@ -624,6 +638,7 @@ impl Journal {
             }
             return;
         }
+        let started_us = self.clock.now_us();
         let bytes: usize = pass.iter().map(|q| q.entry.len()).sum();
         let (file, pos, zeroed_to) = {
             let c = self.current.borrow();
@@ -676,7 +691,10 @@ impl Journal {
                 }
             }
         }
+        let written_us = self.clock.now_us();
+        let mut synced = false;
         if self.opts.fsync == FsyncPolicy::Always {
+            synced = true;
             self.current.borrow_mut().dirty = false;
             if let Err(e) = file.sync().await {
                 self.poison("sync", &e);
@@ -703,7 +721,17 @@ impl Journal {
                 .iter()
                 .map(|q| now_us.saturating_sub(q.queued_at_us))
                 .collect();
-            observe(records, &waits);
+            let queued: Vec<u64> = pass
+                .iter()
+                .map(|q| started_us.saturating_sub(q.queued_at_us))
+                .collect();
+            observe(&PassTimes {
+                records,
+                waits: &waits,
+                queued: &queued,
+                write_us: written_us.saturating_sub(started_us),
+                sync_us: synced.then(|| now_us.saturating_sub(written_us)),
+            });
         }
         for q in pass {
             let _ = q.reply.send(Ok(()));
