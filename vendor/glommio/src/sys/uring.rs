@@ -1244,9 +1244,10 @@ pub(crate) struct Reactor {
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
-    // berth: the preemption timers stay armed across loops (BERTH.md, 4). When the latency ring's preempt timer was
-    // armed, and whether a task queue ran since; the sleep's user timer in its own slot, with its deadline.
-    latency_preemption_armed_at: Cell<Option<Instant>>,
+    // berth: the preemption timers stay armed across loops (BERTH.md, 4). When the latency ring's preempt timer
+    // fires, and whether a task queue ran since it was armed; the sleep's user timer in its own slot, with its
+    // deadline.
+    latency_preemption_deadline: Cell<Option<Instant>>,
     ran_since_armed: Cell<bool>,
     user_timeout_src: Cell<Option<(Source, Instant)>>,
 
@@ -1394,7 +1395,7 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
-            latency_preemption_armed_at: Cell::new(None),
+            latency_preemption_deadline: Cell::new(None),
             ran_since_armed: Cell::new(false),
             user_timeout_src: Cell::new(None),
             blocking_thread,
@@ -1859,18 +1860,21 @@ impl Reactor {
 
         // berth: glommio cancelled and re-armed both preemption timers here at every call (twice per loop of a
         // busy executor: a cancellation and a new timeout in two rings, each a submission, most an io_uring_enter).
-        // A pending preempt timer is kept while it was armed less than half a slice ago (it then ends a slice early,
-        // never late) and, across a sleep, while a task queue ran since it was armed (an executor that goes idle
-        // wakes once more, at most, then sleeps without it). The throughput timer counts completions; it is kept
-        // until it fires. BERTH.md, 4.
+        // A pending preempt timer is kept while it fires between half a slice and a slice from now (so a slice
+        // ends early, never late, whatever slice a task queue now asks for) and, across a sleep, while a task queue
+        // ran since it was armed (an executor that goes idle wakes once more, at most, then sleeps without it).
+        // The throughput timer counts completions; it is kept until it fires. BERTH.md, 4.
         let now = Instant::now();
         let preempt = preempt_timer();
         let kept = self.latency_preemption_timeout_src.take().filter(|src| {
             src.result().is_none()
-                && self.latency_preemption_armed_at.get().is_some_and(|at| match preempt {
-                    Some(slice) => now.saturating_duration_since(at) < slice / 2,
-                    None => self.ran_since_armed.get(),
-                })
+                && self
+                    .latency_preemption_deadline
+                    .get()
+                    .is_some_and(|deadline| match preempt {
+                        Some(slice) => deadline > now + slice / 2 && deadline <= now + slice,
+                        None => self.ran_since_armed.get(),
+                    })
         });
         // (Dropping a source still in the kernel cancels it.)
         self.latency_preemption_timeout_src.set(kept);
@@ -1959,7 +1963,8 @@ impl Reactor {
             // berth: armed only when none is pending (see above).
             let pending = self.latency_preemption_timeout_src.take();
             let src = pending.unwrap_or_else(|| {
-                self.latency_preemption_armed_at.set(Some(Instant::now()));
+                self.latency_preemption_deadline
+                    .set(Some(Instant::now() + preempt));
                 self.ran_since_armed.set(false);
                 lat_ring.prepare_latency_preemption_timer(preempt)
             });
