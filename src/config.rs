@@ -178,6 +178,12 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     /// glommio: busy-spin this long before parking an idle core (burns CPU, cuts wake latency). Default 0.
     pub spin_before_park_us: u64,
+    /// The executor threads' timer slack (`prctl(PR_SET_TIMERSLACK)`), ns: how late the kernel may fire their
+    /// timed waits to batch wake-ups. 0 (default) leaves the kernel's (50 µs); at most 1 s.
+    pub timer_slack_ns: u64,
+    /// The CPUs each core's blocking threads (`sync_via = "thread"`'s fdatasync, file replacements) run on.
+    /// Default: none, the core's own CPU.
+    pub blocking_cpus: Option<Vec<usize>>,
     /// glommio: io_uring registered buffer memory per core. Default 10 MiB (glommio's default).
     pub io_memory_bytes: usize,
     /// glommio: io_uring ring depth per core. Default 128 (glommio's default).
@@ -287,6 +293,8 @@ impl Default for Config {
             purge_interval_ms: 1000,
             shutdown_grace_ms: 5000,
             spin_before_park_us: 0,
+            timer_slack_ns: 0,
+            blocking_cpus: None,
             io_memory_bytes: 10 << 20,
             ring_depth: 128,
             preempt_timer_ms: 100,
@@ -568,6 +576,12 @@ impl Config {
         if self.write_behind_bytes > 16 << 20 {
             return Err("write_behind_bytes must be 0 to 16777216".into());
         }
+        if self.timer_slack_ns > 1_000_000_000 {
+            return Err("timer_slack_ns must be 0 to 1000000000".into());
+        }
+        if self.blocking_cpus.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err("blocking_cpus must name at least one CPU".into());
+        }
         if self.journal_commit_delay_us > 10_000 {
             return Err("journal_commit_delay_us must be 0 to 10000".into());
         }
@@ -666,6 +680,23 @@ mod tests {
             replica_max_in_flight: 8,
         });
         (config, dir)
+    }
+
+    #[test]
+    fn the_timer_slack_and_blocking_cpus_are_checked_at_start() {
+        let check = |f: &dyn Fn(&mut Config)| {
+            let mut c = Config::default();
+            f(&mut c);
+            c.validate()
+        };
+        assert!(check(&|c| c.timer_slack_ns = 1_000_000_000).is_ok());
+        assert!(check(&|c| c.timer_slack_ns = 1_000_000_001)
+            .unwrap_err()
+            .contains("timer_slack_ns"));
+        assert!(check(&|c| c.blocking_cpus = Some(vec![0])).is_ok());
+        assert!(check(&|c| c.blocking_cpus = Some(vec![]))
+            .unwrap_err()
+            .contains("blocking_cpus"));
     }
 
     #[test]

@@ -67,3 +67,84 @@ fn a_wrong_option_or_profile_is_refused_before_anything_runs() {
     assert_eq!(code, Some(2), "{stdout}");
     assert!(stderr.contains("no-such-profile"), "{stderr}");
 }
+
+/// Every thread's own CPU mask (`/proc/TID/status`, `Cpus_allowed`), by thread id.
+fn thread_masks() -> std::collections::BTreeMap<String, String> {
+    let mut masks = std::collections::BTreeMap::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            if let Some(mask) = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed:")) {
+                masks.insert(
+                    t.file_name().to_string_lossy().into_owned(),
+                    mask.trim().to_string(),
+                );
+            }
+        }
+    }
+    masks
+}
+
+/// A real run of the knobs that change the running system's scheduling (receive packet steering, every thread moved
+/// off the server's CPU, C-states held) applies them (as root) and puts everything back: a thread pinned on its own
+/// to CPU 0 is on CPU 0 again, every other thread that lived through the run has its mask again, and the loopback's
+/// steering is what it was. A host without root, or with one CPU, only checks that nothing changed.
+#[test]
+fn a_run_of_the_scheduling_knobs_puts_every_thread_and_setting_back() {
+    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/berth-bench");
+    if !std::path::Path::new(bench).exists()
+        || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2
+    {
+        eprintln!("skipped: needs target/release/berth-bench and two CPUs");
+        return;
+    }
+    let rps = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+    let rps_before = std::fs::read_to_string(rps).ok();
+    // A process whose one thread is pinned to CPU 0 alone: the isolation moves it, the revert brings it back.
+    let mut pinned = Command::new("taskset")
+        .args(["-c", "0", "sleep", "120"])
+        .spawn()
+        .expect("taskset");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let before = thread_masks();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lab");
+    let (code, stdout, stderr) = run(&[
+        "--profiles",
+        "baseline rps isolate no-cstates",
+        "--duration",
+        "1s",
+        "--bench-args",
+        "--workload cycle --connections 2 --fsync never",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let after = thread_masks();
+    let _ = pinned.kill();
+    let _ = pinned.wait();
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(rps).ok(),
+        rps_before,
+        "rps_cpus not restored"
+    );
+    let changed: Vec<_> = before
+        .iter()
+        .filter(|(tid, mask)| after.get(*tid).is_some_and(|m| m != *mask))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "threads left with another mask: {changed:?}\n{stdout}"
+    );
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        let knobs = std::fs::read_to_string(out.join("isolate.knobs.tsv")).unwrap();
+        assert!(knobs.contains("isolation\tapplied"), "{knobs}");
+        let knobs = std::fs::read_to_string(out.join("rps.knobs.tsv")).unwrap();
+        assert!(knobs.contains("rps_cpus(lo)\tapplied"), "{knobs}");
+        assert!(out.join("comparison.md").exists(), "{stdout}");
+    }
+}

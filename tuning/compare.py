@@ -58,38 +58,89 @@ def svg(out, series):
     with open(os.path.join(out, "comparison.svg"), "w") as f:
         f.write("\n".join(s) + "\n")
 
+def rounds_of(out, profile):
+    """The rounds a profile ran, as {round: file stem}: PROFILE (round 1), PROFILE.rN (round N), whichever exist."""
+    found = {}
+    for name in os.listdir(out):
+        if not name.endswith(".json"):
+            continue
+        stem = name[:-5]
+        if stem == profile:
+            found[1] = stem
+        elif stem.startswith(profile + ".r") and stem[len(profile) + 2:].isdigit():
+            found[int(stem[len(profile) + 2:])] = stem
+    return found
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+def figures(bench):
+    op = unit_op(bench)
+    m = bench["clients"]["all"].get(op, {})
+    return op, {"per_sec": m.get("per_sec", 0.0), "p50_us": m.get("p50_us"), "p99_us": m.get("p99_us"),
+                "p99.9_us": m.get("p99.9_us"), "max_us": m.get("max_us"),
+                "cpu_us": bench.get("server_cpu_us_per_unit")}
+
 def main():
     out, profiles = sys.argv[1], sys.argv[2:]
     rows, series, doc = [], [], {}
-    base = None
+    first = None  # the first profile's figures, by round
     for p in profiles:
-        try:
-            bench, knobs = load(out, p)
-        except (OSError, ValueError) as e:
-            print("skipping %s: %s" % (p, e), file=sys.stderr)
+        runs = {}
+        for r, name in sorted(rounds_of(out, p).items()):
+            try:
+                bench, _ = load(out, name)
+            except (OSError, ValueError) as e:
+                print("skipping %s: %s" % (name, e), file=sys.stderr)
+                continue
+            runs[r] = figures(bench)
+        if not runs:
             continue
-        op = unit_op(bench)
-        m = bench["clients"]["all"].get(op, {})
-        per_sec = m.get("per_sec", 0.0)
-        base = base or per_sec
+        knobs = []
+        path = os.path.join(out, p + ".knobs.tsv")
+        if os.path.exists(path):
+            with open(path) as f:
+                knobs = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        op = next(iter(runs.values()))[0]
+        by_round = {r: f for r, (_, f) in runs.items()}
+        per_round = list(by_round.values())
+        first = first or by_round
+        # Ratios within a round only: a round one of the two lacks gives none.
+        ratio_of = lambda key: [by_round[r][key] / first[r][key] for r in by_round
+                                if r in first and first[r].get(key) and by_round[r].get(key) is not None]
         applied = sum(1 for k in knobs if len(k) > 1 and k[1] == "applied")
-        skipped = [k[0] for k in knobs if len(k) > 1 and k[1] in ("skipped", "refused")]
-        row = {"profile": p, "op": op, "per_sec": per_sec, "ratio_to_first": per_sec / base if base else None,
-               "p50_us": m.get("p50_us"), "p99_us": m.get("p99_us"), "p99.9_us": m.get("p99.9_us"), "max_us": m.get("max_us"),
-               "server_cpu_us_per_unit": bench.get("server_cpu_us_per_unit"), "knobs_applied": applied, "knobs_skipped": skipped,
-               "per_core": {k: v.get(op, {}) for k, v in bench["clients"].items() if k != "all"}}
+        skipped = ["%s (%s)" % (k[0], k[1]) for k in knobs if len(k) > 1 and k[1] in ("skipped", "refused")]
+        row = {"profile": p, "op": op, "rounds": len(per_round),
+               "per_sec": median([f["per_sec"] for f in per_round]),
+               "per_sec_per_round": [f["per_sec"] for f in per_round],
+               "ratio_to_first": median(ratio_of("per_sec")),
+               "p50_us": median([f["p50_us"] for f in per_round]), "p99_us": median([f["p99_us"] for f in per_round]),
+               "p99.9_us": median([f["p99.9_us"] for f in per_round]), "max_us": median([f["max_us"] for f in per_round]),
+               "p99_ratio_to_first": median(ratio_of("p99_us")),
+               "server_cpu_us_per_unit": median([f["cpu_us"] for f in per_round]),
+               "cpu_ratio_to_first": median(ratio_of("cpu_us")),
+               "knobs_applied": applied, "knobs_skipped": skipped}
         rows.append(row)
         doc[p] = row
         series.append((p, hgrm_points(out, p, op)))
     with open(os.path.join(out, "comparison.json"), "w") as f:
         json.dump(doc, f, indent=2)
-    lines = ["| profile | %s/s | vs first | p50 µs | p99 µs | p99.9 µs | max µs | server CPU µs/%s | knobs applied | knobs skipped or refused |" % (rows[0]["op"] if rows else "op", rows[0]["op"] if rows else "op"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    op = rows[0]["op"] if rows else "op"
+    fmt = lambda v, f="%s": (f % v) if v is not None else "n/a"
+    lines = ["Medians over the rounds; \"× first\" is the median of the per-round ratios to the first profile (%s), "
+             "each round's profiles run back to back." % (rows[0]["profile"] if rows else "none"), "",
+             "| profile | rounds | %s/s | × first | p50 µs | p99 µs | p99 × first | p99.9 µs | server CPU µs/%s | CPU × first | knobs applied | skipped or refused |" % (op, op),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cpu = r["server_cpu_us_per_unit"]
-        lines.append("| %s | %.0f | %.2f× | %s | %s | %s | %s | %s | %d | %s |" % (
-            r["profile"], r["per_sec"], r["ratio_to_first"] or 0, r["p50_us"], r["p99_us"], r["p99.9_us"], r["max_us"],
-            "%.1f" % cpu if cpu is not None else "n/a", r["knobs_applied"], ", ".join(r["knobs_skipped"]) or "none"))
+        lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |" % (
+            r["profile"], r["rounds"], fmt(r["per_sec"], "%.0f"), fmt(r["ratio_to_first"], "%.2f×"),
+            fmt(r["p50_us"], "%.0f"), fmt(r["p99_us"], "%.0f"), fmt(r["p99_ratio_to_first"], "%.2f×"),
+            fmt(r["p99.9_us"], "%.0f"), fmt(r["server_cpu_us_per_unit"], "%.1f"), fmt(r["cpu_ratio_to_first"], "%.2f×"),
+            r["knobs_applied"], "; ".join(r["knobs_skipped"]) or "none"))
     with open(os.path.join(out, "comparison.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -203,7 +203,10 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
     );
     // The per-stage breakdown: a table per server core, each row's count the JSON's (the embedded server syncs
     // its journal: fsync always).
-    assert!(stdout.contains("stages µs (this run"), "no stage table:\n{stdout}");
+    assert!(
+        stdout.contains("stages µs (this run"),
+        "no stage table:\n{stdout}"
+    );
     for (row, key) in [
         ("queue", "server_stage_queue_us"),
         ("service", "server_latency_us"),

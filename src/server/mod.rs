@@ -86,9 +86,12 @@ pub fn run(mut config: Config) -> Result<(), String> {
             .io_memory(config.io_memory_bytes)
             .ring_depth(config.ring_depth)
             .preempt_timer(Duration::from_millis(config.preempt_timer_ms))
-            // Two blocking threads on the core's CPU: a group commit's fdatasync never waits behind a batch of
-            // small-file replacements.
-            .blocking_thread_pool_placement(PoolPlacement::Custom(vec![cpu_set(cpu)?; 2]));
+            // Two blocking threads on the core's CPU (or `blocking_cpus`): a group commit's fdatasync never waits
+            // behind a batch of small-file replacements.
+            .blocking_thread_pool_placement(PoolPlacement::Custom(vec![
+                blocking_set(&config, cpu)?;
+                2
+            ]));
         let handle = builder
             .spawn(move || async move { core_main(cores, config, shared, stop, mesh).await })
             .map_err(|e| format!("cannot start the executor for cpu {cpu}: {e}"))?;
@@ -230,6 +233,18 @@ fn cpu_set(cpu: usize) -> Result<CpuSet, String> {
     Ok(online.filter(|l| l.cpu == cpu))
 }
 
+/// Where a core's blocking threads run: `blocking_cpus` if given (each must be online), else the core's CPU.
+fn blocking_set(config: &Config, cpu: usize) -> Result<CpuSet, String> {
+    let Some(cpus) = &config.blocking_cpus else {
+        return cpu_set(cpu);
+    };
+    let online = CpuSet::online().map_err(|e| format!("cannot list the online CPUs: {e}"))?;
+    if let Some(missing) = cpus.iter().find(|&&c| !online.iter().any(|l| l.cpu == c)) {
+        return Err(format!("blocking_cpus: CPU {missing} is not online"));
+    }
+    Ok(online.filter(|l| cpus.contains(&l.cpu)))
+}
+
 /// The CPUs to pin to: `cpus` if given, else the first `cores` that core_affinity lists.
 fn choose_cpus(config: &Config) -> Result<Vec<usize>, String> {
     let available: Vec<usize> = core_affinity::get_core_ids()
@@ -271,6 +286,21 @@ async fn core_main(
         .map_err(|_| "cannot join the core mesh".to_string())?;
     // Core ids are mesh peer ids (join order), which every core agrees on.
     let id = senders.peer_id();
+    if config.timer_slack_ns > 0 {
+        // SAFETY: PR_SET_TIMERSLACK takes an unsigned long and changes only this thread's timer slack.
+        let done = unsafe {
+            libc::prctl(
+                libc::PR_SET_TIMERSLACK,
+                config.timer_slack_ns as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
+        if done != 0 {
+            warn!(core = id, error = %std::io::Error::last_os_error(), "timer_slack_ns: the kernel refused the timer slack");
+        }
+    }
     let config = Rc::new(config);
     let storage = Rc::new(Disk::new(config.sync_via));
     let core = Engine::new(
