@@ -896,8 +896,8 @@ impl Engine {
                     wait.record(us);
                 }
                 let mut stages = m.stages.borrow_mut();
-                for &us in pass.queued {
-                    stages[Stage::JournalQueue as usize].record(us);
+                for &us in pass.waits {
+                    stages[Stage::JournalQueue as usize].record(us.saturating_sub(pass.pass_us));
                 }
                 stages[Stage::JournalWrite as usize].record(pass.write_us);
                 if let Some(us) = pass.sync_us {

@@ -212,8 +212,8 @@ pub struct PassTimes<'a> {
     pub records: u64,
     /// Each entry's whole wait: queue, write and sync.
     pub waits: &'a [u64],
-    /// Each entry's wait for the pass to start.
-    pub queued: &'a [u64],
+    /// The pass itself, from its start to now: an entry waited `wait - pass_us` for it to start.
+    pub pass_us: u64,
     /// The pass's write (the zeros ahead included).
     pub write_us: u64,
     /// Its fdatasync (fsync `always`), else None.
@@ -721,14 +721,10 @@ impl Journal {
                 .iter()
                 .map(|q| now_us.saturating_sub(q.queued_at_us))
                 .collect();
-            let queued: Vec<u64> = pass
-                .iter()
-                .map(|q| started_us.saturating_sub(q.queued_at_us))
-                .collect();
             observe(&PassTimes {
                 records,
                 waits: &waits,
-                queued: &queued,
+                pass_us: now_us.saturating_sub(started_us),
                 write_us: written_us.saturating_sub(started_us),
                 sync_us: synced.then(|| now_us.saturating_sub(written_us)),
             });
