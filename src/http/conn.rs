@@ -192,6 +192,10 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
     // answer waiting in `out` was queued (the `reply` stage runs from it to their write).
     let mut read_at = Instant::now();
     let mut first_answer: Option<Instant> = None;
+    // The last clock reading on this connection's path: a request's handling starts when the read that completed it
+    // returned, or when the request before it in the buffer was answered (nothing runs in between but its parse),
+    // so the start costs no clock read of its own.
+    let mut last_mark = read_at;
     loop {
         // Answer the complete requests already buffered, in order, until the queued answers reach the per-connection
         // bound: a client that pipelines without reading then waits for its answers to drain before more of its
@@ -211,7 +215,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     // outlast them); the next read sets a fresh one.
                     watch.deadline_ms.set(u64::MAX);
                     request_started_ms = (!buf.is_empty()).then(now_ms);
-                    let started = Instant::now();
+                    let started = last_mark;
                     core.metrics().record_stage(
                         Stage::Queue,
                         started.saturating_duration_since(read_at).as_micros() as u64,
@@ -241,6 +245,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                         routes::handle(&front, req).await
                     };
                     let answered = Instant::now();
+                    last_mark = answered;
                     let served_us = (answered.saturating_duration_since(started).as_micros()
                         as u64)
                         .saturating_sub(response.parked_us);
@@ -329,6 +334,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
         });
         let n = stream.read(buf.spare()).await.unwrap_or(0);
         read_at = Instant::now();
+        last_mark = read_at;
         buf.filled(n);
         watch.idle.set(false);
         if n == 0 {

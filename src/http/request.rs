@@ -89,17 +89,26 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Option<Request>, ParseE
 }
 
 fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, ParseError> {
-    // Headers on the stack up to 64 (the default limit), else on the heap.
-    let mut on_stack = [httparse::EMPTY_HEADER; 64];
+    if buf.is_empty() {
+        // Between requests: nothing to look at (the connection loop asks once more after each request).
+        return Ok(Parsed::Partial {
+            head_done: false,
+            expect_continue: false,
+        });
+    }
+    // Headers on the stack up to 64 (the default limit), else on the heap; left uninitialised, as httparse writes
+    // each one before it is read (zeroing 64 of them cost more than parsing a short head).
+    let mut on_stack = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; 64];
     let mut on_heap = Vec::new();
-    let headers: &mut [httparse::Header] = if limits.max_headers <= on_stack.len() {
-        &mut on_stack[..limits.max_headers]
-    } else {
-        on_heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
-        &mut on_heap
-    };
-    let mut req = httparse::Request::new(headers);
-    let head_len = match req.parse(buf) {
+    let headers: &mut [std::mem::MaybeUninit<httparse::Header>] =
+        if limits.max_headers <= on_stack.len() {
+            &mut on_stack[..limits.max_headers]
+        } else {
+            on_heap.resize_with(limits.max_headers, std::mem::MaybeUninit::uninit);
+            &mut on_heap
+        };
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_header_bytes {
