@@ -1455,12 +1455,23 @@ fn metrics_count_per_partition_and_time_per_core() {
     assert!(passes >= 3.0, "a pass per produce at least: {m}");
     assert_eq!(stage("journal_sync"), passes, "{m}");
     assert!(stage("journal_queue") >= passes, "{m}");
+    // Housekeeping: each core's frontier flush ran every 50 ms through the long-poll's second (a slice per run,
+    // whether or not a frontier moved), so each core counts slices of its own.
+    for core in ["0", "1"] {
+        let slices = metric_sum(
+            &m,
+            "berth_stage_housekeeping_seconds_count",
+            &[("core", core)],
+        );
+        assert!(slices >= 2.0, "core {core}'s housekeeping: {m}");
+    }
     for name in [
         "queue",
         "journal_queue",
         "journal_write",
         "journal_sync",
         "reply",
+        "housekeeping",
     ] {
         let name = format!("berth_stage_{name}_seconds");
         let inf = metric_sum(&m, &format!("{name}_bucket"), &[("le", "+Inf")]);

@@ -117,7 +117,7 @@ pub struct RunReport {
 }
 
 /// The server histograms the report shows: (Prometheus name, what the table calls it, JSON key).
-pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 7] = [
+pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 8] = [
     (
         "berth_request_duration_seconds",
         "request latency",
@@ -155,6 +155,11 @@ pub const SERVER_HISTOGRAMS: [(&str, &str, &str); 7] = [
         "reply",
         "server_stage_reply_us",
     ),
+    (
+        "berth_stage_housekeeping_seconds",
+        "housekeeping",
+        "server_stage_housekeeping_us",
+    ),
 ];
 
 /// Where the stages start in `SERVER_HISTOGRAMS`.
@@ -162,12 +167,13 @@ const FIRST_STAGE: usize = 2;
 
 /// What each stage row of the breakdown measures, in `SERVER_HISTOGRAMS`' order from `FIRST_STAGE`, the request
 /// latency (`service`) between `queue` and the journal's.
-const STAGE_NOTES: [&str; 5] = [
+const STAGE_NOTES: [&str; 6] = [
     "last read -> handling starts",
     "append queued -> its journal pass starts (per entry)",
     "a journal pass's write (per pass)",
     "a journal pass's fdatasync (per pass)",
     "answer queued -> written to the socket (per write)",
+    "one slice of timers, scans, sweeps (core busy, no request served)",
 ];
 
 /// Quantiles reported for the server's histograms.

@@ -214,6 +214,8 @@ fn a_short_cycle_bench_writes_table_json_hgrm_and_svg_that_agree() {
         ("journal write", "server_stage_journal_write_us"),
         ("journal sync", "server_stage_journal_sync_us"),
         ("reply", "server_stage_reply_us"),
+        // The core's frontier flush alone runs every 50 ms through the 2 s.
+        ("housekeeping", "server_stage_housekeeping_us"),
     ] {
         let line = stdout
             .lines()

@@ -243,15 +243,21 @@ pub enum Stage {
     JournalSync,
     /// From an answer being queued to its connection's buffered answers being written to the socket.
     Reply,
+    /// One slice of a core's own background work, from its wake to its next wait: the lease timer's pass (expired
+    /// leases, due redeliveries, the next deadline), retention's and the frontier flush's scans over the core's
+    /// partitions, the connection sweeper's pass. While a slice runs no request is served on the core, so a request
+    /// stage's tail longer than this stage's cannot have been set by housekeeping.
+    Housekeeping,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [
+    pub const ALL: [Stage; 6] = [
         Stage::Queue,
         Stage::JournalQueue,
         Stage::JournalWrite,
         Stage::JournalSync,
         Stage::Reply,
+        Stage::Housekeeping,
     ];
 
     /// The metric's name, `berth_stage_{name}_seconds`.
@@ -262,6 +268,7 @@ impl Stage {
             Stage::JournalWrite => "journal_write",
             Stage::JournalSync => "journal_sync",
             Stage::Reply => "reply",
+            Stage::Housekeeping => "housekeeping",
         }
     }
 
@@ -272,12 +279,13 @@ impl Stage {
             Stage::JournalWrite => "time a journal pass took to write its entries (one per pass)",
             Stage::JournalSync => "time a journal pass's fdatasync took (one per pass; fsync always)",
             Stage::Reply => "time from an answer being queued to its connection's answers being written to the socket",
+            Stage::Housekeeping => "time one slice of the core's background work (lease timer, retention scan, frontier flush, connection sweep) held the core, from its wake to its next wait",
         }
     }
 }
 
 /// One latency histogram per [`Stage`], in `Stage::ALL`'s order.
-pub type StageLatencies = [Latency; 5];
+pub type StageLatencies = [Latency; 6];
 
 /// One core's live counters.
 #[derive(Default)]
@@ -316,6 +324,11 @@ impl CoreMetrics {
     /// Records the time one request (or journal pass) spent in `stage`.
     pub fn record_stage(&self, stage: Stage, us: u64) {
         self.stages.borrow_mut()[stage as usize].record(us);
+    }
+
+    /// Records one housekeeping slice that began at `since` and ends now ([`Stage::Housekeeping`]).
+    pub fn record_housekeeping(&self, since: std::time::Instant) {
+        self.record_stage(Stage::Housekeeping, since.elapsed().as_micros() as u64);
     }
 
     pub fn bump(c: &Cell<u64>) {

@@ -7,6 +7,7 @@
 use super::{Engine, WAKE_RETRY_MS};
 use futures_lite::future;
 use std::rc::Rc;
+use std::time::Instant;
 
 /// Most frontier files written at once by one core's flush: their fsyncs overlap in the device queue, so the
 /// flush of many partitions takes about as long as one. 256.
@@ -20,6 +21,8 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
     let interval_ms = engine.config().purge_interval_ms;
     let mut next_sweep = clock.now_ms() + interval_ms;
     let mut retry_at = u64::MAX;
+    // The start of the slice of work running now (housekeeping stage: from each wake to the next wait).
+    let mut slice = Instant::now();
     while !engine.is_stopping() {
         let partitions = engine.owned_partitions();
         let now = clock.now_ms();
@@ -32,10 +35,12 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
         engine.timer_deadline.set(deadline);
         let rearm = engine.timer_rearm.listen();
         if deadline > now {
+            engine.metrics().record_housekeeping(slice);
             future::or(clock.sleep_until(deadline), async {
                 rearm.await;
             })
             .await;
+            slice = Instant::now();
         }
         engine.timer_deadline.set(u64::MAX);
         let now = clock.now_ms();
@@ -52,7 +57,9 @@ pub async fn run_lease_timer(engine: Rc<Engine>) {
             // Follower replicas too: retention goes by the records' own times, so each replica drops the same
             // whole segments.
             for (topic, p) in partitions.iter().chain(&engine.followed_partitions()) {
+                engine.metrics().record_housekeeping(slice);
                 p.apply_retention(topic.config().retention_ms).await;
+                slice = Instant::now();
             }
         }
     }
@@ -83,6 +90,7 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
     if journal.is_poisoned() {
         return false;
     }
+    let slice = Instant::now();
     let started = engine.clock().now_ms();
     let mut records = Vec::new();
     let mut marks = Vec::new();
@@ -99,13 +107,16 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
         }
     }
     if records.is_empty() {
+        engine.metrics().record_housekeeping(slice);
         return true;
     }
     let entry = crate::storage::journal::frontier_entry(&records);
+    engine.metrics().record_housekeeping(slice);
     if let Err(e) = journal.commit_frontiers(entry).await {
         tracing::warn!(core = engine.id, error = ?e, "the journal refused the frontiers: writing their files instead");
         return false;
     }
+    let slice = Instant::now();
     {
         let mut lag = engine.metrics().frontier_lag.borrow_mut();
         for (p, moved) in &marks {
@@ -118,6 +129,7 @@ pub async fn journal_moved(engine: &Rc<Engine>) -> bool {
     for span in spans {
         engine.ship_frontiers(&records[span]);
     }
+    engine.metrics().record_housekeeping(slice);
     true
 }
 
@@ -148,7 +160,10 @@ pub async fn write_frontier_files(engine: Rc<Engine>) -> bool {
 /// One flush pass over the partitions whose frontier files are behind their frontiers, writing them (without a
 /// journal; or when the journal refused, so that what it may have lost since its last sync gets to the files too).
 pub async fn flush_moved(engine: &Rc<Engine>) {
-    for chunk in files_behind(engine).chunks(FLUSH_PARALLELISM) {
+    let slice = Instant::now();
+    let behind = files_behind(engine);
+    engine.metrics().record_housekeeping(slice);
+    for chunk in behind.chunks(FLUSH_PARALLELISM) {
         let tasks: Vec<_> = chunk
             .iter()
             .map(|p| {

@@ -137,11 +137,19 @@ impl ConnTable {
     }
 }
 
-/// Sweeps the table every `tick` until `stopped` says so.
-pub async fn run(table: Rc<ConnTable>, tick: Duration, stopped: impl Fn() -> bool) {
+/// Sweeps the table every `tick` until `stopped` says so, telling `swept` when each sweep began (its time is the
+/// core's housekeeping).
+pub async fn run(
+    table: Rc<ConnTable>,
+    tick: Duration,
+    stopped: impl Fn() -> bool,
+    swept: impl Fn(std::time::Instant),
+) {
     while !stopped() {
         glommio::timer::sleep(tick).await;
+        let began = std::time::Instant::now();
         table.sweep(now_ms());
+        swept(began);
     }
 }
 

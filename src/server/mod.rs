@@ -401,10 +401,13 @@ async fn core_main(
     }
     let table = Rc::new(ConnTable::default());
     let tick = Duration::from_millis((config.header_read_timeout_ms / 4).clamp(10, 1000));
-    let sweeper = core.clone();
-    glommio::spawn_local(reaper::run(table.clone(), tick, move || {
-        sweeper.is_stopping()
-    }))
+    let (sweeper, recorder) = (core.clone(), core.clone());
+    glommio::spawn_local(reaper::run(
+        table.clone(),
+        tick,
+        move || sweeper.is_stopping(),
+        move |began| recorder.metrics().record_housekeeping(began),
+    ))
     .detach();
     accept_loop(&front, &table, &listener, &stop).await;
     drop(listener);

@@ -317,6 +317,7 @@ fn every_reply() -> Vec<ReplyBody> {
             latency.clone(),
             Latency::default(),
             Latency::default(),
+            latency.clone(),
             latency,
         ],
         journal: Some(JournalStats {
