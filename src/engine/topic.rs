@@ -868,34 +868,32 @@ impl Topic {
     pub fn probe_order(&self, group: &str, now_ms: u64) -> (Vec<u32>, bool) {
         let start = self.next_cursor();
         let mut ready = self.ready.borrow_mut();
-        let full = match ready.get(group) {
-            None => true,
-            Some(r) => {
-                (r.partitions.is_empty() && now_ms >= r.scanned_ms + FULL_SCAN_MS)
-                    || now_ms >= r.scanned_ms + FULL_SCAN_EVERY_MS
-            }
-        };
-        if full {
-            let r = ready.entry(group.to_string()).or_default();
-            r.scanned_ms = now_ms;
-            let owned = self.owned();
-            r.partitions = owned.iter().copied().collect();
-            let order = (0..owned.len())
-                .map(|i| owned[(start + i) % owned.len()])
+        // The ready set in rotated order, in one list: from the start position to the end, then the beginning
+        // (one lookup of the group, whose key is hashed once).
+        if let Some(r) = ready.get(group).filter(|r| {
+            !((r.partitions.is_empty() && now_ms >= r.scanned_ms + FULL_SCAN_MS)
+                || now_ms >= r.scanned_ms + FULL_SCAN_EVERY_MS)
+        }) {
+            let set = &r.partitions;
+            let n = set.len();
+            let skip = if n == 0 { 0 } else { start % n };
+            let order = set
+                .iter()
+                .skip(skip)
+                .chain(set.iter().take(skip))
+                .copied()
                 .collect();
-            return (order, true);
+            return (order, false);
         }
-        // The ready set in rotated order, in one list: from the start position to the end, then the beginning.
-        let set = &ready[group].partitions;
-        let n = set.len();
-        let skip = if n == 0 { 0 } else { start % n };
-        let order = set
-            .iter()
-            .skip(skip)
-            .chain(set.iter().take(skip))
-            .copied()
+        // A full scan: every owned partition, and they become the ready set.
+        let r = ready.entry(group.to_string()).or_default();
+        r.scanned_ms = now_ms;
+        let owned = self.owned();
+        r.partitions = owned.iter().copied().collect();
+        let order = (0..owned.len())
+            .map(|i| owned[(start + i) % owned.len()])
             .collect();
-        (order, false)
+        (order, true)
     }
 
     /// A probe found nothing deliverable in partition `p` for `group`: it leaves the ready set until a wake-up.

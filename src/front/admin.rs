@@ -21,7 +21,7 @@ impl Front {
             )
             .await?
         {
-            Reply::Created(created, config) => Ok((created, config)),
+            Reply::Created(created, config) => Ok((created, *config)),
             other => unreachable!("a create answered {other:?}"),
         }
     }
@@ -36,7 +36,7 @@ impl Front {
             )
             .await?
         {
-            Reply::Changed(config) => Ok(config),
+            Reply::Changed(config) => Ok(*config),
             other => unreachable!("a change answered {other:?}"),
         }
     }

@@ -300,13 +300,33 @@ impl Front {
                         round.why = why;
                     }
                     let leased = deliveries.len();
-                    let kept = self
-                        .divert_dead_letters(topic, &config, &params.group, deliveries)
-                        .await;
+                    // Boxed, and only when a delivery is over the limit: the diversion's future (a produce and a
+                    // settle) is larger than the rest of a consume's, and held in place it would be copied with the
+                    // consume's on every request.
+                    let diverting = config.dead_letter.is_some()
+                        && config.max_deliveries > 0
+                        && deliveries
+                            .iter()
+                            .any(|d| d.delivery_count > config.max_deliveries);
+                    let kept = if diverting {
+                        Box::pin(self.divert_dead_letters(
+                            topic,
+                            &config,
+                            &params.group,
+                            deliveries,
+                        ))
+                        .await
+                    } else {
+                        deliveries
+                    };
                     round.diverted += leased - kept.len();
                     let bytes: usize = kept.iter().map(|d| d.payload.len()).sum();
                     bytes_left = bytes_left.saturating_sub(bytes);
-                    round.deliveries.extend(kept);
+                    if round.deliveries.is_empty() {
+                        round.deliveries = kept;
+                    } else {
+                        round.deliveries.extend(kept);
+                    }
                 }
                 Ok(other) => unreachable!("a probe answered {other:?}"),
                 Err(OpError::Engine(EngineError::Overloaded)) => {

@@ -222,9 +222,7 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
                     );
                     let long_poll = is_long_poll(&front, &req);
                     let mut op = Op::of(req.method, &req.path);
-                    if op == Op::Consume
-                        && crate::ops::params::query_value(&req.query, "offset").is_some()
-                    {
+                    if op == Op::Consume && req.query.get("offset").is_some() {
                         // A replay waits at the partition's owner, for a time this core cannot tell apart.
                         op = Op::Other;
                     }
@@ -429,9 +427,9 @@ async fn close_after_error(
 /// Without `wait`, a consume waits its topic's `receive_wait`.
 fn is_long_poll(front: &Front, req: &request::Request) -> bool {
     if req.method == "GET" && req.path == "/consume" {
-        return match crate::ops::params::query_value(&req.query, "wait") {
+        return match req.query.get("wait") {
             Some(v) => crate::duration::parse_duration_ms(&v).is_ok_and(|ms| ms > 0),
-            None => crate::ops::params::query_value(&req.query, "topic").is_some_and(|t| {
+            None => req.query.get("topic").is_some_and(|t| {
                 front
                     .engine()
                     .topic(&t)

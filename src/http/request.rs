@@ -10,8 +10,9 @@ pub struct Request {
     pub method: &'static str,
     /// The path without the query.
     pub path: String,
-    /// The raw query string (after '?'), still percent-encoded.
-    pub query: String,
+    /// The query string (after '?'), still percent-encoded, with its pairs found (one pass at the parse serves
+    /// every lookup after it; it reads as the raw text).
+    pub query: crate::ops::params::Query,
     pub body: Bytes,
     /// The client asked to close after this request (or spoke HTTP/1.0 without keep-alive).
     pub close: bool,
@@ -224,7 +225,7 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
         Request {
             method: standard_method(req.method.unwrap_or("")),
             path: path.to_string(),
-            query: query.to_string(),
+            query: crate::ops::params::Query::new(query),
             body: Bytes::copy_from_slice(&buf[head_len..total]),
             close,
             authorization,
@@ -303,7 +304,7 @@ mod tests {
         let buf = b"POST /produce?topic=a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /health HTTP/1.1\r\n\r\n";
         let (first, used) = complete(buf);
         assert_eq!(
-            (first.method, first.path.as_str(), first.query.as_str()),
+            (first.method, first.path.as_str(), first.query.raw()),
             ("POST", "/produce", "topic=a")
         );
         assert_eq!(&first.body[..], b"abc");

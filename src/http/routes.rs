@@ -30,7 +30,7 @@ pub fn batch_limits(front: &Front) -> BatchLimits {
 
 /// Serves one request. In cluster mode, a topic this node does not know yet (created through another node a moment
 /// ago, its replica not there yet) is looked up in the metastore before the answer is `404`.
-pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
+pub async fn handle(front: &Rc<Front>, mut req: Request) -> Response {
     if crate::sqs::is_sqs_request(&req) {
         // The SQS face: SigV4 when credentials are configured (checked there), else the same host and token checks
         // as any request; then its own protocols (`sqs/`).
@@ -43,11 +43,18 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
         return Box::pin(crate::sqs::handle(front, req, tls)).await;
     }
     if !front.engine().clustered() || req.method == "PUT" {
-        return handle_once(front, req).await.0;
+        return handle_once(front, &mut req).await.0;
     }
-    // Boxed here, so the single-node path above holds one `handle_once` in place and no more.
-    let again = req.clone();
-    let (response, lookup) = Box::pin(handle_once(front, req)).await;
+    // Boxed, so the single-node path above holds one `handle_once` in place and no more (moving a future copies
+    // all of it, at every level of the request's path).
+    Box::pin(handle_clustered(front, req)).await
+}
+
+/// `handle` in cluster mode: the request once, then again after a metastore lookup when the answer says the topic
+/// or group is missing here.
+async fn handle_clustered(front: &Rc<Front>, mut req: Request) -> Response {
+    let mut again = req.clone();
+    let (response, lookup) = handle_once(front, &mut req).await;
     // A group created through another node a moment ago may not be in this node's replica either: then the
     // metastore itself is read (`fresh`).
     let Some(fresh) = lookup else {
@@ -68,7 +75,7 @@ pub async fn handle(front: &Rc<Front>, req: Request) -> Response {
     };
     match name {
         Some(name) if front.lookup_topic(&name, fresh).await => {
-            Box::pin(handle_once(front, again)).await.0
+            handle_once(front, &mut again).await.0
         }
         _ => response,
     }
@@ -216,15 +223,15 @@ impl Route {
 
 /// The answer, and for an error that says a topic or group is missing, whether to look it up and run the request
 /// again (`status::lookup_first`).
-async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<bool>) {
+async fn handle_once(front: &Rc<Front>, req: &mut Request) -> (Response, Option<bool>) {
     let route = match Route::of(req.method, &req.path) {
         Ok(route) => route,
         Err(refused) => return (refused, None),
     };
-    if let Some(refused) = refuse(front, &req) {
+    if let Some(refused) = refuse(front, req) {
         return (refused, None);
     }
-    let query = Query::new(std::mem::take(&mut req.query));
+    let query = std::mem::take(&mut req.query);
     let limits = batch_limits(front);
     // The data path is awaited in place; administration is boxed, so a connection's future stays as small as
     // the data path needs (moving a future copies all of it).
@@ -239,7 +246,7 @@ async fn handle_once(front: &Rc<Front>, mut req: Request) -> (Response, Option<b
                     attributes: req.attributes.as_deref(),
                     now_wall_ms: &|| front.engine().clock().wall_ms(),
                 },
-                req.body,
+                std::mem::take(&mut req.body),
                 &limits,
             )
             .await
@@ -728,5 +735,34 @@ mod tests {
         ] {
             assert!(!authorized(token, bad), "{bad:?}");
         }
+    }
+
+    /// The future a connection's task holds for every request, and moves (copies) at each level of its path: the
+    /// cluster's retry and the SQS face are boxed, so it is not much larger than one `handle_once`; and a
+    /// consume's dead-letter diversion is boxed where it is used, so it is not held in place either.
+    #[test]
+    fn a_requests_future_holds_one_handle_once_and_no_diversion() {
+        fn size<'a, T: 'a, A, Fut: std::future::Future>(_: impl Fn(&'a T, A) -> Fut) -> usize {
+            std::mem::size_of::<Fut>()
+        }
+        let once = size(handle_once);
+        let whole = size(handle);
+        // `handle` holds one `handle_once` and its request (twice: the argument, and where it is moved from; the
+        // compiler lays out both), little more.
+        assert!(
+            whole <= once + 2 * std::mem::size_of::<Request>() + 64,
+            "routes::handle's future is {whole} bytes against {once} for handle_once"
+        );
+        fn size3<'a, T: 'a, A, B, Fut: std::future::Future>(
+            _: impl Fn(&'a T, A, B) -> Fut,
+        ) -> usize {
+            std::mem::size_of::<Fut>()
+        }
+        let consume = size3(Front::consume_parked);
+        let settle = size(Front::settle);
+        assert!(
+            consume <= settle + 768,
+            "a consume's future is {consume} bytes against {settle} for a settle's"
+        );
     }
 }

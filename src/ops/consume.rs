@@ -200,7 +200,12 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
             }
             _ => probed.at_cap = false,
         }
-        probed.deliveries.extend(taken.deliveries);
+        if probed.deliveries.is_empty() {
+            // The first partition's deliveries are taken as they are (no second vector and copy).
+            probed.deliveries = taken.deliveries;
+        } else {
+            probed.deliveries.extend(taken.deliveries);
+        }
         if spent {
             probed.budget_spent = true;
             break;
@@ -295,10 +300,10 @@ fn single_delivery(deliveries: Vec<Delivery>) -> Response {
         ..
     } = d;
     let reply = Response::bytes(200, "application/octet-stream", payload)
-        .with_header("receipt-handle", handle)
-        .with_header("partition", partition)
-        .with_header("offset", offset)
-        .with_header("delivery-count", delivery_count);
+        .with_header_decimals("receipt-handle", &handle.parts(), b':')
+        .with_header_decimals("partition", &[u64::from(partition)], b':')
+        .with_header_decimals("offset", &[offset], b':')
+        .with_header_decimals("delivery-count", &[u64::from(delivery_count)], b':');
     with_meta(reply, &meta)
 }
 

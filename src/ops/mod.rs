@@ -91,8 +91,10 @@ pub enum Reply {
     Probed(consume::Probed),
     Settled(settle::Settled),
     Replayed(replay::Replayed),
-    Created(bool, TopicConfig),
-    Changed(TopicConfig),
+    /// Boxed, as `Changed`: a topic's configuration is several times larger than a data-path reply, and every
+    /// reply is moved by value through the request's layers.
+    Created(bool, Box<TopicConfig>),
+    Changed(Box<TopicConfig>),
     /// A group was created (true) or already existed (false).
     GroupCreated(bool),
     Described(#[serde(with = "crate::partition::whole_infos")] Vec<PartitionInfo>),
@@ -157,10 +159,10 @@ async fn apply_cold(engine: &Rc<Engine>, request: Request) -> OpResult<Reply> {
         Request::BeginEpoch(r) => Reply::Began(replicate::begin_epoch(engine, r).await?),
         Request::CreateTopic(config) => {
             let (created, config) = topics::create(engine, *config).await?;
-            Reply::Created(created, config)
+            Reply::Created(created, Box::new(config))
         }
         Request::ChangeTopic(name, settings) => {
-            Reply::Changed(topics::change(engine, &name, *settings).await?)
+            Reply::Changed(Box::new(topics::change(engine, &name, *settings).await?))
         }
         Request::DeleteTopic(name) => {
             topics::delete(engine, &name).await?;

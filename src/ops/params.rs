@@ -15,8 +15,86 @@ use std::borrow::Cow;
 #[derive(Debug, Clone, Default)]
 pub struct Query {
     raw: String,
-    /// Per pair, in order: (start of the key, end of the key, end of the pair); the value follows the key's `=`.
-    pairs: SmallVec<[(u32, u32, u32); 8]>,
+    /// Per pair, in order: where it is, and whether its key or value holds an escape (a data-path request has at
+    /// most four; the query is held in every request, which is moved through its layers).
+    pairs: SmallVec<[Pair; 4]>,
+}
+
+/// One `key=value` pair of a raw query: the start of its key, the end of its key, its end (the value follows the
+/// key's `=`), and whether its key (`KEY_ESCAPED`) or its value (`VALUE_ESCAPED`) holds a `%` or `+`.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    start: u32,
+    key_end: u32,
+    end: u32,
+    escapes: u8,
+}
+
+const KEY_ESCAPED: u8 = 1;
+const VALUE_ESCAPED: u8 = 2;
+
+/// The non-empty pairs of `raw` in order, found in one pass over its bytes, each given to `each` until it answers
+/// `Some`, which is returned.
+fn scan<T>(raw: &str, mut each: impl FnMut(Pair) -> Option<T>) -> Option<T> {
+    let bytes = raw.as_bytes();
+    let (mut start, mut key_end, mut escapes) = (0usize, None, 0u8);
+    for i in 0..=bytes.len() {
+        match bytes.get(i).copied().unwrap_or(b'&') {
+            b'&' => {
+                if i > start {
+                    let pair = Pair {
+                        start: start as u32,
+                        key_end: key_end.unwrap_or(i) as u32,
+                        end: i as u32,
+                        escapes,
+                    };
+                    if let Some(found) = each(pair) {
+                        return Some(found);
+                    }
+                }
+                (start, key_end, escapes) = (i + 1, None, 0);
+            }
+            b'=' if key_end.is_none() => key_end = Some(i),
+            b'%' | b'+' => {
+                escapes |= if key_end.is_none() {
+                    KEY_ESCAPED
+                } else {
+                    VALUE_ESCAPED
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The value of `pair` of `raw` if its decoded key is `name`. Only a pair holding an escape whose key may match is
+/// decoded; anything else is compared and borrowed as is.
+fn pair_value<'q>(raw: &'q str, pair: Pair, name: &str) -> Option<Cow<'q, str>> {
+    let (start, key_end, end) = (
+        pair.start as usize,
+        pair.key_end as usize,
+        pair.end as usize,
+    );
+    if pair.escapes & KEY_ESCAPED == 0 {
+        if &raw[start..key_end] != name {
+            return None;
+        }
+        if pair.escapes & VALUE_ESCAPED == 0 {
+            return Some(Cow::Borrowed(raw.get(key_end + 1..end).unwrap_or("")));
+        }
+    }
+    let (key, value) = form_urlencoded::parse(&raw.as_bytes()[start..end]).next()?;
+    (key == name).then_some(value)
+}
+
+/// The raw text, so a request's query reads as the string it was sent as (the SQS face reads it whole).
+impl std::ops::Deref for Query {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.raw
+    }
 }
 
 /// How a request body is framed (its `Content-Type`, or for a consume reply its `Accept`).
@@ -75,24 +153,23 @@ impl Query {
     pub fn new(raw: impl Into<String>) -> Query {
         let raw = raw.into();
         let mut pairs = SmallVec::new();
-        let mut start = 0;
-        for piece in raw.split('&') {
-            let end = start + piece.len();
-            if !piece.is_empty() {
-                let key_end = piece.find('=').map_or(end, |i| start + i);
-                pairs.push((start as u32, key_end as u32, end as u32));
-            }
-            start = end + 1;
-        }
+        scan::<()>(&raw, |pair| {
+            pairs.push(pair);
+            None
+        });
         Query { raw, pairs }
+    }
+
+    /// The query as sent.
+    pub fn raw(&self) -> &str {
+        &self.raw
     }
 
     /// The first value of `name`, decoded exactly as `form_urlencoded` decodes it.
     pub fn get(&self, name: &str) -> Option<Cow<'_, str>> {
-        self.pairs.iter().find_map(|&(start, key_end, end)| {
-            let pair = &self.raw[start as usize..end as usize];
-            pair_value(pair, (key_end - start) as usize, name)
-        })
+        self.pairs
+            .iter()
+            .find_map(|&pair| pair_value(&self.raw, pair, name))
     }
 
     /// The `topic` parameter, validated.
@@ -158,28 +235,7 @@ impl Query {
 
 /// The first value of `name` in the raw query string `query`, decoded as [`Query::get`] does (for a single lookup).
 pub fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .find_map(|pair| pair_value(pair, pair.find('=').unwrap_or(pair.len()), name))
-}
-
-/// The value of one raw pair (`key=value`, its key ending at `key_len`) if its decoded key is `name`. Only a pair
-/// holding an escape (`%` or `+`) whose key may match is decoded; anything else is compared and borrowed as is.
-fn pair_value<'q>(pair: &'q str, key_len: usize, name: &str) -> Option<Cow<'q, str>> {
-    let escaped = |text: &str| text.bytes().any(|b| b == b'%' || b == b'+');
-    let key = &pair[..key_len];
-    let value = pair.get(key_len + 1..).unwrap_or("");
-    if !escaped(key) {
-        if key != name {
-            return None;
-        }
-        if !escaped(value) {
-            return Some(Cow::Borrowed(value));
-        }
-    }
-    let (key, value) = form_urlencoded::parse(pair.as_bytes()).next()?;
-    (key == name).then_some(value)
+    scan(query, |pair| pair_value(query, pair, name))
 }
 
 #[cfg(test)]
@@ -202,6 +258,10 @@ mod tests {
             "k%=v%zz&k=w",
             "%FF=1&topic=%FF",
             "+topic=1&topic+=2& topic=3&topic=4",
+            "topic=a+b&topic=c",
+            "to%70ic=%7A&=x&topic==y",
+            "=&&=topic&topic=%",
+            "topic=é&group=ü%C3%BC",
         ];
         let names = [
             "topic",
@@ -215,6 +275,8 @@ mod tests {
             "\u{fffd}",
             " topic",
             "topic ",
+            "",
+            "=topic",
         ];
         for q in queries {
             let query = Query::new(q);
@@ -226,6 +288,11 @@ mod tests {
                     query.get(name).map(Cow::into_owned),
                     expected,
                     "{q:?} {name:?}"
+                );
+                assert_eq!(
+                    query_value(q, name).map(Cow::into_owned),
+                    expected,
+                    "query_value {q:?} {name:?}"
                 );
             }
         }

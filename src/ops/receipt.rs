@@ -44,6 +44,14 @@ impl ReceiptHandle {
     }
 }
 
+impl ReceiptHandle {
+    /// The three integers of the text form, in order, joined by `:` (a reply writes them with
+    /// `Response::with_header_decimals`, the same bytes as `Display`).
+    pub fn parts(&self) -> [u64; 3] {
+        [self.partition, self.offset, self.nonce]
+    }
+}
+
 impl std::fmt::Display for ReceiptHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}:{}", self.partition, self.offset, self.nonce)

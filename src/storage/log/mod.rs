@@ -495,8 +495,11 @@ impl Log {
 
     async fn run_writer(self: Rc<Self>) {
         loop {
+            // Registered only once the writer found nothing to do, and then it looks once more before it waits (a
+            // push between its look and the registration would otherwise be missed): a listener is an allocation,
+            // paid once per sleep, not once per batch.
+            let mut listening = None;
             let batch = loop {
-                let listener = self.queue_event.listen();
                 // A follower's shipped batches, in arrival order, those queued together in one write (`follow.rs`).
                 let ships = self.take_ships();
                 if !ships.is_empty() {
@@ -517,6 +520,10 @@ impl Log {
                     self.writer_done_event.notify(usize::MAX);
                     return;
                 }
+                let Some(listener) = listening.take() else {
+                    listening = Some(self.queue_event.listen());
+                    continue;
+                };
                 if self.idle_reserve_excess() {
                     // Idle with a large reserve: give the disk back unless appends arrive first.
                     let deadline = self.clock.now_ms() + IDLE_TRIM_MS;
