@@ -32,12 +32,12 @@ const AMZ_JSON: &str = "application/x-amz-json-1.0";
 /// Whether a request is for the SQS face: a `POST` to `/` or to a queue URL's path (`/{account}/{queue}`) in one of
 /// its protocols. Its body is then bounded by `max_batch_bytes` (a SendMessageBatch of ten messages, escaped).
 pub fn is_sqs_body(path: &str, content_type: Option<&str>) -> bool {
-    is_sqs_path(path)
-        && content_type.is_some_and(|t| {
-            let t = t.split(';').next().unwrap_or("").trim();
-            t.eq_ignore_ascii_case(AMZ_JSON)
-                || t.eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
+    // The media type first: the native API's requests mostly have none.
+    content_type.is_some_and(|t| {
+        let t = t.split(';').next().unwrap_or("").trim();
+        t.eq_ignore_ascii_case(AMZ_JSON)
+            || t.eq_ignore_ascii_case("application/x-www-form-urlencoded")
+    }) && is_sqs_path(path)
 }
 
 /// `/`, or `/{account}/{queue}` (the path of a queue URL: Java SDK v1 and JS SDK v3 post there).
@@ -55,13 +55,14 @@ pub fn is_sqs_path(path: &str) -> bool {
 
 /// Whether `req` speaks to the SQS face: `X-Amz-Target: AmazonSQS.*`, or a form body on an SQS path.
 pub fn is_sqs_request(req: &Request) -> bool {
+    // The headers before the path: the native API's requests have neither.
     req.method == "POST"
-        && is_sqs_path(&req.path)
         && (req
             .amz_target
             .as_deref()
             .is_some_and(|t| t.starts_with("AmazonSQS."))
             || is_sqs_body(&req.path, req.content_type.as_deref()))
+        && is_sqs_path(&req.path)
 }
 
 /// Whether `req` is an SQS ReceiveMessage (which may park: a client that hangs up must not get messages leased).
