@@ -316,6 +316,8 @@ pub async fn serve(front: Rc<Front>, table: Rc<ConnTable>, tcp: TcpStream) {
             }
         }
         if more_buffered {
+            // The requests still buffered start after this write, not before it (it is the reply stage's).
+            last_mark = Instant::now();
             continue;
         }
         if buf.is_empty() {

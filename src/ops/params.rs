@@ -262,6 +262,7 @@ mod tests {
             "to%70ic=%7A&=x&topic==y",
             "=&&=topic&topic=%",
             "topic=é&group=ü%C3%BC",
+            "%C3%A9=1&é=2",
         ];
         let names = [
             "topic",
@@ -277,6 +278,7 @@ mod tests {
             "topic ",
             "",
             "=topic",
+            "é",
         ];
         for q in queries {
             let query = Query::new(q);
