@@ -72,6 +72,12 @@ pub struct ClusterSettings {
     /// Batches in flight to each follower of a partition (1 to 16, what a follower queues). Default 8.
     #[serde(default = "default_replica_in_flight")]
     pub replica_max_in_flight: u64,
+    /// How long a replicated partition's leader holds its next batch while its last one is not yet on a majority
+    /// (0 to 100000 µs; 0: never): the produces that arrive meanwhile go in one batch, one journal pass and one
+    /// fdatasync on every replica, instead of one each behind the other. Default 0: it saves CPU per produce but
+    /// adds to the tail (`docs/benchmarks.md`, "Replication: the gather").
+    #[serde(default)]
+    pub replica_gather_us: u64,
 }
 
 fn default_replica_window() -> u64 {
@@ -412,6 +418,9 @@ impl Config {
                     crate::storage::log::MAX_QUEUED_SHIPS
                 ));
             }
+            if cluster.replica_gather_us > 100_000 {
+                return Err("replica_gather_us must be 0 to 100000".into());
+            }
         }
         self.resolve_tls()
     }
@@ -678,6 +687,7 @@ mod tests {
             replica_window_bytes: 64 << 20,
             replica_core_window_bytes: 256 << 20,
             replica_max_in_flight: 8,
+            replica_gather_us: 0,
         });
         (config, dir)
     }
@@ -723,6 +733,10 @@ mod tests {
             .unwrap_err()
             .contains("1 to 16"));
         assert!(set(&|c| c.replica_max_in_flight = 16).is_ok());
+        assert!(set(&|c| c.replica_gather_us = 100_001)
+            .unwrap_err()
+            .contains("replica_gather_us"));
+        assert!(set(&|c| c.replica_gather_us = 0).is_ok());
     }
 
     #[test]

@@ -479,6 +479,12 @@ impl Engine {
 
     /// A replicated partition led here: its followers get every batch once it is durable here.
     fn ship_from(self: &Rc<Self>, partition: &Partition) {
+        partition.log.gather_behind_commit(
+            self.config
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.replica_gather_us),
+        );
         let engine = Rc::downgrade(self);
         partition.log.set_on_ship(Box::new(move |head, frames| {
             if let Some(engine) = engine.upgrade() {

@@ -101,6 +101,11 @@ impl Partition {
         } else {
             0
         });
+        self.log.commit_at(if replicas > 1 {
+            self.commit.end.get()
+        } else {
+            u64::MAX
+        });
         self.commit.acked.borrow_mut().clear();
         // What its followers had is learnt again from their answers (the set may have changed with the epoch).
         self.followers.borrow_mut().clear();
@@ -149,6 +154,7 @@ impl Partition {
         if self.replicated() && offset > self.commit.end.get() {
             // (Above the log's end only when the log lost records: the load moves its end up to the frontier.)
             self.commit.end.set(offset);
+            self.log.commit_at(offset);
         }
     }
 
@@ -225,6 +231,7 @@ impl Partition {
         let old = self.commit.end.get();
         if majority > old {
             self.commit.end.set(majority);
+            self.log.commit_at(majority);
             assert!(
                 self.commit.end.get() <= self.log.end_offset(),
                 "a commit offset past the leader's durable end"
@@ -295,6 +302,8 @@ impl Partition {
         self.forget_dedup();
         self.close_nonces();
         self.commit.moved.notify(usize::MAX);
+        // Its writer holds nothing more for a commit that will not come.
+        self.log.commit_at(u64::MAX);
         self.wake_consumers(None, 1);
     }
 

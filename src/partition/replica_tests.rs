@@ -35,6 +35,12 @@ fn journal_dir() -> &'static Path {
 
 /// A follower replica of partition 0 of `t` (groups `default` and `g`) writing through a core journal.
 async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
+    let (journal, partition, _clock) = replica_on(storage).await;
+    (journal, partition)
+}
+
+/// The replica `follower` opens, with its clock.
+async fn replica_on(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>, Rc<ManualClock>) {
     storage.create_dir_all(&dir()).unwrap();
     let clock = ManualClock::new(1_000);
     let journal = Journal::open(
@@ -53,7 +59,7 @@ async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
     .expect("journal opens");
     let partition = Partition::open(PartitionSetup {
         storage: storage.clone(),
-        clock,
+        clock: clock.clone(),
         dir: dir(),
         id: 0,
         core: 0,
@@ -82,7 +88,7 @@ async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
     })
     .await
     .expect("the partition opens");
-    (journal, partition)
+    (journal, partition, clock)
 }
 
 impl Partition {
@@ -438,4 +444,76 @@ fn a_replica_started_anew_at_its_leaders_start_takes_its_history_up_to_there() {
         ));
         assert_eq!(p.log.end_offset(), 70);
     })
+}
+
+/// `[cluster] replica_gather_us` (`Log::gather_behind_commit`): a replicated leader's writer holds its next batch
+/// while its last one is not on a majority, so the appends that arrive meanwhile go in one batch (one journal pass,
+/// one fdatasync on each replica) once a follower's answer moves the commit; without an answer it holds them no
+/// longer than the gather; with the gather at 0 each goes as it comes.
+#[test]
+fn a_replicated_leader_gathers_the_appends_behind_an_uncommitted_batch_for_at_most_its_gather() {
+    async fn batches_of_three_appends(gather_us: u64, acked: bool) -> u64 {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p, clock) = replica_on(&storage).await;
+        p.set_replicas(3);
+        p.log.gather_behind_commit(gather_us);
+        let first = p
+            .log
+            .append(bytes::Bytes::from_static(b"a"))
+            .await
+            .expect("durable");
+        assert_eq!(first, 0);
+        let log = || p.log.clone();
+        let b = glommio::spawn_local({
+            let log = log();
+            async move { log.append(bytes::Bytes::from_static(b"b")).await }
+        });
+        for _ in 0..20 {
+            glommio::yield_if_needed().await;
+            futures_lite::future::yield_now().await;
+        }
+        let c = glommio::spawn_local({
+            let log = log();
+            async move { log.append(bytes::Bytes::from_static(b"c")).await }
+        });
+        for _ in 0..20 {
+            futures_lite::future::yield_now().await;
+        }
+        if gather_us > 0 {
+            assert_eq!(
+                p.log.io_counts().0,
+                1,
+                "the appends behind an uncommitted batch are held"
+            );
+        }
+        if acked {
+            // A follower has the first batch: a majority of 3, the commit moves and the writer goes on.
+            p.follower_acked(2, 1);
+        } else {
+            clock.advance_us(gather_us.max(1));
+        }
+        assert_eq!(b.await.expect("durable"), 1);
+        assert_eq!(c.await.expect("durable"), 2);
+        let batches = p.log.io_counts().0;
+        p.close().await;
+        batches
+    }
+    run(async {
+        assert_eq!(
+            batches_of_three_appends(0, true).await,
+            3,
+            "no gather: one batch each"
+        );
+        assert_eq!(
+            batches_of_three_appends(2000, true).await,
+            2,
+            "gathered until the commit moved"
+        );
+        assert_eq!(
+            batches_of_three_appends(2000, false).await,
+            2,
+            "gathered until the gather ran out"
+        );
+    });
 }

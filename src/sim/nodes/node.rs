@@ -72,6 +72,7 @@ pub(super) fn node_config(index: NodeIndex, incarnation: &str) -> Config {
             replica_window_bytes: 1 << 20,
             replica_core_window_bytes: 1 << 20,
             replica_max_in_flight: 4,
+            replica_gather_us: 2000,
         }),
         ..Config::default()
     }
