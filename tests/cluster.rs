@@ -3775,8 +3775,21 @@ fn served_partitions(node: &Node, topic: &str) -> Vec<serde_json::Value> {
 #[test]
 fn replicated_crash_loop_loses_nothing_acknowledged() {
     let _g = serial();
+    // With the leaders' gather on (`replica_gather_us`: a batch held for its predecessor's majority), so that a
+    // kill -9 also lands while a leader holds one.
+    let conf =
+        std::env::temp_dir().join(format!("berth-cluster-gather-{}.toml", std::process::id()));
+    std::fs::write(
+        &conf,
+        "[cluster]\netcd = []\nnode_id = \"\"\nadvertise = \"\"\nreplica_gather_us = 2000\n",
+    )
+    .expect("config written");
     let opts = Opts {
-        extra: vec!["--replication-preview".into()],
+        extra: vec![
+            "--replication-preview".into(),
+            "--config".into(),
+            conf.display().to_string(),
+        ],
         ..Opts::short_ttl()
     };
     let Some(mut c) = Cluster::start_with("replicated_crash_loop", 3, opts) else {
@@ -3887,6 +3900,7 @@ fn replicated_crash_loop_loses_nothing_acknowledged() {
         if resurrected.is_empty() { "" } else { ": " },
         resurrected.iter().take(10).cloned().collect::<Vec<_>>().join("; ")
     );
+    let _ = std::fs::remove_file(&conf);
     check_history("replicated crash loop", seed, &h, drained);
 }
 
