@@ -452,11 +452,22 @@ fn a_replica_started_anew_at_its_leaders_start_takes_its_history_up_to_there() {
 /// longer than the gather; with the gather at 0 each goes as it comes.
 #[test]
 fn a_replicated_leader_gathers_the_appends_behind_an_uncommitted_batch_for_at_most_its_gather() {
-    async fn batches_of_three_appends(gather_us: u64, acked: bool) -> u64 {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Release {
+        /// A follower's answer moves the commit.
+        Acked,
+        /// Nothing: the gather runs out.
+        Timer,
+        /// A newer leadership deposes it.
+        Deposed,
+    }
+    async fn batches_of_three_appends(gather_us: u64, release: Release) -> u64 {
         let sim = Sim::new();
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
         let (_journal, p, clock) = replica_on(&storage).await;
         p.set_replicas(3);
+        // A leader that ships (only those hold their batches).
+        p.log.set_on_ship(Box::new(|_, _| {}));
         p.log.gather_behind_commit(gather_us);
         let first = p
             .log
@@ -487,11 +498,19 @@ fn a_replicated_leader_gathers_the_appends_behind_an_uncommitted_batch_for_at_mo
                 "the appends behind an uncommitted batch are held"
             );
         }
-        if acked {
+        match release {
             // A follower has the first batch: a majority of 3, the commit moves and the writer goes on.
-            p.follower_acked(2, 1);
-        } else {
-            clock.advance_us(gather_us.max(1));
+            Release::Acked => p.follower_acked(2, 1),
+            Release::Timer => {
+                // Held for the whole gather, not a microsecond less.
+                clock.advance_us(gather_us - 1);
+                for _ in 0..20 {
+                    futures_lite::future::yield_now().await;
+                }
+                assert_eq!(p.log.io_counts().0, 1, "held until the gather ends");
+                clock.advance_us(1);
+            }
+            Release::Deposed => p.depose(7),
         }
         assert_eq!(b.await.expect("durable"), 1);
         assert_eq!(c.await.expect("durable"), 2);
@@ -501,19 +520,24 @@ fn a_replicated_leader_gathers_the_appends_behind_an_uncommitted_batch_for_at_mo
     }
     run(async {
         assert_eq!(
-            batches_of_three_appends(0, true).await,
+            batches_of_three_appends(0, Release::Acked).await,
             3,
             "no gather: one batch each"
         );
         assert_eq!(
-            batches_of_three_appends(2000, true).await,
+            batches_of_three_appends(2000, Release::Acked).await,
             2,
             "gathered until the commit moved"
         );
         assert_eq!(
-            batches_of_three_appends(2000, false).await,
+            batches_of_three_appends(2000, Release::Timer).await,
             2,
             "gathered until the gather ran out"
+        );
+        assert_eq!(
+            batches_of_three_appends(2000, Release::Deposed).await,
+            2,
+            "gathered until a newer leadership deposed it"
         );
     });
 }

@@ -352,6 +352,8 @@ impl Cluster {
                     sim: disk,
                     incarnation,
                     joined,
+                    // Half the seeds with the leaders' gather on, half with the default (off).
+                    gather_us: if self.seed.is_multiple_of(2) { 2000 } else { 0 },
                 },
                 self.clock.clone(),
                 self.etcd.clone(),

@@ -72,7 +72,7 @@ pub(super) fn node_config(index: NodeIndex, incarnation: &str) -> Config {
             replica_window_bytes: 1 << 20,
             replica_core_window_bytes: 1 << 20,
             replica_max_in_flight: 4,
-            replica_gather_us: 2000,
+            replica_gather_us: 0,
         }),
         ..Config::default()
     }
@@ -88,6 +88,8 @@ pub(super) struct Start {
     /// Its disk is new to the cluster: the revision its `joined` file records (written before the start, as
     /// `note_new_disk` does).
     pub(super) joined: Option<u64>,
+    /// `[cluster] replica_gather_us` (each seed runs with it on or off).
+    pub(super) gather_us: u64,
 }
 
 impl SimNode {
@@ -104,8 +106,13 @@ impl SimNode {
             sim,
             incarnation,
             joined,
+            gather_us,
         } = start;
-        let config = Rc::new(node_config(index, &incarnation));
+        let mut config = node_config(index, &incarnation);
+        if let Some(cluster) = config.cluster.as_mut() {
+            cluster.replica_gather_us = gather_us;
+        }
+        let config = Rc::new(config);
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
         storage
             .create_dir_all(&config.data_dir.join("topics"))

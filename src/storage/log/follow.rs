@@ -122,6 +122,8 @@ impl Log {
     /// like the rest of its old log.
     pub fn start_following(&self) {
         *self.on_ship.borrow_mut() = None;
+        // Nothing of its own is held for a commit any more (`Log::gather_behind_commit`).
+        self.commit_at(u64::MAX);
         self.ships_refused.set(false);
         let queued: Vec<_> = self.queue.borrow_mut().drain(..).collect();
         for p in queued {

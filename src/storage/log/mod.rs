@@ -65,6 +65,17 @@ pub struct LogOptions {
     pub write_behind_bytes: u32,
 }
 
+/// How the gather's wait (`Log::wait_for_commit`) ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Held {
+    /// Not held: the batch was committed already, or the log does not gather.
+    No,
+    /// Held until the commit reached the log's end.
+    Committed,
+    /// Held for the whole gather without that, or until the log closed or stopped gathering.
+    Released,
+}
+
 /// Called after each durable batch with the number of new records.
 pub type AppendHook = Box<dyn Fn(usize)>;
 
@@ -459,20 +470,22 @@ impl Log {
         self.commit_moved.notify(usize::MAX);
     }
 
-    /// The gather's wait (see `gather_behind_commit`): true when the writer waited for the commit.
-    async fn wait_for_commit(&self) -> bool {
+    /// The gather's wait (see `gather_behind_commit`).
+    async fn wait_for_commit(&self) -> Held {
         let us = self.gather_us.get();
-        if us == 0 || self.commit_end.get() >= self.end_offset() {
-            return false;
+        // Only a leader that ships holds anything (a deposed one that follows now does not: `start_following`).
+        if us == 0 || self.on_ship.borrow().is_none() || self.commit_end.get() >= self.end_offset()
+        {
+            return Held::No;
         }
         let mut timer = self.clock.sleep_until_us(self.clock.now_us() + us);
         loop {
             let moved = self.commit_moved.listen();
-            if self.closed.get()
-                || self.gather_us.get() == 0
-                || self.commit_end.get() >= self.end_offset()
-            {
-                return true;
+            if self.closed.get() || self.gather_us.get() == 0 {
+                return Held::Released;
+            }
+            if self.commit_end.get() >= self.end_offset() {
+                return Held::Committed;
             }
             let timed_out = futures_lite::future::or(
                 async {
@@ -486,7 +499,7 @@ impl Log {
             )
             .await;
             if timed_out {
-                return true;
+                return Held::Released;
             }
         }
     }
@@ -608,19 +621,9 @@ impl Log {
             };
             let company = batch.len();
             self.write_batch(batch).await;
-            if self.wait_for_commit().await {
-                // Held for its commit: those answered by it come back within the journal's commit delay.
-                if company > 1 && !self.closed.get() {
-                    if let Some(link) = self.journal.as_ref() {
-                        journal::wait_for_company(
-                            &self.queue_event,
-                            &*self.clock,
-                            link.journal.commit_delay_us(),
-                            || self.closed.get(),
-                        )
-                        .await;
-                    }
-                }
+            // Held for the batch's commit (the gather), then given the company wait below: those its commit
+            // answered come back within it. Held out (no commit within the gather) or closed: no more waiting.
+            if self.wait_for_commit().await == Held::Released {
                 continue;
             }
             // Appenders are concurrent (this batch gathered several): give the next batch the journal's commit
