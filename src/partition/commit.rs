@@ -96,15 +96,10 @@ impl Partition {
     pub fn set_replicas(&self, replicas: u32) {
         assert!(replicas >= 1, "a partition has at least its leader");
         self.commit.replicas.set(replicas);
-        self.commit.end.set(if replicas > 1 {
+        self.set_commit_end(if replicas > 1 {
             self.log.start_offset()
         } else {
             0
-        });
-        self.log.commit_at(if replicas > 1 {
-            self.commit.end.get()
-        } else {
-            u64::MAX
         });
         self.commit.acked.borrow_mut().clear();
         // What its followers had is learnt again from their answers (the set may have changed with the epoch).
@@ -153,8 +148,7 @@ impl Partition {
     pub(super) fn committed_at_least(&self, offset: u64) {
         if self.replicated() && offset > self.commit.end.get() {
             // (Above the log's end only when the log lost records: the load moves its end up to the frontier.)
-            self.commit.end.set(offset);
-            self.log.commit_at(offset);
+            self.set_commit_end(offset);
         }
     }
 
@@ -196,6 +190,14 @@ impl Partition {
         }
     }
 
+    /// Moves the commit offset, and tells the log's writer, which may hold a batch for it (`Log::commit_at`;
+    /// an unreplicated partition's holds nothing).
+    fn set_commit_end(&self, end: u64) {
+        self.commit.end.set(end);
+        self.log
+            .commit_at(if self.replicated() { end } else { u64::MAX });
+    }
+
     fn recompute_commit(&self) {
         let leader = self.log.end_offset();
         let learners = self.commit.learners.borrow();
@@ -230,8 +232,7 @@ impl Partition {
         }
         let old = self.commit.end.get();
         if majority > old {
-            self.commit.end.set(majority);
-            self.log.commit_at(majority);
+            self.set_commit_end(majority);
             assert!(
                 self.commit.end.get() <= self.log.end_offset(),
                 "a commit offset past the leader's durable end"

@@ -453,7 +453,7 @@ impl Log {
 
     /// A replicated partition led here (`[cluster] replica_gather_us`): once a batch is durable here, the writer
     /// holds the next one until the partition's commit offset reaches this log's end, at most `us` (0: never), and
-    /// then the journal's commit delay more, so the produces answered meanwhile come back and share it. A leader
+    /// then gives it the usual company wait, so the produces answered meanwhile come back and share it. A leader
     /// with one batch in flight and the appends that queue behind it in one more needs one journal pass and one
     /// fdatasync on each replica for what would otherwise take two or three, half full: on a machine where the
     /// replicas share the CPU that is the cost of a replicated produce (`docs/benchmarks.md`, "Replication: the
