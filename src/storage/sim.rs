@@ -37,6 +37,11 @@ struct SimFile {
     /// For a file renamed over another whose rename is not durable yet: what a power cut leaves at this path if the
     /// rename is lost (the old file's durable content; None: no file).
     prior: Option<Option<Vec<u8>>>,
+    /// Changes of the page cache so far (writes and truncations), and how many of them the durable view holds: a
+    /// sync makes durable what was written before it was called, not what is written while it runs, and a sync
+    /// that was called earlier and returns later does not take back what a later one made durable.
+    changes: u64,
+    durable_through: u64,
 }
 
 impl SimFile {
@@ -65,6 +70,7 @@ impl SimFile {
             self.data.resize(end, 0);
         }
         self.data[pos..end].copy_from_slice(buf);
+        self.changes += 1;
         if !self.dropped.is_empty() {
             let rewritten: Vec<usize> = self.dropped.range(pos..end).map(|(&p, _)| p).collect();
             for p in rewritten {
@@ -75,7 +81,11 @@ impl SimFile {
 
     /// What a sync that works puts on the medium: the page cache, less the dropped bytes.
     fn medium(&self) -> Vec<u8> {
-        let mut out = self.data.clone();
+        self.medium_of(self.data.clone())
+    }
+
+    /// `data` (the page cache as a sync saw it when called), less the bytes dropped since.
+    fn medium_of(&self, mut out: Vec<u8>) -> Vec<u8> {
         for (&pos, &old) in &self.dropped {
             if let Some(b) = out.get_mut(pos) {
                 *b = old.unwrap_or(0);
@@ -87,6 +97,16 @@ impl SimFile {
     /// A sync that works.
     fn sync(&mut self) {
         self.durable = self.medium();
+        self.durable_through = self.changes;
+    }
+
+    /// A sync that works, called when the page cache held `seen` after `changes` changes: that is durable now,
+    /// unless a sync called later already made more durable.
+    fn sync_as_seen(&mut self, seen: Vec<u8>, changes: u64) {
+        if changes >= self.durable_through {
+            self.durable = self.medium_of(seen);
+            self.durable_through = changes;
+        }
     }
 
     /// A sync that fails: every byte it should have written is dropped. True if there was any.
@@ -143,6 +163,10 @@ struct State {
     hold_syncs: bool,
     /// Syncs waiting for `release_syncs` now.
     held_syncs: usize,
+    /// Syncs that met the hold so far (each is numbered from 0 in that order), and those let go one by one
+    /// (`release_held_sync`) while the hold stays.
+    syncs_met_hold: u64,
+    let_go: BTreeSet<u64>,
     /// A file system of its own under this directory, holding at most this many bytes (see `limit_space_under`).
     quota: Option<(PathBuf, u64)>,
 }
@@ -339,9 +363,17 @@ impl Sim {
 
     /// Waits while syncs are held (`hold_syncs`).
     async fn wait_for_release(&self) {
+        let number = {
+            let mut st = self.state.borrow_mut();
+            if !st.hold_syncs {
+                return;
+            }
+            st.syncs_met_hold += 1;
+            st.syncs_met_hold - 1
+        };
         loop {
             let listener = self.released.listen();
-            if !self.state.borrow().hold_syncs {
+            if !self.state.borrow().hold_syncs || self.state.borrow_mut().let_go.remove(&number) {
                 return;
             }
             self.state.borrow_mut().held_syncs += 1;
@@ -365,6 +397,12 @@ impl Sim {
     /// Lets the held syncs (and every later one) go on.
     pub fn release_syncs(&self) {
         self.state.borrow_mut().hold_syncs = false;
+        self.released.notify(usize::MAX);
+    }
+
+    /// Lets held sync number `number` go on (syncs are numbered from 0 as they meet a hold), the others still held.
+    pub fn release_held_sync(&self, number: u64) {
+        self.state.borrow_mut().let_go.insert(number);
         self.released.notify(usize::MAX);
     }
 
@@ -485,7 +523,13 @@ impl Sim {
     }
 
     /// Syncs `path`: works, fails (dropping its unsynced bytes) or lies, as armed.
-    fn sync_file(&self, path: &Path) -> io::Result<()> {
+    /// The page cache of `path` now and its count of changes (what a sync called now must make durable).
+    fn seen(&self, path: &Path) -> Option<(Vec<u8>, u64)> {
+        let st = self.state.borrow();
+        st.files.get(path).map(|f| (f.data.clone(), f.changes))
+    }
+
+    fn sync_file(&self, path: &Path, seen: Option<(Vec<u8>, u64)>) -> io::Result<()> {
         let mut st = self.state.borrow_mut();
         let outcome = st.sync_outcome(Some(path));
         let f = st.files.get_mut(path).ok_or_else(|| not_found(path))?;
@@ -497,7 +541,10 @@ impl Sim {
         };
         f.unreported_error = false;
         match outcome {
-            SyncOutcome::Works => f.sync(),
+            SyncOutcome::Works => match seen {
+                Some((data, changes)) => f.sync_as_seen(data, changes),
+                None => f.sync(),
+            },
             SyncOutcome::Lies => {}
             SyncOutcome::Fails(e) => {
                 f.drop_unsynced();
@@ -656,9 +703,10 @@ impl SegmentFile for SimSegment {
 
     fn sync(&self) -> IoFuture<'_, ()> {
         Box::pin(async move {
+            let seen = self.sim.seen(&self.path);
             futures_lite::future::yield_now().await;
             self.sim.wait_for_release().await;
-            self.sim.sync_file(&self.path)
+            self.sim.sync_file(&self.path, seen)
         })
     }
 
@@ -700,6 +748,7 @@ impl SegmentFile for SimSegment {
                 .get_mut(&self.path)
                 .ok_or_else(|| not_found(&self.path))?;
             f.data.truncate(len as usize);
+            f.changes += 1;
             f.dropped.retain(|&pos, _| pos < len as usize);
             Ok(())
         })
@@ -861,5 +910,81 @@ impl SimStorage {
             let mut results = super::backend::replace_batch(&mut fs, &items).await;
             results.pop().expect("one result per item")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::backend::Storage;
+
+    /// A sync makes durable what was written before it was called, not what is written while it runs; and a sync
+    /// called earlier that returns later takes back nothing a later one made durable. (A model that made everything
+    /// durable at the sync's return would let a caller that answers a write with a sync begun before it pass.)
+    #[test]
+    fn a_sync_makes_durable_what_was_written_before_it_was_called() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let storage = SimStorage(sim.clone());
+                let path = Path::new("/d/f");
+                storage.create_dir_all(Path::new("/d")).expect("dir");
+                let file = storage.open(path, true).await.expect("open");
+                file.write_at(b"aa", 0).expect("write");
+                file.sync().await.expect("sync");
+                storage.sync_dir(Path::new("/d")).await.expect("dir sync");
+                sim.hold_syncs();
+                file.write_at(b"bb", 2).expect("write");
+                let first = glommio::spawn_local({
+                    let file = file.clone();
+                    async move { file.sync().await }
+                });
+                for _ in 0..100 {
+                    futures_lite::future::yield_now().await;
+                }
+                assert_eq!(sim.held_syncs(), 1);
+                // Written while the first sync runs; a second sync, called after it, returns first.
+                file.write_at(b"cc", 4).expect("write");
+                let second = glommio::spawn_local({
+                    let file = file.clone();
+                    async move { file.sync().await }
+                });
+                for _ in 0..100 {
+                    futures_lite::future::yield_now().await;
+                }
+                assert_eq!(sim.held_syncs(), 2);
+                sim.release_held_sync(1);
+                second.await.expect("the second sync");
+                assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aabbcc"[..]));
+                sim.release_syncs();
+                first.await.expect("the first sync");
+                assert_eq!(
+                    sim.durable_contents(path).as_deref(),
+                    Some(&b"aabbcc"[..]),
+                    "the first sync, returning last, takes nothing back"
+                );
+                // Held alone: only what was written before it is durable when it returns.
+                sim.hold_syncs();
+                file.write_at(b"dd", 6).expect("write");
+                let third = glommio::spawn_local({
+                    let file = file.clone();
+                    async move { file.sync().await }
+                });
+                for _ in 0..100 {
+                    futures_lite::future::yield_now().await;
+                }
+                file.write_at(b"ee", 8).expect("write");
+                sim.release_syncs();
+                third.await.expect("the third sync");
+                assert_eq!(
+                    sim.durable_contents(path).as_deref(),
+                    Some(&b"aabbccdd"[..]),
+                    "ee was written while the sync ran"
+                );
+                let cut = sim.power_cut(|_, _| 0);
+                assert_eq!(cut.contents(path).as_deref(), Some(&b"aabbccdd"[..]));
+            });
     }
 }
