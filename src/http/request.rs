@@ -139,14 +139,8 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
     let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let text = std::str::from_utf8(h.value)
-                .map_err(|_| ParseError::Malformed("bad Content-Length".into()))?;
-            if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(ParseError::Malformed("bad Content-Length".into()));
-            }
-            let value: usize = text
-                .parse()
-                .map_err(|_| ParseError::Malformed("bad Content-Length".into()))?;
+            let value = content_length_of(h.value)
+                .ok_or_else(|| ParseError::Malformed("bad Content-Length".into()))?;
             if content_length.is_some_and(|v| v != value) {
                 return Err(ParseError::Malformed(
                     "conflicting Content-Length headers".into(),
@@ -247,6 +241,18 @@ fn standard_method(method: &str) -> &'static str {
         "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE",
     ];
     METHODS.into_iter().find(|m| *m == method).unwrap_or("")
+}
+
+/// A Content-Length value: 1 to 19 ASCII digits (no sign, no space), within `usize`.
+fn content_length_of(value: &[u8]) -> Option<usize> {
+    if value.is_empty() || value.len() > 19 {
+        return None;
+    }
+    value.iter().try_fold(0usize, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(usize::from(b - b'0')))
+            .flatten()
+    })
 }
 
 /// A header value as text: valid UTF-8 as is (one copy), anything else with replacement characters.

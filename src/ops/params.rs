@@ -34,29 +34,31 @@ const KEY_ESCAPED: u8 = 1;
 const VALUE_ESCAPED: u8 = 2;
 
 /// The non-empty pairs of `raw` in order, found in one pass over its bytes, each given to `each` until it answers
-/// `Some`, which is returned.
+/// `Some`, which is returned. (A plain walk over the bytes: an inclusive range with a sentinel `&` at the end cost
+/// twice the instructions per byte in the unbatched cycle's profile.)
 fn scan<T>(raw: &str, mut each: impl FnMut(Pair) -> Option<T>) -> Option<T> {
+    const NO_KEY_END: usize = usize::MAX;
     let bytes = raw.as_bytes();
-    let (mut start, mut key_end, mut escapes) = (0usize, None, 0u8);
-    for i in 0..=bytes.len() {
-        match bytes.get(i).copied().unwrap_or(b'&') {
+    let (mut start, mut key_end, mut escapes) = (0usize, NO_KEY_END, 0u8);
+    let pair = |start: usize, key_end: usize, end: usize, escapes: u8| Pair {
+        start: start as u32,
+        key_end: if key_end == NO_KEY_END { end } else { key_end } as u32,
+        end: end as u32,
+        escapes,
+    };
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
             b'&' => {
                 if i > start {
-                    let pair = Pair {
-                        start: start as u32,
-                        key_end: key_end.unwrap_or(i) as u32,
-                        end: i as u32,
-                        escapes,
-                    };
-                    if let Some(found) = each(pair) {
+                    if let Some(found) = each(pair(start, key_end, i, escapes)) {
                         return Some(found);
                     }
                 }
-                (start, key_end, escapes) = (i + 1, None, 0);
+                (start, key_end, escapes) = (i + 1, NO_KEY_END, 0);
             }
-            b'=' if key_end.is_none() => key_end = Some(i),
+            b'=' if key_end == NO_KEY_END => key_end = i,
             b'%' | b'+' => {
-                escapes |= if key_end.is_none() {
+                escapes |= if key_end == NO_KEY_END {
                     KEY_ESCAPED
                 } else {
                     VALUE_ESCAPED
@@ -64,6 +66,9 @@ fn scan<T>(raw: &str, mut each: impl FnMut(Pair) -> Option<T>) -> Option<T> {
             }
             _ => {}
         }
+    }
+    if bytes.len() > start {
+        return each(pair(start, key_end, bytes.len(), escapes));
     }
     None
 }
@@ -77,7 +82,9 @@ fn pair_value<'q>(raw: &'q str, pair: Pair, name: &str) -> Option<Cow<'q, str>> 
         pair.end as usize,
     );
     if pair.escapes & KEY_ESCAPED == 0 {
-        if &raw[start..key_end] != name {
+        // Bytes, not `str` slices: the key's length first, and no char-boundary checks (the bounds come from the
+        // scan, which cuts only at ASCII bytes).
+        if key_end - start != name.len() || raw.as_bytes()[start..key_end] != *name.as_bytes() {
             return None;
         }
         if pair.escapes & VALUE_ESCAPED == 0 {

@@ -137,17 +137,35 @@ impl Response {
     }
 }
 
+/// "00", "01", ..., "99": two digits per division (as the `itoa` crate does).
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
 /// `n` in decimal ASCII, without the formatting machinery (a response encodes two or three numbers).
 pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[at] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[at..]);
 }
@@ -209,6 +227,15 @@ mod tests {
             push_decimal(&mut out, n);
             assert_eq!(out, n.to_string().as_bytes());
             assert_eq!(decimal_len(n), out.len(), "{n}");
+        }
+        let around_powers = (0..20u32).flat_map(|e| {
+            let p = 10u64.pow(e);
+            [p - 1, p, p + 1, p.saturating_mul(7) / 3]
+        });
+        for n in (0..100_000u64).chain(around_powers).chain([u64::MAX - 1]) {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes(), "{n}");
         }
     }
 
