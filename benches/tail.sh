@@ -32,7 +32,7 @@ tmp=$(mktemp -d)
 server_pids=()
 cleanup() {
   local pid
-  for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -61,6 +61,7 @@ berth_run() {  # berth_run NAME ROUND PORT FSYNC PARTITIONS
   pid=$!
   server_pids=("$pid")
   wait_port "$port"
+  kill -0 "$pid" || { echo "berth did not start on port $port (taken?):" >&2; cat "$tmp/s$port.log" >&2; exit 1; }
   run "$name" "$round" berth "$port" "$pid" --partitions "$partitions"
   stop "$pid"
   rm -rf "$tmp/d$port"
@@ -72,6 +73,7 @@ for round in $(seq "$rounds"); do
     bpid=$!
     server_pids=("$bpid")
     wait_port 11398
+    kill -0 "$bpid" || { echo "beanstalkd did not start on port 11398 (taken?)" >&2; exit 1; }
     run beanstalkd "$round" beanstalkd 11398 "$bpid"
     stop "$bpid"
   fi

@@ -42,6 +42,24 @@ struct SimFile {
     /// that was called earlier and returns later does not take back what a later one made durable.
     changes: u64,
     durable_through: u64,
+    /// Which file this is (an inode number): a sync called on a file that was removed, and whose path holds
+    /// another file when it returns, makes nothing of that other file durable.
+    id: u64,
+}
+
+/// File ids, unique in the process (`SimFile::id`).
+static NEXT_FILE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn new_file_id() -> u64 {
+    NEXT_FILE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What a sync must make durable of one file, taken when the sync is called: the bytes a write-back would write
+/// then (the page cache less what a failed sync dropped), how many changes they hold, and which file they are.
+struct Seen {
+    medium: Vec<u8>,
+    changes: u64,
+    id: u64,
 }
 
 impl SimFile {
@@ -49,6 +67,7 @@ impl SimFile {
     fn created(data: Vec<u8>) -> SimFile {
         SimFile {
             data,
+            id: new_file_id(),
             ..SimFile::default()
         }
     }
@@ -59,6 +78,7 @@ impl SimFile {
             data: content.clone(),
             durable: content,
             entry_durable: true,
+            id: new_file_id(),
             ..SimFile::default()
         }
     }
@@ -94,18 +114,21 @@ impl SimFile {
         out
     }
 
-    /// A sync that works.
-    fn sync(&mut self) {
-        self.durable = self.medium();
-        self.durable_through = self.changes;
+    /// What a sync called now must make durable.
+    fn seen(&self) -> Seen {
+        Seen {
+            medium: self.medium(),
+            changes: self.changes,
+            id: self.id,
+        }
     }
 
-    /// A sync that works, called when the page cache held `seen` after `changes` changes: that is durable now,
-    /// unless a sync called later already made more durable.
-    fn sync_as_seen(&mut self, seen: Vec<u8>, changes: u64) {
-        if changes >= self.durable_through {
-            self.durable = self.medium_of(seen);
-            self.durable_through = changes;
+    /// A sync that works, called when the file was as `seen` says: that is durable now (less what a failed sync
+    /// dropped since), unless a sync called later already made more durable, or the path holds another file now.
+    fn sync_as_seen(&mut self, seen: &Seen) {
+        if seen.id == self.id && seen.changes >= self.durable_through {
+            self.durable = self.medium_of(seen.medium.clone());
+            self.durable_through = seen.changes;
         }
     }
 
@@ -523,13 +546,12 @@ impl Sim {
     }
 
     /// Syncs `path`: works, fails (dropping its unsynced bytes) or lies, as armed.
-    /// The page cache of `path` now and its count of changes (what a sync called now must make durable).
-    fn seen(&self, path: &Path) -> Option<(Vec<u8>, u64)> {
-        let st = self.state.borrow();
-        st.files.get(path).map(|f| (f.data.clone(), f.changes))
+    /// What a sync of `path` called now must make durable.
+    fn seen(&self, path: &Path) -> Option<Seen> {
+        self.state.borrow().files.get(path).map(SimFile::seen)
     }
 
-    fn sync_file(&self, path: &Path, seen: Option<(Vec<u8>, u64)>) -> io::Result<()> {
+    fn sync_file(&self, path: &Path, seen: Option<Seen>) -> io::Result<()> {
         let mut st = self.state.borrow_mut();
         let outcome = st.sync_outcome(Some(path));
         let f = st.files.get_mut(path).ok_or_else(|| not_found(path))?;
@@ -541,10 +563,11 @@ impl Sim {
         };
         f.unreported_error = false;
         match outcome {
-            SyncOutcome::Works => match seen {
-                Some((data, changes)) => f.sync_as_seen(data, changes),
-                None => f.sync(),
-            },
+            SyncOutcome::Works => {
+                if let Some(seen) = &seen {
+                    f.sync_as_seen(seen);
+                }
+            }
             SyncOutcome::Lies => {}
             SyncOutcome::Fails(e) => {
                 f.drop_unsynced();
@@ -621,6 +644,14 @@ impl super::backend::ReplaceFs for SimFs<'_> {
     }
 
     async fn sync_all(&mut self) -> io::Result<()> {
+        // As syncfs(2): what was written before the call, not what is written while it runs.
+        let seen: BTreeMap<PathBuf, Seen> = {
+            let st = self.sim.state.borrow();
+            st.files
+                .iter()
+                .map(|(p, f)| (p.clone(), f.seen()))
+                .collect()
+        };
         futures_lite::future::yield_now().await;
         self.sim.wait_for_release().await;
         let mut st = self.sim.state.borrow_mut();
@@ -639,10 +670,13 @@ impl super::backend::ReplaceFs for SimFs<'_> {
         };
         match outcome {
             SyncOutcome::Works => {
-                for f in st.files.values_mut() {
-                    f.sync();
-                    f.entry_durable = true;
-                    f.prior = None;
+                for (path, f) in st.files.iter_mut() {
+                    // A file created after the call (or another one at a path seen then) is not covered.
+                    if let Some(seen) = seen.get(path).filter(|s| s.id == f.id) {
+                        f.sync_as_seen(seen);
+                        f.entry_durable = true;
+                        f.prior = None;
+                    }
                 }
                 Ok(())
             }
@@ -790,6 +824,9 @@ impl Storage for SimStorage {
         f.data.truncate(len as usize);
         f.durable.truncate(len as usize);
         f.dropped.retain(|&pos, _| pos < len as usize);
+        // Durable at once: no sync called before it may bring the cut bytes back.
+        f.changes += 1;
+        f.durable_through = f.changes;
         Ok(())
     }
 
@@ -986,5 +1023,128 @@ mod tests {
                 let cut = sim.power_cut(|_, _| 0);
                 assert_eq!(cut.contents(path).as_deref(), Some(&b"aabbccdd"[..]));
             });
+    }
+
+    /// Runs `test` on a fresh simulated disk with a file `/d/f` holding `aa`, durable.
+    fn with_file<F: std::future::Future<Output = ()>>(
+        test: impl FnOnce(Rc<Sim>, SimStorage, Rc<dyn SegmentFile>) -> F,
+    ) {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("executor")
+            .run(async {
+                let sim = Sim::new();
+                let storage = SimStorage(sim.clone());
+                storage.create_dir_all(Path::new("/d")).expect("dir");
+                let file = storage.open(Path::new("/d/f"), true).await.expect("open");
+                file.write_at(b"aa", 0).expect("write");
+                file.sync().await.expect("sync");
+                storage.sync_dir(Path::new("/d")).await.expect("dir sync");
+                test(sim, storage, file).await
+            });
+    }
+
+    async fn settle() {
+        for _ in 0..100 {
+            futures_lite::future::yield_now().await;
+        }
+    }
+
+    /// A write that retries bytes a failed sync dropped is not made durable by a sync called before it.
+    #[test]
+    fn a_retry_after_a_failed_sync_is_not_covered_by_a_sync_called_before_it() {
+        with_file(|sim, _storage, file| async move {
+            let path = Path::new("/d/f");
+            file.write_at(b"bb", 2).expect("write");
+            sim.fail_syncs(libc::EIO, 1);
+            assert!(file.sync().await.is_err());
+            sim.hold_syncs();
+            let held = glommio::spawn_local({
+                let file = file.clone();
+                async move { file.sync().await }
+            });
+            settle().await;
+            file.write_at(b"bb", 2).expect("the retry");
+            sim.release_syncs();
+            held.await.expect("the held sync");
+            assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aa\0\0"[..]));
+        });
+    }
+
+    /// A sync held across a removal and a new file at the same path makes nothing of the new file durable.
+    #[test]
+    fn a_sync_of_a_removed_file_makes_nothing_of_its_successor_durable() {
+        with_file(|sim, storage, file| async move {
+            let path = Path::new("/d/f");
+            file.write_at(b"old", 2).expect("write");
+            sim.hold_syncs();
+            let held = glommio::spawn_local({
+                let file = file.clone();
+                async move { file.sync().await }
+            });
+            settle().await;
+            storage.remove(path).await.expect("remove");
+            let new = storage.open(path, true).await.expect("create");
+            new.write_at(b"n", 0).expect("write");
+            sim.release_syncs();
+            let _ = held.await;
+            assert_ne!(
+                sim.state
+                    .borrow()
+                    .files
+                    .get(path)
+                    .map(|f| f.durable.clone()),
+                Some(b"aaold".to_vec()),
+                "the removed file's bytes"
+            );
+        });
+    }
+
+    /// A cut made durable by `truncate_file` is not undone by a sync called before it.
+    #[test]
+    fn a_sync_called_before_a_durable_truncation_does_not_bring_the_cut_back() {
+        with_file(|sim, storage, file| async move {
+            let path = Path::new("/d/f");
+            file.write_at(b"aa", 2).expect("write");
+            sim.hold_syncs();
+            let held = glommio::spawn_local({
+                let file = file.clone();
+                async move { file.sync().await }
+            });
+            settle().await;
+            storage.truncate_file(path, 2).expect("truncate");
+            sim.release_syncs();
+            held.await.expect("the held sync");
+            assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aa"[..]));
+        });
+    }
+
+    /// syncfs makes durable what was written before it was called, not what is written while it runs.
+    #[test]
+    fn a_file_system_sync_does_not_cover_writes_made_while_it_runs() {
+        with_file(|sim, storage, file| async move {
+            let path = Path::new("/d/f");
+            sim.hold_syncs();
+            let replaced = glommio::spawn_local({
+                let storage = SimStorage(sim.clone());
+                async move { storage.replace(Path::new("/d/meta"), b"m".to_vec()).await }
+            });
+            settle().await;
+            assert_eq!(
+                sim.held_syncs(),
+                1,
+                "the replacement's first syncfs is held"
+            );
+            file.write_at(b"bb", 2).expect("write");
+            // The first syncfs returns; the replacement's second (after its rename) is held.
+            let first = sim.state.borrow().syncs_met_hold - 1;
+            sim.release_held_sync(first);
+            settle().await;
+            assert_eq!(sim.held_syncs(), 1, "the second syncfs is held");
+            assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aa"[..]));
+            sim.release_syncs();
+            replaced.await.expect("replaced");
+            let _ = storage;
+        });
     }
 }
