@@ -551,6 +551,10 @@ impl Config {
         if self.max_message_bytes > (256 << 20) {
             return Err("max_message_bytes must be at most 256 MiB".into());
         }
+        if self.max_header_bytes > (1 << 20) {
+            // A request head is held whole while it arrives, and positions in it are 32-bit (the query's pairs).
+            return Err("max_header_bytes must be at most 1 MiB".into());
+        }
         if self.max_batch_bytes > (1 << 30) {
             return Err("max_batch_bytes must be at most 1 GiB".into());
         }
@@ -707,6 +711,10 @@ mod tests {
         assert!(check(&|c| c.blocking_cpus = Some(vec![]))
             .unwrap_err()
             .contains("blocking_cpus"));
+        assert!(check(&|c| c.max_header_bytes = 1 << 20).is_ok());
+        assert!(check(&|c| c.max_header_bytes = (1 << 20) + 1)
+            .unwrap_err()
+            .contains("max_header_bytes"));
     }
 
     #[test]

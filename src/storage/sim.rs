@@ -974,20 +974,14 @@ mod tests {
                 storage.sync_dir(Path::new("/d")).await.expect("dir sync");
                 sim.hold_syncs();
                 file.write_at(b"bb", 2).expect("write");
-                let first = glommio::spawn_local({
-                    let file = file.clone();
-                    async move { file.sync().await }
-                });
+                let first = sync_task(&file);
                 for _ in 0..100 {
                     futures_lite::future::yield_now().await;
                 }
                 assert_eq!(sim.held_syncs(), 1);
                 // Written while the first sync runs; a second sync, called after it, returns first.
                 file.write_at(b"cc", 4).expect("write");
-                let second = glommio::spawn_local({
-                    let file = file.clone();
-                    async move { file.sync().await }
-                });
+                let second = sync_task(&file);
                 for _ in 0..100 {
                     futures_lite::future::yield_now().await;
                 }
@@ -1005,10 +999,7 @@ mod tests {
                 // Held alone: only what was written before it is durable when it returns.
                 sim.hold_syncs();
                 file.write_at(b"dd", 6).expect("write");
-                let third = glommio::spawn_local({
-                    let file = file.clone();
-                    async move { file.sync().await }
-                });
+                let third = sync_task(&file);
                 for _ in 0..100 {
                     futures_lite::future::yield_now().await;
                 }
@@ -1044,6 +1035,12 @@ mod tests {
             });
     }
 
+    /// A sync of `file` in a task of its own (to be held, released, awaited).
+    fn sync_task(file: &Rc<dyn SegmentFile>) -> glommio::Task<io::Result<()>> {
+        let file = file.clone();
+        glommio::spawn_local(async move { file.sync().await })
+    }
+
     async fn settle() {
         for _ in 0..100 {
             futures_lite::future::yield_now().await;
@@ -1059,10 +1056,7 @@ mod tests {
             sim.fail_syncs(libc::EIO, 1);
             assert!(file.sync().await.is_err());
             sim.hold_syncs();
-            let held = glommio::spawn_local({
-                let file = file.clone();
-                async move { file.sync().await }
-            });
+            let held = sync_task(&file);
             settle().await;
             file.write_at(b"bb", 2).expect("the retry");
             sim.release_syncs();
@@ -1078,10 +1072,7 @@ mod tests {
             let path = Path::new("/d/f");
             file.write_at(b"old", 2).expect("write");
             sim.hold_syncs();
-            let held = glommio::spawn_local({
-                let file = file.clone();
-                async move { file.sync().await }
-            });
+            let held = sync_task(&file);
             settle().await;
             storage.remove(path).await.expect("remove");
             let new = storage.open(path, true).await.expect("create");
@@ -1107,10 +1098,7 @@ mod tests {
             let path = Path::new("/d/f");
             file.write_at(b"aa", 2).expect("write");
             sim.hold_syncs();
-            let held = glommio::spawn_local({
-                let file = file.clone();
-                async move { file.sync().await }
-            });
+            let held = sync_task(&file);
             settle().await;
             storage.truncate_file(path, 2).expect("truncate");
             sim.release_syncs();
