@@ -960,60 +960,50 @@ mod tests {
     /// durable at the sync's return would let a caller that answers a write with a sync begun before it pass.)
     #[test]
     fn a_sync_makes_durable_what_was_written_before_it_was_called() {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("executor")
-            .run(async {
-                let sim = Sim::new();
-                let storage = SimStorage(sim.clone());
-                let path = Path::new("/d/f");
-                storage.create_dir_all(Path::new("/d")).expect("dir");
-                let file = storage.open(path, true).await.expect("open");
-                file.write_at(b"aa", 0).expect("write");
-                file.sync().await.expect("sync");
-                storage.sync_dir(Path::new("/d")).await.expect("dir sync");
-                sim.hold_syncs();
-                file.write_at(b"bb", 2).expect("write");
-                let first = sync_task(&file);
-                for _ in 0..100 {
-                    futures_lite::future::yield_now().await;
-                }
-                assert_eq!(sim.held_syncs(), 1);
-                // Written while the first sync runs; a second sync, called after it, returns first.
-                file.write_at(b"cc", 4).expect("write");
-                let second = sync_task(&file);
-                for _ in 0..100 {
-                    futures_lite::future::yield_now().await;
-                }
-                assert_eq!(sim.held_syncs(), 2);
-                sim.release_held_sync(1);
-                second.await.expect("the second sync");
-                assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aabbcc"[..]));
-                sim.release_syncs();
-                first.await.expect("the first sync");
-                assert_eq!(
-                    sim.durable_contents(path).as_deref(),
-                    Some(&b"aabbcc"[..]),
-                    "the first sync, returning last, takes nothing back"
-                );
-                // Held alone: only what was written before it is durable when it returns.
-                sim.hold_syncs();
-                file.write_at(b"dd", 6).expect("write");
-                let third = sync_task(&file);
-                for _ in 0..100 {
-                    futures_lite::future::yield_now().await;
-                }
-                file.write_at(b"ee", 8).expect("write");
-                sim.release_syncs();
-                third.await.expect("the third sync");
-                assert_eq!(
-                    sim.durable_contents(path).as_deref(),
-                    Some(&b"aabbccdd"[..]),
-                    "ee was written while the sync ran"
-                );
-                let cut = sim.power_cut(|_, _| 0);
-                assert_eq!(cut.contents(path).as_deref(), Some(&b"aabbccdd"[..]));
-            });
+        with_file(|sim, _storage, file| async move {
+            let path = Path::new("/d/f");
+            sim.hold_syncs();
+            file.write_at(b"bb", 2).expect("write");
+            let first = sync_task(&file);
+            for _ in 0..100 {
+                futures_lite::future::yield_now().await;
+            }
+            assert_eq!(sim.held_syncs(), 1);
+            // Written while the first sync runs; a second sync, called after it, returns first.
+            file.write_at(b"cc", 4).expect("write");
+            let second = sync_task(&file);
+            for _ in 0..100 {
+                futures_lite::future::yield_now().await;
+            }
+            assert_eq!(sim.held_syncs(), 2);
+            sim.release_held_sync(1);
+            second.await.expect("the second sync");
+            assert_eq!(sim.durable_contents(path).as_deref(), Some(&b"aabbcc"[..]));
+            sim.release_syncs();
+            first.await.expect("the first sync");
+            assert_eq!(
+                sim.durable_contents(path).as_deref(),
+                Some(&b"aabbcc"[..]),
+                "the first sync, returning last, takes nothing back"
+            );
+            // Held alone: only what was written before it is durable when it returns.
+            sim.hold_syncs();
+            file.write_at(b"dd", 6).expect("write");
+            let third = sync_task(&file);
+            for _ in 0..100 {
+                futures_lite::future::yield_now().await;
+            }
+            file.write_at(b"ee", 8).expect("write");
+            sim.release_syncs();
+            third.await.expect("the third sync");
+            assert_eq!(
+                sim.durable_contents(path).as_deref(),
+                Some(&b"aabbccdd"[..]),
+                "ee was written while the sync ran"
+            );
+            let cut = sim.power_cut(|_, _| 0);
+            assert_eq!(cut.contents(path).as_deref(), Some(&b"aabbccdd"[..]));
+        });
     }
 
     /// Runs `test` on a fresh simulated disk with a file `/d/f` holding `aa`, durable.
