@@ -965,16 +965,12 @@ mod tests {
             sim.hold_syncs();
             file.write_at(b"bb", 2).expect("write");
             let first = sync_task(&file);
-            for _ in 0..100 {
-                futures_lite::future::yield_now().await;
-            }
+            settle().await;
             assert_eq!(sim.held_syncs(), 1);
             // Written while the first sync runs; a second sync, called after it, returns first.
             file.write_at(b"cc", 4).expect("write");
             let second = sync_task(&file);
-            for _ in 0..100 {
-                futures_lite::future::yield_now().await;
-            }
+            settle().await;
             assert_eq!(sim.held_syncs(), 2);
             sim.release_held_sync(1);
             second.await.expect("the second sync");
@@ -990,9 +986,7 @@ mod tests {
             sim.hold_syncs();
             file.write_at(b"dd", 6).expect("write");
             let third = sync_task(&file);
-            for _ in 0..100 {
-                futures_lite::future::yield_now().await;
-            }
+            settle().await;
             file.write_at(b"ee", 8).expect("write");
             sim.release_syncs();
             third.await.expect("the third sync");
