@@ -78,6 +78,12 @@ pub struct ClusterSettings {
     /// adds to the tail (`docs/benchmarks.md`, "Replication: the gather").
     #[serde(default)]
     pub replica_gather_us: u64,
+    /// A replicated partition's leader ships each batch to its followers once written, before its own fdatasync
+    /// (true), or once durable here (false). Either way a produce is answered once the leader and enough followers
+    /// for a majority have it durable; shipping early lets the replicas' syncs overlap, but a journal pass refused
+    /// after an early ship (a full disk) stops the partition's appends until a restart. Default false.
+    #[serde(default)]
+    pub replica_ship_early: bool,
 }
 
 fn default_replica_window() -> u64 {
@@ -692,6 +698,7 @@ mod tests {
             replica_core_window_bytes: 256 << 20,
             replica_max_in_flight: 8,
             replica_gather_us: 0,
+            replica_ship_early: false,
         });
         (config, dir)
     }

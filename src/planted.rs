@@ -12,6 +12,10 @@ pub enum Bug {
     /// A new leader serves without its fencing round: it fences no replica (an old leader goes on committing) and
     /// ranks no log (it may lack acknowledged records a majority holds) (`front/round.rs`).
     NoFencing,
+    /// A replicated leader that restarts goes on leading at the epoch it led at before (`engine/admin.rs`), with
+    /// no fencing round: it ships batches before its own sync, so its followers may hold records it lost, and it
+    /// writes other records at those offsets in the same epoch.
+    NoRenewal,
     /// The journal's frontier records leave out the acks above the frontier (`Partition::moved_frontiers`), though
     /// the process counts them durable.
     AcksNotJournaled,

@@ -2954,8 +2954,10 @@ fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
     };
     let a = c.node(0).put("/topics/cu?partitions=1&replicas=3");
     assert_eq!(a.status, 201, "{}", a.text());
-    let replicas: Vec<usize> = replica_indices(&c, &partitions(c.node(0), "cu")[0]);
+    let first = partitions(c.node(0), "cu")[0].clone();
+    let replicas: Vec<usize> = replica_indices(&c, &first);
     let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    let epoch = first["epoch"].as_u64().expect("an epoch");
     for n in 0..5 {
         produce(c.node(leader), "cu", "", &format!("m-{n}"));
     }
@@ -3001,6 +3003,15 @@ fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
     c.wait_all_live();
     let r = wait_replicated(c.node(leader), "cu", 2);
     assert_eq!(r[0].2, 8, "{r:?}");
+    // Named leader still (nobody was elected while it was down), it leads again only at a newer epoch, after a
+    // fencing round: what it shipped before its own sync may be on its followers and not on its disk, and its new
+    // records must not take those offsets at the same epoch (`Ship::Renew`).
+    let now = partitions(c.node(leader), "cu")[0].clone();
+    assert_eq!(replica_indices(&c, &now)[0], leader, "{now}");
+    assert!(
+        now["epoch"].as_u64().is_some_and(|e| e > epoch),
+        "the restarted leader's epoch: {now} (it was {epoch})"
+    );
     wait_ok(
         c.node(leader),
         "POST",

@@ -144,6 +144,8 @@ impl Engine {
                                 || led.iter().any(|l| Rc::ptr_eq(l, &partition)))
                             && deposed <= s.epoch
                             && partition.round_under_way() != Some(s.epoch)
+                            // (Not at the epoch a restarted leader waits to leave: `Partition::renew`.)
+                            && partition.renewing().is_none_or(|r| s.epoch > r)
                             && !moves.lead.iter().any(|(p, _)| *p == partition.id))
                         .then(|| (partition.id, partition.clone(), s.clone()))
                     });
@@ -196,6 +198,7 @@ impl Engine {
         let mut followed = Vec::with_capacity(followers.len());
         let mut opened_all = Ok(());
         let mut rounds = Vec::new();
+        let mut renewals = Vec::new();
         for (p, location) in locations.iter().enumerate() {
             let p = p as u32;
             let follows_here = location.node != mine.node
@@ -224,8 +227,18 @@ impl Engine {
                                 // led with, and the round hands the leadership to the greatest log.)
                                 partition.prepare_to_lead(epoch, f.len() as u32 + 1);
                                 rounds.push((p, epoch, f.len() as u32 + 1));
+                            } else if began
+                                && !crate::planted::planted(crate::planted::Bug::NoRenewal)
+                            {
+                                // Led at this epoch before a restart: what it shipped before its own sync may be
+                                // on its followers and not here, so it leads again only at a newer epoch, after a
+                                // fencing round (`Ship::Renew`); until then it serves nothing.
+                                partition.renew(epoch, f.len() as u32 + 1);
+                                renewals.push((p, epoch));
                             }
-                            if rounds.last().is_none_or(|&(r, _, _)| r != p) {
+                            if rounds.last().is_none_or(|&(r, _, _)| r != p)
+                                && renewals.last().is_none_or(|&(r, _)| r != p)
+                            {
                                 if let Err(e) = partition
                                     .begin_leading(epoch, partition.log.end_offset())
                                     .await
@@ -305,6 +318,9 @@ impl Engine {
                     .await;
             }
             self.begin_round(&name, topic.id(), p, epoch);
+        }
+        for (p, epoch) in renewals {
+            self.renew_leadership(&name, topic.id(), p, epoch);
         }
         Ok(())
     }
@@ -477,14 +493,16 @@ impl Engine {
         })
     }
 
-    /// A replicated partition led here: its followers get every batch once it is durable here.
+    /// A replicated partition led here: its followers get every batch once it is written here (before its sync,
+    /// `[cluster] replica_ship_early`), or once it is durable here.
     fn ship_from(self: &Rc<Self>, partition: &Partition) {
-        partition.log.gather_behind_commit(
-            self.config
-                .cluster
-                .as_ref()
-                .map_or(0, |c| c.replica_gather_us),
-        );
+        let cluster = self.config.cluster.as_ref();
+        partition
+            .log
+            .gather_behind_commit(cluster.map_or(0, |c| c.replica_gather_us));
+        partition
+            .log
+            .ship_before_sync(cluster.is_none_or(|c| c.replica_ship_early));
         let engine = Rc::downgrade(self);
         partition.log.set_on_ship(Box::new(move |head, frames| {
             if let Some(engine) = engine.upgrade() {

@@ -90,6 +90,12 @@ pub enum Ship<'a> {
     /// A partition led here at the round's epoch ran its nonce window low (`partition/nonces.rs`): a higher ceiling
     /// is to be promised by a majority of its replicas.
     RaiseNonces(&'a RoundOf),
+    /// A replicated partition this node led at the round's epoch before it restarted: it serves nothing until its
+    /// metadata names it leader at a newer epoch, which it asks for (`front/round.rs`, `renew`); the fencing round
+    /// of that epoch follows. (A leader ships batches before its own sync: what it lost in a crash, its followers
+    /// may hold at this epoch, and a leader that went on at the same epoch would write other records at those
+    /// offsets, which truncation by epoch cannot tell apart.)
+    Renew(&'a RoundOf),
 }
 
 /// A partition whose leadership at `epoch` begins with a fencing round.
@@ -152,8 +158,8 @@ pub struct Engine {
     metadata: RefCell<Option<Rc<dyn cluster::Metadata>>>,
     /// Cluster mode: where the durable batches of the replicated partitions this core leads go (the shipper).
     ship_sink: RefCell<Option<ShipSink>>,
-    /// Fencing rounds asked for before the shipper existed.
-    pending_rounds: RefCell<Vec<RoundOf>>,
+    /// Fencing rounds (false) and renewals (true: `Ship::Renew`) asked for before the shipper existed.
+    pending_rounds: RefCell<Vec<(RoundOf, bool)>>,
     /// Cluster mode, core 0: topic names the metastore did not have, until when (ms): a negative cache.
     missing: RefCell<std::collections::HashMap<String, u64>>,
     config: Rc<Config>,
@@ -368,8 +374,12 @@ impl Engine {
         }
         // And the fencing rounds asked for then run.
         let pending = std::mem::take(&mut *self.pending_rounds.borrow_mut());
-        for round in &pending {
-            sink(Ship::Round(round));
+        for (round, renew) in &pending {
+            sink(if *renew {
+                Ship::Renew(round)
+            } else {
+                Ship::Round(round)
+            });
         }
     }
 
@@ -425,7 +435,23 @@ impl Engine {
         let sink = self.ship_sink.borrow().clone();
         match sink {
             Some(sink) => sink(Ship::Round(&round)),
-            None => self.pending_rounds.borrow_mut().push(round),
+            None => self.pending_rounds.borrow_mut().push((round, false)),
+        }
+    }
+
+    /// A replicated partition this core led at `epoch` before a restart asks for a newer epoch naming it leader
+    /// (`Ship::Renew`; kept until the shipper exists). It serves nothing meanwhile.
+    pub(crate) fn renew_leadership(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64) {
+        let round = RoundOf {
+            topic: topic.to_string(),
+            topic_id,
+            partition,
+            epoch,
+        };
+        let sink = self.ship_sink.borrow().clone();
+        match sink {
+            Some(sink) => sink(Ship::Renew(&round)),
+            None => self.pending_rounds.borrow_mut().push((round, true)),
         }
     }
 

@@ -282,6 +282,7 @@ impl Shipper {
                     Ship::Frontiers(records) => shipper.ship_frontiers(records),
                     Ship::Round(round) => shipper.round(round.clone()),
                     Ship::RaiseNonces(round) => shipper.raise_nonces(round.clone()),
+                    Ship::Renew(round) => shipper.renew(round.clone()),
                 }
             }
         })
@@ -591,6 +592,13 @@ impl Shipper {
             .borrow()
             .front()
             .map_or(stream.end.get(), |b| b.head.first_offset);
+        if from >= partition.log.end_offset() {
+            // A batch shipped before its sync (`Log::ship_before_sync`), on every follower that answered and so no
+            // longer kept, and not yet durable here: its log has it once the journal's pass returns.
+            return CatchUp::Retry(
+                "the leader's own write of these records is not durable yet".into(),
+            );
+        }
         match partition
             .log
             .read_for_follower(from, until, CATCH_UP_BYTES)

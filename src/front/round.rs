@@ -268,6 +268,58 @@ impl Shipper {
 }
 
 impl Shipper {
+    /// Starts the renewal of a leadership this node held at `round`'s epoch before it restarted (`Ship::Renew`),
+    /// in its own task.
+    pub(crate) fn renew(self: &Rc<Self>, round: RoundOf) {
+        let shipper = self.clone();
+        glommio::spawn_local(async move { shipper.run_renew(round).await }).detach();
+    }
+
+    /// Asks core 0 to name this node leader again at a newer epoch (`Request::MoveLeader` to itself: an etcd
+    /// transaction, written only while the partition key is still at `round`'s epoch), again and again (50 ms
+    /// doubling to 1 s) while the partition waits here at that epoch: the view that brings the newer epoch starts
+    /// its fencing round (`engine/admin.rs`), and one that names another leader ends the wait. It serves nothing
+    /// meanwhile (`Partition::prepare_to_lead`).
+    async fn run_renew(self: Rc<Self>, round: RoundOf) {
+        let mut delay = FIRST_RETRY;
+        loop {
+            let engine = self.engine().clone();
+            let me = engine.node();
+            let Some((topic, partition)) = owned_here(&engine, &round) else {
+                return;
+            };
+            if topic.epoch(round.partition) != round.epoch
+                || topic.location(round.partition).node != me
+                || partition.renewing() != Some(round.epoch)
+            {
+                return;
+            }
+            let request = Request::MoveLeader(MoveLeader {
+                topic: round.topic.clone(),
+                topic_id: round.topic_id,
+                partition: round.partition,
+                epoch: round.epoch,
+                leader: me,
+                replicas: Vec::new(),
+                learners: Vec::new(),
+            });
+            match self
+                .router
+                .call(Location { node: me, core: 0 }, request)
+                .await
+            {
+                Ok(_) => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "a leader that restarted asked to lead at a newer epoch")
+                }
+                Err(e) => {
+                    warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "a leader that restarted cannot ask for a newer epoch yet; it asks again")
+                }
+            }
+            self.engine().sleep(delay).await;
+            delay = (delay * 2).min(LAST_RETRY);
+        }
+    }
+
     /// Sends `BeginEpoch` at `round`'s epoch, asking for the nonce ceiling `nonces`, to every replica of the
     /// partition but this one, and gathers the answers with whether each node is live. Err(known): a replica
     /// answered that a newer leadership (`known`) fenced it.

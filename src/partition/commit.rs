@@ -42,6 +42,9 @@ pub(super) struct Commit {
     /// (a move waits for them to be in sync) but the majority is over the other replicas, so a learner being
     /// caught up never holds the commit back.
     pub(super) learners: std::cell::RefCell<Vec<u32>>,
+    /// Some(epoch): this replica led at that epoch before a restart, and waits to be named leader at a newer one
+    /// (`Partition::renew`); it leads at no epoch up to it.
+    pub(super) renewing: std::cell::Cell<Option<u64>>,
 }
 
 /// While it lives a take is under way on the partition.
@@ -75,6 +78,7 @@ impl Commit {
             since: std::cell::Cell::new(0),
             round: std::cell::Cell::new(None),
             learners: std::cell::RefCell::new(Vec::new()),
+            renewing: std::cell::Cell::new(None),
         }
     }
 }
@@ -322,6 +326,21 @@ impl Partition {
         self.commit.moved.notify(usize::MAX);
     }
 
+    /// This replica opened as the leader of its partition at `epoch`, an epoch it began leading at before a restart
+    /// (`engine/admin.rs`): it serves nothing (deposed, as [`Partition::prepare_to_lead`]) and leads again only at
+    /// a newer epoch, after that epoch's fencing round. What it shipped before its own sync may be on its followers
+    /// and not on its disk, and records it wrote at those offsets in the same epoch would be indistinguishable from
+    /// theirs to a truncation by epoch.
+    pub fn renew(&self, epoch: u64, replicas: u32) {
+        self.prepare_to_lead(epoch, replicas);
+        self.commit.renewing.set(Some(epoch));
+    }
+
+    /// The epoch a restarted leader waits to leave ([`Partition::renew`]), while it waits.
+    pub fn renewing(&self) -> Option<u64> {
+        self.commit.renewing.get()
+    }
+
     /// This replica is to lead its partition at `epoch`, over `replicas` replicas (itself included): shipped batches
     /// are refused from now on (one being written is finished first), consumers are woken through `wake`, nothing
     /// is served above what a majority has (the commit starts at the log's start, as at an open). It stays deposed
@@ -329,6 +348,10 @@ impl Partition {
     /// found its log the greatest of a majority. Its groups load at the first touch, each from its file or the
     /// frontier its leader shipped, whichever is higher.
     pub async fn lead(&self, epoch: u64, replicas: u32, wake: super::Wake) {
+        if self.commit.renewing.get().is_some_and(|r| r < epoch) {
+            // Named leader at a newer epoch than the one it led at before its restart: its round follows.
+            self.commit.renewing.set(None);
+        }
         if self.commit.deposed.get().is_none_or(|d| d < epoch) {
             self.prepare_to_lead(epoch, replicas);
         }
@@ -343,6 +366,18 @@ impl Partition {
     /// newer leadership deposed it meanwhile, or the history could not be written (it stays unable to serve,
     /// `503`, and the round runs again while its metadata names it leader at this epoch).
     pub async fn start_serving(&self, epoch: u64) -> Result<(), PartitionError> {
+        // Never at an epoch an earlier process of this replica began (its history has it, this process did not
+        // begin it): that is a renewal's to leave (`Partition::renew`), whatever view asked for the round.
+        let begun_before = self.commit.leading.get() < epoch
+            && self
+                .epoch_history()
+                .last()
+                .is_some_and(|last| last.epoch >= epoch);
+        if begun_before || self.commit.renewing.get().is_some_and(|r| epoch <= r) {
+            return Err(PartitionError::Unavailable(format!(
+                "epoch {epoch} was begun before this replica restarted: it leads again only at a newer one"
+            )));
+        }
         if self.epoch_floor() > epoch {
             // It answered a newer leadership's fencing round: that one may lead already.
             self.depose(self.epoch_floor());

@@ -541,3 +541,54 @@ fn a_replicated_leader_gathers_the_appends_behind_an_uncommitted_batch_for_at_mo
         );
     });
 }
+
+/// `Partition::renew`: a leader that began an epoch, restarted (the same disk, a new process), leads again at no epoch
+/// up to it: a fencing round at that epoch, whatever view asked for it, cannot end in serving (`start_serving`
+/// refuses it, as it refuses any epoch an earlier process began), and a newer epoch's round can.
+#[test]
+fn a_restarted_leader_serves_again_only_at_a_newer_epoch_than_one_it_began_before() {
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (journal, p, _clock) = replica_on(&storage).await;
+        p.begin_leading(5, 0).await.expect("began epoch 5");
+        p.set_replicas(3);
+        p.close().await;
+        journal.close().await;
+        // The same disk, a new process.
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.process_crash()));
+        let (journal, p, _clock) = replica_on(&storage).await;
+        assert_eq!(p.epoch_history().last().map(|e| e.epoch), Some(5));
+        p.renew(5, 3);
+        assert_eq!(p.renewing(), Some(5));
+        assert!(p.deposed().is_some(), "a renewing leader serves nothing");
+        // A view re-applied at epoch 5 (the `retry` path in `engine/admin.rs` skips it; were it not to): its round
+        // cannot end in serving.
+        p.lead(5, 3, Rc::new(|_, _| {})).await;
+        assert_eq!(
+            p.renewing(),
+            Some(5),
+            "a round at the same epoch ends no renewal"
+        );
+        assert!(
+            p.start_serving(5).await.is_err(),
+            "serving again at the epoch it began before its restart"
+        );
+        assert!(p.deposed().is_some());
+        // Without the renewal flag too: an epoch its history holds that this process never began.
+        p.commit.renewing.set(None);
+        assert!(
+            p.start_serving(5).await.is_err(),
+            "an epoch an earlier process began"
+        );
+        p.commit.renewing.set(Some(5));
+        // Named leader at a newer epoch: its round's end serves.
+        p.lead(8, 3, Rc::new(|_, _| {})).await;
+        assert_eq!(p.renewing(), None);
+        p.start_serving(8).await.expect("serves at the newer epoch");
+        assert!(p.deposed().is_none());
+        assert_eq!(p.epoch_history().last().map(|e| e.epoch), Some(8));
+        p.close().await;
+        journal.close().await;
+    });
+}

@@ -9,7 +9,8 @@
 //!
 //! A seeded workload produces to a replicated topic (R = 3), reads it back, and consumes it in the default group
 //! (leases acked, nacked, or left to expire: `groups.rs`), through random nodes, while faults
-//! strike: a node killed (its unsynced writes lost), its power cut (a torn tail), its disk lost (replaced by an
+//! strike: a node killed (its page cache kept, as a kill -9 does), its power cut (a torn tail), a journal pass of
+//! a node refused (its write fails: seeds whose leaders ship after their sync), its disk lost (replaced by an
 //! empty one, once per seed: the guarantee is about one lost disk), a node paused (its messages held, its session
 //! lapsing) and resumed, links between nodes cut and healed, a node cut from etcd, and each node's watch of etcd
 //! lagging. After every answer the oracle checks that a record served or acknowledged at an offset is always the
@@ -354,6 +355,9 @@ impl Cluster {
                     joined,
                     // Half the seeds with the leaders' gather on, half with the default (off).
                     gather_us: if self.seed.is_multiple_of(2) { 2000 } else { 0 },
+                    // Half the seeds with the leaders shipping before their own sync, half after it (the
+                    // default), each with the gather on and off.
+                    ship_early: self.ship_early(),
                 },
                 self.clock.clone(),
                 self.etcd.clone(),
@@ -412,6 +416,11 @@ impl Cluster {
         let slots = self.slots.borrow();
         let node = slots[i as usize - 1].node.as_ref()?;
         Some((node.front.clone(), node.tasks.clone()))
+    }
+
+    /// Whether this seed's leaders ship before their own sync (`[cluster] replica_ship_early`).
+    fn ship_early(&self) -> bool {
+        self.seed % 4 >= 2
     }
 
     async fn step(&self, rng: &mut Rng, step: usize) {
@@ -555,6 +564,29 @@ impl Cluster {
                         "step {step}: link {a}-{b} delays up to {ms} ms more"
                     ));
                     self.net.set_slow(a, b, ms);
+                }
+            }
+            // A journal pass refused (its write fails, as on a full disk): its appends answer an error and roll
+            // back, a follower refuses the batches. Not with early ship: a leader that shipped a batch of a
+            // refused pass stops appending until a restart, and the run would end with it stuck (a renewal without
+            // a restart is not built; a first version of one lost acknowledged records here).
+            885..=894 if !self.ship_early() => {
+                if let Some(i) = self.victim(rng, &running) {
+                    let slots = self.slots.borrow();
+                    let node = slots[i as usize - 1].node.as_ref().expect("running");
+                    let errno = if rng.chance(50) {
+                        libc::ENOSPC
+                    } else {
+                        libc::EIO
+                    };
+                    self.note(format!(
+                        "step {step}: node {i}'s next journal write fails ({errno})"
+                    ));
+                    node.sim.fail_writes_under(
+                        &std::path::PathBuf::from(format!("/sim/n{i}/journal")),
+                        errno,
+                        1,
+                    );
                 }
             }
             835..=849 => {

@@ -73,6 +73,7 @@ pub(super) fn node_config(index: NodeIndex, incarnation: &str) -> Config {
             replica_core_window_bytes: 1 << 20,
             replica_max_in_flight: 4,
             replica_gather_us: 0,
+            replica_ship_early: false,
         }),
         ..Config::default()
     }
@@ -90,6 +91,8 @@ pub(super) struct Start {
     pub(super) joined: Option<u64>,
     /// `[cluster] replica_gather_us` (each seed runs with it on or off).
     pub(super) gather_us: u64,
+    /// `[cluster] replica_ship_early`.
+    pub(super) ship_early: bool,
 }
 
 impl SimNode {
@@ -107,10 +110,12 @@ impl SimNode {
             incarnation,
             joined,
             gather_us,
+            ship_early,
         } = start;
         let mut config = node_config(index, &incarnation);
         if let Some(cluster) = config.cluster.as_mut() {
             cluster.replica_gather_us = gather_us;
+            cluster.replica_ship_early = ship_early;
         }
         let config = Rc::new(config);
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));

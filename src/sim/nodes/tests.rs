@@ -65,6 +65,13 @@ fn a_leader_that_skips_its_fencing_round_is_found() {
     finds(Bug::NoFencing);
 }
 
+/// A leader that restarts and goes on at the epoch it led at: its followers hold records it shipped before its own
+/// sync and lost, and it writes others at those offsets in the same epoch.
+#[test]
+fn a_restarted_leader_that_keeps_its_epoch_is_found() {
+    finds(Bug::NoRenewal);
+}
+
 /// A leader that does not take back the acks above the frontier its replicas hold: a settled message is delivered
 /// again after a failover.
 #[test]

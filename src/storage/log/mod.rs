@@ -236,6 +236,8 @@ pub struct Log {
     writer_done_event: Event,
     /// Leader side: told of every durable batch (`follow.rs`).
     on_ship: RefCell<Option<follow::ShipHook>>,
+    /// Ship each batch once written, before the journal's sync (`ship_before_sync`).
+    ship_early: Cell<bool>,
     /// Follower side: shipped batches waiting for the writer task (`follow.rs`), which alone writes.
     ships: RefCell<std::collections::VecDeque<follow::ShipJob>>,
     /// Follower side: a shipped batch is being written (`run_ship`); `ship_done` tells when it ends.
@@ -391,6 +393,7 @@ impl Log {
             writer_done: Cell::new(false),
             writer_done_event: Event::new(),
             on_ship: RefCell::new(None),
+            ship_early: Cell::new(false),
             ships: RefCell::new(std::collections::VecDeque::new()),
             shipping: Cell::new(false),
             ship_done: Event::new(),
@@ -461,6 +464,14 @@ impl Log {
     pub fn gather_behind_commit(&self, us: u64) {
         self.gather_us.set(us);
         self.commit_moved.notify(usize::MAX);
+    }
+
+    /// A replicated partition led here ships each batch as soon as its frames are written (true), so that its
+    /// followers' syncs run beside its own, or once the journal made it durable (false). What it ships early and
+    /// then cannot make durable here poisons the log (appends refused until a restart): the offsets it gave those
+    /// records must never be given to others at the same epoch, and a restart leads only at a newer one.
+    pub fn ship_before_sync(&self, early: bool) {
+        self.ship_early.set(early);
     }
 
     /// The partition's commit offset moved to `end` (`u64::MAX`: it is not replicated, or not led here any more, and
@@ -896,6 +907,31 @@ impl Log {
                 AppendError::Io(io_text(e))
             });
         }
+        // (Only for a batch that ships: an unreplicated partition's append builds no head.)
+        let head = shipped
+            .as_ref()
+            .and(self.journal.as_ref())
+            .map(|link| EntryHead {
+                topic: link.topic.clone(),
+                topic_id: link.topic_id,
+                partition: link.partition,
+                segment_base: base,
+                position: start_pos,
+                first_offset: first,
+                count: records as u32,
+            });
+        // Shipped before its sync: its followers write and sync it while the journal does here. The commit offset
+        // counts this replica only for what its log holds durably (`Partition::recompute_commit`), so a produce is
+        // still answered only once it is durable here too.
+        let mut shipped = shipped;
+        let early = self.ship_early.get() && shipped.is_some();
+        if early {
+            if let (Some(frames), Some(ship), Some(head)) =
+                (shipped.take(), self.on_ship.borrow().as_ref(), &head)
+            {
+                ship(head, &frames);
+            }
+        }
         if let Some(link) = &self.journal {
             let behind = self.write_behind().cloned();
             if let Err(e) = link
@@ -903,6 +939,15 @@ impl Log {
                 .commit(buf, records as u32, file.clone(), behind)
                 .await
             {
+                if early {
+                    // Its followers may hold it: no other records may take these offsets in this leadership, so
+                    // appends are refused until a restart (which leads only at a newer epoch, `Ship::Renew`). (A
+                    // renewal without a restart is not built: the node simulation found a loss in a first version.)
+                    error!(dir = %self.dir.display(), error = ?e, "a batch shipped before its sync cannot be made durable here: refusing appends until restart");
+                    self.poisoned.set(true);
+                    let _ = self.behind.take_back(base, start_pos);
+                    return Err(e);
+                }
                 // Frames still buffered behind are taken back; written ones are cut from the file below.
                 let taken_back = self.behind.take_back(base, start_pos);
                 if link.journal.is_poisoned() {
@@ -942,19 +987,10 @@ impl Log {
         st.next_offset = first + records as u64;
         st.dirty = true;
         drop(st);
-        if let (Some(frames), Some(ship), Some(link)) =
-            (shipped, self.on_ship.borrow().as_ref(), &self.journal)
+        if let (Some(frames), Some(ship), Some(head)) =
+            (shipped, self.on_ship.borrow().as_ref(), &head)
         {
-            let head = EntryHead {
-                topic: link.topic.clone(),
-                topic_id: link.topic_id,
-                partition: link.partition,
-                segment_base: base,
-                position: start_pos,
-                first_offset: first,
-                count: records as u32,
-            };
-            ship(&head, &frames);
+            ship(head, &frames);
         }
         Ok(first)
     }

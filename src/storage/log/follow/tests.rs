@@ -1039,3 +1039,72 @@ fn a_follower_behind_its_leaders_retention_starts_anew_at_its_start_and_holds_it
 fn leader_active_base(log: &Log) -> u64 {
     log.state.borrow().segments.last().expect("a segment").base
 }
+
+/// `Log::ship_before_sync`: a leader ships a batch once its frames are written, while its own journal sync is still
+/// under way (its followers' syncs overlap its own), and its log's end moves only once the sync returns. A batch
+/// shipped early whose journal pass is then refused poisons the log (its offsets are never given to other records in
+/// this leadership; a restart leads at a newer epoch); a batch shipped only once durable is rolled back and the next
+/// append takes its offset at once.
+#[test]
+fn a_batch_shipped_before_its_sync_goes_out_while_the_sync_runs_and_one_refused_after_it_poisons_the_log(
+) {
+    run(async {
+        for early in [true, false] {
+            let disk = Sim::new();
+            let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+            let (journal, log, shipped) = leader(&storage).await;
+            log.ship_before_sync(early);
+            log.append(Bytes::from_static(b"first"))
+                .await
+                .expect("an append");
+            assert_eq!(shipped.borrow().len(), 1, "early {early}");
+            disk.hold_syncs();
+            let mut writing = Box::pin(log.append(Bytes::from_static(b"second")));
+            for _ in 0..20 {
+                assert!(futures_lite::future::poll_once(&mut writing)
+                    .await
+                    .is_none());
+                futures_lite::future::yield_now().await;
+            }
+            assert!(disk.held_syncs() > 0, "early {early}: the sync is held");
+            assert_eq!(
+                shipped.borrow().len(),
+                if early { 2 } else { 1 },
+                "early {early}: shipped while its sync is held"
+            );
+            assert_eq!(log.end_offset(), 1, "early {early}: not durable yet");
+            disk.release_syncs();
+            assert_eq!(writing.await.expect("the second lands"), 1);
+            assert_eq!(shipped.borrow().len(), 2, "early {early}");
+            assert_eq!(log.end_offset(), 2);
+            // A journal pass whose write fails (refused, not poisoning the journal).
+            disk.fail_writes_under(Path::new("/sim/journal"), libc::EIO, 1);
+            assert!(log.append(Bytes::from_static(b"third")).await.is_err());
+            assert!(!journal.is_poisoned(), "early {early}: a refused pass");
+            assert_eq!(
+                shipped.borrow().len(),
+                if early { 3 } else { 2 },
+                "early {early}: a batch that failed ships only if it shipped first"
+            );
+            assert_eq!(log.is_poisoned(), early, "early {early}");
+            assert_eq!(log.end_offset(), 2);
+            let next = log.append(Bytes::from_static(b"fourth")).await;
+            if early {
+                assert!(
+                    matches!(next, Err(super::super::AppendError::Poisoned)),
+                    "appends wait for a restart: {next:?}"
+                );
+            } else {
+                assert_eq!(
+                    next.expect("lands"),
+                    2,
+                    "the next append takes the failed batch's offset"
+                );
+                let read = log.read(2).await.expect("a read");
+                assert_eq!(&read.payload[..], b"fourth");
+            }
+            log.close().await;
+            journal.close().await;
+        }
+    });
+}
