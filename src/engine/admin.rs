@@ -502,7 +502,7 @@ impl Engine {
             .gather_behind_commit(cluster.map_or(0, |c| c.replica_gather_us));
         partition
             .log
-            .ship_before_sync(cluster.is_none_or(|c| c.replica_ship_early));
+            .ship_before_sync(cluster.is_some_and(|c| c.replica_ship_early));
         let engine = Rc::downgrade(self);
         partition.log.set_on_ship(Box::new(move |head, frames| {
             if let Some(engine) = engine.upgrade() {

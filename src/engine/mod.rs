@@ -426,22 +426,17 @@ impl Engine {
     /// A replicated partition this core is to lead at `epoch` runs its fencing round (through the shipper, which
     /// reaches the other replicas; kept until the shipper exists).
     pub(crate) fn begin_round(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64) {
-        let round = RoundOf {
-            topic: topic.to_string(),
-            topic_id,
-            partition,
-            epoch,
-        };
-        let sink = self.ship_sink.borrow().clone();
-        match sink {
-            Some(sink) => sink(Ship::Round(&round)),
-            None => self.pending_rounds.borrow_mut().push((round, false)),
-        }
+        self.ask_shipper(topic, topic_id, partition, epoch, false);
     }
 
     /// A replicated partition this core led at `epoch` before a restart asks for a newer epoch naming it leader
     /// (`Ship::Renew`; kept until the shipper exists). It serves nothing meanwhile.
     pub(crate) fn renew_leadership(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64) {
+        self.ask_shipper(topic, topic_id, partition, epoch, true);
+    }
+
+    /// `Ship::Round` (or with `renew` `Ship::Renew`) for the partition at `epoch`, now or once the shipper exists.
+    fn ask_shipper(&self, topic: &str, topic_id: u64, partition: u32, epoch: u64, renew: bool) {
         let round = RoundOf {
             topic: topic.to_string(),
             topic_id,
@@ -450,8 +445,9 @@ impl Engine {
         };
         let sink = self.ship_sink.borrow().clone();
         match sink {
-            Some(sink) => sink(Ship::Renew(&round)),
-            None => self.pending_rounds.borrow_mut().push((round, true)),
+            Some(sink) if renew => sink(Ship::Renew(&round)),
+            Some(sink) => sink(Ship::Round(&round)),
+            None => self.pending_rounds.borrow_mut().push((round, renew)),
         }
     }
 

@@ -102,6 +102,28 @@ fn owned_here(
         .and_then(|t| Some((t.clone(), t.owned_partition(round.partition)?)))
 }
 
+/// [`owned_here`], while the partition's metadata names this node leader at `round`'s epoch; Err(the partition,
+/// if still owned here) otherwise.
+#[allow(clippy::type_complexity)]
+fn named_here(
+    engine: &crate::engine::Engine,
+    round: &RoundOf,
+) -> Result<
+    (
+        Rc<crate::engine::topic::Topic>,
+        Rc<crate::partition::Partition>,
+    ),
+    Option<Rc<crate::partition::Partition>>,
+> {
+    let (topic, partition) = owned_here(engine, round).ok_or(None)?;
+    if topic.epoch(round.partition) != round.epoch
+        || topic.location(round.partition).node != engine.node()
+    {
+        return Err(Some(partition));
+    }
+    Ok((topic, partition))
+}
+
 impl Shipper {
     /// Starts the fencing round of `round` on this core (its own task).
     pub(crate) fn round(self: &Rc<Self>, round: RoundOf) {
@@ -119,16 +141,14 @@ impl Shipper {
             let engine = self.engine().clone();
             let me = engine.node();
             // Still this replica's to begin? (A newer view may have moved the leadership, or won it already.)
-            let Some((topic, partition)) = owned_here(&engine, &round) else {
-                return;
+            let (topic, partition) = match named_here(&engine, &round) {
+                Ok(found) if found.1.round_under_way() == Some(round.epoch) => found,
+                Ok((_, partition)) | Err(Some(partition)) => {
+                    partition.round_abandoned(round.epoch);
+                    return;
+                }
+                Err(None) => return,
             };
-            if topic.epoch(round.partition) != round.epoch
-                || topic.location(round.partition).node != me
-                || partition.round_under_way() != Some(round.epoch)
-            {
-                partition.round_abandoned(round.epoch);
-                return;
-            }
             let replicas = topic.replicas_of(round.partition);
             let states = topic.states();
             // Learners the partition key names (added by a move, not promoted yet) neither count nor rank, whatever
@@ -232,20 +252,7 @@ impl Shipper {
                 },
                 Outcome::HandTo(node) => {
                     info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, to = node, "a replica's log is greater: the leadership goes to it");
-                    let request = Request::MoveLeader(MoveLeader {
-                        topic: round.topic.clone(),
-                        topic_id: round.topic_id,
-                        partition: round.partition,
-                        epoch: round.epoch,
-                        leader: node,
-                        replicas: Vec::new(),
-                        learners: Vec::new(),
-                    });
-                    match self
-                        .router
-                        .call(Location { node: me, core: 0 }, request)
-                        .await
-                    {
+                    match self.move_leader_to(&round, node).await {
                         Ok(_) => {
                             // Moved (or moved on by someone else first): the view that follows makes this
                             // replica a follower.
@@ -268,6 +275,24 @@ impl Shipper {
 }
 
 impl Shipper {
+    /// Asks this node's core 0 to name `node` leader of `round`'s partition at a newer epoch, if the partition is
+    /// still at `round`'s epoch (an etcd transaction: `Request::MoveLeader`).
+    async fn move_leader_to(&self, round: &RoundOf, node: NodeIndex) -> Result<Reply, OpError> {
+        let request = Request::MoveLeader(MoveLeader {
+            topic: round.topic.clone(),
+            topic_id: round.topic_id,
+            partition: round.partition,
+            epoch: round.epoch,
+            leader: node,
+            replicas: Vec::new(),
+            learners: Vec::new(),
+        });
+        let me = self.engine().node();
+        self.router
+            .call(Location { node: me, core: 0 }, request)
+            .await
+    }
+
     /// Starts the renewal of a leadership this node held at `round`'s epoch before it restarted (`Ship::Renew`),
     /// in its own task.
     pub(crate) fn renew(self: &Rc<Self>, round: RoundOf) {
@@ -285,29 +310,11 @@ impl Shipper {
         loop {
             let engine = self.engine().clone();
             let me = engine.node();
-            let Some((topic, partition)) = owned_here(&engine, &round) else {
-                return;
-            };
-            if topic.epoch(round.partition) != round.epoch
-                || topic.location(round.partition).node != me
-                || partition.renewing() != Some(round.epoch)
-            {
-                return;
+            match named_here(&engine, &round) {
+                Ok((_, partition)) if partition.renewing() == Some(round.epoch) => {}
+                _ => return,
             }
-            let request = Request::MoveLeader(MoveLeader {
-                topic: round.topic.clone(),
-                topic_id: round.topic_id,
-                partition: round.partition,
-                epoch: round.epoch,
-                leader: me,
-                replicas: Vec::new(),
-                learners: Vec::new(),
-            });
-            match self
-                .router
-                .call(Location { node: me, core: 0 }, request)
-                .await
-            {
+            match self.move_leader_to(&round, me).await {
                 Ok(_) => {
                     info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "a leader that restarted asked to lead at a newer epoch")
                 }

@@ -89,6 +89,22 @@ pub struct JournalLink {
     pub partition: u32,
 }
 
+impl JournalLink {
+    /// The journal entry head of a batch of this partition: `count` records from offset `first`, at `position` of
+    /// the segment based at `segment_base`.
+    fn head(&self, segment_base: u64, position: u64, first: u64, count: u32) -> EntryHead {
+        EntryHead {
+            topic: self.topic.clone(),
+            topic_id: self.topic_id,
+            partition: self.partition,
+            segment_base,
+            position,
+            first_offset: first,
+            count,
+        }
+    }
+}
+
 /// The newest frames of the active segment, copied from each batch (at most `tail_cache_bytes`; when it would grow
 /// past that, the older half is dropped). Lives on the partition's core. A batch's frames enter it as they are
 /// written, before they are durable, but readers look up only positions of durable frames; a batch that fails is
@@ -779,15 +795,7 @@ impl Log {
         // With a journal, the frames are built inside the journal entry and written to the segment from there.
         let mut buf = match &self.journal {
             Some(link) => journal::begin_entry(
-                &EntryHead {
-                    topic: link.topic.clone(),
-                    topic_id: link.topic_id,
-                    partition: link.partition,
-                    segment_base: base,
-                    position: start_pos,
-                    first_offset: first,
-                    count: records as u32,
-                },
+                &link.head(base, start_pos, first, records as u32),
                 batch_bytes as usize,
             ),
             None => Vec::with_capacity(batch_bytes as usize),
@@ -911,15 +919,7 @@ impl Log {
         let head = shipped
             .as_ref()
             .and(self.journal.as_ref())
-            .map(|link| EntryHead {
-                topic: link.topic.clone(),
-                topic_id: link.topic_id,
-                partition: link.partition,
-                segment_base: base,
-                position: start_pos,
-                first_offset: first,
-                count: records as u32,
-            });
+            .map(|link| link.head(base, start_pos, first, records as u32));
         // Shipped before its sync: its followers write and sync it while the journal does here. The commit offset
         // counts this replica only for what its log holds durably (`Partition::recompute_commit`), so a produce is
         // still answered only once it is durable here too.
