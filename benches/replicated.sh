@@ -11,6 +11,8 @@
 #   benches/replicated.sh [--duration 10s] [--repeat 3] [--connections 16] [--config FILE] [--out DIR]
 #
 # `--config FILE` starts every node with `--config FILE` (e.g. `sync_via = "inline"`: docs/configuration.md).
+# `BERTH_BIN=PATH` runs that berth build (and the berth-bench beside it) instead of building this tree: an A/B of two
+# builds alternates runs of this script, one per build, each on a fresh cluster.
 #
 # Results (.txt, .json per run, summary.md, summary.json, setup.txt) go to benches/results/replicated-<timestamp>/.
 # Needs etcd (apt-get install etcd-server, or ETCD_BIN), python3 and curl. Ports: etcd on BERTH_BENCH_ETCD_PORT
@@ -37,8 +39,13 @@ etcd_bin=${ETCD_BIN:-$(command -v etcd || true)}
 [[ -n $etcd_bin && -x $etcd_bin ]] || die "etcd not found: apt-get install -y etcd-server (or set ETCD_BIN)"
 command -v curl >/dev/null || die "curl is needed"
 command -v python3 >/dev/null || die "python3 is needed"
-cargo build --release -q
-berth=target/release/berth
+if [[ -n ${BERTH_BIN:-} ]]; then
+  berth=$BERTH_BIN
+  [[ -x $berth && -x ${berth%/*}/berth-bench ]] || die "BERTH_BIN=$berth: no berth and berth-bench there"
+else
+  cargo build --release -q
+  berth=target/release/berth
+fi
 berth_bench="${berth%/*}/berth-bench"
 mkdir -p "$out"
 
@@ -57,7 +64,7 @@ start_berth_nodes "$nodes" "$base" node_cpu_of --fsync always --replication-prev
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "berth: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' (modified)')"
+  echo "berth: ${BERTH_BIN:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src vendor || echo ' (modified)')}"
   echo "etcd: $("$etcd_bin" --version | head -1)"
   echo "cpus: $ncpu; the 3 nodes on cpu $node_cpu; load generator and etcd on cpu $client_cpu"
   echo "nodes: --cores 1 --fsync always --replication-preview ${node_config[*]}"

@@ -1328,6 +1328,11 @@ impl LocalExecutor {
                 break;
             }
             if !self.run_one_task_queue() {
+                // berth: glommio's `false` means "nothing left to run" (the caller may sleep); a task queue that
+                // ran before it is noted here, where the caller only sees `false` (see `sys::uring::Reactor::note_ran`).
+                if ran {
+                    self.reactor.sys.note_ran();
+                }
                 return false;
             } else {
                 ran = true;

@@ -1093,13 +1093,17 @@ impl SleepableRing {
             // We have now prepared the SQE that links the two rings. We now need to submit
             // it successfully to be able to safely sleep.
 
-            if self
-                .submit_sqes()
+            // berth: the link is submitted and the wait begun in one io_uring_enter (glommio made two). The
+            // kernel waits only once every SQE given was submitted, and a submitted SQE is reported as such
+            // whatever ends the wait (a signal included): 1 means linked and slept. BERTH.md, 5.
+            let submitted = self
+                .ring
+                .submit_sqes_and_wait(1)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != 1
-            {
+                .or_else(Reactor::intr_ok)? as usize;
+            self.in_kernel += submitted;
+            if submitted != 1 {
                 // We failed to submit the `SQE` that links the rings. Just can't sleep.
                 // Waiting here is unsafe because we could end up waiting much longer than
                 // needed.
@@ -1107,14 +1111,8 @@ impl SleepableRing {
                 unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
-                // The rings are linked. Goodnight!
-                self.ring
-                    .cq()
-                    .wait(1)
-                    .map(|_| 1)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                // The rings were linked, and we slept. Good morning!
+                Ok(1)
             }
         } else {
             // Can't link rings because we ran out of `CQE`s. Just can't sleep.
