@@ -526,6 +526,18 @@ impl Partition {
         let value = FrontierValue { committed, acked };
         let lag = match write_value(&*self.storage, &g.frontier.path, &value).await {
             Ok(()) => {
+                if g.shard.borrow().is_none() {
+                    // Written after its shard went (this leader was deposed meanwhile, `Partition::follow`, which
+                    // took the durable value before this write landed): the replica's value takes it too, so that
+                    // no later flush writes its file below it (as `frontiers_journaled` does for the journal).
+                    let mut replica = FrontierValue {
+                        committed: g.frontier.replica.get().unwrap_or(0),
+                        acked: g.frontier.replica_acked.borrow().clone(),
+                    };
+                    replica.merge(&value);
+                    g.frontier.replica.set(Some(replica.committed));
+                    *g.frontier.replica_acked.borrow_mut() = replica.acked;
+                }
                 g.frontier.flushed.set(committed);
                 *g.frontier.flushed_acked.borrow_mut() = value.acked;
                 g.frontier.acks_flushed.set(version.unwrap_or(u64::MAX));

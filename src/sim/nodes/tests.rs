@@ -45,6 +45,15 @@ fn three_simulated_nodes_under_kills_power_cuts_a_lost_disk_pauses_and_partition
     run_seeds(env("BERTH_SIM_FIRST").unwrap_or(1), seeds);
 }
 
+/// Seed 7393 (found beyond the seeds CI runs): a leader's frontier file write stalled on its disk, the leader was
+/// deposed meanwhile (`Partition::follow` kept the value durable before that write), and the write then landed
+/// higher than the replica's value: the next flush would have written the file lower (the assertion in
+/// `flush_group`). The replica's value now takes what such a write made durable.
+#[test]
+fn a_frontier_write_landing_after_its_leader_was_deposed_is_not_written_lower_later() {
+    run_node_seed(7393);
+}
+
 /// The node simulation finds `bug`.
 fn finds(bug: Bug) {
     crate::sim::tests::finds_in(run_node_seed, "node simulation", bug);
