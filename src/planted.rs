@@ -16,6 +16,10 @@ pub enum Bug {
     /// no fencing round: it ships batches before its own sync, so its followers may hold records it lost, and it
     /// writes other records at those offsets in the same epoch.
     NoRenewal,
+    /// A replicated leader whose log refuses appends until a restart keeps its partitions (`front/quorum.rs`):
+    /// they stay unavailable while a majority of healthy replicas could serve them (a liveness bug, found when the
+    /// healed cluster does not serve what was acknowledged).
+    PoisonedLeaderStays,
     /// The journal's frontier records leave out the acks above the frontier (`Partition::moved_frontiers`), though
     /// the process counts them durable.
     AcksNotJournaled,

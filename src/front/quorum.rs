@@ -3,13 +3,19 @@
 //! for as long as the cut lasts, since no follower is elected while its session lives. So each core looks, once a
 //! second, at every replicated partition it leads and serves: when records have waited for their majority and the
 //! commit offset has not moved for [`stuck_for`], it gives the leadership to a follower whose session is alive
-//! (the first in replica order), through core 0 (`Request::MoveLeader`: an etcd transaction, only if the partition
+//! (the first in replica order: [`successor`]), through core 0 (`Request::MoveLeader`: an etcd transaction, only if the partition
 //! is still at the epoch it read). That follower runs its fencing round with the replicas it can reach, and the
 //! old leader, named follower by the view that follows, is deposed (its unacknowledged records are cut when it is
 //! reachable again: truncation by epoch). With no live follower it does nothing: no election could succeed.
 //!
 //! A leader that is merely slow (a follower's disk, a long pause) may give its leadership away too: like Raft's
 //! CheckQuorum, it trades a leader change for never staying stuck.
+//!
+//! The same look hands over at once every replicated partition it leads whose log refuses appends until a restart
+//! (poisoned: a sync refused, or with `replica_ship_early` a journal pass refused after its batch was shipped), as a
+//! failed disk's partitions move in Kafka: the partition is served again by a follower after its round, and this
+//! replica, refusing what is shipped to it, counts for nothing until the node restarts (and recovers, and is caught
+//! up). Without a live follower the partition stays `503` until the restart.
 
 use super::replicate::Shipper;
 use crate::engine::placement::Location;
@@ -26,6 +32,10 @@ const EVERY: Duration = Duration::from_secs(1);
 /// After a partition's leadership was given away from this core, it is not given away again for this long (a
 /// leader handed the leadership back by its follower's round, its log being the greater, does not ping-pong).
 const AFTER_A_MOVE: Duration = Duration::from_secs(60);
+
+/// A partition whose log refuses appends (poisoned) is handed over at once, and again this long after an attempt
+/// while it is still led here (the transaction may have lost to a newer epoch, or no follower was alive).
+const AFTER_A_POISON: Duration = Duration::from_secs(2);
 
 /// How long a led partition's commit may stand still with records waiting before its leader gives the leadership
 /// away: three replica timeouts (each produce in it was answered `503 not_enough_replicas` by then), and never less
@@ -75,6 +85,8 @@ async fn run(shipper: Weak<Shipper>) {
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
         moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);
+        let mut moves = Vec::new();
+        let mut stuck_move = None;
         for key in led {
             let Ok(topic) = engine.topic(&key.0) else {
                 stuck.remove(&key);
@@ -86,6 +98,32 @@ async fn run(shipper: Weak<Shipper>) {
                 continue;
             };
             let (commit, end) = (partition.readable_end(), partition.log.end_offset());
+            if partition.replicated()
+                && partition.deposed().is_none()
+                && partition.round_under_way().is_none()
+                && partition.log.is_poisoned()
+                && !crate::planted::planted(crate::planted::Bug::PoisonedLeaderStays)
+                && moved
+                    .get(&key)
+                    .is_none_or(|&at| now.saturating_sub(at) >= AFTER_A_POISON.as_millis() as u64)
+            {
+                // Its log refuses appends until a restart (a refused sync, or a journal pass refused after its batch
+                // was shipped): the partition is handed to a live follower now, as a disk's failure would be.
+                stuck.remove(&key);
+                let epoch = topic.epoch(p);
+                let Some(to) = successor(&engine, &topic, p) else {
+                    info!(topic = %key.0, partition = p, epoch, "this replica's log refuses appends until a restart, and no follower is alive to lead instead");
+                    continue;
+                };
+                warn!(topic = %key.0, partition = p, epoch, commit, end, to, "this replica's log refuses appends until a restart: the leadership goes to a live follower");
+                moved.insert(key.clone(), now);
+                moves.push((key, epoch, topic.id(), to));
+                continue;
+            }
+            if stuck_move.is_some() {
+                // One stuck partition per look (the others keep their place for the next).
+                continue;
+            }
             if !partition.replicated()
                 || partition.deposed().is_some()
                 || partition.round_under_way().is_some()
@@ -121,40 +159,51 @@ async fn run(shipper: Weak<Shipper>) {
             }
             // Once per `limit` at most, whatever comes of it.
             seen.since = now;
-            let me = engine.node();
-            // A voter: a learner of the partition key never leads.
-            let voters = topic
-                .states()
-                .get(p as usize)
-                .map(|s| s.voters())
-                .unwrap_or_default();
-            let Some(to) = voters
-                .into_iter()
-                .find(|&n| n != me && engine.node_alive(n))
-            else {
+            let Some(to) = successor(&engine, &topic, p) else {
                 info!(topic = %key.0, partition = p, epoch, commit, end, "no majority for {limit:?} and no live follower: the leadership stays");
                 continue;
             };
             warn!(topic = %key.0, partition = p, epoch, commit, end, to, "no majority for {limit:?} while this node keeps its session: the leadership goes to a live follower (CheckQuorum)");
+            moved.insert(key.clone(), now);
+            stuck_move = Some((key, epoch, topic.id(), to));
+        }
+        let me = engine.node();
+        let router = shipper.router.clone();
+        drop(shipper);
+        for (key, epoch, topic_id, to) in moves.into_iter().chain(stuck_move) {
             let request = Request::MoveLeader(MoveLeader {
                 topic: key.0.clone(),
-                topic_id: topic.id(),
-                partition: p,
+                topic_id,
+                partition: key.1,
                 epoch,
                 leader: to,
                 replicas: Vec::new(),
                 learners: Vec::new(),
             });
-            moved.insert(key.clone(), now);
-            let router = shipper.router.clone();
-            drop(shipper);
             match router.call(Location { node: me, core: 0 }, request).await {
                 Ok(Reply::Done) => {}
                 other => {
-                    warn!(topic = %key.0, partition = p, epoch, answer = ?other.map(|_| ()), "CheckQuorum could not hand the leadership over; it tries again later")
+                    warn!(topic = %key.0, partition = key.1, epoch, answer = ?other.map(|_| ()), "the leadership could not be handed over; it is tried again later")
                 }
             }
-            break;
         }
     }
+}
+
+/// The follower a leadership goes to: the first live voter (a learner never leads) other than this node, in
+/// replica order (its round fetches what it lacks from the others).
+fn successor(
+    engine: &crate::engine::Engine,
+    topic: &crate::engine::topic::Topic,
+    p: u32,
+) -> Option<u32> {
+    let me = engine.node();
+    let voters = topic
+        .states()
+        .get(p as usize)
+        .map(|s| s.voters())
+        .unwrap_or_default();
+    voters
+        .into_iter()
+        .find(|&n| n != me && engine.node_alive(n))
 }

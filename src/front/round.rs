@@ -196,7 +196,10 @@ impl Shipper {
                     decide(
                         me,
                         partition.rank(),
-                        partition.is_learner() || learners.contains(&me),
+                        // (A replica whose log refuses appends counts as a learner: it hands over.)
+                        partition.is_learner()
+                            || partition.log.is_poisoned()
+                            || learners.contains(&me),
                         &answers,
                         replicas.len() - learners.len(),
                     )

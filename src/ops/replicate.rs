@@ -313,7 +313,10 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         end,
         last_epoch,
         frontiers,
-        learner: partition.is_learner(),
+        // A replica whose log refuses appends until a restart answers as a learner would: fenced, but neither
+        // counted nor ranked (a round that chose its log would hand the leadership to a replica that cannot append;
+        // leaving it out is as safe as its being down).
+        learner: partition.is_learner() || partition.log.is_poisoned(),
         nonces: partition.fence_state().promised_below(r.epoch),
     })
 }

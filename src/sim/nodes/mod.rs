@@ -384,6 +384,38 @@ impl Cluster {
         node.kill(&self.net);
     }
 
+    /// Whether node `i`'s replica of partition `p` is a learner on its own disk (a new disk not caught up yet).
+    fn learner_of(&self, i: NodeIndex, p: u32) -> bool {
+        self.slots.borrow()[i as usize - 1]
+            .node
+            .as_ref()
+            .is_some_and(|n| {
+                n.engine.topic(TOPIC).is_ok_and(|t| {
+                    t.owned_partition(p)
+                        .or_else(|| t.followed_partition(p))
+                        .is_some_and(|part| part.is_learner())
+                })
+            })
+    }
+
+    /// Running nodes with a log, led or followed, that refuses appends until a restart.
+    fn poisoned(&self) -> Vec<NodeIndex> {
+        self.slots
+            .borrow()
+            .iter()
+            .filter(|s| {
+                s.node.as_ref().is_some_and(|n| {
+                    n.engine.topic(TOPIC).is_ok_and(|t| {
+                        t.owned_partitions()
+                            .chain(t.followed_partitions())
+                            .any(|p| p.log.is_poisoned())
+                    })
+                })
+            })
+            .map(|s| s.index)
+            .collect()
+    }
+
     fn running(&self) -> Vec<NodeIndex> {
         self.slots
             .borrow()
@@ -567,10 +599,10 @@ impl Cluster {
                 }
             }
             // A journal pass refused (its write fails, as on a full disk): its appends answer an error and roll
-            // back, a follower refuses the batches. Not with early ship: a leader that shipped a batch of a
-            // refused pass stops appending until a restart, and the run would end with it stuck (a renewal without
-            // a restart is not built; a first version of one lost acknowledged records here).
-            885..=894 if !self.ship_early() => {
+            // back, a follower refuses the batches. With early ship, a leader that shipped a batch of the refused
+            // pass refuses appends until a restart (its log is poisoned) and hands the partition to a follower
+            // (`front/quorum.rs`); the end restarts poisoned nodes only when two or more are (no majority is left).
+            885..=894 => {
                 if let Some(i) = self.victim(rng, &running) {
                     let slots = self.slots.borrow();
                     let node = slots[i as usize - 1].node.as_ref().expect("running");
@@ -843,11 +875,41 @@ impl Cluster {
             s.watch_stalled_until = 0;
             if let Some(node) = &s.node {
                 node.sim.release_syncs();
+                // A journal write still armed to fail fails no more (count 0 disarms it).
+                node.sim.fail_writes(0, 0);
             }
         }
         let started = self.clock.now_ms();
         let mut last_error = String::new();
         loop {
+            // Nodes whose logs refuse appends until a restart are restarted, as an operator would, once some
+            // partition's healthy voters (neither poisoned nor learners) are no majority of its voters: no handover
+            // can serve it then. With a healthy majority everywhere they stay, and their partitions must be served
+            // by the others.
+            let poisoned = self.poisoned();
+            let snapshot = self.etcd.snapshot();
+            let short = snapshot.topic(TOPIC).is_some_and(|t| {
+                t.partitions.iter().enumerate().any(|(p, s)| {
+                    let voters: Vec<NodeIndex> = s
+                        .replicas
+                        .iter()
+                        .copied()
+                        .filter(|n| !s.learners.contains(n))
+                        .collect();
+                    let healthy = voters
+                        .iter()
+                        .filter(|&&n| !poisoned.contains(&n) && !self.learner_of(n, p as u32))
+                        .count();
+                    healthy < voters.len() / 2 + 1
+                })
+            });
+            if !poisoned.is_empty() && short {
+                for i in poisoned {
+                    self.kill(i, "the end: restarted (its logs refuse appends)", |sim| {
+                        sim.process_crash()
+                    });
+                }
+            }
             for i in 1..=NODES {
                 if self.slots.borrow()[i as usize - 1].node.is_none() {
                     self.restart_if_possible(i).await;
@@ -876,7 +938,8 @@ impl Cluster {
     }
 
     /// Reads every partition from 0 to past the last offset any answer named, through node 1; Err while a read
-    /// fails or an answered offset is not served yet (a new leader's round, a follower catching up).
+    /// fails, an answered offset is not served yet (a new leader's round, a follower catching up), or a partition's
+    /// leader refuses appends until a restart.
     async fn verify(&self) -> Result<(), String> {
         let Some((front, _)) = self.front(1) else {
             return Err("node 1 is down".into());
@@ -921,6 +984,32 @@ impl Cluster {
                     }
                     Err(e) => return Err(format!("partition {p} at {offset}: {e}")),
                 }
+            }
+        }
+        // And no partition stays led by a replica whose log refuses appends (it reads fine): poisoned nodes left
+        // running leave a majority of healthy replicas everywhere (else they were restarted), which can take over.
+        let snapshot = self.etcd.snapshot();
+        for p in 0..PARTITIONS {
+            let Some(leader) = snapshot
+                .topic(TOPIC)
+                .map(|t| t.partitions[p as usize].leader)
+            else {
+                continue;
+            };
+            let poisoned = self.slots.borrow()[leader as usize - 1]
+                .node
+                .as_ref()
+                .is_some_and(|n| {
+                    n.engine
+                        .topic(TOPIC)
+                        .ok()
+                        .and_then(|t| t.owned_partition(p))
+                        .is_some_and(|part| part.log.is_poisoned())
+                });
+            if poisoned {
+                return Err(format!(
+                    "partition {p} is led by node {leader}, whose log refuses appends until a restart"
+                ));
             }
         }
         Ok(())

@@ -19,6 +19,9 @@ fn run_seeds(first: u64, count: u64) {
                     .run(async move {
                         let mut s = first + t;
                         while s < first + count {
+                            if std::env::var("BERTH_SIM_SHOW").is_ok() {
+                                eprintln!("SEED {s}");
+                            }
                             run_node_seed_here(s).await;
                             s += threads;
                         }
@@ -57,6 +60,12 @@ fn a_frontier_write_landing_after_its_leader_was_deposed_is_not_written_lower_la
 /// The node simulation finds `bug`.
 fn finds(bug: Bug) {
     crate::sim::tests::finds_in(run_node_seed, "node simulation", bug);
+}
+
+/// A leader whose log refuses appends (a journal pass refused after an early ship) and keeps its partitions.
+#[test]
+fn a_poisoned_leader_that_keeps_its_partitions_is_found() {
+    finds(Bug::PoisonedLeaderStays);
 }
 
 #[test]
