@@ -601,7 +601,7 @@ impl Cluster {
             // A journal pass refused (its write fails, as on a full disk): its appends answer an error and roll
             // back, a follower refuses the batches. With early ship, a leader that shipped a batch of the refused
             // pass refuses appends until a restart (its log is poisoned) and hands the partition to a follower
-            // (`front/quorum.rs`); the end restarts poisoned nodes only when two or more are (no majority is left).
+            // (`front/quorum.rs`); the end restarts poisoned nodes only when some partition has no healthy majority.
             885..=894 => {
                 if let Some(i) = self.victim(rng, &running) {
                     let slots = self.slots.borrow();
@@ -890,12 +890,7 @@ impl Cluster {
             let snapshot = self.etcd.snapshot();
             let short = snapshot.topic(TOPIC).is_some_and(|t| {
                 t.partitions.iter().enumerate().any(|(p, s)| {
-                    let voters: Vec<NodeIndex> = s
-                        .replicas
-                        .iter()
-                        .copied()
-                        .filter(|n| !s.learners.contains(n))
-                        .collect();
+                    let voters = s.voters();
                     let healthy = voters
                         .iter()
                         .filter(|&&n| !poisoned.contains(&n) && !self.learner_of(n, p as u32))
