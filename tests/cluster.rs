@@ -2712,6 +2712,114 @@ fn a_leader_cut_off_from_its_followers_only_gives_its_leadership_to_one_that_can
     stop_and_compare_segments(&mut c, "cq", new_leader, &others);
 }
 
+/// A replicated leader whose log refuses appends until a restart (a refused fdatasync: strace fails every one of its
+/// syncs for a moment) while one of its two followers is down keeps the partition, serving what is committed
+/// (produces `503`), since the one follower up could win no fencing round without it; once the other is back, the
+/// leadership goes to a healthy follower, and every acknowledged record is served once. Handing it over at once (as
+/// before) left the partition with a leader that could serve nothing, reads included.
+#[test]
+fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_once_it_returns() {
+    let _g = serial();
+    let Some(strace) = strace() else {
+        eprintln!("SKIP a_poisoned_leader_with_a_follower_down: no strace");
+        return;
+    };
+    let Some((mut c, [leader, down, up], mut want)) = five_replicated("poisoned", "po", false)
+    else {
+        return;
+    };
+    let mut tried: HashSet<String> = HashSet::new();
+    c.kill9(down);
+    c.wait_alive(leader, &c.node(down).id.clone(), false);
+    // Every fdatasync of the leader fails (the tracer attaches to all its threads) until its log refuses appends.
+    let pid = c.node(leader).pid().expect("the leader runs");
+    let mut tracer = std::process::Command::new(&strace)
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync"])
+        .args(["-e", "inject=fdatasync:error=EIO", "-p", &pid.to_string()])
+        .spawn()
+        .expect("strace");
+    wait_for(
+        "the leader's log to refuse appends",
+        Duration::from_secs(20),
+        || {
+            // Answered 200 only before the tracer attached.
+            let body = format!("r{}", tried.len() + want.len());
+            let a = c.node(leader).post("/produce?topic=po", body.as_bytes());
+            match (a.status, a.json()["error"].as_str()) {
+                (200, _) => {
+                    want.insert(body);
+                    Err("answered before the tracer attached".to_string())
+                }
+                (503, Some("log_unavailable")) => Ok(()),
+                _ => {
+                    tried.insert(body);
+                    Err(format!("{} {}", a.status, a.text()))
+                }
+            }
+        },
+    );
+    let _ = tracer.kill();
+    let _ = tracer.wait();
+    // For three of CheckQuorum's looks (once a second), it still leads; then it serves what is committed, through
+    // either node up.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(3) {
+        let now = partitions(c.node(up), "po").remove(0);
+        assert_eq!(
+            c.index_of(now["leader"].as_str().expect("a leader")),
+            leader,
+            "{now}"
+        );
+        thread::sleep(ms(250));
+    }
+    for via in [leader, up] {
+        let m = consume(&c.node(via).new_client(), "po", "&visibility=1s")
+            .expect("a committed record served by the poisoned leader");
+        assert!(want.contains(&m.body), "{m:?}");
+    }
+    let a = c.node(up).post("/produce?topic=po", b"refused");
+    assert_eq!(a.status, 503, "{}", a.text());
+    tried.insert("refused".to_string());
+    assert!(
+        c.node(leader)
+            .log_text()
+            .contains("too few healthy followers are up to lead instead"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    // The follower back: the leadership goes to a healthy one, which serves everything acknowledged.
+    c.start_again(down);
+    let moved = Instant::now();
+    let (after, tries) = produce_until_ok(c.node(up), "po", "after");
+    eprintln!(
+        "a poisoned leader's partition served again {:?} after its follower returned",
+        moved.elapsed()
+    );
+    tried.extend(tries);
+    want.insert(after);
+    let now = partitions(c.node(up), "po").remove(0);
+    let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));
+    assert!([down, up].contains(&new_leader), "{now}");
+    assert!(
+        c.node(leader)
+            .log_text()
+            .contains("the leadership goes to a live follower"),
+        "{}",
+        c.node(leader).log_text()
+    );
+    assert_served(c.node(up), "po", &want, &tried);
+}
+
+fn strace() -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("which")
+        .arg("strace")
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
 /// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the
 /// metastore's node indices (the topic record's placement and followers), as the election will write it.
 fn name_first_follower_leader(c: &Cluster, topic: &str, topic_id: u64) {

@@ -3,10 +3,11 @@
 //! for as long as the cut lasts, since no follower is elected while its session lives. So each core looks, once a
 //! second, at every replicated partition it leads and serves: when records have waited for their majority and the
 //! commit offset has not moved for [`stuck_for`], it gives the leadership to a follower whose session is alive
-//! (the first in replica order: [`successor`]), through core 0 (`Request::MoveLeader`: an etcd transaction, only if the partition
-//! is still at the epoch it read). That follower runs its fencing round with the replicas it can reach, and the
-//! old leader, named follower by the view that follows, is deposed (its unacknowledged records are cut when it is
-//! reachable again: truncation by epoch). With no live follower it does nothing: no election could succeed.
+//! (the first healthy one in replica order: [`healthy_followers`]), through core 0 (`Request::MoveLeader`: an etcd
+//! transaction, only if the partition is still at the epoch it read). That follower runs its fencing round with the
+//! replicas it can reach, and the old leader, named follower by the view that follows, is deposed (its
+//! unacknowledged records are cut when it is reachable again: truncation by epoch). With no healthy live follower it
+//! does nothing: no election could succeed.
 //!
 //! A leader that is merely slow (a follower's disk, a long pause) may give its leadership away too: like Raft's
 //! CheckQuorum, it trades a leader change for never staying stuck.
@@ -15,7 +16,9 @@
 //! (poisoned: a sync refused, or with `replica_ship_early` a journal pass refused after its batch was shipped), as a
 //! failed disk's partitions move in Kafka: the partition is served again by a follower after its round, and this
 //! replica, refusing what is shipped to it, counts for nothing until the node restarts (and recovers, and is caught
-//! up). Without a live follower the partition stays `503` until the restart.
+//! up). It goes only when the healthy followers up (alive, and neither learners nor poisoned by their last answer) are
+//! a majority of the voters, since this replica counts for nothing in their round: until then it keeps the partition,
+//! serving what is committed (produces `503`), rather than leave it with a leader that can serve nothing.
 
 use super::replicate::Shipper;
 use crate::engine::placement::Location;
@@ -63,6 +66,8 @@ impl Shipper {
 async fn run(shipper: Weak<Shipper>) {
     let mut stuck: HashMap<(String, u32), Stuck> = HashMap::new();
     let mut moved: HashMap<(String, u32), u64> = HashMap::new();
+    // Poisoned partitions kept here for want of healthy followers (logged once).
+    let mut held: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
     loop {
         // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
         let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
@@ -84,6 +89,7 @@ async fn run(shipper: Weak<Shipper>) {
         let led: std::collections::BTreeSet<(String, u32)> =
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
+        held.retain(|key| led.contains(key));
         moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);
         let mut moves = Vec::new();
         let mut stuck_move = None;
@@ -111,10 +117,25 @@ async fn run(shipper: Weak<Shipper>) {
                 // was shipped): the partition is handed to a live follower now, as a disk's failure would be.
                 stuck.remove(&key);
                 let epoch = topic.epoch(p);
-                let Some(to) = successor(&engine, &topic, p) else {
-                    info!(topic = %key.0, partition = p, epoch, "this replica's log refuses appends until a restart, and no follower is alive to lead instead");
+                // Only to a follower whose fencing round can succeed without this replica (which counts for nothing
+                // in it): while fewer healthy followers than a majority are up, the partition stays here, serving
+                // what is committed, until one returns or this node restarts.
+                let voters = topic
+                    .states()
+                    .get(p as usize)
+                    .map_or(0, |s| s.voters().len());
+                let healthy = healthy_followers(&engine, &topic, &partition, p);
+                let to = healthy
+                    .first()
+                    .copied()
+                    .filter(|_| healthy.len() > voters / 2);
+                let Some(to) = to else {
+                    if held.insert(key.clone()) {
+                        warn!(topic = %key.0, partition = p, epoch, healthy = healthy.len(), voters, "this replica's log refuses appends until a restart, and too few healthy followers are up to lead instead: it serves what is committed until they are");
+                    }
                     continue;
                 };
+                held.remove(&key);
                 warn!(topic = %key.0, partition = p, epoch, commit, end, to, "this replica's log refuses appends until a restart: the leadership goes to a live follower");
                 moved.insert(key.clone(), now);
                 moves.push((key, epoch, topic.id(), to));
@@ -159,8 +180,11 @@ async fn run(shipper: Weak<Shipper>) {
             }
             // Once per `limit` at most, whatever comes of it.
             seen.since = now;
-            let Some(to) = successor(&engine, &topic, p) else {
-                info!(topic = %key.0, partition = p, epoch, commit, end, "no majority for {limit:?} and no live follower: the leadership stays");
+            let Some(to) = healthy_followers(&engine, &topic, &partition, p)
+                .first()
+                .copied()
+            else {
+                info!(topic = %key.0, partition = p, epoch, commit, end, "no majority for {limit:?} and no healthy follower alive: the leadership stays");
                 continue;
             };
             warn!(topic = %key.0, partition = p, epoch, commit, end, to, "no majority for {limit:?} while this node keeps its session: the leadership goes to a live follower (CheckQuorum)");
@@ -190,20 +214,30 @@ async fn run(shipper: Weak<Shipper>) {
     }
 }
 
-/// The follower a leadership goes to: the first live voter (a learner never leads) other than this node, in
-/// replica order (its round fetches what it lacks from the others).
-fn successor(
+/// The followers a leadership may go to, the first of them first: the live voters (a learner never leads) other than
+/// this node, in replica order (its round fetches what it lacks from the others), without those whose last answer
+/// here said they are learners on a new disk or that their log refuses appends until a restart (`poisoned`): none of
+/// those counts in a fencing round.
+fn healthy_followers(
     engine: &crate::engine::Engine,
     topic: &crate::engine::topic::Topic,
+    partition: &crate::partition::Partition,
     p: u32,
-) -> Option<u32> {
+) -> Vec<u32> {
     let me = engine.node();
     let voters = topic
         .states()
         .get(p as usize)
         .map(|s| s.voters())
         .unwrap_or_default();
+    let progress = partition.followers_progress();
     voters
         .into_iter()
-        .find(|&n| n != me && engine.node_alive(n))
+        .filter(|&n| n != me && engine.node_alive(n))
+        .filter(|&n| {
+            !progress
+                .iter()
+                .any(|f| f.node == n && (f.poisoned || f.learner))
+        })
+        .collect()
 }

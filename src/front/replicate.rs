@@ -151,6 +151,10 @@ struct Follower {
     in_flight: Cell<usize>,
     /// It last answered as a learner (`storage::learner`).
     learner: Cell<bool>,
+    /// Its last answer to a batch said its log refuses appends until its node restarts (`log_unavailable`: a refused
+    /// sync there): it counts in no round and must not be given the leadership (`front/quorum.rs`). A batch it
+    /// applies clears it.
+    poisoned: Cell<bool>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
     session: Cell<i64>,
@@ -458,6 +462,7 @@ impl Shipper {
                         verified: Cell::new(false),
                         frontiers: RefCell::new(FrontierQueue::new()),
                         learner: Cell::new(false),
+                        poisoned: Cell::new(false),
                         session: Cell::new(0),
                         owed: RefCell::new(None),
                         promote_asked: Cell::new(None),
@@ -528,6 +533,7 @@ impl Shipper {
                 end: f.acked.get(),
                 lagging: f.lagging.get(),
                 learner: f.learner.get(),
+                poisoned: f.poisoned.get(),
             });
             if f.answered.get() {
                 p.follower_acked(f.node, f.credit.get());
@@ -810,6 +816,8 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             f.lagging.set(false);
             f.owed.replace(None);
             f.session.set(session);
+            // A restart recovers a log that refused appends.
+            f.poisoned.set(false);
         }
         if f.learner.get()
             && !f.lagging.get()
@@ -1308,6 +1316,7 @@ async fn send(
                 }
                 if applied {
                     f.verified.set(true);
+                    f.poisoned.set(false);
                 }
             } else if end <= batch.head.first_offset {
                 // It missed earlier batches (or lost them): resend from its end.
@@ -1338,6 +1347,16 @@ async fn send(
         // when it answers again (the windows bound what that costs).
         Err(e) => {
             shipper.deposed_by(&stream, &e);
+            if matches!(
+                e,
+                OpError::Engine(crate::engine::EngineError::Partition(
+                    crate::partition::PartitionError::LogUnavailable
+                ))
+            ) && !f.poisoned.replace(true)
+            {
+                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's log refuses appends until its node restarts: it is not given the leadership");
+                shipper.report(&stream, &f);
+            }
             fail(&f, &e.to_string())
         }
     }

@@ -398,7 +398,7 @@ pub fn render_described(
                 v["followers"] = json!(p
                     .followers
                     .iter()
-                    .map(|f| json!({"node": id_of(f.node), "end_offset": f.end, "lagging": f.lagging, "learner": f.learner}))
+                    .map(|f| json!({"node": id_of(f.node), "end_offset": f.end, "lagging": f.lagging, "learner": f.learner, "poisoned": f.poisoned}))
                     .collect::<Vec<_>>());
             }
             v["groups"] = json!(p

@@ -35,6 +35,10 @@ pub struct FollowerInfo {
     /// It answered as a learner (a replica on a new disk, `storage::learner`) and has not been promoted yet.
     #[serde(default)]
     pub learner: bool,
+    /// Its last answer said its log refuses appends until its node restarts (a refused sync there): it counts in
+    /// no fencing round and is not given the leadership.
+    #[serde(default)]
+    pub poisoned: bool,
 }
 
 impl Partition {

@@ -91,6 +91,7 @@ fn info_value() -> PartitionInfo {
             node: 2,
             end: 15,
             lagging: true,
+            poisoned: true,
         }],
         commit_offset: Some(97),
         round: Some(12),
