@@ -2720,10 +2720,6 @@ fn a_leader_cut_off_from_its_followers_only_gives_its_leadership_to_one_that_can
 #[test]
 fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_once_it_returns() {
     let _g = serial();
-    let Some(strace) = strace() else {
-        eprintln!("SKIP a_poisoned_leader_with_a_follower_down: no strace");
-        return;
-    };
     let Some((mut c, [leader, down, up], mut want)) = five_replicated("poisoned", "po", false)
     else {
         return;
@@ -2731,20 +2727,86 @@ fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_onc
     let mut tried: HashSet<String> = HashSet::new();
     c.kill9(down);
     c.wait_alive(leader, &c.node(down).id.clone(), false);
-    // Every fdatasync of the leader fails (the tracer attaches to all its threads) until its log refuses appends.
-    let pid = c.node(leader).pid().expect("the leader runs");
-    let mut tracer = std::process::Command::new(&strace)
-        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync"])
-        .args(["-e", "inject=fdatasync:error=EIO", "-p", &pid.to_string()])
-        .spawn()
-        .expect("strace");
+    poison_leader(&c, leader, "po", &mut want, &mut tried);
+    assert_keeps_and_serves(&c, leader, up, "po", &want);
+    let a = c.node(up).post("/produce?topic=po", b"refused");
+    assert_eq!(a.status, 503, "{}", a.text());
+    tried.insert("refused".to_string());
+    // The follower back: the leadership goes to a healthy one, which serves everything acknowledged.
+    c.start_again(down);
+    hands_over_and_serves(&c, leader, [down, up], "po", &mut want, &mut tried);
+}
+
+/// A follower whose log refuses appends (its fdatasyncs fail) answers so, and its leader records it
+/// (`followers[].poisoned`); when the leader's own log then refuses appends, it does not hand the partition to that
+/// follower (whose round could not win: it counts for nothing in its own round, nor does the leader) but keeps it,
+/// serving what is committed; once the follower's node restarts (its log recovers), the leadership goes on.
+#[test]
+fn a_follower_whose_log_refuses_appends_is_not_handed_the_leadership_until_its_node_restarts() {
+    let _g = serial();
+    let Some((mut c, [leader, sick, well], mut want)) =
+        five_replicated("poisoned_follower", "pf", false)
+    else {
+        return;
+    };
+    let mut tried: HashSet<String> = HashSet::new();
+    {
+        let mut tracer = fail_every_fdatasync(c.node(sick));
+        let sick_id = c.node(sick).id.clone();
+        wait_for(
+            "the leader to record its follower's log refusing appends",
+            Duration::from_secs(20),
+            || {
+                tracer.check();
+                let body = format!("s{}", tried.len() + want.len());
+                let a = c.node(leader).post("/produce?topic=pf", body.as_bytes());
+                if a.status == 200 {
+                    want.insert(body);
+                } else {
+                    tried.insert(body);
+                }
+                let p = partitions(c.node(leader), "pf").remove(0);
+                let sick_record = p["followers"]
+                    .as_array()
+                    .and_then(|fs| fs.iter().find(|f| f["node"] == sick_id.as_str()).cloned());
+                match sick_record {
+                    Some(f) if f["poisoned"] == true => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        );
+    }
+    // Still a majority (the leader and the other follower).
+    let (body, tries) = produce_until_ok(c.node(leader), "pf", "majority");
+    want.insert(body);
+    tried.extend(tries);
+    poison_leader(&c, leader, "pf", &mut want, &mut tried);
+    assert_keeps_and_serves(&c, leader, well, "pf", &want);
+    // The follower's node restarted: its log recovers, and the leadership goes to a healthy follower.
+    c.kill9(sick);
+    c.start_again(sick);
+    hands_over_and_serves(&c, leader, [sick, well], "pf", &mut want, &mut tried);
+}
+
+/// Fails every fdatasync of node `leader` (strace) until its log refuses appends (`503 log_unavailable`), producing
+/// through it meanwhile: a `200` (before the tracer attached) joins `want`, anything else `tried`.
+fn poison_leader(
+    c: &Cluster,
+    leader: usize,
+    topic: &str,
+    want: &mut HashSet<String>,
+    tried: &mut HashSet<String>,
+) {
+    let mut tracer = fail_every_fdatasync(c.node(leader));
     wait_for(
         "the leader's log to refuse appends",
         Duration::from_secs(20),
         || {
-            // Answered 200 only before the tracer attached.
+            tracer.check();
             let body = format!("r{}", tried.len() + want.len());
-            let a = c.node(leader).post("/produce?topic=po", body.as_bytes());
+            let a = c
+                .node(leader)
+                .post(&format!("/produce?topic={topic}"), body.as_bytes());
             match (a.status, a.json()["error"].as_str()) {
                 (200, _) => {
                     want.insert(body);
@@ -2758,13 +2820,20 @@ fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_onc
             }
         },
     );
-    let _ = tracer.kill();
-    let _ = tracer.wait();
-    // For three of CheckQuorum's looks (once a second), it still leads; then it serves what is committed, through
-    // either node up.
+}
+
+/// For four of CheckQuorum's looks (once a second), node `leader` (poisoned) still leads `topic`'s partition 0, as
+/// node `up` sees it; then it serves a committed record through either, and has logged why it keeps it.
+fn assert_keeps_and_serves(
+    c: &Cluster,
+    leader: usize,
+    up: usize,
+    topic: &str,
+    want: &HashSet<String>,
+) {
     let since = Instant::now();
-    while since.elapsed() < Duration::from_secs(3) {
-        let now = partitions(c.node(up), "po").remove(0);
+    while since.elapsed() < Duration::from_secs(4) {
+        let now = partitions(c.node(up), topic).remove(0);
         assert_eq!(
             c.index_of(now["leader"].as_str().expect("a leader")),
             leader,
@@ -2773,13 +2842,10 @@ fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_onc
         thread::sleep(ms(250));
     }
     for via in [leader, up] {
-        let m = consume(&c.node(via).new_client(), "po", "&visibility=1s")
+        let m = consume(&c.node(via).new_client(), topic, "&visibility=1s")
             .expect("a committed record served by the poisoned leader");
         assert!(want.contains(&m.body), "{m:?}");
     }
-    let a = c.node(up).post("/produce?topic=po", b"refused");
-    assert_eq!(a.status, 503, "{}", a.text());
-    tried.insert("refused".to_string());
     assert!(
         c.node(leader)
             .log_text()
@@ -2787,19 +2853,29 @@ fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_onc
         "{}",
         c.node(leader).log_text()
     );
-    // The follower back: the leadership goes to a healthy one, which serves everything acknowledged.
-    c.start_again(down);
-    let moved = Instant::now();
-    let (after, tries) = produce_until_ok(c.node(up), "po", "after");
+}
+
+/// Once a produce through `healthy[1]` is answered, one of `healthy` leads (the poisoned `leader` handed the
+/// partition over), and every acknowledged record is served.
+fn hands_over_and_serves(
+    c: &Cluster,
+    leader: usize,
+    healthy: [usize; 2],
+    topic: &str,
+    want: &mut HashSet<String>,
+    tried: &mut HashSet<String>,
+) {
+    let since = Instant::now();
+    let (after, tries) = produce_until_ok(c.node(healthy[1]), topic, "after");
     eprintln!(
         "a poisoned leader's partition served again {:?} after its follower returned",
-        moved.elapsed()
+        since.elapsed()
     );
     tried.extend(tries);
     want.insert(after);
-    let now = partitions(c.node(up), "po").remove(0);
+    let now = partitions(c.node(healthy[1]), topic).remove(0);
     let new_leader = c.index_of(now["leader"].as_str().expect("a leader"));
-    assert!([down, up].contains(&new_leader), "{now}");
+    assert!(healthy.contains(&new_leader), "{now}");
     assert!(
         c.node(leader)
             .log_text()
@@ -2807,17 +2883,46 @@ fn a_poisoned_leader_with_a_follower_down_keeps_serving_reads_and_hands_over_onc
         "{}",
         c.node(leader).log_text()
     );
-    assert_served(c.node(up), "po", &want, &tried);
+    assert_served(c.node(healthy[1]), topic, want, tried);
 }
 
-fn strace() -> Option<std::path::PathBuf> {
+/// strace attached to a node, failing every fdatasync of every thread of it with EIO; detached when dropped.
+struct Tracer(std::process::Child);
+
+impl Tracer {
+    /// Panics if strace exited (it could not attach: ptrace refused here).
+    fn check(&mut self) {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            panic!("strace exited ({status}): it could not attach to the node");
+        }
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fail_every_fdatasync(node: &Node) -> Tracer {
     let out = std::process::Command::new("which")
         .arg("strace")
         .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        .expect("which");
+    assert!(
+        out.status.success(),
+        "strace is needed (.ci/run installs it)"
+    );
+    let strace = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let pid = node.pid().expect("the node runs");
+    Tracer(
+        std::process::Command::new(strace)
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync"])
+            .args(["-e", "inject=fdatasync:error=EIO", "-p", &pid.to_string()])
+            .spawn()
+            .expect("strace"),
+    )
 }
 
 /// Writes partition 0's key of `topic` (created with id `topic_id`) naming its first follower leader, in the

@@ -205,7 +205,7 @@ async fn run(shipper: Weak<Shipper>) {
                         && alive(n)
                         && progress
                             .iter()
-                            .any(|f| f.node == n && !f.learner && !f.lagging)
+                            .any(|f| f.node == n && !f.learner && !f.lagging && !f.poisoned)
                         && partition.follower_counted(n) >= commit
                 };
                 // Live nodes that stay and hold no replica of the partition, the least loaded first (then by a hash

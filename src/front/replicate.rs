@@ -151,10 +151,12 @@ struct Follower {
     in_flight: Cell<usize>,
     /// It last answered as a learner (`storage::learner`).
     learner: Cell<bool>,
-    /// Its last answer to a batch said its log refuses appends until its node restarts (`log_unavailable`: a refused
-    /// sync there): it counts in no round and must not be given the leadership (`front/quorum.rs`). A batch it
-    /// applies clears it.
+    /// Its last answer said its log refuses appends until its node restarts (`Replicated::poisoned`, or a batch
+    /// answered `log_unavailable`: a refused sync there): it counts in no round and must not be given the leadership
+    /// (`front/quorum.rs`). Every answer says it again; a new session of its node clears it.
     poisoned: Cell<bool>,
+    /// CheckQuorum asked where it stands (`Shipper::ask_status`): a probe goes once nothing is in flight to it.
+    status_asked: Cell<bool>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
     session: Cell<i64>,
@@ -301,6 +303,19 @@ impl Shipper {
         let mut led: Vec<(String, u32)> = self.streams.borrow().keys().cloned().collect();
         led.sort_unstable();
         led
+    }
+
+    /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it),
+    /// so that its answer says afresh whether its log refuses appends (`Replicated::poisoned`): CheckQuorum asks
+    /// before it hands a poisoned leader's partition on, since a leader that ships nothing hears nothing.
+    pub(super) fn ask_status(&self, key: &(String, u32)) {
+        let Some(stream) = self.streams.borrow().get(key).cloned() else {
+            return;
+        };
+        for f in &stream.followers {
+            f.status_asked.set(true);
+            f.wake.notify(1);
+        }
     }
 
     /// Whether `drain` stopped it (the core is stopping).
@@ -463,6 +478,7 @@ impl Shipper {
                         frontiers: RefCell::new(FrontierQueue::new()),
                         learner: Cell::new(false),
                         poisoned: Cell::new(false),
+                        status_asked: Cell::new(false),
                         session: Cell::new(0),
                         owed: RefCell::new(None),
                         promote_asked: Cell::new(None),
@@ -816,8 +832,12 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             f.lagging.set(false);
             f.owed.replace(None);
             f.session.set(session);
-            // A restart recovers a log that refused appends.
+        }
+        if f.poisoned.get() && session != 0 && session != f.session.get() {
+            // A restart recovers a log that refused appends (its answers say so again if not).
+            f.session.set(session);
             f.poisoned.set(false);
+            shipper.report(&stream, &f);
         }
         if f.learner.get()
             && !f.lagging.get()
@@ -831,6 +851,14 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             // A learner with nothing else to send: asked (a probe) to promote itself once it has every group's
             // frontier, or asked where it stands so that its answer queues them.
             f.promote_asked.set(Some(shipper.engine().now_ms()));
+            if let Dispatch::Gone = probe(&shipper, &stream, &f) {
+                break;
+            }
+            continue;
+        }
+        if f.status_asked.get() && f.in_flight.get() == 0 && !f.lagging.get() {
+            // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on.
+            f.status_asked.set(false);
             if let Dispatch::Gone = probe(&shipper, &stream, &f) {
                 break;
             }
@@ -1251,12 +1279,14 @@ async fn send(
             applied,
             refused,
             learner,
+            poisoned,
         })) => {
             if f.session.get() == 0 {
                 // Its first answer in this stream: the session it answered under (a later one is a restart).
                 f.session.set(shipper.engine().node_session(f.node));
             }
             shipper.learner_answered(&stream, &f, learner);
+            f.poisoned.set(poisoned);
             if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
@@ -1316,7 +1346,6 @@ async fn send(
                 }
                 if applied {
                     f.verified.set(true);
-                    f.poisoned.set(false);
                 }
             } else if end <= batch.head.first_offset {
                 // It missed earlier batches (or lost them): resend from its end.
@@ -1354,6 +1383,10 @@ async fn send(
                 ))
             ) && !f.poisoned.replace(true)
             {
+                if f.session.get() == 0 {
+                    // (Its restart clears the flag: `run_follower`.)
+                    f.session.set(shipper.engine().node_session(f.node));
+                }
                 warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's log refuses appends until its node restarts: it is not given the leadership");
                 shipper.report(&stream, &f);
             }

@@ -79,6 +79,9 @@ pub struct Replicated {
     /// This replica is a learner (`storage::learner`), after the request: its leader sends it its groups'
     /// frontiers, then asks it to promote itself.
     pub learner: bool,
+    /// This replica's log refuses appends until its node restarts (a refused sync there): it counts in no fencing
+    /// round, and its leader hands it no leadership (`front/quorum.rs`).
+    pub poisoned: bool,
 }
 
 impl Replicate {
@@ -439,6 +442,7 @@ pub async fn apply(engine: &Rc<Engine>, r: Replicate) -> OpResult<Replicated> {
         }
     }
     answer.learner = partition.is_learner();
+    answer.poisoned = partition.log.is_poisoned();
     Ok(answer)
 }
 
@@ -477,6 +481,7 @@ async fn apply_to(
                     applied: false,
                     refused: false,
                     learner: false,
+                    poisoned: false,
                 })
             }
             Err(crate::partition::FollowEpochsError::Mismatch(why)) => {
@@ -486,6 +491,7 @@ async fn apply_to(
                     applied: false,
                     refused: true,
                     learner: false,
+                    poisoned: false,
                 })
             }
             Err(crate::partition::FollowEpochsError::Partition(e)) => Err(e.into()),
@@ -511,6 +517,7 @@ async fn apply_to(
                 applied: false,
                 refused: true,
                 learner: false,
+                poisoned: false,
             });
         }
         Err(crate::partition::FollowEpochsError::Partition(e)) => return Err(e.into()),
@@ -531,12 +538,14 @@ async fn apply_to(
             applied: true,
             refused: false,
             learner: false,
+            poisoned: false,
         }),
         Err(FollowError::Gap { end }) => Ok(Replicated {
             end,
             applied: false,
             refused: false,
             learner: false,
+            poisoned: false,
         }),
         Err(FollowError::Mismatch(why)) => {
             tracing::warn!(topic = %r.topic, partition = r.partition, leader = r.leader, why, "a shipped batch does not continue this replica: refused");
@@ -545,6 +554,7 @@ async fn apply_to(
                 applied: false,
                 refused: true,
                 learner: false,
+                poisoned: false,
             })
         }
         Err(FollowError::Append(e)) => Err(crate::partition::PartitionError::from(e).into()),
@@ -765,6 +775,7 @@ mod tests {
                     applied: false,
                     refused: false,
                     learner: false,
+                    poisoned: false,
                 }
             );
             let r = apply_frontiers(&engine, frontiers(7)).await;

@@ -32,8 +32,8 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `max_message_bytes`, `created_ms`, `modified_ms`, `tags` and the SQS policies, `Settings` the same, and
 /// `Request::Purge` / `Reply::Purged` exist (a version 17 peer could not decode any topic's settings). 19:
 /// `FrontierMark` carries the group's acked-ahead ranges. 20: `CoreStats` carries the per-stage latency histograms (`engine::metrics::Stage`). 21: and the housekeeping
-/// stage's.
-pub const VERSION: u8 = 21;
+/// stage's. 22: `FollowerInfo` and `Replicated` carry `poisoned` (a follower's log refuses appends until a restart).
+pub const VERSION: u8 = 22;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

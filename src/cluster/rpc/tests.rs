@@ -394,6 +394,7 @@ fn every_reply() -> Vec<ReplyBody> {
             applied: false,
             refused: true,
             learner: true,
+            poisoned: true,
         })),
         Ok(Reply::Began(crate::ops::replicate::Began {
             end: 4102,
