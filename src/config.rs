@@ -81,9 +81,15 @@ pub struct ClusterSettings {
     /// A replicated partition's leader ships each batch to its followers once written, before its own fdatasync
     /// (true), or once durable here (false). Either way a produce is answered once the leader and enough followers
     /// for a majority have it durable; shipping early lets the replicas' syncs overlap, but a journal pass refused
-    /// after an early ship (a full disk) stops the partition's appends until a restart. Default false.
-    #[serde(default)]
+    /// after an early ship (a full disk) stops the partition's appends on this replica until a restart (its
+    /// leadership goes to a healthy follower: `front/quorum.rs`). Default true (measured: `docs/benchmarks.md`,
+    /// "Replication: early ship").
+    #[serde(default = "default_true")]
     pub replica_ship_early: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_replica_window() -> u64 {
@@ -698,7 +704,7 @@ mod tests {
             replica_core_window_bytes: 256 << 20,
             replica_max_in_flight: 8,
             replica_gather_us: 0,
-            replica_ship_early: false,
+            replica_ship_early: true,
         });
         (config, dir)
     }
