@@ -82,14 +82,11 @@ pub struct ClusterSettings {
     /// (true), or once durable here (false). Either way a produce is answered once the leader and enough followers
     /// for a majority have it durable; shipping early lets the replicas' syncs overlap, but a journal pass refused
     /// after an early ship (a full disk) stops the partition's appends on this replica until a restart (its
-    /// leadership goes to a healthy follower: `front/quorum.rs`). Default true (measured: `docs/benchmarks.md`,
-    /// "Replication: early ship").
-    #[serde(default = "default_true")]
+    /// leadership goes to a healthy follower when a majority of them is up: `front/quorum.rs`). Default false: it
+    /// is faster (`docs/benchmarks.md`, "Replication: early ship as the default"), but a full disk must first be
+    /// kept from refusing a pass after its batch was shipped (docs/replication.md, step 4).
+    #[serde(default)]
     pub replica_ship_early: bool,
-}
-
-fn default_true() -> bool {
-    true
 }
 
 fn default_replica_window() -> u64 {
@@ -704,7 +701,7 @@ mod tests {
             replica_core_window_bytes: 256 << 20,
             replica_max_in_flight: 8,
             replica_gather_us: 0,
-            replica_ship_early: true,
+            replica_ship_early: false,
         });
         (config, dir)
     }

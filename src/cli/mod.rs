@@ -698,7 +698,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 replica_core_window_bytes: 256 << 20,
                 replica_max_in_flight: 8,
                 replica_gather_us: 0,
-                replica_ship_early: true,
+                replica_ship_early: false,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;

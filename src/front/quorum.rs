@@ -124,20 +124,10 @@ async fn run(shipper: Weak<Shipper>) {
                 let epoch = topic.epoch(p);
                 // Its followers are asked where they stand first (a leader that ships nothing hears nothing, and a
                 // follower whose own log refuses appends could win no round): the answers are read at the next look.
-                let every = EVERY.as_millis() as u64;
-                match asked.get(&key) {
-                    Some(&at)
-                        if now.saturating_sub(at) >= every
-                            && now.saturating_sub(at) <= 3 * every =>
-                    {
-                        asked.remove(&key);
-                    }
-                    Some(&at) if now.saturating_sub(at) < every => continue,
-                    _ => {
-                        shipper.ask_status(&key);
-                        asked.insert(key.clone(), now);
-                        continue;
-                    }
+                if asked.remove(&key).is_none() {
+                    shipper.ask_status(&key);
+                    asked.insert(key.clone(), now);
+                    continue;
                 }
                 // Only to a follower whose fencing round can succeed without this replica (which counts for nothing
                 // in it): while fewer healthy followers than a majority are up, the partition stays here, serving
@@ -237,9 +227,9 @@ async fn run(shipper: Weak<Shipper>) {
 }
 
 /// The followers a leadership may go to, the first of them first: the live voters (a learner never leads) other than
-/// this node, in replica order (its round fetches what it lacks from the others), without those whose last answer
-/// here said they are learners on a new disk or that their log refuses appends until a restart (`poisoned`): none of
-/// those counts in a fencing round.
+/// this node, the greatest recorded log first (its round fetches what it lacks from the others), without those whose
+/// last answer here said they are learners on a new disk or that their log refuses appends until a restart
+/// (`poisoned`): none of those counts in a fencing round.
 fn healthy_followers(
     engine: &crate::engine::Engine,
     topic: &crate::engine::topic::Topic,
@@ -253,7 +243,7 @@ fn healthy_followers(
         .map(|s| s.voters())
         .unwrap_or_default();
     let progress = partition.followers_progress();
-    voters
+    let mut healthy: Vec<u32> = voters
         .into_iter()
         .filter(|&n| n != me && engine.node_alive(n))
         .filter(|&n| {
@@ -261,5 +251,10 @@ fn healthy_followers(
                 .iter()
                 .any(|f| f.node == n && (f.poisoned || f.learner))
         })
-        .collect()
+        .collect();
+    // The greatest recorded log first (its round would hand the leadership to the greatest anyway: one hop less),
+    // replica order between equals.
+    let end = |n: u32| progress.iter().find(|f| f.node == n).map_or(0, |f| f.end);
+    healthy.sort_by_key(|&n| std::cmp::Reverse(end(n)));
+    healthy
 }

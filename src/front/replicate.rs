@@ -856,8 +856,16 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             }
             continue;
         }
-        if f.status_asked.get() && f.in_flight.get() == 0 && !f.lagging.get() {
+        if f.status_asked.get()
+            && f.in_flight.get() == 0
+            && !f.lagging.get()
+            && f.answered.get()
+            && matches!(stream.batch_at(f.next.get()), Err(false))
+        {
             // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on.
+            // Only a follower with nothing in flight and nothing kept to send: a probe beside batches could meet
+            // one that crosses an epoch's start and cut what that batch's answer was credited for. (One that is
+            // being sent batches answers each; a lagging one keeps what it last said.)
             f.status_asked.set(false);
             if let Dispatch::Gone = probe(&shipper, &stream, &f) {
                 break;
@@ -1376,18 +1384,20 @@ async fn send(
         // when it answers again (the windows bound what that costs).
         Err(e) => {
             shipper.deposed_by(&stream, &e);
-            if matches!(
+            let refuses_appends = matches!(
                 e,
                 OpError::Engine(crate::engine::EngineError::Partition(
                     crate::partition::PartitionError::LogUnavailable
                 ))
-            ) && !f.poisoned.replace(true)
-            {
-                if f.session.get() == 0 {
-                    // (Its restart clears the flag: `run_follower`.)
-                    f.session.set(shipper.engine().node_session(f.node));
+            );
+            if refuses_appends {
+                if !f.poisoned.replace(true) {
+                    if f.session.get() == 0 {
+                        // (Its restart clears the flag: `run_follower`.)
+                        f.session.set(shipper.engine().node_session(f.node));
+                    }
+                    warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's log refuses appends until its node restarts: it is not given the leadership");
                 }
-                warn!(topic = %stream.topic, partition = stream.partition, follower = f.node, "a follower's log refuses appends until its node restarts: it is not given the leadership");
                 shipper.report(&stream, &f);
             }
             fail(&f, &e.to_string())

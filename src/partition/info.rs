@@ -37,7 +37,6 @@ pub struct FollowerInfo {
     pub learner: bool,
     /// Its last answer said its log refuses appends until its node restarts (a refused sync there): it counts in
     /// no fencing round and is not given the leadership.
-    #[serde(default)]
     pub poisoned: bool,
 }
 

@@ -536,6 +536,11 @@ impl Partition {
     }
 
     async fn load_shards(&self) -> Result<(), PartitionError> {
+        // A frontier file write still under way from an earlier leadership lands first: with no shard yet it raises
+        // the replica's value (`flush_group`), which the shards load from below. Loaded before it landed, a shard
+        // would start below that write, which would then mark the file flushed above it (the next flush's
+        // assertion, and its acked offsets delivered again).
+        self.wait_flushes().await;
         let groups: Vec<Rc<Group>> = self
             .groups
             .borrow()

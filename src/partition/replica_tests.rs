@@ -592,3 +592,95 @@ fn a_restarted_leader_serves_again_only_at_a_newer_epoch_than_one_it_began_befor
         journal.close().await;
     });
 }
+
+/// A leader's frontier file write still held in its fdatasync when it is deposed, named leader again and its shards
+/// load (a consume's touch): the load waits for that write (`load_shards`), so the shard starts at what the write
+/// made durable, not at the file as it stood before. Before, the shard loaded below it (the file not renamed yet,
+/// the replica's value taken before the write), the write then landed with a shard there and marked the file
+/// flushed above it: the next flush tripped the never-lower assertion in `flush_group`, and the acked records were
+/// delivered again.
+#[test]
+fn a_frontier_write_landing_while_a_reelected_leader_loads_its_shards_is_what_they_load_from() {
+    use super::SettleOp;
+    use bytes::Bytes;
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        let offsets = |t: &super::Taken| t.deliveries.iter().map(|d| d.offset).collect::<Vec<_>>();
+        // Leader at epoch 3 over 3 replicas: a, b, c committed, a and b acked (the default group's frontier at 2).
+        p.lead(3, 3, Rc::new(|_, _| {})).await;
+        p.start_serving(3).await.expect("serves at epoch 3");
+        p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
+        let abc = ["a", "b", "c"].map(|s| Bytes::from_static(s.as_bytes()));
+        assert_eq!(p.append(abc.to_vec()).await.unwrap(), 0);
+        p.follower_acked(7, 3);
+        let taken = p.take(DEFAULT_GROUP, 2, 30_000).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0, 1]);
+        let leases: Vec<(u64, u64)> = taken
+            .deliveries
+            .iter()
+            .map(|d| (d.offset, d.nonce))
+            .collect();
+        let acked = p.settle(DEFAULT_GROUP, &leases, SettleOp::Ack).await;
+        assert!(acked.unwrap().iter().all(|r| r.is_ok()));
+
+        // Its frontier file's first write (a new file: a temporary one, renamed once synced) held in its fdatasync.
+        sim.hold_syncs();
+        let flush = {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.flush_frontiers().await })
+        };
+        while sim.held_syncs() == 0 {
+            futures_lite::future::yield_now().await;
+        }
+        // Deposed by epoch 5 meanwhile (its shards go; the durable value it keeps is the file's, none yet), then led
+        // again at epoch 6: its history's syncs go through (held sync 0, the frontier write's, stays held).
+        p.follow(5).await;
+        p.lead(6, 3, Rc::new(|_, _| {})).await;
+        let mut serving = std::pin::pin!(p.start_serving(6));
+        let mut next = 1;
+        let served = loop {
+            if let Some(r) = futures_lite::future::poll_once(serving.as_mut()).await {
+                break r;
+            }
+            if sim.held_syncs() > 1 {
+                sim.release_held_sync(next);
+                next += 1;
+            }
+            futures_lite::future::yield_now().await;
+        };
+        served.expect("serves at epoch 6");
+        p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
+        p.follower_acked(7, 3);
+        // A consume's touch loads the shards while the write is still held.
+        let consume = {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 10, 30_000).await })
+        };
+        for _ in 0..100 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(sim.held_syncs(), 1, "the frontier write is still held");
+        sim.release_syncs();
+        assert_eq!(flush.await.len(), 1, "the held write landed");
+        let taken = consume.await.unwrap();
+        assert_eq!(file(&*storage, DEFAULT_GROUP), Some(2));
+
+        // The next flush writes nothing lower (before: the assertion), and only c was delivered.
+        p.flush_frontiers().await;
+        assert_eq!(file(&*storage, DEFAULT_GROUP), Some(2), "never back");
+        assert_eq!(offsets(&taken), vec![2], "acked records delivered again");
+        let lease = (taken.deliveries[0].offset, taken.deliveries[0].nonce);
+        let acked = p.settle(DEFAULT_GROUP, &[lease], SettleOp::Ack).await;
+        assert!(acked.unwrap().iter().all(|r| r.is_ok()));
+        assert_eq!(p.flush_frontiers().await.len(), 1);
+        assert_eq!(file(&*storage, DEFAULT_GROUP), Some(3));
+        assert!(p
+            .take(DEFAULT_GROUP, 10, 30_000)
+            .await
+            .unwrap()
+            .deliveries
+            .is_empty());
+    });
+}
