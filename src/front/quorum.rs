@@ -16,9 +16,8 @@
 //! (poisoned: a sync refused, or with `replica_ship_early` a journal pass refused after its batch was shipped), as a
 //! failed disk's partitions move in Kafka: the partition is served again by a follower after its round, and this
 //! replica, refusing what is shipped to it, counts for nothing until the node restarts (and recovers, and is caught
-//! up). Its followers are asked where they stand first (a probe each; their answers say whether their own logs
-//! refuse appends), and it goes only when the healthy followers up (alive, and neither learners nor poisoned by their
-//! last answer) are a majority of the voters, since this replica counts for nothing in their round: until then it
+//! up). It goes only when the healthy followers up (alive, and neither learners nor poisoned by their last answer)
+//! are a majority of the voters, since this replica counts for nothing in their round: until then it
 //! keeps the partition, serving what is committed (produces `503`), rather than leave it with a leader that can
 //! serve nothing.
 
@@ -70,8 +69,6 @@ async fn run(shipper: Weak<Shipper>) {
     let mut moved: HashMap<(String, u32), u64> = HashMap::new();
     // Poisoned partitions kept here for want of healthy followers (logged once).
     let mut held: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
-    // Poisoned partitions whose followers were asked where they stand, and when.
-    let mut asked: HashMap<(String, u32), u64> = HashMap::new();
     loop {
         // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
         let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
@@ -94,7 +91,6 @@ async fn run(shipper: Weak<Shipper>) {
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
         held.retain(|key| led.contains(key));
-        asked.retain(|key, _| led.contains(key));
         moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);
         let mut moves = Vec::new();
         let mut stuck_move = None;
@@ -122,13 +118,6 @@ async fn run(shipper: Weak<Shipper>) {
                 // was shipped): the partition is handed to a live follower now, as a disk's failure would be.
                 stuck.remove(&key);
                 let epoch = topic.epoch(p);
-                // Its followers are asked where they stand first (a leader that ships nothing hears nothing, and a
-                // follower whose own log refuses appends could win no round): the answers are read at the next look.
-                if asked.remove(&key).is_none() {
-                    shipper.ask_status(&key);
-                    asked.insert(key.clone(), now);
-                    continue;
-                }
                 // Only to a follower whose fencing round can succeed without this replica (which counts for nothing
                 // in it): while fewer healthy followers than a majority are up, the partition stays here, serving
                 // what is committed, until one returns or this node restarts.

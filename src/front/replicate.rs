@@ -155,8 +155,6 @@ struct Follower {
     /// answered `log_unavailable`: a refused sync there): it counts in no round and must not be given the leadership
     /// (`front/quorum.rs`). Every answer says it again; a new session of its node clears it.
     poisoned: Cell<bool>,
-    /// CheckQuorum asked where it stands (`Shipper::ask_status`): a probe goes once nothing is in flight to it.
-    status_asked: Cell<bool>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
     session: Cell<i64>,
@@ -303,19 +301,6 @@ impl Shipper {
         let mut led: Vec<(String, u32)> = self.streams.borrow().keys().cloned().collect();
         led.sort_unstable();
         led
-    }
-
-    /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it),
-    /// so that its answer says afresh whether its log refuses appends (`Replicated::poisoned`): CheckQuorum asks
-    /// before it hands a poisoned leader's partition on, since a leader that ships nothing hears nothing.
-    pub(super) fn ask_status(&self, key: &(String, u32)) {
-        let Some(stream) = self.streams.borrow().get(key).cloned() else {
-            return;
-        };
-        for f in &stream.followers {
-            f.status_asked.set(true);
-            f.wake.notify(1);
-        }
     }
 
     /// Whether `drain` stopped it (the core is stopping).
@@ -478,7 +463,6 @@ impl Shipper {
                         frontiers: RefCell::new(FrontierQueue::new()),
                         learner: Cell::new(false),
                         poisoned: Cell::new(false),
-                        status_asked: Cell::new(false),
                         session: Cell::new(0),
                         owed: RefCell::new(None),
                         promote_asked: Cell::new(None),
@@ -851,22 +835,6 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             // A learner with nothing else to send: asked (a probe) to promote itself once it has every group's
             // frontier, or asked where it stands so that its answer queues them.
             f.promote_asked.set(Some(shipper.engine().now_ms()));
-            if let Dispatch::Gone = probe(&shipper, &stream, &f) {
-                break;
-            }
-            continue;
-        }
-        if f.status_asked.get()
-            && f.in_flight.get() == 0
-            && !f.lagging.get()
-            && f.answered.get()
-            && matches!(stream.batch_at(f.next.get()), Err(false))
-        {
-            // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on.
-            // Only a follower with nothing in flight and nothing kept to send: a probe beside batches could meet
-            // one that crosses an epoch's start and cut what that batch's answer was credited for. (One that is
-            // being sent batches answers each; a lagging one keeps what it last said.)
-            f.status_asked.set(false);
             if let Dispatch::Gone = probe(&shipper, &stream, &f) {
                 break;
             }
