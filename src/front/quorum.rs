@@ -3,7 +3,7 @@
 //! for as long as the cut lasts, since no follower is elected while its session lives. So each core looks, once a
 //! second, at every replicated partition it leads and serves: when records have waited for their majority and the
 //! commit offset has not moved for [`stuck_for`], it gives the leadership to a follower whose session is alive
-//! (the first healthy one in replica order: [`healthy_followers`]), through core 0 (`Request::MoveLeader`: an etcd
+//! (the healthy one with the greatest recorded log: [`healthy_followers`]), through core 0 (`Request::MoveLeader`: an etcd
 //! transaction, only if the partition is still at the epoch it read). That follower runs its fencing round with the
 //! replicas it can reach, and the old leader, named follower by the view that follows, is deposed (its
 //! unacknowledged records are cut when it is reachable again: truncation by epoch). With no healthy live follower it

@@ -153,7 +153,8 @@ struct Follower {
     learner: Cell<bool>,
     /// Its last answer said its log refuses appends until its node restarts (`Replicated::poisoned`, or a batch
     /// answered `log_unavailable`: a refused sync there): it counts in no round and must not be given the leadership
-    /// (`front/quorum.rs`). Every answer says it again; a new session of its node clears it.
+    /// (`front/quorum.rs`). Every answer says it again; a new session of its node clears it (at once, or by the
+    /// answer to the probe that a new session brings).
     poisoned: Cell<bool>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
