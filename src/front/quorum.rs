@@ -16,8 +16,9 @@
 //! (poisoned: a sync refused, or with `replica_ship_early` a journal pass refused after its batch was shipped), as a
 //! failed disk's partitions move in Kafka: the partition is served again by a follower after its round, and this
 //! replica, refusing what is shipped to it, counts for nothing until the node restarts (and recovers, and is caught
-//! up). It goes only when the healthy followers up (alive, and neither learners nor poisoned by their last answer)
-//! are a majority of the voters, since this replica counts for nothing in their round: until then it
+//! up). Its followers are asked where they stand first (a probe each; their answers say whether their own logs
+//! refuse appends), and it goes only when the healthy followers up (alive, and neither learners nor poisoned by their
+//! last answer) are a majority of the voters, since this replica counts for nothing in their round: until then it
 //! keeps the partition, serving what is committed (produces `503`), rather than leave it with a leader that can
 //! serve nothing.
 
@@ -69,6 +70,8 @@ async fn run(shipper: Weak<Shipper>) {
     let mut moved: HashMap<(String, u32), u64> = HashMap::new();
     // Poisoned partitions kept here for want of healthy followers (logged once).
     let mut held: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
+    // Poisoned partitions whose followers were asked where they stand, and when.
+    let mut asked: HashMap<(String, u32), u64> = HashMap::new();
     loop {
         // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
         let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
@@ -91,6 +94,7 @@ async fn run(shipper: Weak<Shipper>) {
             shipper.streamed().into_iter().collect();
         stuck.retain(|key, _| led.contains(key));
         held.retain(|key| led.contains(key));
+        asked.retain(|key, _| led.contains(key));
         moved.retain(|_, at| now.saturating_sub(*at) < AFTER_A_MOVE.as_millis() as u64);
         let mut moves = Vec::new();
         let mut stuck_move = None;
@@ -118,6 +122,13 @@ async fn run(shipper: Weak<Shipper>) {
                 // was shipped): the partition is handed to a live follower now, as a disk's failure would be.
                 stuck.remove(&key);
                 let epoch = topic.epoch(p);
+                // Its followers are asked where they stand first (a leader that ships nothing hears nothing, and a
+                // follower whose own log refuses appends could win no round): the answers are read at the next look.
+                let Some(&since) = asked.get(&key) else {
+                    shipper.ask_status(&key);
+                    asked.insert(key.clone(), now);
+                    continue;
+                };
                 // Only to a follower whose fencing round can succeed without this replica (which counts for nothing
                 // in it): while fewer healthy followers than a majority are up, the partition stays here, serving
                 // what is committed, until one returns or this node restarts.
@@ -125,18 +136,27 @@ async fn run(shipper: Weak<Shipper>) {
                     .states()
                     .get(p as usize)
                     .map_or(0, |s| s.voters().len());
-                let healthy = healthy_followers(&engine, &topic, &partition, p);
+                let mut healthy = healthy_followers(&engine, &topic, &partition, p);
+                // Counted only if it answered since it was asked (its flag is fresh): one that has not answered
+                // yet (slow, or cut off from this node) may have had its own log fail since it last said.
+                if let Some(answered) = shipper.answered_since(&key, since) {
+                    healthy.retain(|n| answered.contains(n));
+                }
                 let to = healthy
                     .first()
                     .copied()
                     .filter(|_| healthy.len() > voters / 2);
                 let Some(to) = to else {
+                    // Asked again, so that the next look counts those that answered since.
+                    shipper.ask_status(&key);
+                    asked.insert(key.clone(), now);
                     if held.insert(key.clone()) {
                         warn!(topic = %key.0, partition = p, epoch, healthy = healthy.len(), voters, "this replica's log refuses appends until a restart, and too few healthy followers are up to lead instead: it serves what is committed until they are");
                     }
                     continue;
                 };
                 held.remove(&key);
+                asked.remove(&key);
                 warn!(topic = %key.0, partition = p, epoch, commit, end, to, "this replica's log refuses appends until a restart: the leadership goes to a live follower");
                 moved.insert(key.clone(), now);
                 moves.push((key, epoch, topic.id(), to));

@@ -156,6 +156,10 @@ struct Follower {
     /// (`front/quorum.rs`). Every answer says it again; a new session of its node clears it (at once, or by the
     /// answer to the probe that a new session brings).
     poisoned: Cell<bool>,
+    /// CheckQuorum asked where it stands (`Shipper::ask_status`): a probe goes once nothing is in flight to it.
+    status_asked: Cell<bool>,
+    /// When it last answered (the engine's clock, ms): an answer, or a batch refused `log_unavailable`.
+    answered_ms: Cell<u64>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
     session: Cell<i64>,
@@ -302,6 +306,33 @@ impl Shipper {
         let mut led: Vec<(String, u32)> = self.streams.borrow().keys().cloned().collect();
         led.sort_unstable();
         led
+    }
+
+    /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it),
+    /// so that its answer says afresh whether its log refuses appends (`Replicated::poisoned`): CheckQuorum asks
+    /// before it hands a poisoned leader's partition on, since a leader that ships nothing hears nothing.
+    pub(super) fn ask_status(&self, key: &(String, u32)) {
+        let Some(stream) = self.streams.borrow().get(key).cloned() else {
+            return;
+        };
+        for f in &stream.followers {
+            f.status_asked.set(true);
+            f.wake.notify(1);
+        }
+    }
+
+    /// The followers of a partition this core ships that answered at or after `since` (engine ms), or that lag (a
+    /// lagging follower is sent nothing, so it keeps what it last said); None when the partition has no stream here.
+    pub(super) fn answered_since(&self, key: &(String, u32), since: u64) -> Option<Vec<u32>> {
+        let stream = self.streams.borrow().get(key).cloned()?;
+        Some(
+            stream
+                .followers
+                .iter()
+                .filter(|f| f.lagging.get() || f.answered_ms.get() >= since)
+                .map(|f| f.node)
+                .collect(),
+        )
     }
 
     /// Whether `drain` stopped it (the core is stopping).
@@ -464,6 +495,8 @@ impl Shipper {
                         frontiers: RefCell::new(FrontierQueue::new()),
                         learner: Cell::new(false),
                         poisoned: Cell::new(false),
+                        status_asked: Cell::new(false),
+                        answered_ms: Cell::new(0),
                         session: Cell::new(0),
                         owed: RefCell::new(None),
                         promote_asked: Cell::new(None),
@@ -841,6 +874,22 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             }
             continue;
         }
+        if f.status_asked.get()
+            && f.in_flight.get() == 0
+            && !f.lagging.get()
+            && f.answered.get()
+            && matches!(stream.batch_at(f.next.get()), Err(false))
+        {
+            // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on.
+            // Only a follower with nothing in flight and nothing kept to send: a probe beside batches could meet
+            // one that crosses an epoch's start and cut what that batch's answer was credited for. (One that is
+            // being sent batches answers each; a lagging one keeps what it last said.)
+            f.status_asked.set(false);
+            if let Dispatch::Gone = probe(&shipper, &stream, &f) {
+                break;
+            }
+            continue;
+        }
         if !f.lagging.get() && !f.answered.get() {
             // Its end is not known yet in this stream: asked first, before any batch, so that a log that
             // diverges from this leader's (an old leader's unacknowledged tail) is cut before it is sent anything.
@@ -1209,22 +1258,14 @@ async fn send(
         frames: batch.frames.clone(),
         // In which epochs its records (and the one before them) were written, from the leader's history, with an
         // epoch that starts right after them (a follower that has them all holds that leader's log as it began:
-        // `Partition::rank`); a probe carries the leader's whole history up to its end.
+        // `Partition::rank`); a probe carries the leader's whole history, whatever its offset.
         epochs: partition
             .as_ref()
             .map(|p| {
                 if batch.head.count == 0 {
-                    // (A restart probe carries it all: a follower whose log ends past the start is checked
-                    // against all of it, as by a probe at its end.)
-                    p.epoch_history()
-                        .entries()
-                        .iter()
-                        .filter(|e| {
-                            e.epoch <= stream.epoch
-                                && (batch.restart || e.start <= batch.head.first_offset)
-                        })
-                        .copied()
-                        .collect()
+                    // Whatever offset it asks at: a follower whose log ends past it (an answer lost, or a restart
+                    // probe's log that had more) is checked against all of it, as by a probe at its end.
+                    p.epoch_history().up_to_epoch(stream.epoch)
                 } else {
                     // From the entry of the record before the batch: the follower checks its own says the same.
                     p.epochs_covering(batch.head.first_offset.saturating_sub(1), batch.end + 1)
@@ -1264,6 +1305,7 @@ async fn send(
             }
             shipper.learner_answered(&stream, &f, learner);
             f.poisoned.set(poisoned);
+            f.answered_ms.set(shipper.engine().now_ms());
             if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);
@@ -1360,6 +1402,7 @@ async fn send(
                 ))
             );
             if refuses_appends {
+                f.answered_ms.set(shipper.engine().now_ms());
                 if !f.poisoned.replace(true) {
                     if f.session.get() == 0 {
                         // (Its restart clears the flag: `run_follower`.)

@@ -185,8 +185,8 @@ pub fn admit(
             }
             // Its epochs: as a history holds them, the first covering the record before the batch (or starting
             // inside it: records older than the history have none), each other one starting inside the batch or
-            // right after it, none of a newer leadership than the sender's; a probe's, its sender's history up to
-            // the end it probes from.
+            // right after it, none of a newer leadership than the sender's; a probe's, its sender's whole history
+            // (whatever offset it probes from: a follower may hold more of its leader's records than it asks about).
             if r.epochs.len() > crate::ops::replicate::MAX_EPOCH_ENTRIES {
                 return Err(OpError::BatchTooLarge(format!(
                     "{} epoch entries with one batch: more than {}",
@@ -200,14 +200,10 @@ pub fn admit(
                     .iter()
                     .skip(1)
                     .all(|e| e.start >= r.first_offset && e.start <= end);
-            // A probe: the sender's history up to the end it probes from (a restart probe's: all of it).
-            let probe =
-                r.count > 0 || r.restart || r.epochs.iter().all(|e| e.start <= r.first_offset);
             if !crate::storage::epoch_history::ascending(&r.epochs)
                 || (r.count > 0 && r.epochs.first().is_some_and(|e| e.start > end))
                 || !inside
                 || r.epochs.iter().any(|e| e.epoch > r.epoch)
-                || !probe
             {
                 return Err(OpError::InvalidParameter(format!(
                     "epoch entries {:?} do not cover a batch of offsets {}..{end}",
@@ -841,7 +837,8 @@ mod tests {
             admit(&restart(ship(3, 64)), 3, 0, 2, &LIMITS),
             Err(OpError::InvalidParameter(ref m)) if m.contains("only a probe")
         ));
-        // A restart probe carries its sender's whole history, past the start it restarts at; a plain probe does not.
+        // A probe carries its sender's whole history, past the offset it asks at (a restart probe's, past the start it
+        // restarts at).
         let with_history = |r: Request| match r {
             Request::Replicate(mut r) => {
                 use crate::storage::epoch_history::EpochStart;
@@ -859,10 +856,7 @@ mod tests {
             _ => unreachable!(),
         };
         assert!(admit(&with_history(restart(probe(0))), 3, 0, 2, &LIMITS).is_ok());
-        assert!(matches!(
-            admit(&with_history(probe(0)), 3, 0, 2, &LIMITS),
-            Err(OpError::InvalidParameter(_))
-        ));
+        assert!(admit(&with_history(probe(0)), 3, 0, 2, &LIMITS).is_ok());
         // No offset beyond any log.
         let far = |r: Request| match r {
             Request::Replicate(mut r) => {
@@ -886,7 +880,7 @@ mod tests {
             Err(OpError::InvalidParameter(_))
         ));
         // Its epochs: the one covering the record before it, then each starting inside it or right after it,
-        // ascending; a probe's, the sender's history up to the end it probes from.
+        // ascending; a probe's, the sender's whole history, ascending, none newer than its epoch.
         use crate::storage::epoch_history::EpochStart;
         const EPOCH: u64 = 1; // the sender's, as `ship` makes it
         let with = |first: u64, count: u32, epochs: &[(u64, u64)]| match ship(3, 64) {
@@ -917,6 +911,8 @@ mod tests {
             with(10, 0, &[(EPOCH, 3)]),
             with(10, 0, &[(0, 3)]),
             with(10, 0, &[(0, 3), (EPOCH, 4)]),
+            with(10, 0, &[(EPOCH, 11)]),
+            with(10, 0, &[(0, 3), (EPOCH, 11)]),
             with(10, 5, &[(0, 0), (1, 10)]),
         ] {
             assert!(admit(&good, 3, 0, 2, &LIMITS).is_ok(), "{good:?}");
@@ -925,9 +921,8 @@ mod tests {
             with(10, 5, &[(1, 16)]),
             with(10, 5, &[(0, 0), (1, 9)]),
             with(10, 5, &[(0, 0), (1, 16)]),
-            with(10, 0, &[(EPOCH, 11)]),
-            with(10, 0, &[(0, 3), (EPOCH, 11)]),
             with(10, 0, &[(EPOCH, 3), (0, 4)]),
+            with(10, 0, &[(0, 3), (EPOCH + 1, 11)]),
             with(10, 5, &[(1, 0), (0, 12)]),
             with(10, 5, &[(0, 0), (1, 12), (2, 12)]),
             with(10, 5, &[(2, 0)]),

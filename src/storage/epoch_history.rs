@@ -77,6 +77,18 @@ impl EpochHistory {
             .collect()
     }
 
+    /// What a probe from this history's leader at `epoch` carries: every entry up to that epoch, whatever offset the
+    /// probe asks at. Never only those up to the probe's offset: a follower holding more of this leader's records
+    /// than the probe asks about (a lost answer, then its node restarted) would read the entries left out as another
+    /// leadership's and cut records a majority may hold (`divergence`).
+    pub fn up_to_epoch(&self, epoch: u64) -> Vec<EpochStart> {
+        self.entries
+            .iter()
+            .filter(|e| e.epoch <= epoch)
+            .copied()
+            .collect()
+    }
+
     /// Where the records of `epoch` end here: the start of the first later epoch (None: no later epoch, so at the
     /// log's end). A replica whose last epoch is `epoch` keeps its log below this and cuts the rest.
     pub fn end_of(&self, epoch: u64) -> Option<u64> {
@@ -305,6 +317,39 @@ mod tests {
             assert!(h.begin(epoch, start));
         }
         h
+    }
+
+    /// A probe asked below a follower's end (its answer to a batch was lost, so its leader resends from what it last
+    /// heard, and its node restarted meanwhile): the follower holds this leader's records past the probe's offset,
+    /// across an epoch's start, and none of them is cut.
+    #[test]
+    fn a_probe_below_a_followers_end_carries_the_leaders_whole_history_and_cuts_none_of_its_records(
+    ) {
+        let leader = history(&[(8, 0), (9, 5), (12, 9)]);
+        // The follower took every batch up to 11, the last one's answer lost: its leader believes it at 3.
+        let follower = history(&[(8, 0), (9, 5), (12, 9)]);
+        let probe = leader.up_to_epoch(12);
+        assert_eq!(probe, leader.entries());
+        assert_eq!(follower.divergence(&probe, 11), None);
+        assert_eq!(follower.clone().follow(&probe, 11), Ok(false));
+        // What the entries up to the probe's offset alone would say: its records from 5 on are another leadership's.
+        let cut: Vec<EpochStart> = leader
+            .entries()
+            .iter()
+            .copied()
+            .filter(|e| e.start <= 3)
+            .collect();
+        assert_eq!(follower.divergence(&cut, 11), Some(5));
+        // A follower holding another leadership's records past the probe is still cut where they begin.
+        let other = history(&[(8, 0), (10, 5)]);
+        assert_eq!(other.divergence(&probe, 8), Some(5));
+        // A lagging follower takes the entries past its end, and its next batches continue them.
+        let mut lagging = history(&[(8, 0)]);
+        assert_eq!(lagging.divergence(&probe, 4), None);
+        assert_eq!(lagging.follow(&probe, 4), Ok(true));
+        assert_eq!(lagging.entries(), leader.entries());
+        // An older leadership's stream carries nothing of a newer one.
+        assert_eq!(leader.up_to_epoch(9), vec![e(8, 0), e(9, 5)]);
     }
 
     /// Truncation by epoch: where a replica's log stops being its leader's, read from the two histories.
