@@ -2788,6 +2788,167 @@ fn a_follower_whose_log_refuses_appends_is_not_handed_the_leadership_until_its_n
     hands_over_and_serves(&c, leader, [sick, well], "pf", &mut want, &mut tried);
 }
 
+/// A follower whose log starts refusing appends AFTER its last answer to its leader (its node's journal poisoned
+/// through a partition of another topic on the same core: every log of a core shares its journal, so every one of
+/// them refuses appends) has said nothing of it to the leader, which ships it nothing meanwhile. When the leader's
+/// own log then refuses appends (its journal poisoned the same way, with nothing produced to the replicated topic in
+/// between), it hands the partition over only on answers given since it asked (`Shipper::ask_status`,
+/// `Shipper::answered_since`): the follower's fresh answer says its log refuses appends, so the leader keeps the
+/// partition, serving what is committed (produces `503 log_unavailable`), until the follower's node restarts; then
+/// the leadership goes to a healthy follower, and every acknowledged record is served once. Deciding on what each
+/// follower last said handed the partition to a follower whose fencing round could not win (two of the three replicas
+/// refuse appends, and count for nothing in it), and nobody served it.
+#[test]
+fn a_follower_whose_log_refuses_appends_since_its_last_answer_is_not_handed_the_leadership() {
+    poisoned_since_its_last_answer("poisoned_since", "ps", false);
+}
+
+/// [`a_follower_whose_log_refuses_appends_since_its_last_answer_is_not_handed_the_leadership`], with the follower cut
+/// off from its leader only (it keeps its etcd session) before the leader's log refuses appends: it cannot answer
+/// the leader's ask, so it is not counted healthy although what it last said is (it is not handed the leadership);
+/// healed, it answers that its log refuses appends, and the leader still keeps the partition until its node restarts.
+#[test]
+fn a_follower_cut_off_from_its_poisoned_leader_is_not_counted_healthy_on_what_it_last_said() {
+    poisoned_since_its_last_answer("poisoned_since_cut", "pk", true);
+}
+
+/// The two tests above: three nodes (each in its own network namespace with `cut`), topic `topic` replicated on all
+/// three; follower `sick`'s journal refuses appends, unknown to leader `leader`, then the leader's (with `cut`, the
+/// leader and `sick` cut off each other in between, and healed once the leader has kept the partition).
+fn poisoned_since_its_last_answer(name: &str, topic: &str, cut: bool) {
+    let _g = serial();
+    let Some((mut c, [leader, sick, well], mut want)) = five_replicated(name, topic, cut) else {
+        return;
+    };
+    let mut tried: HashSet<String> = HashSet::new();
+    // A topic of one replica per partition, spread over the nodes: one of its partitions on the follower's node, one
+    // on the leader's (each node runs one core, so one journal).
+    put_topic(c.node(0), "/topics/own?partitions=3&replicas=1");
+    let owned_by = |i: usize| -> u64 {
+        let parts = partitions(c.node(0), "own");
+        parts
+            .iter()
+            .find(|e| e["node"].as_str().is_some_and(|n| c.index_of(n) == i))
+            .and_then(|e| e["partition"].as_u64())
+            .unwrap_or_else(|| panic!("no partition of 'own' on {}: {parts:?}", c.node(i).id))
+    };
+    let (on_sick, on_leader) = (owned_by(sick), owned_by(leader));
+    let sick_id = c.node(sick).id.clone();
+    let sick_record = |c: &Cluster| -> serde_json::Value {
+        let p = partitions(c.node(leader), topic).remove(0);
+        p["followers"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["node"] == sick_id.as_str()).cloned())
+            .unwrap_or_else(|| panic!("no record of {sick_id} in {p}"))
+    };
+    // The follower's node's journal refuses appends, through its own partition of 'own': nothing of `topic` moves,
+    // so its leader sends it nothing and still has it healthy, at its end.
+    poison_journal(&c, sick, "own", on_sick);
+    let f = sick_record(&c);
+    assert_eq!(f["poisoned"], false, "{f}");
+    assert_eq!(f["end_offset"].as_u64(), Some(5), "{f}");
+    if cut {
+        c.block(leader, sick);
+    }
+    // The leader's too, through its own partition of 'own': its log of `topic` refuses appends as well.
+    poison_journal(&c, leader, "own", on_leader);
+    // Its next looks ask its followers where they stand and count the answers: it keeps the partition.
+    let decided = wait_for(
+        "the poisoned leader to decide on its followers' fresh answers",
+        Duration::from_secs(10),
+        || {
+            let log = c.node(leader).log_text();
+            if log.contains("the leadership goes to a live follower") {
+                Ok(false)
+            } else if log.contains("too few healthy followers are up to lead instead") {
+                Ok(true)
+            } else {
+                Err("neither handed over nor held yet".to_string())
+            }
+        },
+    );
+    if !decided {
+        // Handed to the follower whose log refuses appends (its round counts neither it nor the leader), or to the
+        // other one (whose round has no majority either): the partition is served by nobody.
+        let log = c.node(leader).log_text();
+        let moved = log
+            .lines()
+            .find(|l| l.contains("the leadership goes to a live follower"))
+            .unwrap_or_default();
+        // What the partition serves for 5 s after (for the failure message only).
+        let since = Instant::now();
+        let mut answers = BTreeMap::new();
+        while since.elapsed() < Duration::from_secs(5) {
+            let a = c
+                .node(well)
+                .post(&format!("/produce?topic={topic}"), b"after-the-move");
+            *answers
+                .entry(format!("{} {}", a.status, a.text()))
+                .or_insert(0) += 1;
+            thread::sleep(ms(100));
+        }
+        panic!(
+            "the poisoned leader handed the partition over although {sick_id}'s log refuses appends since its last \
+             answer (it logged: {moved}); produces through {} for 5 s after were answered {answers:#?}",
+            c.node(well).id
+        );
+    }
+    if cut {
+        // It has not answered since: what it last said stands in the leader's record, and counts for nothing.
+        assert_keeps_and_serves(&c, leader, well, topic, &want);
+        let f = sick_record(&c);
+        assert_eq!(f["poisoned"], false, "{f}");
+        c.unblock(leader, sick);
+    }
+    wait_for(
+        "the leader to record its follower's log refusing appends (its fresh answer)",
+        Duration::from_secs(20),
+        || {
+            let f = sick_record(&c);
+            if f["poisoned"] == true {
+                Ok(())
+            } else {
+                Err(f.to_string())
+            }
+        },
+    );
+    assert_keeps_and_serves(&c, leader, well, topic, &want);
+    let a = c
+        .node(leader)
+        .post(&format!("/produce?topic={topic}"), b"refused");
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(a.json()["error"], "log_unavailable", "{}", a.text());
+    tried.insert("refused".to_string());
+    // The follower's node restarted: its log recovers, and the leadership goes to a healthy follower.
+    c.kill9(sick);
+    c.start_again(sick);
+    hands_over_and_serves(&c, leader, [sick, well], topic, &mut want, &mut tried);
+}
+
+/// Fails every fdatasync of node `i` (strace) until a produce to its partition `p` of `topic` (of one replica) is
+/// answered `503 log_unavailable`: its core's journal, and so every log of that core, refuses appends until a
+/// restart. strace is detached on return.
+fn poison_journal(c: &Cluster, i: usize, topic: &str, p: u64) {
+    let mut tracer = fail_every_fdatasync(c.node(i));
+    let mut n = 0;
+    wait_for(
+        &format!("{}'s journal to refuse appends", c.node(i).id),
+        Duration::from_secs(20),
+        || {
+            tracer.check();
+            n += 1;
+            let a = c.node(i).post(
+                &format!("/produce?topic={topic}&partition={p}"),
+                format!("x{n}").as_bytes(),
+            );
+            match (a.status, a.json()["error"].as_str()) {
+                (503, Some("log_unavailable")) => Ok(()),
+                _ => Err(format!("{} {}", a.status, a.text())),
+            }
+        },
+    );
+}
+
 /// Fails every fdatasync of node `leader` (strace) until its log refuses appends (`503 log_unavailable`), producing
 /// through it meanwhile: a `200` (before the tracer attached) joins `want`, anything else `tried`.
 fn poison_leader(

@@ -16,9 +16,10 @@
 //! (poisoned: a sync refused, or with `replica_ship_early` a journal pass refused after its batch was shipped), as a
 //! failed disk's partitions move in Kafka: the partition is served again by a follower after its round, and this
 //! replica, refusing what is shipped to it, counts for nothing until the node restarts (and recovers, and is caught
-//! up). Its followers are asked where they stand first (a probe each; their answers say whether their own logs
-//! refuse appends), and it goes only when the healthy followers up (alive, and neither learners nor poisoned by their
-//! last answer) are a majority of the voters, since this replica counts for nothing in their round: until then it
+//! up). Its followers are asked where they stand first (a probe each, once nothing is in flight to it; their answers
+//! say whether their own logs refuse appends), and it goes only when the healthy followers up (alive, neither
+//! learners nor poisoned, and answered since they were asked, or lagging: a lagging follower is not asked and keeps
+//! what it last said) are a majority of the voters, since this replica counts for nothing in their round: until then it
 //! keeps the partition, serving what is committed (produces `503`), rather than leave it with a leader that can
 //! serve nothing.
 
@@ -139,9 +140,8 @@ async fn run(shipper: Weak<Shipper>) {
                 let mut healthy = healthy_followers(&engine, &topic, &partition, p);
                 // Counted only if it answered since it was asked (its flag is fresh): one that has not answered
                 // yet (slow, or cut off from this node) may have had its own log fail since it last said.
-                if let Some(answered) = shipper.answered_since(&key, since) {
-                    healthy.retain(|n| answered.contains(n));
-                }
+                let answered = shipper.answered_since(&key, since).unwrap_or_default();
+                healthy.retain(|n| answered.contains(n));
                 let to = healthy
                     .first()
                     .copied()
@@ -162,6 +162,8 @@ async fn run(shipper: Weak<Shipper>) {
                 moves.push((key, epoch, topic.id(), to));
                 continue;
             }
+            // Not (or no longer) a poisoned leader deciding: the next time it is, it asks afresh.
+            asked.remove(&key);
             if stuck_move.is_some() {
                 // One stuck partition per look (the others keep their place for the next).
                 continue;

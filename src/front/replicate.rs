@@ -308,7 +308,8 @@ impl Shipper {
         led
     }
 
-    /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it),
+    /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it and
+    /// its backoff is over; one that lags is not asked),
     /// so that its answer says afresh whether its log refuses appends (`Replicated::poisoned`): CheckQuorum asks
     /// before it hands a poisoned leader's partition on, since a leader that ships nothing hears nothing.
     pub(super) fn ask_status(&self, key: &(String, u32)) {
@@ -874,16 +875,13 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             }
             continue;
         }
-        if f.status_asked.get()
-            && f.in_flight.get() == 0
-            && !f.lagging.get()
-            && f.answered.get()
-            && matches!(stream.batch_at(f.next.get()), Err(false))
-        {
-            // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on.
-            // Only a follower with nothing in flight and nothing kept to send: a probe beside batches could meet
-            // one that crosses an epoch's start and cut what that batch's answer was credited for. (One that is
-            // being sent batches answers each; a lagging one keeps what it last said.)
+        if f.status_asked.get() && f.in_flight.get() == 0 && !f.lagging.get() && f.answered.get() {
+            // CheckQuorum asked where it stands (whether its log refuses appends) before it hands the leadership on:
+            // once nothing is in flight to it, whatever is left to send it (a poisoned leader's followers may wait
+            // for a catch-up past its log's end that never comes: each needs an answer all the same). A probe carries
+            // the leader's whole history, so one below what the follower holds of this leadership cuts none of it.
+            // (A follower not asked yet in this stream is probed below anyway; a lagging one keeps what it last
+            // said.)
             f.status_asked.set(false);
             if let Dispatch::Gone = probe(&shipper, &stream, &f) {
                 break;
