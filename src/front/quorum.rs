@@ -71,8 +71,10 @@ async fn run(shipper: Weak<Shipper>) {
     let mut moved: HashMap<(String, u32), u64> = HashMap::new();
     // Poisoned partitions kept here for want of healthy followers (logged once).
     let mut held: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
-    // Poisoned partitions whose followers were asked where they stand, and when.
-    let mut asked: HashMap<(String, u32), u64> = HashMap::new();
+    // Poisoned partitions whose followers were asked where they stand: when, at the last two looks that asked (an
+    // answer since the earlier one counts, so a follower answering once a second, its retries backed off, is not
+    // missed by a window of one look).
+    let mut asked: HashMap<(String, u32), (u64, u64)> = HashMap::new();
     loop {
         // On the engine's clock (the simulation's manual one under it); the shipper is not held while asleep.
         let Some(clock) = shipper.upgrade().map(|s| s.engine().clock().clone()) else {
@@ -102,11 +104,13 @@ async fn run(shipper: Weak<Shipper>) {
         for key in led {
             let Ok(topic) = engine.topic(&key.0) else {
                 stuck.remove(&key);
+                asked.remove(&key);
                 continue;
             };
             let p = key.1;
             let Some(partition) = topic.owned_partition(p) else {
                 stuck.remove(&key);
+                asked.remove(&key);
                 continue;
             };
             let (commit, end) = (partition.readable_end(), partition.log.end_offset());
@@ -125,9 +129,9 @@ async fn run(shipper: Weak<Shipper>) {
                 let epoch = topic.epoch(p);
                 // Its followers are asked where they stand first (a leader that ships nothing hears nothing, and a
                 // follower whose own log refuses appends could win no round): the answers are read at the next look.
-                let Some(&since) = asked.get(&key) else {
+                let Some(&(since, last)) = asked.get(&key) else {
                     shipper.ask_status(&key);
-                    asked.insert(key.clone(), now);
+                    asked.insert(key.clone(), (now, now));
                     continue;
                 };
                 // Only to a follower whose fencing round can succeed without this replica (which counts for nothing
@@ -149,7 +153,7 @@ async fn run(shipper: Weak<Shipper>) {
                 let Some(to) = to else {
                     // Asked again, so that the next look counts those that answered since.
                     shipper.ask_status(&key);
-                    asked.insert(key.clone(), now);
+                    asked.insert(key.clone(), (last, now));
                     if held.insert(key.clone()) {
                         warn!(topic = %key.0, partition = p, epoch, healthy = healthy.len(), voters, "this replica's log refuses appends until a restart, and too few healthy followers are up to lead instead: it serves what is committed until they are");
                     }
@@ -162,8 +166,10 @@ async fn run(shipper: Weak<Shipper>) {
                 moves.push((key, epoch, topic.id(), to));
                 continue;
             }
-            // Not (or no longer) a poisoned leader deciding: the next time it is, it asks afresh.
+            // Not (or no longer) a poisoned leader deciding: the next time it is, it asks afresh (and says so again
+            // if it holds the partition).
             asked.remove(&key);
+            held.remove(&key);
             if stuck_move.is_some() {
                 // One stuck partition per look (the others keep their place for the next).
                 continue;
