@@ -144,7 +144,7 @@ async fn run(shipper: Weak<Shipper>) {
                 let mut healthy = healthy_followers(&engine, &topic, &partition, p);
                 // Counted only if it answered since it was asked (its flag is fresh): one that has not answered
                 // yet (slow, or cut off from this node) may have had its own log fail since it last said.
-                let answered = shipper.answered_since(&key, since).unwrap_or_default();
+                let answered = shipper.answered_since(&key, since);
                 healthy.retain(|n| answered.contains(n));
                 let to = healthy
                     .first()

@@ -309,9 +309,9 @@ impl Shipper {
     }
 
     /// Asks each follower of a partition this core ships where it stands (a probe, once nothing is in flight to it and
-    /// its backoff is over; one that lags is not asked),
-    /// so that its answer says afresh whether its log refuses appends (`Replicated::poisoned`): CheckQuorum asks
-    /// before it hands a poisoned leader's partition on, since a leader that ships nothing hears nothing.
+    /// its backoff is over; one that lags is not asked), so that its answer says afresh whether its log refuses
+    /// appends (`Replicated::poisoned`): CheckQuorum asks before it hands a poisoned leader's partition on, since a
+    /// leader that ships nothing hears nothing.
     pub(super) fn ask_status(&self, key: &(String, u32)) {
         let Some(stream) = self.streams.borrow().get(key).cloned() else {
             return;
@@ -323,17 +323,17 @@ impl Shipper {
     }
 
     /// The followers of a partition this core ships that answered at or after `since` (engine ms), or that lag (a
-    /// lagging follower is sent nothing, so it keeps what it last said); None when the partition has no stream here.
-    pub(super) fn answered_since(&self, key: &(String, u32), since: u64) -> Option<Vec<u32>> {
-        let stream = self.streams.borrow().get(key).cloned()?;
-        Some(
-            stream
-                .followers
-                .iter()
-                .filter(|f| f.lagging.get() || f.answered_ms.get() >= since)
-                .map(|f| f.node)
-                .collect(),
-        )
+    /// lagging follower is sent nothing, so it keeps what it last said); none when the partition has no stream here.
+    pub(super) fn answered_since(&self, key: &(String, u32), since: u64) -> Vec<u32> {
+        let Some(stream) = self.streams.borrow().get(key).cloned() else {
+            return Vec::new();
+        };
+        stream
+            .followers
+            .iter()
+            .filter(|f| f.lagging.get() || f.answered_ms.get() >= since)
+            .map(|f| f.node)
+            .collect()
     }
 
     /// Whether `drain` stopped it (the core is stopping).
