@@ -87,6 +87,17 @@ pub struct ClusterSettings {
     /// kept from refusing a pass after its batch was shipped (docs/replication.md, step 4).
     #[serde(default)]
     pub replica_ship_early: bool,
+    /// A replicated partition's leader hands out leases (consumes) only while a majority of its replicas, itself
+    /// counted, answered it within this long; a new leader hands out none for this long and an eighth after its
+    /// fencing round, so that a deposed leader that has not heard of its successor (a stalled metastore watch, its
+    /// followers out of reach) never hands out what its successor settled (docs/replication.md, "The leader's
+    /// lease"). Longer rides out slower answers; shorter fails consumes over sooner (100 to 60000). Default 1000.
+    #[serde(default = "default_replica_lease")]
+    pub replica_lease_ms: u64,
+}
+
+fn default_replica_lease() -> u64 {
+    crate::partition::lease::DEFAULT_LEASE_MS
 }
 
 fn default_replica_window() -> u64 {
@@ -408,6 +419,9 @@ impl Config {
             if !(1..=600_000).contains(&cluster.replica_timeout_ms) {
                 return Err("replica_timeout_ms must be 1 to 600000".into());
             }
+            if !(100..=60_000).contains(&cluster.replica_lease_ms) {
+                return Err("replica_lease_ms must be 100 to 60000".into());
+            }
             if !((1 << 20)..=(4 << 30)).contains(&cluster.replica_window_bytes) {
                 return Err("replica_window_bytes must be 1048576 to 4294967296".into());
             }
@@ -702,6 +716,7 @@ mod tests {
             replica_max_in_flight: 8,
             replica_gather_us: 0,
             replica_ship_early: false,
+            replica_lease_ms: 1000,
         });
         (config, dir)
     }

@@ -20,6 +20,9 @@ pub enum Bug {
     /// they stay unavailable while a majority of healthy replicas could serve them (a liveness bug, found when the
     /// healed cluster does not serve what was acknowledged).
     PoisonedLeaderStays,
+    /// A replicated leader hands out leases without a lease of its own (`partition/lease.rs`): one deposed without
+    /// hearing of it (its watch stalled, its followers out of reach) hands out again what its successor settled.
+    NoLeaderLease,
     /// The journal's frontier records leave out the acks above the frontier (`Partition::moved_frontiers`), though
     /// the process counts them durable.
     AcksNotJournaled,

@@ -405,6 +405,10 @@ struct ServeArgs {
     /// it is answered 503 not_enough_replicas [default 2000].
     #[arg(long)]
     replica_timeout_ms: Option<u64>,
+    /// Cluster mode: milliseconds a replicated partition's leader hands out leases after a majority of its replicas
+    /// last answered it; a new leader waits this long and an eighth before it hands out any [default 1000].
+    #[arg(long)]
+    replica_lease_ms: Option<u64>,
     /// HTTPS: the certificate chain (PEM) the listener presents; with --tls-key-file it speaks HTTPS only.
     #[arg(long)]
     tls_cert_file: Option<PathBuf>,
@@ -699,6 +703,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 replica_max_in_flight: 8,
                 replica_gather_us: 0,
                 replica_ship_early: false,
+                replica_lease_ms: berth::partition::lease::DEFAULT_LEASE_MS,
             });
         cluster.etcd = etcd;
         cluster.node_id = node_id;
@@ -736,6 +741,9 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         if let Some(v) = args.replica_timeout_ms {
             cluster.replica_timeout_ms = v;
         }
+        if let Some(v) = args.replica_lease_ms {
+            cluster.replica_lease_ms = v;
+        }
         config.cluster = Some(cluster);
     } else if args.node_id.is_some()
         || args.advertise.is_some()
@@ -748,10 +756,11 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
         || args.peer_tls_client_auth
         || args.replication_preview
         || args.replica_timeout_ms.is_some()
+        || args.replica_lease_ms.is_some()
     {
         return Err(
             "--node-id, --advertise, --peer-listen, --peer-token-file, --etcd-grace, --peer-tls-*, \
-             --replication-preview and --replica-timeout-ms need --cluster"
+             --replication-preview, --replica-timeout-ms and --replica-lease-ms need --cluster"
                 .into(),
         );
     }

@@ -477,6 +477,7 @@ impl Engine {
             fifo: config.fifo,
         })
         .await
+        .inspect(|partition| partition.set_lease_ms(self.replica_lease_ms()))
     }
 
     /// The wake-up of partition `p` of topic `name` led here: its consumers hear of what became deliverable.

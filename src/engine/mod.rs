@@ -274,6 +274,16 @@ impl Engine {
         )
     }
 
+    /// How long a replicated leader's lease on its takes lasts, ms (`[cluster] replica_lease_ms`).
+    pub fn replica_lease_ms(&self) -> u64 {
+        self.config
+            .cluster
+            .as_ref()
+            .map_or(crate::partition::lease::DEFAULT_LEASE_MS, |c| {
+                c.replica_lease_ms
+            })
+    }
+
     pub fn clock(&self) -> &Rc<dyn Clock> {
         &self.clock
     }

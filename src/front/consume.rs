@@ -83,6 +83,8 @@ struct Round {
     unavailable: bool,
     /// Why (the first owner's reason).
     why: Option<String>,
+    /// The soonest an unavailable partition may be served, in ms (`Probed::retry_in_ms`).
+    retry_in_ms: Option<u64>,
     /// Some owner could not be told to wake this core.
     unregistered: bool,
     /// Cluster mode: some owner on another node was probed (and registered this core for wake-ups).
@@ -139,6 +141,20 @@ impl Front {
             }
             if round.diverted > 0 {
                 continue;
+            }
+            // A partition that may be served within the consume's wait (a new leader waiting out its predecessor's
+            // lease): waited for.
+            let soon = round.retry_in_ms.map(|ms| clock.now_ms() + ms);
+            if let (true, Some(w), Some(at)) = (round.unavailable, waiter, soon) {
+                if at < deadline && !engine.is_stopping() {
+                    let parked_at = clock.now_us();
+                    w.wait(clock.sleep_until(at)).await;
+                    parked_us.set(parked_us.get() + clock.now_us().saturating_sub(parked_at));
+                    if topic.is_deleted() {
+                        return Err(EngineError::TopicNotFound(params.topic.clone()).into());
+                    }
+                    continue;
+                }
             }
             if round.unavailable {
                 // A partition with something to deliver could not be served: say so (503, retry) rather than park.
@@ -288,6 +304,7 @@ impl Front {
                         why,
                         none_owned,
                         budget_spent,
+                        retry_in_ms,
                     } = probed;
                     if budget_spent {
                         // Other owners would each read a record only to give it back.
@@ -298,6 +315,9 @@ impl Front {
                     round.unavailable |= unavailable;
                     if round.why.is_none() {
                         round.why = why;
+                    }
+                    if let Some(ms) = retry_in_ms {
+                        round.retry_in_ms = Some(round.retry_in_ms.map_or(ms, |r| r.min(ms)));
                     }
                     let leased = deliveries.len();
                     // Boxed, and only when a delivery is over the limit: the diversion's future (a produce and a

@@ -158,8 +158,16 @@ struct Follower {
     poisoned: Cell<bool>,
     /// CheckQuorum asked where it stands (`Shipper::ask_status`): a probe goes once nothing is in flight to it.
     status_asked: Cell<bool>,
+    /// The leader's lease asked for a renewal (`partition/lease.rs`): an empty `ReplicateFrontiers` goes, lagging or
+    /// not, whatever else is in flight.
+    lease_asked: Cell<bool>,
+    /// A renewal of the lease is in flight to it.
+    pinging: Cell<bool>,
     /// When it last answered (the engine's clock, ms): an answer, or a batch refused `log_unavailable`.
     answered_ms: Cell<u64>,
+    /// When the newest request it answered at this stream's epoch was sent (the engine's clock, ms; 0: none): what
+    /// it grants the leader's lease (`partition/lease.rs`).
+    granted_ms: Cell<u64>,
     /// Its node's metastore session when it last answered: another one means the node restarted (its disk may be
     /// a new one), and it is probed again.
     session: Cell<i64>,
@@ -497,7 +505,10 @@ impl Shipper {
                         learner: Cell::new(false),
                         poisoned: Cell::new(false),
                         status_asked: Cell::new(false),
+                        lease_asked: Cell::new(false),
+                        pinging: Cell::new(false),
                         answered_ms: Cell::new(0),
+                        granted_ms: Cell::new(0),
                         session: Cell::new(0),
                         owed: RefCell::new(None),
                         promote_asked: Cell::new(None),
@@ -513,6 +524,19 @@ impl Shipper {
         });
         for f in &stream.followers {
             glommio::spawn_local(run_follower(self.clone(), stream.clone(), f.clone())).detach();
+        }
+        // A take that finds the lease old asks every follower where it stands: their answers renew it.
+        if let Some(partition) = topic.owned_partition(head.partition) {
+            let weak = Rc::downgrade(&stream);
+            partition.set_lease_renewer(Some(Rc::new(move || {
+                let Some(stream) = weak.upgrade().filter(|s| !s.closed.get()) else {
+                    return;
+                };
+                for f in &stream.followers {
+                    f.lease_asked.set(true);
+                    f.wake.notify(1);
+                }
+            })));
         }
         Some(stream)
     }
@@ -574,6 +598,57 @@ impl Shipper {
                 p.follower_acked(f.node, f.credit.get());
             }
         }
+    }
+
+    /// Follower `f` answered a request of this stream sent at `sent_at`: the leader's lease runs until a lease after
+    /// the newest time a majority of the voters (this leader counted) answered (`partition/lease.rs`). Only
+    /// answers at the epoch its partition is led at now, from voters that answered as such (a learner on a new
+    /// disk counts in no round).
+    fn lease_answered(&self, stream: &Stream, f: &Follower, sent_at: u64) {
+        if f.learner.get() {
+            return;
+        }
+        f.granted_ms.set(f.granted_ms.get().max(sent_at));
+        let Ok(topic) = self.engine().topic(&stream.topic) else {
+            return;
+        };
+        if stream.closed.get()
+            || topic.id() != stream.topic_id
+            || topic.epoch(stream.partition) != stream.epoch
+        {
+            return;
+        }
+        let Some(partition) = topic.owned_partition(stream.partition) else {
+            return;
+        };
+        let states = topic.states();
+        let Some(state) = states.get(stream.partition as usize) else {
+            return;
+        };
+        let voter = |n: NodeIndex| state.replicas.contains(&n) && !state.learners.contains(&n);
+        if !voter(self.engine().node()) {
+            return;
+        }
+        // Followers needed besides this leader for a majority of the voters (R is at most 7: no allocation).
+        let need = state.replicas.iter().filter(|&&n| voter(n)).count() / 2;
+        if need == 0 {
+            partition.lease_granted(u64::MAX);
+            return;
+        }
+        let mut grants = [0u64; 8];
+        let mut n = 0;
+        for g in &stream.followers {
+            if n < grants.len() && voter(g.node) && !g.learner.get() && g.granted_ms.get() > 0 {
+                grants[n] = g.granted_ms.get();
+                n += 1;
+            }
+        }
+        if n < need {
+            return;
+        }
+        let grants = &mut grants[..n];
+        grants.sort_unstable_by(|a, b| b.cmp(a));
+        partition.lease_granted(grants[need - 1].saturating_add(partition.lease_ms()));
     }
 
     /// Follower `f` answered, as a learner or not. A learner is owed every group's frontier, once per stream (queued
@@ -815,6 +890,21 @@ async fn run_follower(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>)
             if !shipper.still_leads(&stream) {
                 break;
             }
+            continue;
+        }
+        if f.lease_asked.get() && !f.pinging.get() {
+            // The leader's lease asked for a renewal: a request of no frontiers, lagging or not (it says only that
+            // the follower has not fenced this leadership past, and touches nothing of its log).
+            f.lease_asked.set(false);
+            let Some(to) = shipper.follower_location(&stream, f.node) else {
+                if !shipper.still_leads(&stream) {
+                    break;
+                }
+                continue;
+            };
+            f.pinging.set(true);
+            glommio::spawn_local(renew_lease(shipper.clone(), stream.clone(), f.clone(), to))
+                .detach();
             continue;
         }
         // Frontiers first, whether or not it lags (they do not depend on its log), one request at a time.
@@ -1121,6 +1211,31 @@ fn stale_epoch_known(e: &OpError) -> Option<u64> {
     }
 }
 
+/// Asks follower `f` to renew the leader's lease: a `ReplicateFrontiers` of no marks, which a replica answers only at
+/// an epoch it has not fenced past (`ops::replicate::apply_frontiers`), granting the lease from when it was sent.
+async fn renew_lease(shipper: Rc<Shipper>, stream: Rc<Stream>, f: Rc<Follower>, to: Location) {
+    let sent_at = shipper.engine().now_ms();
+    let request = Request::ReplicateFrontiers(ReplicateFrontiers {
+        topic: stream.topic.clone(),
+        topic_id: stream.topic_id,
+        partition: stream.partition,
+        leader: shipper.engine().node(),
+        epoch: stream.epoch,
+        marks: Vec::new(),
+    });
+    let result = shipper.router.call(to, request).await;
+    f.pinging.set(false);
+    match result {
+        Ok(Reply::Done) => shipper.lease_answered(&stream, &f, sent_at),
+        Ok(_) => {}
+        Err(e) => {
+            debug!(topic = %stream.topic, partition = stream.partition, follower = f.node, error = %e, "a follower did not renew the lease");
+            shipper.deposed_by(&stream, &e);
+        }
+    }
+    f.wake.notify(1);
+}
+
 /// Takes up to `MAX_FRONTIER_MARKS` of the frontiers waiting in `queue` (in group order, as the follower admits
 /// them), at most `MAX_FRONTIER_BYTES` of them (at least one): the rest wait for the next send.
 fn take_frontiers(queue: &FrontierQueue) -> Vec<FrontierMark> {
@@ -1287,6 +1402,8 @@ async fn send(
         nonces: partition.as_ref().map_or(0, |p| p.nonce_window().ceiling),
         restart: batch.restart,
     });
+    // Before the call: an answer grants the lease from when its request left (`lease_answered`).
+    let sent_at = shipper.engine().now_ms();
     let result = shipper.router.call(to, request).await;
     f.in_flight.set(f.in_flight.get() - 1);
     match result {
@@ -1304,6 +1421,8 @@ async fn send(
             shipper.learner_answered(&stream, &f, learner);
             f.poisoned.set(poisoned);
             f.answered_ms.set(shipper.engine().now_ms());
+            // Answered at this stream's epoch (a replica fenced past it answers `stale_epoch`).
+            shipper.lease_answered(&stream, &f, sent_at);
             if end > f.acked.get() || !f.answered.get() {
                 // Progress: the next failure starts a new incident.
                 f.delay.set(FIRST_RETRY);

@@ -124,6 +124,9 @@ pub struct Probed {
     pub none_owned: bool,
     /// The probe's byte budget ran out here: the asker asks no other owner this round.
     pub budget_spent: bool,
+    /// Some partition that could not be served may be in this many ms (the soonest: a new leader waiting out its
+    /// predecessor's lease): a consumer with time left waits for it rather than answering `503`.
+    pub retry_in_ms: Option<u64>,
 }
 
 /// Leases on the owning core: the owned partitions in turn from a rotating start, until `max` are leased.
@@ -196,6 +199,9 @@ pub async fn apply(engine: &Rc<Engine>, req: Probe) -> OpResult<Probed> {
                 probed.unavailable = true;
                 if probed.why.is_none() {
                     probed.why = taken.why.clone();
+                }
+                if let Some(ms) = taken.retry_in_ms {
+                    probed.retry_in_ms = Some(probed.retry_in_ms.map_or(ms, |r| r.min(ms)));
                 }
             }
             _ => probed.at_cap = false,

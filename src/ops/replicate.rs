@@ -325,7 +325,8 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
 }
 
 /// Records a leader's frontiers on the core holding this node's follower replica of their partition. Records of a
-/// group this replica does not know are passed over, unless they start it.
+/// group this replica does not know are passed over, unless they start it. None: the leader renews its lease
+/// (`partition/lease.rs`), answered at an epoch this replica has not fenced past.
 pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpResult<()> {
     let partition = fenced(
         engine,
@@ -337,6 +338,10 @@ pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpRe
         0,
     )
     .await?;
+    if r.marks.is_empty() {
+        // A leader renewing its lease (`partition/lease.rs`): answered at this epoch, nothing to record.
+        return Ok(());
+    }
     let topic = engine.topic(&r.topic)?;
     let config = topic.config();
     // A start of the incarnation of the group this replica holds raises its value and lowers nothing.
@@ -499,7 +504,9 @@ async fn apply_to(
     }
     // The batch's epochs first, durably: a replica never holds records its history places in an older epoch. Only
     // for a batch at or past the log's end (pipelined ones wait their turn): one below it is not written anyway, and
-    // its entries must not relabel records this replica holds.
+    // its entries must not relabel records this replica holds. A batch of its own from a leadership it lost lands
+    // first: the end looked at is then the one its records follow (`Log::own_writes_settled`).
+    log.own_writes_settled().await;
     let epochs = if r.first_offset >= log.end_offset() {
         &r.epochs[..]
     } else {

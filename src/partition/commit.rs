@@ -45,6 +45,8 @@ pub(super) struct Commit {
     /// Some(epoch): this replica led at that epoch before a restart, and waits to be named leader at a newer one
     /// (`Partition::renew`); it leads at no epoch up to it.
     pub(super) renewing: std::cell::Cell<Option<u64>>,
+    /// The leader's lease on its takes (`lease.rs`).
+    pub(super) lease: super::lease::Lease,
 }
 
 /// While it lives a take is under way on the partition.
@@ -79,6 +81,7 @@ impl Commit {
             round: std::cell::Cell::new(None),
             learners: std::cell::RefCell::new(Vec::new()),
             renewing: std::cell::Cell::new(None),
+            lease: super::lease::Lease::new(),
         }
     }
 }
@@ -321,6 +324,8 @@ impl Partition {
         self.forget_dedup();
         // Its round opens a window of nonces (`nonces.rs`); none before.
         self.close_nonces();
+        // Nor does the last leadership's lease hold.
+        self.lease_ended();
         self.set_replicas(replicas);
         // Produces waiting for their commit (a leader named again at a newer epoch) are answered `503` at once.
         self.commit.moved.notify(usize::MAX);
@@ -390,6 +395,8 @@ impl Partition {
             self.commit.round.set(None);
         }
         if self.commit.deposed.get().is_some_and(|d| d <= epoch) {
+            // Its takes wait out its predecessor's lease (`lease.rs`); its produces need only their majority.
+            self.lease_wait_out_predecessor();
             self.commit.deposed.set(None);
         }
         tracing::info!(dir = %self.dir.display(), epoch, "this replica leads the partition now");

@@ -229,8 +229,10 @@ impl Partition {
         epoch: u64,
     ) -> Result<Option<u64>, PartitionError> {
         self.assert_owner();
-        // A batch of an older leadership being written lands first (its floor fenced the ones still queued), so
-        // the end looked at is the one the answer gives.
+        // A batch of an older leadership being written lands first (its floor fenced the ones still queued), and
+        // so does one of this replica's own from a leadership it lost, so the end looked at is the one the answer
+        // gives.
+        self.log.own_writes_settled().await;
         self.log.ships_settled().await;
         let (start, end) = (self.log.start_offset(), self.log.end_offset());
         let Some(at) = self.epochs.borrow().divergence(leader, end) else {
@@ -287,6 +289,7 @@ impl Partition {
         epoch: u64,
     ) -> Result<u64, PartitionError> {
         self.assert_owner();
+        self.log.own_writes_settled().await;
         self.log.ships_settled().await;
         if self.epoch_floor() > epoch {
             return Err(PartitionError::StaleEpoch {

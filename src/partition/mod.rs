@@ -10,6 +10,7 @@ pub use fence::FollowEpochsError;
 pub mod frontier;
 pub mod inflight;
 mod info;
+pub mod lease;
 pub mod nonces;
 mod turn;
 
@@ -92,6 +93,9 @@ pub struct Taken {
     /// Some record found was a delayed produce not yet due: it waits as delayed (its time is among the partition's
     /// wake-ups, `next_wakeup_ms`).
     pub deferred: bool,
+    /// With `Stop::Unavailable`: the partition may be served in this many ms (a new leader waiting out its
+    /// predecessor's lease, `lease.rs`), so a consumer with time left to wait waits rather than being answered `503`.
+    pub retry_in_ms: Option<u64>,
 }
 
 /// Per-partition counters (monotonic) for `/metrics`.
@@ -734,6 +738,13 @@ impl Partition {
         budget: &mut ByteBudget,
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
+        // A replicated leader takes only under its lease (`lease.rs`): waited for, if need be, before the take
+        // counts as under way (a replica that starts following waits for takes under way).
+        if self.check_leading().is_ok() {
+            if let Err(no) = self.await_lease().await {
+                return Ok(self.without_lease(no));
+            }
+        }
         let _serving = commit::Serving::start(&self.commit);
         match self
             .ensure_loaded()
@@ -747,6 +758,7 @@ impl Partition {
                     stop: Some(Stop::Unavailable),
                     why: Some(why),
                     deferred: false,
+                    retry_in_ms: None,
                 })
             }
             Err(e) => return Err(e),
@@ -807,6 +819,13 @@ impl Partition {
                     break;
                 };
                 g.with(|s| s.raise_nonce_floor(issued));
+            }
+            // Under the lease at the moment the leases are taken (the loads and reads before may have awaited).
+            if let Err(no) = self.lease_holds(self.clock.now_ms()) {
+                let without = self.without_lease(no);
+                (taken.stop, taken.why, taken.retry_in_ms) =
+                    (without.stop, without.why, without.retry_in_ms);
+                break;
             }
             let stop = g.with(|s| s.reserve_batch(end, now, visibility_ms, want, &mut leases));
             if window.is_some() {

@@ -39,6 +39,112 @@ async fn follower(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>) {
     (journal, partition)
 }
 
+/// A new leadership hands out no lease until its predecessor's lease has run out, a lease and an eighth after its
+/// fencing round ended (`lease.rs`), whatever its own followers answered: a take says when to look again.
+#[test]
+fn a_new_leader_takes_nothing_until_its_predecessors_lease_ran_out() {
+    use bytes::Bytes;
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p, clock) = replica_on(&storage).await;
+        p.lead(3, 3, Rc::new(|_, _| {})).await;
+        p.start_serving(3).await.expect("serves at epoch 3");
+        p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
+        let ab = ["a", "b"].map(|s| Bytes::from_static(s.as_bytes()));
+        assert_eq!(p.append(ab.to_vec()).await.unwrap(), 0);
+        p.follower_acked(7, 2);
+        p.lease_granted(u64::MAX);
+        let wait = p.lease_ms() * 9 / 8;
+        let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+        assert!(taken.deliveries.is_empty());
+        assert_eq!(taken.retry_in_ms, Some(wait));
+        clock.advance(wait - 1);
+        let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+        assert_eq!((taken.deliveries.len(), taken.retry_in_ms), (0, Some(1)));
+        clock.advance(1);
+        let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+        assert_eq!(
+            taken
+                .deliveries
+                .iter()
+                .map(|d| d.offset)
+                .collect::<Vec<_>>(),
+            vec![0]
+        );
+        // Its next leadership waits again.
+        p.lead(5, 3, Rc::new(|_, _| {})).await;
+        p.start_serving(5).await.expect("serves at epoch 5");
+        p.lease_granted(u64::MAX);
+        let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+        assert_eq!(taken.retry_in_ms, Some(wait));
+    });
+}
+
+/// A leader deposed while a batch of its own appends is still being written (its journal's fdatasync held) lands
+/// that batch after it follows; a probe of its new leader meanwhile (truncation by epoch) waits for it, so the end it
+/// looks at holds the old leadership's record, which it cuts. Before (node simulation seed 10152) the probe found no
+/// divergence at the end before that batch and its history took the new leadership's entry for that offset: the
+/// old leadership's record stayed there under the new epoch, and was served, after a power cut, as the one a
+/// majority had acknowledged.
+#[test]
+fn a_probe_reaching_a_deposed_leader_waits_for_its_own_batch_being_written_and_cuts_it() {
+    use crate::storage::epoch_history::EpochStart;
+    use bytes::Bytes;
+    let e = |epoch, start| EpochStart { epoch, start };
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.lead(3, 3, Rc::new(|_, _| {})).await;
+        p.start_serving(3).await.expect("serves at epoch 3");
+        let ab = ["a", "b"].map(|s| Bytes::from_static(s.as_bytes()));
+        assert_eq!(p.append(ab.to_vec()).await.unwrap(), 0);
+        // c's journal pass is written, its sync held.
+        sim.hold_syncs();
+        let appending = {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.append(vec![Bytes::from_static(b"c")]).await })
+        };
+        for _ in 0..100 {
+            if sim.held_syncs() > 0 {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(sim.held_syncs(), 1, "c's sync is held");
+        // Deposed: a leadership of epoch 5 began elsewhere at offset 2, without c.
+        p.follow(5).await;
+        let leader = [e(3, 0), e(5, 2)];
+        let mut probe = std::pin::pin!(p.truncate_diverged(&leader, 5));
+        for _ in 0..100 {
+            assert!(
+                futures_lite::future::poll_once(probe.as_mut())
+                    .await
+                    .is_none(),
+                "decided while its own batch is still being written"
+            );
+        }
+        sim.release_syncs();
+        assert_eq!(
+            appending.await.unwrap(),
+            2,
+            "c landed, as the rest of its old log"
+        );
+        assert_eq!(probe.await.expect("not refused"), Some(2), "c is cut");
+        assert_eq!(p.log.end_offset(), 2);
+        p.follow_epochs(&leader, 2, 5).await.expect("continues it");
+        assert_eq!(p.epoch_history().entries(), &leader);
+    })
+}
+
+/// As after a leader's fencing round and its followers' answers: its predecessor's lease waited out, and a lease of
+/// its own (`partition/lease.rs`).
+fn takes_allowed(p: &Partition, clock: &ManualClock) {
+    clock.advance(p.lease_ms() * 9 / 8);
+    p.lease_granted(u64::MAX);
+}
+
 /// The replica `follower` opens, with its clock.
 async fn replica_on(storage: &Rc<dyn Storage>) -> (Rc<Journal>, Rc<Partition>, Rc<ManualClock>) {
     storage.create_dir_all(&dir()).unwrap();
@@ -606,11 +712,12 @@ fn a_frontier_write_landing_while_a_reelected_leader_loads_its_shards_is_what_th
     run(async {
         let sim = Sim::new();
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
-        let (_journal, p) = follower(&storage).await;
+        let (_journal, p, clock) = replica_on(&storage).await;
         let offsets = |t: &super::Taken| t.deliveries.iter().map(|d| d.offset).collect::<Vec<_>>();
         // Leader at epoch 3 over 3 replicas: a, b, c committed, a and b acked (the default group's frontier at 2).
         p.lead(3, 3, Rc::new(|_, _| {})).await;
         p.start_serving(3).await.expect("serves at epoch 3");
+        takes_allowed(&p, &clock);
         p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
         let abc = ["a", "b", "c"].map(|s| Bytes::from_static(s.as_bytes()));
         assert_eq!(p.append(abc.to_vec()).await.unwrap(), 0);
@@ -651,6 +758,7 @@ fn a_frontier_write_landing_while_a_reelected_leader_loads_its_shards_is_what_th
             futures_lite::future::yield_now().await;
         };
         served.expect("serves at epoch 6");
+        takes_allowed(&p, &clock);
         p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
         p.follower_acked(7, 3);
         // A consume's touch loads the shards while the write is still held.

@@ -755,6 +755,8 @@ async fn replicated_over_three_with_abc(
     let w = woken.clone();
     let p = open_waking(sim, clock, Rc::new(move |_, n| w.set(w.get() + n))).await;
     p.set_replicas(3);
+    // As its followers' answers would: a lease on its takes (`lease.rs`).
+    p.lease_granted(u64::MAX);
     // As its fencing round would: a window of nonces a majority promised.
     p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
     assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
@@ -943,6 +945,68 @@ fn appends_count_and_wake_for_exactly_their_records() {
         assert_eq!((p.counters.produced.get(), woken.get()), (5, 5));
         assert_eq!(p.append(bodies(&["f"])).await.unwrap(), 5);
         assert_eq!((p.counters.produced.get(), woken.get()), (6, 6));
+    });
+}
+
+/// A replicated leader hands out leases only under its own (`lease.rs`): none before a majority of its replicas
+/// answered (a take asks for a renewal and waits half a lease for it, then, for a lease after, answers at once),
+/// then until a lease after the newest request they answered, asking for a renewal past half of it.
+#[test]
+fn a_replicated_leader_takes_only_under_the_lease_a_majority_of_its_replicas_granted() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.set_replicas(3);
+        p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
+        assert_eq!(p.append(bodies(&["a", "b", "c"])).await.unwrap(), 0);
+        p.follower_acked(7, 3);
+        let asked = Rc::new(std::cell::Cell::new(0u32));
+        let a = asked.clone();
+        p.set_lease_renewer(Some(Rc::new(move || a.set(a.get() + 1))));
+        let lease = p.lease_ms();
+        let unavailable =
+            |t: &super::Taken| t.deliveries.is_empty() && t.stop == Some(super::Stop::Unavailable);
+        let spawn_take = || {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await })
+        };
+        // No lease yet: the take asks for one and waits, half a lease at most.
+        let take = spawn_take();
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(asked.get(), 1, "a renewal asked");
+        clock.advance(lease / 2);
+        let taken = take.await.unwrap();
+        assert!(unavailable(&taken), "no majority answered: {taken:?}");
+        assert_eq!(taken.retry_in_ms, None, "not a matter of time");
+        // Right after a wait in vain: unavailable at once, and asked again.
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert!(unavailable(&taken));
+        assert_eq!(asked.get(), 2);
+        // A majority answered a request sent now: served for a lease.
+        p.lease_granted(clock.now_ms() + lease);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![0]);
+        assert_eq!(asked.get(), 2, "a fresh lease asks for nothing");
+        // Past half of it: served, and a renewal asked.
+        clock.advance(lease / 2 + 1);
+        let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
+        assert_eq!(offsets(&taken), vec![1]);
+        assert_eq!(asked.get(), 3);
+        // Run out: the take waits, and an answer that comes meanwhile lets it go on.
+        clock.advance(lease);
+        let take = spawn_take();
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(asked.get(), 4);
+        p.lease_granted(clock.now_ms() + lease);
+        assert_eq!(offsets(&take.await.unwrap()), vec![2]);
+        // An old answer (a request sent before the lease it holds) does not shorten it.
+        p.lease_granted(clock.now_ms());
+        assert_eq!(p.lease_until(), clock.now_ms() + lease);
     });
 }
 

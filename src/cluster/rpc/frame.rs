@@ -34,8 +34,9 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// `FrontierMark` carries the group's acked-ahead ranges. 20: `CoreStats` carries the per-stage latency histograms (`engine::metrics::Stage`). 21: and the housekeeping
 /// stage's. 22: `FollowerInfo` and `Replicated` carry `poisoned` (a follower's log refuses appends until a restart).
 /// 23: a probe (`Replicate` of no records) carries its sender's whole epoch history, entries past the offset it asks
-/// at included (a version 22 peer refuses those).
-pub const VERSION: u8 = 23;
+/// at included (a version 22 peer refuses those). 24: `Probed` carries `retry_in_ms` (a new leader waiting out its
+/// predecessor's lease, `partition/lease.rs`).
+pub const VERSION: u8 = 24;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes asked of the socket per read at first: 16 KiB. While a large body arrives the reads grow with what has

@@ -354,6 +354,7 @@ fn every_reply() -> Vec<ReplyBody> {
             why: Some("partition 2: its fencing round is under way".into()),
             none_owned: true,
             budget_spent: true,
+            retry_in_ms: Some(1125),
         })),
         Ok(Reply::Settled(Settled {
             results: vec![

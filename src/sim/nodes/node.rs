@@ -74,6 +74,7 @@ pub(super) fn node_config(index: NodeIndex, incarnation: &str) -> Config {
             replica_max_in_flight: 4,
             replica_gather_us: 0,
             replica_ship_early: false,
+            replica_lease_ms: crate::partition::lease::DEFAULT_LEASE_MS,
         }),
         ..Config::default()
     }

@@ -258,6 +258,11 @@ pub struct Log {
     ships: RefCell<std::collections::VecDeque<follow::ShipJob>>,
     /// Follower side: a shipped batch is being written (`run_ship`); `ship_done` tells when it ends.
     shipping: Cell<bool>,
+    /// A batch of this replica's own appends is being written (`write_batch`): a replica deposed meanwhile (its
+    /// queued appends refused) still lands it, and a follower's decisions on its end wait for it
+    /// (`Log::own_writes_settled`).
+    own_writing: Cell<bool>,
+    own_written: Event,
     ship_done: Event,
     /// Shipped batches are refused: the replica leads the partition now (`Log::stop_following`).
     ships_refused: Cell<bool>,
@@ -412,6 +417,8 @@ impl Log {
             ship_early: Cell::new(false),
             ships: RefCell::new(std::collections::VecDeque::new()),
             shipping: Cell::new(false),
+            own_writing: Cell::new(false),
+            own_written: Event::new(),
             ship_done: Event::new(),
             ships_refused: Cell::new(false),
             ship_fence: Cell::new(0),
@@ -647,7 +654,10 @@ impl Log {
                 }
             };
             let company = batch.len();
+            self.own_writing.set(true);
             self.write_batch(batch).await;
+            self.own_writing.set(false);
+            self.own_written.notify(usize::MAX);
             // Held for the batch's commit (the gather), then given the company wait below: those its commit
             // answered come back within it. Held out (no commit within the gather) or closed: no more waiting.
             if self.wait_for_commit().await == Held::Released {
