@@ -216,6 +216,7 @@ fn drain_group(node: &Node, topic: &str, extra: &str, want: &HashSet<String>) ->
 /// [`drain_group`]; with `retry_unavailable`, a consume answered `503 partition_unavailable` is tried again 100 ms
 /// later, as a client would (until the deadline): after a failover, a partition whose new leader has not won its
 /// fencing round yet answers so (design/api.md, "Replication"), and `GET /topics/T` does not show it unavailable.
+/// Without it, only a new leader's wait for its predecessor's lease is retried.
 fn drain_with(
     node: &Node,
     topic: &str,
@@ -229,8 +230,11 @@ fn drain_with(
     let mut unavailable = 0;
     loop {
         let consumed = match try_consume(&node.client, topic, &format!("&wait=500ms{extra}")) {
+            // A new leader hands out leases only once its predecessor's lease ran out, 1.125 s after its fencing
+            // round (`partition/lease.rs`): longer than this consume's wait, so it answers 503, retried as a client
+            // would, whatever `retry_unavailable` says.
             Err(a)
-                if retry_unavailable
+                if (retry_unavailable || a.text().contains("predecessor's lease"))
                     && a.status == 503
                     && a.json()["error"] == "partition_unavailable"
                     && Instant::now() < deadline =>
@@ -3395,10 +3399,11 @@ fn followers_behind_what_a_restarted_leader_keeps_are_caught_up_from_its_log() {
     );
     let r = wait_replicated(c.node(leader), "cu", 2);
     assert_eq!(r[0].2, 9, "{r:?}");
-    // Everything is served, and the three logs are the same bytes.
+    // Everything is served, and the three logs are the same bytes. (A long poll: the restarted leader hands out
+    // leases only once a lease and an eighth passed since its round, `partition/lease.rs`.)
     let client = c.node(leader).new_client();
     let mut bodies = Vec::new();
-    while let Some(m) = consume(&client, "cu", "&visibility=60") {
+    while let Some(m) = consume(&client, "cu", "&visibility=60&wait=1500ms") {
         bodies.push(m.body);
     }
     bodies.sort();

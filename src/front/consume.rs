@@ -144,7 +144,9 @@ impl Front {
             }
             // A partition that may be served within the consume's wait (a new leader waiting out its predecessor's
             // lease): waited for.
-            let soon = round.retry_in_ms.map(|ms| clock.now_ms() + ms);
+            let soon = round
+                .retry_in_ms
+                .map(|ms| clock.now_ms().saturating_add(ms));
             if let (true, Some(w), Some(at)) = (round.unavailable, waiter, soon) {
                 if at < deadline && !engine.is_stopping() {
                     let parked_at = clock.now_us();

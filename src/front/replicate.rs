@@ -161,7 +161,7 @@ struct Follower {
     /// The leader's lease asked for a renewal (`partition/lease.rs`): an empty `ReplicateFrontiers` goes, lagging or
     /// not, whatever else is in flight.
     lease_asked: Cell<bool>,
-    /// A renewal of the lease is in flight to it.
+    /// A renewal of the leader's lease (`partition/lease.rs`: an empty `ReplicateFrontiers`) is in flight to it.
     pinging: Cell<bool>,
     /// When it last answered (the engine's clock, ms): an answer, or a batch refused `log_unavailable`.
     answered_ms: Cell<u64>,

@@ -137,6 +137,7 @@ impl Shipper {
         // it asks for: fixed for the whole round, so that retries do not raise them (each would move the
         // partition's nonces a block further up).
         let mut nonce_plan: Option<(u64, u64)> = None;
+        let mut own_floor: Option<u64> = None;
         loop {
             let engine = self.engine().clone();
             let me = engine.node();
@@ -162,6 +163,8 @@ impl Shipper {
             // own promises and nonces stand before it.
             let (own_nonces, mut asked) =
                 *nonce_plan.get_or_insert_with(|| (partition.nonce_floor(), partition.nonce_ask()));
+            // Its own epoch floor before this round first raised it (`Began::floor`).
+            let own_floor = *own_floor.get_or_insert_with(|| partition.epoch_floor());
             let outcome = match partition.raise_fence(round.epoch, asked).await {
                 Err(e) => {
                     warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "a fencing round cannot raise its own epoch floor");
@@ -243,15 +246,25 @@ impl Shipper {
                     Err(e) => {
                         warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but its groups' frontiers cannot be raised yet; the round runs again")
                     }
-                    Ok(()) => match engine.finish_round(&round, window.expect("checked")).await {
-                        Ok(()) => {
-                            info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "fencing round won: this node leads the partition");
-                            return;
+                    Ok(()) => {
+                        // It waits out a predecessor's lease (`partition/lease.rs`) unless it led the epoch before
+                        // this one's round and no floor it met is above that: then no other leadership served in
+                        // between (its round would have raised a floor of this majority past it).
+                        let led = partition.leading_epoch();
+                        let others = led == 0
+                            || own_floor > led
+                            || answers.iter().any(|(_, b, _)| b.floor > led);
+                        partition.wait_out_predecessor_next(others);
+                        match engine.finish_round(&round, window.expect("checked")).await {
+                            Ok(()) => {
+                                info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, "fencing round won: this node leads the partition");
+                                return;
+                            }
+                            Err(e) => {
+                                warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but the partition cannot serve yet; the round runs again")
+                            }
                         }
-                        Err(e) => {
-                            warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, error = %e, "fencing round won, but the partition cannot serve yet; the round runs again")
-                        }
-                    },
+                    }
                 },
                 Outcome::HandTo(node) => {
                     info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, to = node, "a replica's log is greater: the leadership goes to it");
@@ -542,6 +555,7 @@ mod tests {
             frontiers: Vec::new(),
             learner: false,
             nonces: 0,
+            floor: 0,
         }
     }
 

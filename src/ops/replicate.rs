@@ -203,6 +203,10 @@ pub struct Began {
     /// The highest nonce ceiling it promised to older leaderships (`epoch_floor::Fence::promised_below`): the new
     /// leader's nonces start above the highest a majority answered.
     pub nonces: u64,
+    /// Its epoch floor before this round's request raised it: a round whose winner led the epoch before and finds
+    /// every floor of its answers at or below it knows no other leadership served in between, and need not wait out
+    /// a predecessor's lease (`partition/lease.rs`).
+    pub floor: u64,
 }
 
 /// Core 0 (internal, never from a peer): a replica that ran a fencing round found another replica's log greater than
@@ -283,6 +287,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         // Deposed first: nothing it appends, leases or commits from here on.
         partition.depose(r.epoch);
     }
+    let floor = partition.epoch_floor();
     partition.raise_fence(r.epoch, r.nonces).await?;
     if partition.epoch_floor() > r.epoch {
         // A newer leadership's round took the write first: this one's promise was not made, and it is over.
@@ -321,6 +326,7 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
         // leaving it out is as safe as its being down).
         learner: partition.is_learner() || partition.log.is_poisoned(),
         nonces: partition.fence_state().promised_below(r.epoch),
+        floor,
     })
 }
 
@@ -609,6 +615,16 @@ mod tests {
             .run(f)
     }
 
+    thread_local! {
+        /// The manual clock of the last engine `follower_on` made on this thread.
+        static CLOCK: std::cell::RefCell<Option<Rc<ManualClock>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// Moves the clock of the last engine `follower_on` made on this thread.
+    fn advance(ms: u64) {
+        CLOCK.with(|c| c.borrow().as_ref().expect("an engine").advance(ms));
+    }
+
     /// One core of node 0 on a simulated disk, holding the follower replica of a topic's one partition, which node
     /// 1 leads at `epoch`.
     async fn follower_at(epoch: u64) -> (Rc<Engine>, TopicConfig, Vec<Location>) {
@@ -626,6 +642,7 @@ mod tests {
             storage.create_dir_all(&config.data_dir.join(d)).unwrap();
         }
         let clock = ManualClock::new(1_700_000_000_000);
+        CLOCK.with(|c| *c.borrow_mut() = Some(clock.clone()));
         let engine = Engine::new(
             0,
             1,
@@ -1280,6 +1297,8 @@ mod tests {
                 .await
                 .unwrap();
             p.follower_acked(1, 4);
+            // As its followers' answers would: a lease on its takes (`partition/lease.rs`).
+            p.lease_granted(u64::MAX);
             let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
             let lease = &taken.deliveries[0];
             assert_eq!(lease.offset, 0);
@@ -1355,6 +1374,10 @@ mod tests {
             );
             win_round(&engine, 12).await;
             assert_eq!((p.deposed(), p.round_under_way()), (None, None));
+            // Node 1 led at epoch 9 meanwhile: its lease is waited out before anything is leased here
+            // (`partition/lease.rs`), and a majority answers this leadership.
+            advance(p.lease_ms() * 9 / 8);
+            p.lease_granted(u64::MAX);
             let r = apply(&engine, led(9)).await;
             assert!(r.is_err(), "the old leader's request: {r:?}");
             // A late answer to a stream of its own older leadership deposes nothing.

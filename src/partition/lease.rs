@@ -8,11 +8,14 @@
 //! majority before it ends: every majority the old leader could count meets that one in a replica that answered it
 //! last before the round ended. So the old leader's lease runs out at most one lease after the new round ended, and
 //! the new leader takes nothing before that ([`Partition::start_serving`] sets `from`), with an eighth more for
-//! clocks that run at slightly different rates.
+//! clocks that run at slightly different rates; unless its round found that no other leadership served since its
+//! own last one (it led the epoch before, and no floor of the round's answers is above it: `Began::floor`), as when a
+//! replica set changes under the same leader. The monotonic clock must run while a process is paused (SIGSTOP);
+//! a VM paused whole, its clock stopped with it, can outlive its lease unseen (as with Raft's leases).
 //!
 //! The shipper renews the lease with the answers it gets anyway (every batch, every probe: `front/replicate.rs`);
-//! a partition that is consumed but not produced to asks for a renewal (a probe to each follower) when a take finds
-//! its lease past half its length, and a take that finds it run out asks, then waits at most half a lease for the
+//! a partition that is consumed but not produced to asks for a renewal (an empty `ReplicateFrontiers` to each
+//! follower, lagging or not) when a take finds its lease past half its length, and a take that finds it run out asks, then waits at most half a lease for the
 //! answers. The lease is kept on the engine's monotonic clock; it bounds how long a deposed leader may still hand
 //! out leases, not the leases themselves (a consumer's lease from an old leader may outlive its leadership, and the
 //! new one hands the message out again once it has waited: at-least-once, as after any failover).
@@ -40,6 +43,9 @@ pub(super) struct Lease {
     /// When a take last waited for a renewal in vain: for a lease after it, takes find the partition unavailable
     /// at once rather than each waiting again.
     failed: Cell<Option<u64>>,
+    /// Whether the next round's end waits out a predecessor's lease (true unless the round found no other
+    /// leadership could have served since this replica's last one: `Partition::wait_out_predecessor_next`).
+    wait_next: Cell<bool>,
     /// Notified when `until` moves.
     moved: event_listener::Event,
     renewer: RefCell<Option<LeaseRenewer>>,
@@ -53,6 +59,7 @@ impl Lease {
             from: Cell::new(0),
             asked: Cell::new(0),
             failed: Cell::new(None),
+            wait_next: Cell::new(true),
             moved: event_listener::Event::new(),
             renewer: RefCell::new(None),
         }
@@ -115,26 +122,41 @@ impl Partition {
         }
     }
 
-    /// A new leadership (`Partition::lead`): nothing of the last one's lease holds.
+    /// A new leadership (`Partition::lead`): nothing of the last one's lease holds (a wait it had not finished
+    /// stays: `from` never moves back).
     pub(super) fn lease_ended(&self) {
         let lease = &self.commit.lease;
         lease.until.set(0);
-        lease.from.set(0);
         lease.failed.set(None);
     }
 
-    /// Its fencing round ended: it takes nothing until its predecessor's lease has run out.
+    /// The epoch this replica last began leading at (0: none in this process).
+    pub fn leading_epoch(&self) -> u64 {
+        self.commit.leading.get()
+    }
+
+    /// Set by a fencing round before it ends: whether another leadership may have served since this replica's
+    /// last one (`Began::floor`), so that its end waits out that one's lease. A round that found none (this
+    /// replica led the epoch before, every floor it met is at or below it: a replica set changed under the same
+    /// leader, say) serves at once.
+    pub fn wait_out_predecessor_next(&self, others: bool) {
+        self.commit.lease.wait_next.set(others);
+    }
+
+    /// Its fencing round ended: it takes nothing until its predecessor's lease has run out (unless the round found
+    /// no other leadership could have served since its last one).
     pub(super) fn lease_wait_out_predecessor(&self) {
         let lease = &self.commit.lease;
         let ms = lease.ms.get();
-        lease
-            .from
-            .set(self.clock.now_ms().saturating_add(ms + ms / 8));
+        if lease.wait_next.replace(true) {
+            let from = self.clock.now_ms().saturating_add(ms + ms / 8);
+            lease.from.set(lease.from.get().max(from));
+        }
     }
 
     /// Whether a take may lease at `now` (always, unreplicated).
     pub(super) fn lease_holds(&self, now: u64) -> Result<(), NoLease> {
-        if !self.replicated() || crate::planted::planted(crate::planted::Bug::NoLeaderLease) {
+        if !self.needs_lease() {
             return Ok(());
         }
         let lease = &self.commit.lease;
@@ -150,7 +172,7 @@ impl Partition {
     /// Before a take: Ok when the lease holds (a renewal is asked when it is past half its length); when it ran
     /// out, a renewal is asked and waited for, at most half a lease (not again for a lease after a wait in vain).
     pub(super) async fn await_lease(&self) -> Result<(), NoLease> {
-        if !self.replicated() || crate::planted::planted(crate::planted::Bug::NoLeaderLease) {
+        if !self.needs_lease() {
             return Ok(());
         }
         let lease = &self.commit.lease;
@@ -212,6 +234,17 @@ impl Partition {
                 NoLease::Lapsed => None,
             },
         }
+    }
+
+    /// A replicated partition with another voter: a leader that is its only voter (R = 2 with the other replica a
+    /// learner the partition key names, or a replica set moving through one voter) is deposed by any round that
+    /// could follow it, and needs no lease.
+    fn needs_lease(&self) -> bool {
+        let voters = (self.commit.replicas.get() as usize)
+            .saturating_sub(self.commit.learners.borrow().len());
+        self.replicated()
+            && voters > 1
+            && !crate::planted::planted(crate::planted::Bug::NoLeaderLease)
     }
 
     fn renewer_missing(&self) -> bool {

@@ -78,6 +78,32 @@ fn a_new_leader_takes_nothing_until_its_predecessors_lease_ran_out() {
         p.lease_granted(u64::MAX);
         let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
         assert_eq!(taken.retry_in_ms, Some(wait));
+        clock.advance(wait);
+        // Unless its round found no other leadership served since its last (`Began::floor`): a replica set changed
+        // under it, say. It serves at once, once a majority answered this leadership.
+        p.lead(7, 3, Rc::new(|_, _| {})).await;
+        p.wait_out_predecessor_next(false);
+        p.start_serving(7).await.expect("serves at epoch 7");
+        p.open_nonces(p.nonce_floor(), p.nonce_ask(), Rc::new(|| {}));
+        p.follower_acked(7, 2);
+        p.lease_granted(u64::MAX);
+        let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
+        assert_eq!(
+            taken
+                .deliveries
+                .iter()
+                .map(|d| d.offset)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
+        // And the one after that waits again by default.
+        p.lead(9, 3, Rc::new(|_, _| {})).await;
+        p.start_serving(9).await.expect("serves at epoch 9");
+        p.lease_granted(u64::MAX);
+        assert_eq!(
+            p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap().retry_in_ms,
+            Some(wait)
+        );
     });
 }
 

@@ -35,7 +35,7 @@ pub const MAGIC: u32 = 0x4350_5242;
 /// stage's. 22: `FollowerInfo` and `Replicated` carry `poisoned` (a follower's log refuses appends until a restart).
 /// 23: a probe (`Replicate` of no records) carries its sender's whole epoch history, entries past the offset it asks
 /// at included (a version 22 peer refuses those). 24: `Probed` carries `retry_in_ms` (a new leader waiting out its
-/// predecessor's lease, `partition/lease.rs`).
+/// predecessor's lease, `partition/lease.rs`) and `Began` the replica's epoch floor before the round (`floor`).
 pub const VERSION: u8 = 24;
 /// Header bytes before the body.
 pub const HEADER_LEN: usize = 24;

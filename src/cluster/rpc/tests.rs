@@ -409,6 +409,7 @@ fn every_reply() -> Vec<ReplyBody> {
             }],
             learner: true,
             nonces: 0,
+            floor: 89,
         })),
         Ok(Reply::Purged(12)),
         Err(OpError::MessageTooLarge { limit: 1 << 20 }),

@@ -129,6 +129,7 @@ impl Log {
         for p in queued {
             let _ = p.reply.send(Err(AppendError::NotLeading));
         }
+        self.own_written.notify(usize::MAX);
     }
 
     /// Follower side: writes a batch shipped by the leader at the end of this log, at the segment and position the
@@ -196,21 +197,22 @@ impl Log {
         self.ship_fence.set(self.ship_fence.get().max(epoch));
     }
 
-    /// Returns once no shipped batch is being written (one under way lands first).
-    /// Follower side: waits until no batch of this replica's own appends is being written. A leader deposed while
-    /// one was (behind a stalled sync) lands it after it follows (`start_following`): its end, and what its history
+    /// Follower side: waits until no batch of this replica's own appends is being written, and none is queued (a
+    /// replica deposed a moment ago refuses its queued ones once it follows: `start_following`). A leader deposed
+    /// while one was being written (behind a stalled sync) lands it after it follows: its end, and what its history
     /// says of it, are decided only once it has (found by the node simulation, seed 10152: a probe found no
     /// divergence at an end the landing batch then passed, took its leader's history for that offset, and the old
     /// leadership's record stayed there under the new epoch, to be served as the acknowledged one after a power cut).
     pub async fn own_writes_settled(&self) {
-        while self.own_writing.get() {
+        while self.own_writing.get() || !self.queue.borrow().is_empty() {
             let done = self.own_written.listen();
-            if self.own_writing.get() {
+            if self.own_writing.get() || !self.queue.borrow().is_empty() {
                 done.await;
             }
         }
     }
 
+    /// Returns once no shipped batch is being written (one under way lands first).
     pub async fn ships_settled(&self) {
         while self.shipping.get() {
             let done = self.ship_done.listen();
