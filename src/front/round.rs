@@ -252,6 +252,8 @@ impl Shipper {
                         // between (its round would have raised a floor of this majority past it).
                         let led = partition.leading_epoch();
                         let others = led == 0
+                            // (An end of this very round that failed after it was begun: as any other.)
+                            || led >= round.epoch
                             || own_floor > led
                             || answers.iter().any(|(_, b, _)| b.floor > led);
                         partition.wait_out_predecessor_next(others);

@@ -141,29 +141,40 @@ impl Partition {
     /// leader, say) serves at once.
     pub fn wait_out_predecessor_next(&self, others: bool) {
         self.commit.lease.wait_next.set(others);
+        if others {
+            // At once, not only once the round's end is written: an end that fails (its history write) and a
+            // retried round that then finds this epoch among its own must not take before it.
+            self.raise_lease_from();
+        }
+    }
+
+    /// No take before a lease and an eighth from now (`from` never moves back).
+    fn raise_lease_from(&self) {
+        let lease = &self.commit.lease;
+        let ms = lease.ms.get();
+        let from = self.clock.now_ms().saturating_add(ms + ms / 8);
+        lease.from.set(lease.from.get().max(from));
     }
 
     /// Its fencing round ended: it takes nothing until its predecessor's lease has run out (unless the round found
     /// no other leadership could have served since its last one).
     pub(super) fn lease_wait_out_predecessor(&self) {
-        let lease = &self.commit.lease;
-        let ms = lease.ms.get();
-        if lease.wait_next.replace(true) {
-            let from = self.clock.now_ms().saturating_add(ms + ms / 8);
-            lease.from.set(lease.from.get().max(from));
+        if self.commit.lease.wait_next.replace(true) {
+            self.raise_lease_from();
         }
     }
 
     /// Whether a take may lease at `now` (always, unreplicated).
     pub(super) fn lease_holds(&self, now: u64) -> Result<(), NoLease> {
-        if !self.needs_lease() {
+        if !self.replicated() || crate::planted::planted(crate::planted::Bug::NoLeaderLease) {
             return Ok(());
         }
         let lease = &self.commit.lease;
+        // A predecessor's lease is waited out even by a leader that is now its partition's only voter.
         if now < lease.from.get() {
             return Err(NoLease::NotYet(lease.from.get()));
         }
-        if now < lease.until.get() {
+        if !self.needs_lease() || now < lease.until.get() {
             return Ok(());
         }
         Err(NoLease::Lapsed)
@@ -173,7 +184,7 @@ impl Partition {
     /// out, a renewal is asked and waited for, at most half a lease (not again for a lease after a wait in vain).
     pub(super) async fn await_lease(&self) -> Result<(), NoLease> {
         if !self.needs_lease() {
-            return Ok(());
+            return self.lease_holds(self.clock.now_ms());
         }
         let lease = &self.commit.lease;
         let ms = lease.ms.get();
@@ -238,7 +249,7 @@ impl Partition {
 
     /// A replicated partition with another voter: a leader that is its only voter (R = 2 with the other replica a
     /// learner the partition key names, or a replica set moving through one voter) is deposed by any round that
-    /// could follow it, and needs no lease.
+    /// could follow it, and needs no lease of its own (it still waits out a predecessor's: `lease_holds`).
     fn needs_lease(&self) -> bool {
         let voters = (self.commit.replicas.get() as usize)
             .saturating_sub(self.commit.learners.borrow().len());

@@ -104,6 +104,14 @@ fn a_new_leader_takes_nothing_until_its_predecessors_lease_ran_out() {
             p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap().retry_in_ms,
             Some(wait)
         );
+        // A round that found another leadership may have served starts the wait at once, before its end is written
+        // (an end that fails, and a retry that finds this epoch begun, must not take before it).
+        clock.advance(wait);
+        p.wait_out_predecessor_next(true);
+        assert_eq!(
+            p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap().retry_in_ms,
+            Some(wait)
+        );
     });
 }
 
