@@ -534,7 +534,7 @@ impl Shipper {
                 };
                 for f in &stream.followers {
                     f.lease_asked.set(true);
-                    f.wake.notify(1);
+                    f.wake.notify(usize::MAX);
                 }
             })));
         }
@@ -621,20 +621,14 @@ impl Shipper {
         let Some(partition) = topic.owned_partition(stream.partition) else {
             return;
         };
-        let states = topic.states();
-        let Some(state) = states.get(stream.partition as usize) else {
-            return;
-        };
-        let voter = |n: NodeIndex| state.replicas.contains(&n) && !state.learners.contains(&n);
-        if !voter(self.engine().node()) {
-            return;
-        }
-        // Followers needed besides this leader for a majority of the voters (R is at most 7: no allocation).
-        let need = state.replicas.iter().filter(|&&n| voter(n)).count() / 2;
+        // The voters as the partition has them (its replica count and the learners its key names; a topic at its
+        // creation epoch may have no partition key to read them from).
+        let need = partition.lease_voters() / 2;
         if need == 0 {
             partition.lease_granted(u64::MAX);
             return;
         }
+        let voter = |n: NodeIndex| !partition.names_learner(n);
         let mut grants = [0u64; 8];
         let mut n = 0;
         for g in &stream.followers {

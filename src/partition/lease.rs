@@ -240,9 +240,10 @@ impl Partition {
             stop: Some(super::Stop::Unavailable),
             why: Some(no.why(self.id, now)),
             deferred: false,
+            // A long poll looks again: at the new leader's time, or a quarter lease on (a majority may answer).
             retry_in_ms: match no {
                 NoLease::NotYet(at) => Some(at.saturating_sub(now).max(1)),
-                NoLease::Lapsed => None,
+                NoLease::Lapsed => Some((self.lease_ms() / 4).max(1)),
             },
         }
     }
@@ -251,11 +252,19 @@ impl Partition {
     /// learner the partition key names, or a replica set moving through one voter) is deposed by any round that
     /// could follow it, and needs no lease of its own (it still waits out a predecessor's: `lease_holds`).
     fn needs_lease(&self) -> bool {
-        let voters = (self.commit.replicas.get() as usize)
-            .saturating_sub(self.commit.learners.borrow().len());
         self.replicated()
-            && voters > 1
+            && self.lease_voters() > 1
             && !crate::planted::planted(crate::planted::Bug::NoLeaderLease)
+    }
+
+    /// The partition's voters, this leader included: its replicas but the learners its key names.
+    pub fn lease_voters(&self) -> usize {
+        (self.commit.replicas.get() as usize).saturating_sub(self.commit.learners.borrow().len())
+    }
+
+    /// Whether the partition key names `node` a learner (it counts for no majority).
+    pub fn names_learner(&self, node: u32) -> bool {
+        self.commit.learners.borrow().contains(&node)
     }
 
     fn renewer_missing(&self) -> bool {
