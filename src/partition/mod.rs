@@ -739,7 +739,8 @@ impl Partition {
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
         // A replicated leader takes only under its lease (`lease.rs`): waited for, if need be, before the take
-        // counts as under way (a replica that starts following waits for takes under way).
+        // counts as under way (a replica that starts following waits for takes under way; one that lapses under
+        // way is waited for once more below, half a lease at most).
         if self.check_leading().is_ok() {
             if let Err(no) = self.await_lease().await {
                 return Ok(self.without_lease(no));
@@ -797,6 +798,8 @@ impl Partition {
         };
         // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
         let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
+        // Whether this take asked for its lease again after it lapsed under way.
+        let mut renewed = false;
         while taken.deliveries.len() < max {
             // A take that goes round again (reads that awaited, held FIFO messages) leases from the time now.
             now = self.clock.now_ms();
@@ -820,8 +823,16 @@ impl Partition {
                 };
                 g.with(|s| s.raise_nonce_floor(issued));
             }
-            // Under the lease at the moment the leases are taken (the loads and reads before may have awaited).
+            // Under the lease at the moment the leases are taken (the loads, nonces and reads before may have
+            // awaited: a new leadership's nonce round waits out a replica that does not answer). A lease that
+            // lapsed meanwhile is asked for again, once per take, and the take goes round again once it holds.
             if let Err(no) = self.lease_holds(self.clock.now_ms()) {
+                if no == lease::NoLease::Lapsed && !renewed {
+                    renewed = true;
+                    if self.await_lease().await.is_ok() {
+                        continue;
+                    }
+                }
                 let without = self.without_lease(no);
                 (taken.stop, taken.why, taken.retry_in_ms) =
                     (without.stop, without.why, without.retry_in_ms);

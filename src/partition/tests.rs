@@ -980,7 +980,11 @@ fn a_replicated_leader_takes_only_under_the_lease_a_majority_of_its_replicas_gra
         clock.advance(lease / 2);
         let taken = take.await.unwrap();
         assert!(unavailable(&taken), "no majority answered: {taken:?}");
-        assert_eq!(taken.retry_in_ms, Some(lease / 4), "a long poll looks again");
+        assert_eq!(
+            taken.retry_in_ms,
+            Some(lease / 4),
+            "a long poll looks again"
+        );
         // Right after a wait in vain: unavailable at once, and asked again.
         let taken = p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await.unwrap();
         assert!(unavailable(&taken));
@@ -1007,6 +1011,49 @@ fn a_replicated_leader_takes_only_under_the_lease_a_majority_of_its_replicas_gra
         // An old answer (a request sent before the lease it holds) does not shorten it.
         p.lease_granted(clock.now_ms());
         assert_eq!(p.lease_until(), clock.now_ms() + lease);
+    });
+}
+
+/// A lease that runs out while a take waits under way (for its leadership's first nonces, whose round waits out a
+/// replica that does not answer) is asked for again, once, and the take goes on once a majority answers.
+#[test]
+fn a_take_whose_lease_ran_out_while_it_waited_for_nonces_asks_again_and_goes_on() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let p = open(&sim, &clock).await;
+        p.set_replicas(3);
+        let raises = Rc::new(std::cell::Cell::new(0u32));
+        let r = raises.clone();
+        p.open_nonces_later(Rc::new(move || r.set(r.get() + 1)));
+        assert_eq!(p.append(bodies(&["a"])).await.unwrap(), 0);
+        p.follower_acked(7, 1);
+        let asked = Rc::new(std::cell::Cell::new(0u32));
+        let a = asked.clone();
+        p.set_lease_renewer(Some(Rc::new(move || a.set(a.get() + 1))));
+        let lease = p.lease_ms();
+        p.lease_granted(clock.now_ms() + lease);
+        let take = {
+            let p = p.clone();
+            glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await })
+        };
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(
+            (raises.get(), asked.get()),
+            (1, 0),
+            "waiting for its first nonces"
+        );
+        // The lease runs out meanwhile; then the nonces come.
+        clock.advance(lease + 1);
+        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(asked.get(), 1, "the lease asked for again");
+        p.lease_granted(clock.now_ms() + lease);
+        assert_eq!(offsets(&take.await.unwrap()), vec![0]);
     });
 }
 
