@@ -310,6 +310,7 @@ impl Partition {
         self.forget_dedup();
         self.close_nonces();
         self.commit.moved.notify(usize::MAX);
+        self.lease_interrupted();
         // Its writer holds nothing more for a commit that will not come.
         self.log.commit_at(u64::MAX);
         self.wake_consumers(None, 1);

@@ -122,6 +122,11 @@ impl Partition {
         }
     }
 
+    /// This leader was deposed: a take waiting for a renewal stops waiting.
+    pub(super) fn lease_interrupted(&self) {
+        self.commit.lease.moved.notify(usize::MAX);
+    }
+
     /// A new leadership (`Partition::lead`): nothing of the last one's lease holds (a wait it had not finished
     /// stays: `from` never moves back).
     pub(super) fn lease_ended(&self) {
@@ -215,6 +220,11 @@ impl Partition {
         let deadline = now + (ms / 2).max(1);
         loop {
             let moved = lease.moved.listen();
+            if self.deposed().is_some() {
+                // A newer leadership began meanwhile (`Partition::depose` wakes this): no lease to wait for, and
+                // a replica about to follow need not wait out this take.
+                return Err(NoLease::Lapsed);
+            }
             let now = self.clock.now_ms();
             match self.lease_holds(now) {
                 Ok(()) => return Ok(()),

@@ -738,9 +738,35 @@ impl Partition {
         budget: &mut ByteBudget,
         visibility_ms: u64,
     ) -> Result<Taken, PartitionError> {
+        let lapsed = Cell::new(false);
+        let taken = self
+            .take_leased(group, max, budget, visibility_ms, &lapsed)
+            .await?;
+        if !lapsed.get() || !taken.deliveries.is_empty() {
+            return Ok(taken);
+        }
+        // Its lease ran out while the take was under way (the loads, nonces and reads before its leases may
+        // await: a new leadership's first nonces wait for a round that waits out a replica that does not
+        // answer): asked for again, once, outside the take (a replica that starts following waits for takes
+        // under way, not for this), and the take runs again if it holds.
+        if let Err(no) = self.await_lease().await {
+            return Ok(self.without_lease(no));
+        }
+        self.take_leased(group, max, budget, visibility_ms, &Cell::new(false))
+            .await
+    }
+
+    /// [`Partition::take_within`], once: `lapsed` is set when the lease held at its start and ran out under way.
+    async fn take_leased(
+        &self,
+        group: &str,
+        max: usize,
+        budget: &mut ByteBudget,
+        visibility_ms: u64,
+        lapsed: &Cell<bool>,
+    ) -> Result<Taken, PartitionError> {
         // A replicated leader takes only under its lease (`lease.rs`): waited for, if need be, before the take
-        // counts as under way (a replica that starts following waits for takes under way; one that lapses under
-        // way is waited for once more below, half a lease at most).
+        // counts as under way (a replica that starts following waits for takes under way).
         if self.check_leading().is_ok() {
             if let Err(no) = self.await_lease().await {
                 return Ok(self.without_lease(no));
@@ -798,8 +824,6 @@ impl Partition {
         };
         // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
         let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
-        // Whether this take asked for its lease again after it lapsed under way.
-        let mut renewed = false;
         while taken.deliveries.len() < max {
             // A take that goes round again (reads that awaited, held FIFO messages) leases from the time now.
             now = self.clock.now_ms();
@@ -821,18 +845,17 @@ impl Partition {
                     ));
                     break;
                 };
+                if g.with_loaded(|_| ()).is_none() {
+                    // Deleted while the nonces were waited for.
+                    reserved.handles.clear();
+                    return Err(gone());
+                }
                 g.with(|s| s.raise_nonce_floor(issued));
             }
             // Under the lease at the moment the leases are taken (the loads, nonces and reads before may have
-            // awaited: a new leadership's nonce round waits out a replica that does not answer). A lease that
-            // lapsed meanwhile is asked for again, once per take, and the take goes round again once it holds.
+            // awaited; one that ran out meanwhile is asked for again by `take_within`, outside the take).
             if let Err(no) = self.lease_holds(self.clock.now_ms()) {
-                if no == lease::NoLease::Lapsed && !renewed {
-                    renewed = true;
-                    if self.await_lease().await.is_ok() {
-                        continue;
-                    }
-                }
+                lapsed.set(no == lease::NoLease::Lapsed);
                 let without = self.without_lease(no);
                 (taken.stop, taken.why, taken.retry_in_ms) =
                     (without.stop, without.why, without.retry_in_ms);

@@ -1014,46 +1014,110 @@ fn a_replicated_leader_takes_only_under_the_lease_a_majority_of_its_replicas_gra
     });
 }
 
+/// A replicated leader of "a" whose lease holds and whose take waits for its leadership's first nonces (`raises`
+/// counts the asks), the lease run out meanwhile (after `lapse`); the take's task and the renewals asked.
+async fn a_take_waiting_for_nonces(
+    sim: &Rc<Sim>,
+    clock: &Rc<ManualClock>,
+    lapse: bool,
+) -> (
+    Rc<Partition>,
+    glommio::Task<Result<Taken, PartitionError>>,
+    Rc<std::cell::Cell<u32>>,
+) {
+    let p = open(sim, clock).await;
+    p.set_replicas(3);
+    p.open_nonces_later(Rc::new(|| {}));
+    assert_eq!(p.append(bodies(&["a"])).await.unwrap(), 0);
+    p.follower_acked(7, 1);
+    let asked = Rc::new(std::cell::Cell::new(0u32));
+    let a = asked.clone();
+    p.set_lease_renewer(Some(Rc::new(move || a.set(a.get() + 1))));
+    let lease = p.lease_ms();
+    p.lease_granted(clock.now_ms() + lease);
+    let take = {
+        let p = p.clone();
+        glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await })
+    };
+    for _ in 0..10 {
+        futures_lite::future::yield_now().await;
+    }
+    if lapse {
+        clock.advance(lease + 1);
+    }
+    (p, take, asked)
+}
+
 /// A lease that runs out while a take waits under way (for its leadership's first nonces, whose round waits out a
-/// replica that does not answer) is asked for again, once, and the take goes on once a majority answers.
+/// replica that does not answer) is asked for again, once, outside the take: a replica that starts following
+/// meanwhile does not wait for it, and the take goes on once a majority answers, or answers 503 (a long poll looks
+/// again) when none does within half a lease.
 #[test]
 fn a_take_whose_lease_ran_out_while_it_waited_for_nonces_asks_again_and_goes_on() {
     run(async {
         let sim = Sim::new();
         let clock = ManualClock::new(1_700_000_000_000);
-        let p = open(&sim, &clock).await;
-        p.set_replicas(3);
-        let raises = Rc::new(std::cell::Cell::new(0u32));
-        let r = raises.clone();
-        p.open_nonces_later(Rc::new(move || r.set(r.get() + 1)));
-        assert_eq!(p.append(bodies(&["a"])).await.unwrap(), 0);
-        p.follower_acked(7, 1);
-        let asked = Rc::new(std::cell::Cell::new(0u32));
-        let a = asked.clone();
-        p.set_lease_renewer(Some(Rc::new(move || a.set(a.get() + 1))));
-        let lease = p.lease_ms();
-        p.lease_granted(clock.now_ms() + lease);
-        let take = {
-            let p = p.clone();
-            glommio::spawn_local(async move { p.take(DEFAULT_GROUP, 1, VISIBILITY_MS).await })
-        };
-        for _ in 0..10 {
-            futures_lite::future::yield_now().await;
-        }
-        assert_eq!(
-            (raises.get(), asked.get()),
-            (1, 0),
-            "waiting for its first nonces"
-        );
-        // The lease runs out meanwhile; then the nonces come.
-        clock.advance(lease + 1);
+        let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
+        assert_eq!(asked.get(), 0, "waiting for its first nonces");
         p.nonces_promised(p.nonce_floor(), p.nonce_ask());
         for _ in 0..10 {
             futures_lite::future::yield_now().await;
         }
         assert_eq!(asked.get(), 1, "the lease asked for again");
-        p.lease_granted(clock.now_ms() + lease);
+        p.lease_granted(clock.now_ms() + p.lease_ms());
         assert_eq!(offsets(&take.await.unwrap()), vec![0]);
+
+        // No answer within half a lease: 503.
+        let sim = Sim::new();
+        let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
+        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(asked.get(), 1);
+        clock.advance(p.lease_ms() / 2);
+        let taken = take.await.unwrap();
+        assert!(taken.deliveries.is_empty() && taken.stop == Some(super::Stop::Unavailable));
+        assert_eq!(taken.retry_in_ms, Some(p.lease_ms() / 4));
+
+        // Deposed while it waits for the renewal: it stops waiting, and a replica starting to follow is not held
+        // up by it; a late answer of the old leadership hands out nothing.
+        let sim = Sim::new();
+        let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
+        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
+        for _ in 0..10 {
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(asked.get(), 1);
+        let followed = Rc::new(std::cell::Cell::new(false));
+        let f = followed.clone();
+        let q = p.clone();
+        glommio::spawn_local(async move {
+            q.follow(5).await;
+            f.set(true);
+        })
+        .detach();
+        for _ in 0..20 {
+            futures_lite::future::yield_now().await;
+        }
+        assert!(followed.get(), "following waits for no lease");
+        p.lease_granted(clock.now_ms() + p.lease_ms());
+        let taken = take.await.unwrap();
+        assert!(taken.deliveries.is_empty(), "{taken:?}");
+    });
+}
+
+/// A group deleted while a take waits for its leadership's nonces ends that take (`group_not_found`), not the core.
+#[test]
+fn a_group_deleted_while_a_take_waits_for_nonces_ends_the_take() {
+    run(async {
+        let sim = Sim::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let (p, take, _) = a_take_waiting_for_nonces(&sim, &clock, false).await;
+        p.remove_group(DEFAULT_GROUP).await;
+        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
+        let r = take.await;
+        assert!(matches!(r, Err(PartitionError::GroupNotFound(_))), "{r:?}");
     });
 }
 
