@@ -542,7 +542,9 @@ impl Shipper {
             .map_err(|e| PartitionError::Unavailable(e.to_string()))?
             .config()
             .max_groups;
-        partition.follow_frontiers(&marks, max_groups).await
+        partition
+            .follow_frontiers(&marks, max_groups, round.epoch)
+            .await
     }
 }
 

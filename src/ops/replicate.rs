@@ -300,6 +300,8 @@ pub async fn begin_epoch(engine: &Rc<Engine>, r: BeginEpoch) -> OpResult<Began> 
     // A history write of an older leadership under way lands first (none starts from here on: its floor is
     // checked at its turn), so the rank answered is the one this replica keeps.
     partition.wait_history_written().await;
+    // As a recording of an older leadership's frontiers under way: its marks are in the answer.
+    partition.wait_frontiers_followed().await;
     // The newest epoch its history places at or below its log's end (entries past the end, taken for a batch still
     // queued or whose write a power cut took, claim nothing): `Partition::rank`.
     let (last_epoch, end) = partition.rank();
@@ -360,7 +362,7 @@ pub async fn apply_frontiers(engine: &Rc<Engine>, r: ReplicateFrontiers) -> OpRe
         }
     }
     partition
-        .follow_frontiers(&marks, config.max_groups)
+        .follow_frontiers(&marks, config.max_groups, r.epoch)
         .await
         .map_err(OpError::from)
 }

@@ -171,6 +171,7 @@ impl Partition {
         &self,
         marks: &[crate::ops::replicate::FrontierMark],
         max_groups: usize,
+        epoch: u64,
     ) -> Result<(), PartitionError> {
         let Some(link) = self.log.journal_link().cloned() else {
             return Err(PartitionError::Unavailable(
@@ -178,6 +179,16 @@ impl Partition {
             ));
         };
         let _turn = FollowTurn::take(self).await;
+        // The leadership that shipped them, checked again at the turn: a fencing round's answer waits for the
+        // recording under way (`wait_frontiers_followed`), and marks of an older leadership that come to their
+        // turn after a newer one raised the floor are refused, not recorded after that answer (sim seed 22771).
+        let floor = self.epoch_floor();
+        if epoch < floor {
+            return Err(PartitionError::StaleEpoch {
+                epoch,
+                known: floor,
+            });
+        }
         let record = |group: &str, value: FrontierValue, start: bool| journal::FrontierRecord {
             topic: link.topic.clone(),
             topic_id: link.topic_id,
@@ -624,6 +635,17 @@ impl Group {
 /// A follower partition's turn to record shipped frontiers (`follow_frontiers`): one call at a time, so that two
 /// requests of one group never interleave around an await.
 struct FollowTurn<'a>(&'a Partition);
+
+impl Partition {
+    /// Waits until no recording of shipped frontiers is under way: a fencing round's answer (`Began.frontiers`)
+    /// carries what one accepted before the floor was raised makes durable (its leader may count it acknowledged),
+    /// and later ones check the raised floor at their turn (sim seed 22771: a replica answered a new leader's
+    /// round with its durable frontier while an older leader's marks were being journaled, then made them durable
+    /// and answered that leader; the new one served from below what a majority held).
+    pub async fn wait_frontiers_followed(&self) {
+        drop(FollowTurn::take(self).await);
+    }
+}
 
 impl<'a> FollowTurn<'a> {
     async fn take(p: &'a Partition) -> FollowTurn<'a> {

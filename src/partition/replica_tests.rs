@@ -237,7 +237,7 @@ impl Partition {
         &self,
         marks: &[FrontierMark],
     ) -> Result<(), super::PartitionError> {
-        self.follow_frontiers(marks, 64).await
+        self.follow_frontiers(marks, 64, u64::MAX).await
     }
 }
 
@@ -379,13 +379,15 @@ fn a_follower_takes_no_more_groups_than_the_topic_allows() {
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
         let (_journal, p) = follower(&storage).await;
         // It has `default` and `g`: with a cap of 3, one more group starts, the next is passed over.
-        p.follow_frontiers(&[mark("a", 1, true), mark("b", 1, true)], 3)
+        p.follow_frontiers(&[mark("a", 1, true), mark("b", 1, true)], 3, u64::MAX)
             .await
             .unwrap();
         assert_eq!(file(&*storage, "a"), Some(1));
         assert_eq!(file(&*storage, "b"), None);
         // A known group starts again whatever the cap.
-        p.follow_frontiers(&[mark("g", 4, true)], 3).await.unwrap();
+        p.follow_frontiers(&[mark("g", 4, true)], 3, u64::MAX)
+            .await
+            .unwrap();
         assert_eq!(file(&*storage, "g"), Some(4));
     });
 }
@@ -825,4 +827,72 @@ fn a_frontier_write_landing_while_a_reelected_leader_loads_its_shards_is_what_th
             .deliveries
             .is_empty());
     });
+}
+
+/// A fencing round's answer carries the frontiers a recording under way makes durable, and an older leadership's
+/// marks that come to their turn after the floor was raised are refused (sim seed 22771: a replica answered a new
+/// leader's round while an older leader's marks were being journaled, then made them durable and answered that
+/// leader, which counted them acknowledged; the new leader, ranking the answer, served from below them).
+#[test]
+fn a_fencing_answer_carries_frontiers_being_recorded_and_older_marks_after_it_are_refused() {
+    use super::PartitionError;
+    run(async {
+        let sim = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
+        let (_journal, p) = follower(&storage).await;
+        p.raise_fence(3, 0).await.unwrap();
+        let default_at = |p: &Partition| {
+            p.durable_frontiers()
+                .iter()
+                .find(|r| r.group == DEFAULT_GROUP)
+                .map(|r| r.committed)
+        };
+        // Epoch 3's marks: their journal write goes, its sync held (held sync 0).
+        sim.hold_syncs();
+        let recording = {
+            let p = p.clone();
+            glommio::spawn_local(async move {
+                p.follow_frontiers(&[mark(DEFAULT_GROUP, 7, false)], 64, 3)
+                    .await
+            })
+        };
+        for _ in 0..100 {
+            if sim.held_syncs() > 0 {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(sim.held_syncs(), 1, "the recording's sync is held");
+        // Epoch 5's round reaches it: its floor is raised (its sync let go), and its answer waits.
+        let answered = Rc::new(std::cell::Cell::new(false));
+        let began = {
+            let (p, answered) = (p.clone(), answered.clone());
+            glommio::spawn_local(async move {
+                p.raise_fence(5, 0).await.unwrap();
+                p.wait_frontiers_followed().await;
+                answered.set(true);
+                default_at(&p)
+            })
+        };
+        for _ in 0..100 {
+            if sim.held_syncs() > 1 {
+                sim.release_held_sync(1);
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(p.epoch_floor(), 5, "the floor is raised");
+        assert!(!answered.get(), "answered while a recording is under way");
+        sim.release_syncs();
+        recording.await.expect("recorded");
+        assert_eq!(began.await, Some(7), "the answer carries what was recorded");
+        // An older leadership's marks that come now are refused.
+        let r = p
+            .follow_frontiers(&[mark(DEFAULT_GROUP, 9, false)], 64, 3)
+            .await;
+        assert!(
+            matches!(r, Err(PartitionError::StaleEpoch { epoch: 3, known: 5 })),
+            "{r:?}"
+        );
+        assert_eq!(default_at(&p), Some(7));
+    })
 }

@@ -93,6 +93,17 @@ fn a_deposed_leaders_own_batch_landing_after_its_successors_probe_is_cut() {
     run_node_seed(10152);
 }
 
+/// Seed 22771 (found beyond the seeds CI runs, older than the leader's lease): node 3, recording the default group's
+/// frontier 39 that its leader at epoch 8 shipped, answered node 2's fencing round for epoch 19 while that record's
+/// journal sync was under way, with 29; the record then became durable and node 3 answered epoch 8's leader, which
+/// counted 39 settled on a majority. Node 2, ranking the answers, served the group from 29. A round's answer now
+/// waits for a recording under way, and marks of an older leadership check the raised floor at their turn
+/// (`Partition::wait_frontiers_followed`).
+#[test]
+fn a_fencing_answer_carries_the_frontiers_a_replica_was_recording() {
+    run_node_seed(22771);
+}
+
 /// The node simulation finds `bug`.
 fn finds(bug: Bug) {
     crate::sim::tests::finds_in(run_node_seed, "node simulation", bug);
