@@ -529,10 +529,21 @@ impl Engine {
         }
     }
 
-    /// Frontiers of a replicated partition this core leads, durable here, for its followers.
+    /// Frontiers of a replicated partition this core leads, durable here, for its followers. A deposed leader ships
+    /// none (a review of seed 22771's fix: frontiers whose journal write landed after this replica answered a newer
+    /// round, which ranked its answer without them, would reach a follower that round had not fenced yet, and be
+    /// on a majority the new leader serves below). One in its fencing round still does: a group it starts then
+    /// must reach its followers.
     pub(crate) fn ship_frontiers(&self, records: &[crate::storage::journal::FrontierRecord]) {
         let sink = self.ship_sink.borrow().clone();
-        if let (Some(sink), false) = (sink, records.is_empty()) {
+        let Some((sink, first)) = sink.zip(records.first()) else {
+            return;
+        };
+        let deposed = self.topic(&first.topic).ok().is_some_and(|t| {
+            t.owned_partition(first.partition)
+                .is_some_and(|p| p.deposed().is_some())
+        });
+        if !deposed {
             sink(Ship::Frontiers(records));
         }
     }
