@@ -1048,6 +1048,14 @@ async fn a_take_waiting_for_nonces(
     (p, take, asked)
 }
 
+/// The nonces [`a_take_waiting_for_nonces`]'s take waits for come, and it runs on.
+async fn nonces_come(p: &Partition) {
+    p.nonces_promised(p.nonce_floor(), p.nonce_ask());
+    for _ in 0..10 {
+        futures_lite::future::yield_now().await;
+    }
+}
+
 /// A lease that runs out while a take waits under way (for its leadership's first nonces, whose round waits out a
 /// replica that does not answer) is asked for again, once, outside the take: a replica that starts following
 /// meanwhile does not wait for it, and the take goes on once a majority answers, or answers 503 (a long poll looks
@@ -1059,10 +1067,7 @@ fn a_take_whose_lease_ran_out_while_it_waited_for_nonces_asks_again_and_goes_on(
         let clock = ManualClock::new(1_700_000_000_000);
         let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
         assert_eq!(asked.get(), 0, "waiting for its first nonces");
-        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
-        for _ in 0..10 {
-            futures_lite::future::yield_now().await;
-        }
+        nonces_come(&p).await;
         assert_eq!(asked.get(), 1, "the lease asked for again");
         p.lease_granted(clock.now_ms() + p.lease_ms());
         assert_eq!(offsets(&take.await.unwrap()), vec![0]);
@@ -1070,10 +1075,7 @@ fn a_take_whose_lease_ran_out_while_it_waited_for_nonces_asks_again_and_goes_on(
         // No answer within half a lease: 503.
         let sim = Sim::new();
         let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
-        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
-        for _ in 0..10 {
-            futures_lite::future::yield_now().await;
-        }
+        nonces_come(&p).await;
         assert_eq!(asked.get(), 1);
         clock.advance(p.lease_ms() / 2);
         let taken = take.await.unwrap();
@@ -1084,10 +1086,7 @@ fn a_take_whose_lease_ran_out_while_it_waited_for_nonces_asks_again_and_goes_on(
         // up by it; a late answer of the old leadership hands out nothing.
         let sim = Sim::new();
         let (p, take, asked) = a_take_waiting_for_nonces(&sim, &clock, true).await;
-        p.nonces_promised(p.nonce_floor(), p.nonce_ask());
-        for _ in 0..10 {
-            futures_lite::future::yield_now().await;
-        }
+        nonces_come(&p).await;
         assert_eq!(asked.get(), 1);
         let followed = Rc::new(std::cell::Cell::new(false));
         let f = followed.clone();
