@@ -64,18 +64,9 @@ fn a_new_leader_takes_nothing_until_its_predecessors_lease_ran_out() {
         assert_eq!((taken.deliveries.len(), taken.retry_in_ms), (0, Some(1)));
         clock.advance(1);
         let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
-        assert_eq!(
-            taken
-                .deliveries
-                .iter()
-                .map(|d| d.offset)
-                .collect::<Vec<_>>(),
-            vec![0]
-        );
+        assert_eq!(offsets(&taken), vec![0]);
         // Its next leadership waits again.
-        p.lead(5, 3, Rc::new(|_, _| {})).await;
-        p.start_serving(5).await.expect("serves at epoch 5");
-        p.lease_granted(u64::MAX);
+        lead_leased(&p, 5).await;
         let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
         assert_eq!(taken.retry_in_ms, Some(wait));
         clock.advance(wait);
@@ -88,18 +79,9 @@ fn a_new_leader_takes_nothing_until_its_predecessors_lease_ran_out() {
         p.follower_acked(7, 2);
         p.lease_granted(u64::MAX);
         let taken = p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap();
-        assert_eq!(
-            taken
-                .deliveries
-                .iter()
-                .map(|d| d.offset)
-                .collect::<Vec<_>>(),
-            vec![1]
-        );
+        assert_eq!(offsets(&taken), vec![1]);
         // And the one after that waits again by default.
-        p.lead(9, 3, Rc::new(|_, _| {})).await;
-        p.start_serving(9).await.expect("serves at epoch 9");
-        p.lease_granted(u64::MAX);
+        lead_leased(&p, 9).await;
         assert_eq!(
             p.take(DEFAULT_GROUP, 1, 30_000).await.unwrap().retry_in_ms,
             Some(wait)
@@ -170,6 +152,20 @@ fn a_probe_reaching_a_deposed_leader_waits_for_its_own_batch_being_written_and_c
         p.follow_epochs(&leader, 2, 5).await.expect("continues it");
         assert_eq!(p.epoch_history().entries(), &leader);
     })
+}
+
+/// The offsets a take handed out.
+fn offsets(taken: &super::Taken) -> Vec<u64> {
+    taken.deliveries.iter().map(|d| d.offset).collect()
+}
+
+/// `p` leads at `epoch` over three replicas, its round ended, a majority having answered it (its lease granted).
+async fn lead_leased(p: &Partition, epoch: u64) {
+    p.lead(epoch, 3, Rc::new(|_, _| {})).await;
+    p.start_serving(epoch)
+        .await
+        .unwrap_or_else(|e| panic!("serves at epoch {epoch}: {e:?}"));
+    p.lease_granted(u64::MAX);
 }
 
 /// As after a leader's fencing round and its followers' answers: its predecessor's lease waited out, and a lease of
@@ -749,7 +745,6 @@ fn a_frontier_write_landing_while_a_reelected_leader_loads_its_shards_is_what_th
         let sim = Sim::new();
         let storage: Rc<dyn Storage> = Rc::new(SimStorage(sim.clone()));
         let (_journal, p, clock) = replica_on(&storage).await;
-        let offsets = |t: &super::Taken| t.deliveries.iter().map(|d| d.offset).collect::<Vec<_>>();
         // Leader at epoch 3 over 3 replicas: a, b, c committed, a and b acked (the default group's frontier at 2).
         p.lead(3, 3, Rc::new(|_, _| {})).await;
         p.start_serving(3).await.expect("serves at epoch 3");
