@@ -1761,6 +1761,75 @@ fn a_follower_named_leader_by_a_newer_partition_key_serves_and_the_old_leader_fo
     stop_and_compare_segments(&mut c, "lm", f1, &[leader, f2]);
 }
 
+#[test]
+fn a_fencing_round_goes_on_with_a_majority_and_does_not_wait_out_a_paused_replica() {
+    let _g = serial();
+    let opts = Opts {
+        extra: vec!["--replication-preview".into()],
+        ..Opts::default()
+    };
+    let Some(mut c) = Cluster::start_with("round_paused_replica", 3, opts) else {
+        return;
+    };
+    let a = c.node(0).put("/topics/rp?partitions=1&replicas=3");
+    assert_eq!(a.status, 201, "{}", a.text());
+    let p = partitions(c.node(0), "rp").remove(0);
+    let topic_id = p["epoch"].as_u64().expect("an epoch");
+    let replicas: Vec<usize> = replica_indices(&c, &p);
+    let (leader, f1, f2) = (replicas[0], replicas[1], replicas[2]);
+    assert_eq!(produce(c.node(leader), "rp", "", "a").1, 0);
+    wait_replicated(c.node(leader), "rp", 2);
+
+    // f2 paused (its session still live: calls to it end only at the 2 s node RPC timeout), then f1 named leader
+    // at a newer epoch. Its round has the old leader's answer and its own, a majority: it goes on after a short
+    // grace for f2 (`front/round.rs`, `fence_others`), not after f2's call times out.
+    c.pause(f2);
+    let won = "fencing round won: this node leads the partition";
+    let before = c.node(f1).log_text().matches(won).count();
+    let started = Instant::now();
+    name_first_follower_leader(&c, "rp", topic_id);
+    wait_for("f1's round won", Duration::from_secs(15), || {
+        match c.node(f1).log_text().matches(won).count() > before {
+            true => Ok(()),
+            false => Err("not yet".into()),
+        }
+    });
+    let waited = started.elapsed();
+    assert!(
+        waited < ms(1500),
+        "the round took {waited:?}: it waited out the paused replica"
+    );
+    assert!(
+        c.node(f1)
+            .log_text()
+            .contains("a fencing round goes on with a majority"),
+        "{}",
+        c.node(f1).log_text()
+    );
+    // It serves what was acknowledged, and takes new produces with the old leader as its majority.
+    let a = wait_ok(
+        c.node(f1),
+        "POST",
+        "/produce?topic=rp",
+        b"b",
+        "a produce through the new leader",
+    );
+    assert_eq!(a.json()["offset"].as_u64(), Some(1), "{}", a.text());
+    c.resume(f2);
+    c.wait_all_live();
+    let want: HashSet<String> = ["a", "b"].iter().map(|b| b.to_string()).collect();
+    let got = drain(c.node(f1), "rp", &want);
+    let mut bodies: Vec<String> = got.iter().map(|m| m.body.clone()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["a", "b"]);
+    let r = wait_replicated(c.node(f1), "rp", 2);
+    assert_eq!(
+        (r[0].1.as_str(), r[0].2),
+        (c.node(f1).id.as_str(), 2),
+        "{r:?}"
+    );
+}
+
 /// Stops every running node, then checks that each of `replicas` holds the segment bytes of partition 0 of
 /// `topic` that its leader `leader` holds.
 fn stop_and_compare_segments(c: &mut Cluster, topic: &str, leader: usize, replicas: &[usize]) {

@@ -29,6 +29,9 @@ use tracing::{info, warn};
 
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const LAST_RETRY: Duration = Duration::from_secs(1);
+/// How long a fencing round (or a nonce promise) waits for the other replicas' answers once a majority answered
+/// (`Shipper::fence_others`).
+pub const ROUND_GRACE: Duration = Duration::from_millis(100);
 
 /// What a round found.
 #[derive(Debug, PartialEq, Eq)]
@@ -180,7 +183,15 @@ impl Shipper {
                 // Planted (`crate::planted`): leads without fencing anyone or ranking any log.
                 Ok(()) if crate::planted::planted(crate::planted::Bug::NoFencing) => Outcome::Lead,
                 Ok(()) => {
-                    let fenced = self.fence_others(&round, &replicas, &states, asked).await;
+                    // (A replica whose log refuses appends counts as a learner: it hands over.)
+                    let me_learner = partition.is_learner()
+                        || partition.log.is_poisoned()
+                        || learners.contains(&me);
+                    let voters = replicas.len() - learners.len();
+                    let need = (voters / 2 + 1).saturating_sub(usize::from(!me_learner));
+                    let fenced = self
+                        .fence_others(&round, &replicas, &states, asked, need)
+                        .await;
                     answers = match fenced {
                         Ok(answers) => answers,
                         Err(known) => {
@@ -196,16 +207,7 @@ impl Shipper {
                             b.learner = true;
                         }
                     }
-                    decide(
-                        me,
-                        partition.rank(),
-                        // (A replica whose log refuses appends counts as a learner: it hands over.)
-                        partition.is_learner()
-                            || partition.log.is_poisoned()
-                            || learners.contains(&me),
-                        &answers,
-                        replicas.len() - learners.len(),
-                    )
+                    decide(me, partition.rank(), me_learner, &answers, voters)
                 }
             };
             // Its nonces start above every ceiling the answers promised to older leaderships; when an old leader's
@@ -348,16 +350,32 @@ impl Shipper {
     /// Sends `BeginEpoch` at `round`'s epoch, asking for the nonce ceiling `nonces`, to every replica of the
     /// partition but this one, and gathers the answers with whether each node is live. Err(known): a replica
     /// answered that a newer leadership (`known`) fenced it.
+    ///
+    /// It does not wait out a replica that does not answer (a stopped process, a cut link: each call ends only at
+    /// the node RPC timeout) once it has enough: when `need` live voters (replicas that are not learners, whose node
+    /// is live) have answered `Began` (with this replica's own, a majority of the voters), it waits [`ROUND_GRACE`]
+    /// more for the others and goes on with what came. A majority is all the round's safety needs (any two
+    /// majorities share a replica: the greatest log, the highest frontiers, the nonce ceilings and the epoch floors
+    /// of any majority hold what a majority acknowledged, settled, promised or fenced); the grace only lets a live
+    /// replica's answer count when it comes soon after. Calls still under way go on in their own tasks and their
+    /// answers are dropped.
     async fn fence_others(
         &self,
         round: &RoundOf,
         replicas: &[NodeIndex],
         states: &[crate::engine::placement::PartitionState],
         nonces: u64,
+        need: usize,
     ) -> Result<Vec<(NodeIndex, Began, bool)>, u64> {
         let engine = self.engine().clone();
         let me = engine.node();
-        let mut calls = Vec::new();
+        let learners = states
+            .get(round.partition as usize)
+            .map(|s| s.learners.clone())
+            .unwrap_or_default();
+        let came: Rc<std::cell::RefCell<Vec<(NodeIndex, Result<Reply, OpError>)>>> = Rc::default();
+        let arrived = Rc::new(event_listener::Event::new());
+        let mut asked = 0;
         for &node in replicas.iter().filter(|&&n| n != me) {
             let cores = engine.node_cores(node) as usize;
             let Some(core) = (cores > 0)
@@ -375,35 +393,74 @@ impl Shipper {
                 epoch: round.epoch,
                 nonces,
             });
-            calls.push(glommio::spawn_local(async move {
-                (node, router.call(Location { node, core }, request).await)
-            }));
+            let (came, arrived) = (came.clone(), arrived.clone());
+            glommio::spawn_local(async move {
+                let answer = router.call(Location { node, core }, request).await;
+                came.borrow_mut().push((node, answer));
+                arrived.notify(usize::MAX);
+            })
+            .detach();
+            asked += 1;
         }
         let mut answers = Vec::new();
         let mut newer = None;
-        for call in calls {
-            match call.await {
-                (node, Ok(Reply::Began(b))) if b.nonces > nonces::NONCE_MAX => {
-                    // No replica promises that much (`validate` refuses it in a request): not an answer.
-                    warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, nonces = b.nonces, "a replica answered a nonce ceiling above the limit; not counted")
-                }
-                (node, Ok(Reply::Began(b))) => answers.push((node, b, engine.node_alive(node))),
-                (
-                    _,
-                    Err(OpError::Engine(EngineError::Partition(PartitionError::StaleEpoch {
-                        known,
-                        ..
-                    }))),
-                ) if known > round.epoch => newer = Some(known),
-                (node, other) => {
-                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, answer = ?other.map(|_| ()), "a replica did not answer the fencing round")
+        let mut seen = 0;
+        let mut enough_at: Option<u64> = None;
+        loop {
+            let listener = arrived.listen();
+            let fresh: Vec<_> = came.borrow_mut().drain(..).collect();
+            seen += fresh.len();
+            for answer in fresh {
+                match answer {
+                    (node, Ok(Reply::Began(b))) if b.nonces > nonces::NONCE_MAX => {
+                        // No replica promises that much (`validate` refuses it in a request): not an answer.
+                        warn!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, nonces = b.nonces, "a replica answered a nonce ceiling above the limit; not counted")
+                    }
+                    (node, Ok(Reply::Began(b))) => answers.push((node, b, engine.node_alive(node))),
+                    (
+                        _,
+                        Err(OpError::Engine(EngineError::Partition(PartitionError::StaleEpoch {
+                            known,
+                            ..
+                        }))),
+                    ) if known > round.epoch => newer = newer.max(Some(known)),
+                    (node, other) => {
+                        info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, node, answer = ?other.map(|_| ()), "a replica did not answer the fencing round")
+                    }
                 }
             }
+            if let Some(known) = newer {
+                return Err(known);
+            }
+            if seen >= asked {
+                break;
+            }
+            let live_voters = answers
+                .iter()
+                .filter(|(node, b, live)| *live && !b.learner && !learners.contains(node))
+                .count();
+            let now = engine.now_ms();
+            if live_voters >= need && enough_at.is_none() {
+                enough_at = Some(now);
+            }
+            match enough_at {
+                Some(at) if now >= at + ROUND_GRACE.as_millis() as u64 => {
+                    info!(topic = %round.topic, partition = round.partition, epoch = round.epoch, answered = seen, asked, "a fencing round goes on with a majority; the other replicas have not answered yet");
+                    break;
+                }
+                Some(at) => {
+                    futures_lite::future::or(listener, async {
+                        engine
+                            .clock()
+                            .sleep_until(at + ROUND_GRACE.as_millis() as u64)
+                            .await;
+                    })
+                    .await
+                }
+                None => listener.await,
+            }
         }
-        match newer {
-            Some(known) => Err(known),
-            None => Ok(answers),
-        }
+        Ok(answers)
     }
 
     /// Makes the nonce ceiling `nonces` durable on a majority of the partition's voters at `round`'s epoch (this
@@ -423,7 +480,6 @@ impl Shipper {
         if partition.epoch_floor() > round.epoch {
             return Err(partition.epoch_floor());
         }
-        let answers = self.fence_others(round, replicas, states, nonces).await?;
         let learners = states
             .get(round.partition as usize)
             .map(|s| s.learners.clone())
@@ -431,6 +487,10 @@ impl Shipper {
         let me = self.engine().node();
         let voters = replicas.len() - learners.len();
         let own = usize::from(!partition.is_learner() && !learners.contains(&me));
+        let need = (voters / 2 + 1).saturating_sub(own);
+        let answers = self
+            .fence_others(round, replicas, states, nonces, need)
+            .await?;
         let promised = answers
             .iter()
             .filter(|(node, b, _)| !b.learner && !learners.contains(node))
