@@ -33,6 +33,9 @@ const LAST_RETRY: Duration = Duration::from_secs(1);
 /// (`Shipper::fence_others`).
 pub const ROUND_GRACE: Duration = Duration::from_millis(100);
 
+/// A replica's answer to a round's `BeginEpoch`.
+type Answer = (NodeIndex, Result<Reply, OpError>);
+
 /// What a round found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -373,7 +376,7 @@ impl Shipper {
             .get(round.partition as usize)
             .map(|s| s.learners.clone())
             .unwrap_or_default();
-        let came: Rc<std::cell::RefCell<Vec<(NodeIndex, Result<Reply, OpError>)>>> = Rc::default();
+        let came: Rc<std::cell::RefCell<Vec<Answer>>> = Rc::default();
         let arrived = Rc::new(event_listener::Event::new());
         let mut asked = 0;
         for &node in replicas.iter().filter(|&&n| n != me) {
