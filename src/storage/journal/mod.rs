@@ -131,6 +131,9 @@ struct Queued {
     segment: Option<Rc<dyn SegmentFile>>,
     /// The log's write-behind buffer, when its frames may still be there (flushed before that checkpoint).
     behind: Option<Rc<Behind>>,
+    /// It holds room below the zeros already written ([`Journal::reserve`]): its pass writes it even when the zeros
+    /// ahead cannot be extended.
+    reserved: bool,
     queued_at_us: u64,
     reply: oneshot::Sender<Result<(), AppendError>>,
 }
@@ -293,6 +296,10 @@ pub struct Journal {
     /// failure, and when the journal is poisoned or closes.
     checkpoint_failures: Cell<u64>,
     checkpoint_event: Event,
+    /// Bytes of entries that reserved room ([`Journal::reserve`]) and are not written yet. Always
+    /// `current.pos + reserved <= current.zeroed_to` and `reserved <= zero_ahead(file_bytes)` (so a new file's zeros
+    /// hold them too).
+    reserved: Cell<u64>,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -345,6 +352,7 @@ impl Journal {
             checkpointed_through: Cell::new(None),
             checkpoint_failures: Cell::new(0),
             checkpoint_event: Event::new(),
+            reserved: Cell::new(0),
         });
         glommio::spawn_local(journal.clone().run_committer()).detach();
         if let FsyncPolicy::IntervalMs(ms) = opts.fsync {
@@ -381,21 +389,75 @@ impl Journal {
     /// Makes an entry built with [`begin_entry`] (its frames already written to `segment` at the head's position,
     /// or held in `behind` until a flush writes them there) durable under the fsync policy. An error means the entry may or may not be on disk: the caller must not
     /// acknowledge it (and the journal refuses everything after it until a restart).
+    /// `reserved`: the entry's room was reserved with [`Journal::reserve`] just before (its length, no await in
+    /// between), and is its own until its pass is written or refused.
     pub async fn commit(
         &self,
         entry: Vec<u8>,
         records: u32,
         segment: Rc<dyn SegmentFile>,
         behind: Option<Rc<Behind>>,
+        reserved: bool,
     ) -> Result<(), AppendError> {
-        self.enqueue(entry, records, Some(segment), behind).await
+        self.enqueue(entry, records, Some(segment), behind, reserved)
+            .await
+    }
+
+    /// Reserves room for an entry of `bytes` below the zeros already written in the journal file, so that its pass
+    /// writes it whatever the disk's free space (a full disk refuses only an extension of the zeros, and then the
+    /// pass writes its reserved entries and refuses the others): a leader ships a batch before its own sync only
+    /// with room reserved (`Log::ship_before_sync`), so a full disk refuses it before anything is shipped. False
+    /// when the room left (the zeros ahead, less what is reserved) is too small, or the journal refuses entries;
+    /// the entry is then committed without a reservation. A reservation must be followed by [`Journal::commit`]
+    /// with `reserved` before any await.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        if self.poisoned.get() || self.closed.get() {
+            return false;
+        }
+        let c = self.current.borrow();
+        let reserved = self.reserved.get() + bytes;
+        let fits = c.pos + reserved <= c.zeroed_to && reserved <= zero_ahead(self.opts.file_bytes);
+        if fits {
+            self.reserved.set(reserved);
+        }
+        fits
+    }
+
+    /// Bytes reserved and not written yet.
+    pub fn reserved(&self) -> u64 {
+        self.reserved.get()
+    }
+
+    /// The reservations' invariant: what is reserved fits below the zeros written, and in a new file's.
+    fn assert_room(&self, c: &Current) {
+        let reserved = self.reserved.get();
+        assert!(
+            c.pos + reserved <= c.zeroed_to && reserved <= zero_ahead(self.opts.file_bytes),
+            "{reserved} bytes reserved, {} left below the zeros written",
+            c.zeroed_to.saturating_sub(c.pos)
+        );
+    }
+
+    /// Gives back the room `entries` reserved (written now, or refused).
+    fn release(&self, entries: &[Queued]) {
+        let bytes: u64 = entries
+            .iter()
+            .filter(|q| q.reserved)
+            .map(|q| q.entry.len() as u64)
+            .sum();
+        assert!(
+            bytes <= self.reserved.get(),
+            "released {bytes} bytes of {} reserved",
+            self.reserved.get()
+        );
+        self.reserved.set(self.reserved.get() - bytes);
     }
 
     /// Makes an entry built with [`frontier_entry`] durable under the fsync policy, in the pass that takes it with
     /// whatever frames are queued. Entries are queued in the order of the calls (the call queues at once, before it
     /// awaits), so the records of one group are in the journal in the order its frontier moved.
     pub async fn commit_frontiers(&self, entry: Vec<u8>) -> Result<(), AppendError> {
-        self.enqueue(entry, 0, None, None).await
+        self.enqueue(entry, 0, None, None, false).await
     }
 
     async fn enqueue(
@@ -404,12 +466,22 @@ impl Journal {
         records: u32,
         segment: Option<Rc<dyn SegmentFile>>,
         behind: Option<Rc<Behind>>,
+        reserved: bool,
     ) -> Result<(), AppendError> {
-        if self.poisoned.get() {
-            return Err(AppendError::Poisoned);
-        }
-        if self.closed.get() {
-            return Err(AppendError::Closed);
+        if self.poisoned.get() || self.closed.get() {
+            if reserved {
+                let bytes = entry.len() as u64;
+                assert!(
+                    bytes <= self.reserved.get(),
+                    "a reservation is released once"
+                );
+                self.reserved.set(self.reserved.get() - bytes);
+            }
+            return Err(if self.poisoned.get() {
+                AppendError::Poisoned
+            } else {
+                AppendError::Closed
+            });
         }
         let seq = self.next_seq.get();
         self.next_seq.set(seq + 1);
@@ -420,6 +492,7 @@ impl Journal {
             records,
             segment,
             behind,
+            reserved,
             queued_at_us: self.clock.now_us(),
             reply: tx,
         });
@@ -631,32 +704,56 @@ impl Journal {
         self.checkpoint_event.notify(usize::MAX);
     }
 
-    async fn write_pass(&self, pass: Vec<Queued>) {
+    async fn write_pass(&self, mut pass: Vec<Queued>) {
         if self.poisoned.get() {
+            self.release(&pass);
             for q in pass {
                 let _ = q.reply.send(Err(AppendError::Poisoned));
             }
             return;
         }
         let started_us = self.clock.now_us();
-        let bytes: usize = pass.iter().map(|q| q.entry.len()).sum();
+        let mut bytes: usize = pass.iter().map(|q| q.entry.len()).sum();
         let (file, pos, zeroed_to) = {
             let c = self.current.borrow();
             (c.file.clone(), c.pos, c.zeroed_to)
         };
-        let end = pos + bytes as u64;
+        let mut end = pos + bytes as u64;
         // The zeros ahead are written first, so the entries land in blocks the file already has: a full disk
         // refuses the zeros (nothing of the pass is in the journal), never an entry half-way.
         let ahead = zero_ahead(self.opts.file_bytes);
         let mut new_zeroed_to = zeroed_to;
-        if end + ahead / 2 > zeroed_to {
+        // Room the queued entries that are not in this pass reserved stays theirs: the pass extends the zeros when
+        // it would write into it (after the extension, `end + ahead` covers it: no more than `ahead` is reserved).
+        let in_pass: u64 = pass
+            .iter()
+            .filter(|q| q.reserved)
+            .map(|q| q.entry.len() as u64)
+            .sum();
+        let others = self.reserved.get() - in_pass;
+        if end + others > zeroed_to || end + ahead / 2 > zeroed_to {
             let to = end + ahead;
             if let Err(e) = file.write_at(&vec![0u8; (to - zeroed_to) as usize], zeroed_to) {
-                warn!(core = self.core, error = %e, "cannot extend the journal: the pass is refused");
                 let _ = file.truncate(zeroed_to).await;
-                return Self::refuse(pass, &e);
+                // The entries that reserved room (shipped before their sync) still fit below the zeros written:
+                // they are written; the others are refused.
+                let (kept, refused): (Vec<Queued>, Vec<Queued>) =
+                    pass.into_iter().partition(|q| q.reserved);
+                warn!(core = self.core, error = %e, written = kept.len(), refused = refused.len(), "cannot extend the journal: the entries without reserved room are refused");
+                Self::refuse(refused, &e);
+                if kept.is_empty() {
+                    return;
+                }
+                pass = kept;
+                bytes = pass.iter().map(|q| q.entry.len()).sum();
+                end = pos + bytes as u64;
+                assert!(
+                    end <= zeroed_to,
+                    "reserved entries fit below the zeros written: {end} > {zeroed_to}"
+                );
+            } else {
+                new_zeroed_to = to;
             }
-            new_zeroed_to = to;
         }
         let written = if pass.len() == 1 {
             file.write_at(&pass[0].entry, pos)
@@ -675,12 +772,15 @@ impl Journal {
                 self.poison("scrub after a failed write", &scrub);
             }
             self.current.borrow_mut().zeroed_to = new_zeroed_to;
+            self.release(&pass);
             return Self::refuse(pass, &e);
         }
+        self.release(&pass);
         {
             let mut c = self.current.borrow_mut();
             c.pos = end;
             c.zeroed_to = new_zeroed_to;
+            self.assert_room(&c);
             c.dirty = true;
             for q in &pass {
                 if let Some(segment) = &q.segment {
@@ -800,6 +900,7 @@ impl Journal {
             }
         };
         let old = std::mem::replace(&mut *self.current.borrow_mut(), fresh);
+        self.assert_room(&self.current.borrow());
         self.pending.borrow_mut().push_back(old);
         if self.checkpoints_running.get() == 0 {
             self.checkpoints_running.set(1);

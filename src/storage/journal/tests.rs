@@ -881,7 +881,7 @@ async fn committer(
         let (journal, segment) = (journal.clone(), segment.clone());
         glommio::spawn_local(async move {
             journal
-                .commit(begin_entry(&head("t"), 0), records, segment, None)
+                .commit(begin_entry(&head("t"), 0), records, segment, None, false)
                 .await
         })
     }
@@ -1261,4 +1261,133 @@ fn a_journal_directory_that_cannot_be_listed_is_an_error_not_an_empty_journal() 
             let r = replay(&disk, &file, &nowhere, &|_, _, _| true).await;
             assert!(r.is_err(), "{:?}", r.map(|r| r.entries));
         });
+}
+
+/// A full disk and reserved room (`Journal::reserve`, what a leader holds before it ships a batch ahead of its own
+/// sync): a pass whose zeros ahead cannot be extended still writes the entries that reserved room below the zeros
+/// already written, and refuses only the others (`NoSpace`), without poisoning the journal. A reservation is
+/// refused when the room left, less what is reserved, is too small, and given back when its pass is done.
+#[test]
+fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
+    on_sim(|sim, storage| async move {
+        let dir = Path::new("/sim/journal");
+        // 16 KiB files: 4 KiB of zeros ahead.
+        let journal = journal_at(
+            &storage,
+            dir,
+            FsyncPolicy::Always,
+            16 << 10,
+            0,
+            no_frontiers(),
+        )
+        .await;
+        let ahead = zero_ahead(16 << 10);
+        assert_eq!(ahead, 4096);
+        let segment = storage
+            .open(Path::new("/sim/seg"), true)
+            .await
+            .expect("segment");
+        let entry = |frames: usize| {
+            let mut e = begin_entry(&head("t"), frames);
+            e.resize(e.len() + frames, 7);
+            e
+        };
+        let commit = |e: Vec<u8>, reserved: bool| {
+            let (journal, segment) = (journal.clone(), segment.clone());
+            glommio::spawn_local(async move { journal.commit(e, 1, segment, None, reserved).await })
+        };
+        // A first pass, held in its sync while the next entries queue up behind it.
+        sim.hold_syncs();
+        let first_len = entry(100).len() as u64;
+        let first = commit(entry(100), false);
+        for _ in 0..1000 {
+            if sim.held_syncs() > 0 {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+        assert_eq!(sim.held_syncs(), 1);
+        // The disk is full now: only the zeros already written are left.
+        sim.limit_space_under(dir, Some(sim.used_under(dir)));
+        let reserved = entry(200);
+        // (No more than the zeros ahead can be reserved at all.)
+        assert!(!journal.reserve(ahead + 1));
+        assert!(journal.reserve(reserved.len() as u64));
+        assert_eq!(journal.reserved(), reserved.len() as u64);
+        // Room for no more than what is left below the zeros written.
+        let left = ahead - journal.reserved() - first_len;
+        assert!(!journal.reserve(left + 1), "{left} bytes left");
+        // Queued together, in one pass: the unreserved entry needs the zeros extended, which the full disk refuses.
+        let r = commit(reserved, true);
+        let u = commit(entry(3000), false);
+        futures_lite::future::yield_now().await;
+        sim.release_syncs();
+        first.await.expect("the first pass");
+        r.await.expect("the reserved entry is written");
+        let refused = u.await;
+        assert!(matches!(refused, Err(AppendError::NoSpace)), "{refused:?}");
+        assert!(!journal.is_poisoned());
+        assert_eq!(journal.reserved(), 0, "given back once written");
+        let stats = journal.stats();
+        assert_eq!((stats.passes, stats.entries), (2, 2), "{stats:?}");
+        // Space back: unreserved entries are written again.
+        sim.limit_space_under(dir, None);
+        commit(entry(3000), false).await.expect("space is back");
+        journal.close().await;
+    });
+}
+
+/// Entries without a reservation never write into the room queued entries reserved: a pass that would extends the
+/// zeros first, and on a full disk is refused, while the reserved entry still lands below the zeros written.
+#[test]
+fn entries_without_a_reservation_leave_the_reserved_room_alone() {
+    on_sim(|sim, storage| async move {
+        let dir = Path::new("/sim/journal");
+        let journal = journal_at(
+            &storage,
+            dir,
+            FsyncPolicy::Always,
+            16 << 10,
+            0,
+            no_frontiers(),
+        )
+        .await;
+        let segment = storage
+            .open(Path::new("/sim/seg"), true)
+            .await
+            .expect("segment");
+        let entry = |frames: usize| {
+            let mut e = begin_entry(&head("t"), frames);
+            e.resize(e.len() + frames, 7);
+            e
+        };
+        journal
+            .commit(entry(100), 1, segment.clone(), None, false)
+            .await
+            .expect("a first pass");
+        sim.limit_space_under(dir, Some(sim.used_under(dir)));
+        // Most of the zeros ahead reserved (a batch shipped early whose entry is not queued yet).
+        let reserved = entry(2500);
+        assert!(journal.reserve(reserved.len() as u64));
+        let mut written = 0;
+        let refused = loop {
+            match journal
+                .commit(entry(400), 1, segment.clone(), None, false)
+                .await
+            {
+                Ok(()) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 20, "the full disk was never met");
+        };
+        assert!(matches!(refused, AppendError::NoSpace), "{refused:?}");
+        assert!(written >= 1, "{written}");
+        assert!(!journal.is_poisoned());
+        journal
+            .commit(reserved, 1, segment.clone(), None, true)
+            .await
+            .expect("the reserved entry still fits");
+        assert_eq!(journal.reserved(), 0);
+        journal.close().await;
+    });
 }

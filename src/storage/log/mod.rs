@@ -933,8 +933,15 @@ impl Log {
         // Shipped before its sync: its followers write and sync it while the journal does here. The commit offset
         // counts this replica only for what its log holds durably (`Partition::recompute_commit`), so a produce is
         // still answered only once it is durable here too.
+        // Only with room reserved in the journal, so that a full disk cannot refuse its pass (an error of the
+        // disk itself still can: then the log is poisoned, below); without, it ships once durable.
         let mut shipped = shipped;
-        let early = self.ship_early.get() && shipped.is_some();
+        let early = self.ship_early.get()
+            && shipped.is_some()
+            && self
+                .journal
+                .as_ref()
+                .is_some_and(|link| link.journal.reserve(buf.len() as u64));
         if early {
             if let (Some(frames), Some(ship), Some(head)) =
                 (shipped.take(), self.on_ship.borrow().as_ref(), &head)
@@ -946,7 +953,7 @@ impl Log {
             let behind = self.write_behind().cloned();
             if let Err(e) = link
                 .journal
-                .commit(buf, records as u32, file.clone(), behind)
+                .commit(buf, records as u32, file.clone(), behind, early)
                 .await
             {
                 if early {

@@ -1040,6 +1040,93 @@ fn leader_active_base(log: &Log) -> u64 {
     log.state.borrow().segments.last().expect("a segment").base
 }
 
+/// `Log::ship_before_sync` on a full journal disk: a batch ships before its sync only with room reserved below the
+/// zeros the journal already wrote (`Journal::reserve`), so the full disk refuses only batches that were not shipped
+/// (rolled back, `NoSpace`; the next append takes the offset) and never poisons the log, and every batch shipped is
+/// durable here. (Without the reservation, the first refused pass was of a batch already shipped: the log refused
+/// appends until a restart.)
+#[test]
+fn on_a_full_journal_disk_a_batch_ships_early_only_with_room_reserved_and_the_log_stays_writable() {
+    run(async {
+        let disk = Sim::new();
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+        let (journal, log, shipped) = leader(&storage).await;
+        log.ship_before_sync(true);
+        log.append(Bytes::from_static(b"first"))
+            .await
+            .expect("an append");
+        let journal_dir = Path::new("/sim/journal");
+        disk.limit_space_under(journal_dir, Some(disk.used_under(journal_dir)));
+        let (mut written, mut refused) = (0, 0);
+        for i in 0..400u64 {
+            let before = shipped.borrow().len();
+            let end = log.end_offset();
+            // Held in its sync: an early batch is shipped before the sync returns.
+            disk.hold_syncs();
+            let body = Bytes::from(format!("{i:0>200}"));
+            let mut writing = Box::pin(log.append(body.clone()));
+            let mut early = false;
+            let mut done = None;
+            for _ in 0..50 {
+                done = futures_lite::future::poll_once(&mut writing).await;
+                if done.is_some() {
+                    break;
+                }
+                early |= shipped.borrow().len() > before;
+                futures_lite::future::yield_now().await;
+            }
+            disk.release_syncs();
+            let done = match done {
+                Some(done) => done,
+                None => writing.await,
+            };
+            match done {
+                Ok(offset) => {
+                    assert_eq!(offset, end);
+                    assert!(early, "batch {i} was not shipped before its sync");
+                    assert_eq!(shipped.borrow().len(), before + 1);
+                    assert_eq!(log.read(offset).await.expect("a read").payload, body);
+                    written += 1;
+                }
+                Err(e) => {
+                    assert!(matches!(e, super::super::AppendError::NoSpace), "{e:?}");
+                    assert_eq!(
+                        shipped.borrow().len(),
+                        before,
+                        "batch {i}: refused after it shipped"
+                    );
+                    assert_eq!(log.end_offset(), end);
+                    refused += 1;
+                    if refused == 3 {
+                        break;
+                    }
+                }
+            }
+            assert!(
+                !log.is_poisoned(),
+                "batch {i}: the full disk poisoned the log"
+            );
+            assert!(!journal.is_poisoned());
+        }
+        assert!(
+            written > 3 && refused == 3,
+            "{written} written, {refused} refused"
+        );
+        assert_eq!(journal.reserved(), 0);
+        // Space back: the next append takes the next offset, and ships early again.
+        disk.limit_space_under(journal_dir, None);
+        let end = log.end_offset();
+        assert_eq!(
+            log.append(Bytes::from_static(b"back"))
+                .await
+                .expect("space is back"),
+            end
+        );
+        log.close().await;
+        journal.close().await;
+    });
+}
+
 /// `Log::ship_before_sync`: a leader ships a batch once its frames are written, while its own journal sync is still
 /// under way (its followers' syncs overlap its own), and its log's end moves only once the sync returns. A batch
 /// shipped early whose journal pass is then refused poisons the log (its offsets are never given to other records in
