@@ -80,12 +80,13 @@ pub struct ClusterSettings {
     pub replica_gather_us: u64,
     /// A replicated partition's leader ships each batch to its followers once written, before its own fdatasync
     /// (true), or once durable here (false). Either way a produce is answered once the leader and enough followers
-    /// for a majority have it durable; shipping early lets the replicas' syncs overlap, but a journal pass refused
-    /// after an early ship (a full disk) stops the partition's appends on this replica until a restart (its
-    /// leadership goes to a healthy follower when a majority of them is up: `front/quorum.rs`). Default false: it
-    /// is faster (`docs/benchmarks.md`, "Replication: early ship as the default"), but a full disk must first be
-    /// kept from refusing a pass after its batch was shipped (docs/replication.md, step 4).
-    #[serde(default)]
+    /// for a majority have it durable; shipping early lets the replicas' syncs overlap. A batch ships early only
+    /// with room reserved for its entry in the journal (`Journal::reserve`), so a full disk refuses it (`507`)
+    /// before anything is shipped; a pass the device refuses (`EIO`) after an early ship stops the partition's
+    /// appends on this replica until a restart (its leadership goes to a healthy follower when a majority of them
+    /// is up: `front/quorum.rs`). Default true: faster on every measured row (`docs/benchmarks.md`, "Replication:
+    /// early ship with the journal's reservation, now the default"; docs/replication.md, step 4).
+    #[serde(default = "default_ship_early")]
     pub replica_ship_early: bool,
     /// A replicated partition's leader hands out leases (consumes) only while a majority of its replicas, itself
     /// counted, answered it within this long; a new leader hands out none for this long and an eighth after its
@@ -130,6 +131,13 @@ fn default_etcd_grace() -> u64 {
 
 fn default_rpc_timeout() -> u64 {
     2000
+}
+
+/// `[cluster] replica_ship_early`'s default.
+pub const DEFAULT_SHIP_EARLY: bool = true;
+
+fn default_ship_early() -> bool {
+    DEFAULT_SHIP_EARLY
 }
 
 impl ClusterSettings {
@@ -715,7 +723,7 @@ mod tests {
             replica_core_window_bytes: 256 << 20,
             replica_max_in_flight: 8,
             replica_gather_us: 0,
-            replica_ship_early: false,
+            replica_ship_early: DEFAULT_SHIP_EARLY,
             replica_lease_ms: 1000,
         });
         (config, dir)
