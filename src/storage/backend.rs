@@ -57,6 +57,13 @@ pub trait Storage {
     /// Removes a directory and everything under it, in the background where that matters (it is no longer
     /// reachable by any core).
     fn remove_tree(&self, dir: &Path);
+
+    /// Whether writing over bytes that files under `dir` already hold never needs new space on their file system.
+    /// False where it allocates on overwrite (copy-on-write file systems: btrfs, ZFS, bcachefs), or when that cannot
+    /// be told. The journal reserves room below the zeros it wrote only where this holds (`Journal::reserve`).
+    fn overwrites_in_place(&self, _dir: &Path) -> bool {
+        true
+    }
 }
 
 /// How the real disk makes data durable.
@@ -425,6 +432,27 @@ impl SegmentFile for DiskFile {
     }
 }
 
+/// statfs(2) `f_type`s of file systems that allocate new blocks when a file's bytes are overwritten: btrfs, ZFS,
+/// bcachefs.
+const COPY_ON_WRITE: [i64; 3] = [0x9123_683E, 0x2FC1_2FC1, 0xCA45_1A4E];
+
+/// Whether the file system holding `dir` overwrites a file's bytes in place (not copy-on-write); false when statfs
+/// fails.
+pub fn overwrites_in_place(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills the zeroed struct it is given from a NUL-terminated path that outlives the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let kind = st.f_type as i64;
+    !COPY_ON_WRITE.contains(&kind)
+}
+
 impl Storage for Disk {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
@@ -495,6 +523,10 @@ impl Storage for Disk {
     }
 
     /// On a plain thread: removing many segment files must not stall a core.
+    fn overwrites_in_place(&self, dir: &Path) -> bool {
+        overwrites_in_place(dir)
+    }
+
     fn remove_tree(&self, dir: &Path) {
         let dir = dir.to_path_buf();
         let spawned = std::thread::Builder::new()

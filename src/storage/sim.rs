@@ -192,6 +192,8 @@ struct State {
     let_go: BTreeSet<u64>,
     /// A file system of its own under this directory, holding at most this many bytes (see `limit_space_under`).
     quota: Option<(PathBuf, u64)>,
+    /// Reported as a file system that allocates on overwrite (`set_copy_on_write`).
+    copy_on_write: bool,
 }
 
 /// Calls that fail: `left` more, with `errno`, of the files under `under` (every file if None).
@@ -349,6 +351,12 @@ impl Sim {
     /// always succeeds (its blocks are allocated), and truncating or removing files frees space.
     pub fn limit_space_under(&self, dir: &Path, bytes: Option<u64>) {
         self.state.borrow_mut().quota = bytes.map(|b| (dir.to_path_buf(), b));
+    }
+
+    /// Makes the disk report itself a copy-on-write file system (`Storage::overwrites_in_place` false), as btrfs or
+    /// ZFS would; its writes behave as before.
+    pub fn set_copy_on_write(&self, on: bool) {
+        self.state.borrow_mut().copy_on_write = on;
     }
 
     /// Bytes the files under `dir` hold now.
@@ -912,6 +920,10 @@ impl Storage for SimStorage {
         } else {
             Err(not_found(from))
         }
+    }
+
+    fn overwrites_in_place(&self, _dir: &Path) -> bool {
+        !self.0.state.borrow().copy_on_write
     }
 
     fn remove_tree(&self, dir: &Path) {

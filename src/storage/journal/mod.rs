@@ -300,6 +300,9 @@ pub struct Journal {
     /// `current.pos + reserved <= current.zeroed_to` and `reserved <= zero_ahead(file_bytes)` (so a new file's zeros
     /// hold them too).
     reserved: Cell<u64>,
+    /// Overwriting the zeros ahead needs no new space on this file system (`Storage::overwrites_in_place`):
+    /// reservations are refused otherwise.
+    in_place: bool,
 }
 
 fn file_name(core: usize, index: u64) -> String {
@@ -325,7 +328,13 @@ impl Journal {
         storage.create_dir_all(dir)?;
         let current =
             Self::create_file(&*storage, dir, core, 0, zero_ahead(opts.file_bytes)).await?;
+        // Reserved room is only room where an overwrite of the zeros needs no new blocks.
+        let in_place = storage.overwrites_in_place(dir);
+        if !in_place {
+            warn!(core, dir = %dir.display(), "the journal's file system allocates on overwrite (copy-on-write: btrfs, ZFS, bcachefs) or cannot be told: no journal room is reserved, so a replicated leader ships each batch once durable (replica_ship_early has no effect)");
+        }
         let journal = Rc::new(Journal {
+            in_place,
             storage,
             clock,
             dir: dir.to_path_buf(),
@@ -408,10 +417,11 @@ impl Journal {
     /// pass writes its reserved entries and refuses the others): a leader ships a batch before its own sync only
     /// with room reserved (`Log::ship_before_sync`), so a full disk refuses it before anything is shipped. False
     /// when the room left (the zeros ahead, less what is reserved) is too small, or the journal refuses entries;
-    /// the entry is then committed without a reservation. A reservation must be followed by [`Journal::commit`]
+    /// the entry is then committed without a reservation; always false on a file system that allocates on overwrite
+    /// (copy-on-write), where zeros written hold no room. A reservation must be followed by [`Journal::commit`]
     /// with `reserved` before any await.
     pub fn reserve(&self, bytes: u64) -> bool {
-        if self.poisoned.get() || self.closed.get() {
+        if !self.in_place || self.poisoned.get() || self.closed.get() {
             return false;
         }
         let c = self.current.borrow();

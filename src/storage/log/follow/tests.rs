@@ -1058,6 +1058,7 @@ fn on_a_full_journal_disk_a_batch_ships_early_only_with_room_reserved_and_the_lo
         let journal_dir = Path::new("/sim/journal");
         disk.limit_space_under(journal_dir, Some(disk.used_under(journal_dir)));
         let (mut written, mut refused) = (0, 0);
+        let mut answered = vec![(0, Bytes::from_static(b"first"))];
         for i in 0..400u64 {
             let before = shipped.borrow().len();
             let end = log.end_offset();
@@ -1086,6 +1087,7 @@ fn on_a_full_journal_disk_a_batch_ships_early_only_with_room_reserved_and_the_lo
                     assert!(early, "batch {i} was not shipped before its sync");
                     assert_eq!(shipped.borrow().len(), before + 1);
                     assert_eq!(log.read(offset).await.expect("a read").payload, body);
+                    answered.push((offset, body));
                     written += 1;
                 }
                 Err(e) => {
@@ -1113,6 +1115,14 @@ fn on_a_full_journal_disk_a_batch_ships_early_only_with_room_reserved_and_the_lo
             "{written} written, {refused} refused"
         );
         assert_eq!(journal.reserved(), 0);
+        // Every batch answered (and shipped) is durable here: after a power cut the journal replays them all, and
+        // the refused ones left no trace.
+        let cut = disk.power_cut(|_, _| 0);
+        let (_j, reopened) = restart(&cut).await;
+        assert_eq!(reopened.end_offset(), log.end_offset());
+        for (offset, body) in &answered {
+            assert_eq!(&reopened.read(*offset).await.expect("a read").payload, body);
+        }
         // Space back: the next append takes the next offset, and ships early again.
         disk.limit_space_under(journal_dir, None);
         let end = log.end_offset();
@@ -1122,6 +1132,35 @@ fn on_a_full_journal_disk_a_batch_ships_early_only_with_room_reserved_and_the_lo
                 .expect("space is back"),
             end
         );
+        log.close().await;
+        journal.close().await;
+    });
+}
+
+/// On a file system that allocates on overwrite (copy-on-write: btrfs, ZFS), the zeros the journal wrote hold no
+/// room, so none is reserved: a leader ships each batch once durable here, whatever `ship_before_sync` says.
+#[test]
+fn on_a_copy_on_write_file_system_a_leader_ships_each_batch_once_durable() {
+    run(async {
+        let disk = Sim::new();
+        disk.set_copy_on_write(true);
+        let storage: Rc<dyn Storage> = Rc::new(SimStorage(disk.clone()));
+        let (journal, log, shipped) = leader(&storage).await;
+        log.ship_before_sync(true);
+        assert!(!journal.reserve(1));
+        disk.hold_syncs();
+        let mut writing = Box::pin(log.append(Bytes::from_static(b"first")));
+        for _ in 0..50 {
+            assert!(futures_lite::future::poll_once(&mut writing)
+                .await
+                .is_none());
+            futures_lite::future::yield_now().await;
+        }
+        assert!(disk.held_syncs() > 0, "the sync is held");
+        assert_eq!(shipped.borrow().len(), 0, "shipped before its sync");
+        disk.release_syncs();
+        assert_eq!(writing.await.expect("an append"), 0);
+        assert_eq!(shipped.borrow().len(), 1);
         log.close().await;
         journal.close().await;
     });
