@@ -1263,6 +1263,35 @@ fn a_journal_directory_that_cannot_be_listed_is_an_error_not_an_empty_journal() 
         });
 }
 
+/// A journal under fsync `always` with 16 KiB files (4 KiB of zeros ahead) in `dir`, and a segment `/sim/seg` for
+/// its entries.
+async fn small_journal(
+    storage: &Rc<dyn Storage>,
+    dir: &Path,
+) -> (Rc<Journal>, Rc<dyn SegmentFile>) {
+    let journal = journal_at(
+        storage,
+        dir,
+        FsyncPolicy::Always,
+        16 << 10,
+        0,
+        no_frontiers(),
+    )
+    .await;
+    let segment = storage
+        .open(Path::new("/sim/seg"), true)
+        .await
+        .expect("segment");
+    (journal, segment)
+}
+
+/// An entry of frames of `frames` bytes.
+fn sized_entry(frames: usize) -> Vec<u8> {
+    let mut e = begin_entry(&head("t"), frames);
+    e.resize(e.len() + frames, 7);
+    e
+}
+
 /// A full disk and reserved room (`Journal::reserve`, what a leader holds before it ships a batch ahead of its own
 /// sync): a pass whose zeros ahead cannot be extended still writes the entries that reserved room below the zeros
 /// already written, and refuses only the others (`NoSpace`), without poisoning the journal. A reservation is
@@ -1271,35 +1300,17 @@ fn a_journal_directory_that_cannot_be_listed_is_an_error_not_an_empty_journal() 
 fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
     on_sim(|sim, storage| async move {
         let dir = Path::new("/sim/journal");
-        // 16 KiB files: 4 KiB of zeros ahead.
-        let journal = journal_at(
-            &storage,
-            dir,
-            FsyncPolicy::Always,
-            16 << 10,
-            0,
-            no_frontiers(),
-        )
-        .await;
+        let (journal, segment) = small_journal(&storage, dir).await;
         let ahead = zero_ahead(16 << 10);
         assert_eq!(ahead, 4096);
-        let segment = storage
-            .open(Path::new("/sim/seg"), true)
-            .await
-            .expect("segment");
-        let entry = |frames: usize| {
-            let mut e = begin_entry(&head("t"), frames);
-            e.resize(e.len() + frames, 7);
-            e
-        };
         let commit = |e: Vec<u8>, reserved: bool| {
             let (journal, segment) = (journal.clone(), segment.clone());
             glommio::spawn_local(async move { journal.commit(e, 1, segment, None, reserved).await })
         };
         // A first pass, held in its sync while the next entries queue up behind it.
         sim.hold_syncs();
-        let first_len = entry(100).len() as u64;
-        let first = commit(entry(100), false);
+        let first_len = sized_entry(100).len() as u64;
+        let first = commit(sized_entry(100), false);
         for _ in 0..1000 {
             if sim.held_syncs() > 0 {
                 break;
@@ -1309,7 +1320,7 @@ fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
         assert_eq!(sim.held_syncs(), 1);
         // The disk is full now: only the zeros already written are left.
         sim.limit_space_under(dir, Some(sim.used_under(dir)));
-        let reserved = entry(200);
+        let reserved = sized_entry(200);
         // (No more than the zeros ahead can be reserved at all.)
         assert!(!journal.reserve(ahead + 1));
         assert!(journal.reserve(reserved.len() as u64));
@@ -1319,7 +1330,7 @@ fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
         assert!(!journal.reserve(left + 1), "{left} bytes left");
         // Queued together, in one pass: the unreserved entry needs the zeros extended, which the full disk refuses.
         let r = commit(reserved, true);
-        let u = commit(entry(3000), false);
+        let u = commit(sized_entry(3000), false);
         futures_lite::future::yield_now().await;
         sim.release_syncs();
         first.await.expect("the first pass");
@@ -1332,7 +1343,9 @@ fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
         assert_eq!((stats.passes, stats.entries), (2, 2), "{stats:?}");
         // Space back: unreserved entries are written again.
         sim.limit_space_under(dir, None);
-        commit(entry(3000), false).await.expect("space is back");
+        commit(sized_entry(3000), false)
+            .await
+            .expect("space is back");
         journal.close().await;
     });
 }
@@ -1343,36 +1356,19 @@ fn a_pass_on_a_full_disk_writes_its_reserved_entries_and_refuses_the_others() {
 fn entries_without_a_reservation_leave_the_reserved_room_alone() {
     on_sim(|sim, storage| async move {
         let dir = Path::new("/sim/journal");
-        let journal = journal_at(
-            &storage,
-            dir,
-            FsyncPolicy::Always,
-            16 << 10,
-            0,
-            no_frontiers(),
-        )
-        .await;
-        let segment = storage
-            .open(Path::new("/sim/seg"), true)
-            .await
-            .expect("segment");
-        let entry = |frames: usize| {
-            let mut e = begin_entry(&head("t"), frames);
-            e.resize(e.len() + frames, 7);
-            e
-        };
+        let (journal, segment) = small_journal(&storage, dir).await;
         journal
-            .commit(entry(100), 1, segment.clone(), None, false)
+            .commit(sized_entry(100), 1, segment.clone(), None, false)
             .await
             .expect("a first pass");
         sim.limit_space_under(dir, Some(sim.used_under(dir)));
         // Most of the zeros ahead reserved (a batch shipped early whose entry is not queued yet).
-        let reserved = entry(2500);
+        let reserved = sized_entry(2500);
         assert!(journal.reserve(reserved.len() as u64));
         let mut written = 0;
         let refused = loop {
             match journal
-                .commit(entry(400), 1, segment.clone(), None, false)
+                .commit(sized_entry(400), 1, segment.clone(), None, false)
                 .await
             {
                 Ok(()) => written += 1,
