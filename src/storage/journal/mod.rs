@@ -450,11 +450,17 @@ impl Journal {
 
     /// Gives back the room `entries` reserved (written now, or refused).
     fn release(&self, entries: &[Queued]) {
-        let bytes: u64 = entries
-            .iter()
-            .filter(|q| q.reserved)
-            .map(|q| q.entry.len() as u64)
-            .sum();
+        self.give_back(
+            entries
+                .iter()
+                .filter(|q| q.reserved)
+                .map(|q| q.entry.len() as u64)
+                .sum(),
+        );
+    }
+
+    /// Returns reserved room: each reservation once, never more than is reserved.
+    fn give_back(&self, bytes: u64) {
         assert!(
             bytes <= self.reserved.get(),
             "released {bytes} bytes of {} reserved",
@@ -480,12 +486,7 @@ impl Journal {
     ) -> Result<(), AppendError> {
         if self.poisoned.get() || self.closed.get() {
             if reserved {
-                let bytes = entry.len() as u64;
-                assert!(
-                    bytes <= self.reserved.get(),
-                    "a reservation is released once"
-                );
-                self.reserved.set(self.reserved.get() - bytes);
+                self.give_back(entry.len() as u64);
             }
             return Err(if self.poisoned.get() {
                 AppendError::Poisoned
