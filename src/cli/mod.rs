@@ -701,7 +701,7 @@ fn serve(args: ServeArgs) -> Result<i32, String> {
                 replica_window_bytes: 64 << 20,
                 replica_core_window_bytes: 256 << 20,
                 replica_max_in_flight: 8,
-                replica_gather_us: 0,
+                replica_gather_us: berth::config::DEFAULT_GATHER_US,
                 replica_ship_early: berth::config::DEFAULT_SHIP_EARLY,
                 replica_lease_ms: berth::partition::lease::DEFAULT_LEASE_MS,
             });
