@@ -353,10 +353,10 @@ impl Cluster {
                     sim: disk,
                     incarnation,
                     joined,
-                    // Half the seeds with the leaders' gather on, half with the default (off).
+                    // Half the seeds with the leaders' gather on (2000 µs; the default is 1000), half with it off.
                     gather_us: if self.seed.is_multiple_of(2) { 2000 } else { 0 },
-                    // Half the seeds with the leaders shipping before their own sync, half after it (the
-                    // default), each with the gather on and off.
+                    // Half the seeds with the leaders shipping before their own sync (the default), half after
+                    // it, each with the gather on and off.
                     ship_early: self.ship_early(),
                 },
                 self.clock.clone(),
