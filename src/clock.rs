@@ -40,12 +40,22 @@ pub fn monotonic_ms() -> u64 {
 
 /// Monotonic µs on the clock of `monotonic_ms` (since the first call in this process, plus one millisecond).
 pub fn monotonic_us() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_micros() as u64
-        + 1000
+    static START_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let now = clock_monotonic_us();
+    let start = *START_US.get_or_init(|| now);
+    now.saturating_sub(start) + 1000
+}
+
+/// CLOCK_MONOTONIC in µs, the clock `std::time::Instant` and glommio's timers read, without `Instant`'s checked
+/// arithmetic (read several times per request: the lease's and the take's clocks).
+fn clock_monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given; CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
 /// Monotonic ms from CLOCK_MONOTONIC_COARSE, plus one: the time of the last timer tick (1 to 4 ms behind), read

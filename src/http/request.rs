@@ -211,8 +211,9 @@ fn parse_inner(buf: &[u8], limits: &Limits, head_only: bool) -> Result<Parsed, P
             expect_continue,
         });
     }
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p, q),
+    // A byte search: `?` is ASCII, so the cut is a char boundary.
+    let (path, query) = match target.bytes().position(|b| b == b'?') {
+        Some(q) => (&target[..q], &target[q + 1..]),
         None => (target, ""),
     };
     Ok(Parsed::Complete(

@@ -415,14 +415,21 @@ fn authorized(token: &str, header: Option<&str>) -> bool {
 
 /// The host name of a `Host` header or an origin's authority: the port and IPv6 brackets removed.
 fn host_name(authority: &str) -> &str {
-    let authority = authority.trim();
+    // Bytes, not chars: read on every request, and `:`, `[`, `]` are ASCII (a cut next to one is a char boundary).
+    let authority = authority.trim_ascii();
     if let Some(rest) = authority.strip_prefix('[') {
         return rest.split(']').next().unwrap_or("");
     }
-    authority
-        .rsplit_once(':')
-        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
-        .map_or(authority, |(host, _)| host)
+    match authority.bytes().rposition(|b| b == b':') {
+        Some(colon)
+            if authority.as_bytes()[colon + 1..]
+                .iter()
+                .all(u8::is_ascii_digit) =>
+        {
+            &authority[..colon]
+        }
+        _ => authority,
+    }
 }
 
 /// Loopback names and addresses, and the configured `allowed_hosts`.
@@ -705,6 +712,11 @@ mod tests {
         assert_eq!(host_name("[::1]:7070"), "::1");
         assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
         assert_eq!(host_name("broker.internal:80"), "broker.internal");
+        // A port that is not digits is part of the name (refused below); spaces around it go; the last colon cuts.
+        assert_eq!(host_name("evil.example:x80"), "evil.example:x80");
+        assert_eq!(host_name(" localhost:7070 "), "localhost");
+        assert_eq!(host_name("localhost:"), "localhost");
+        assert_eq!(host_name("a:b:80"), "a:b");
         let allowed = vec!["broker.internal".to_string()];
         for ok in [
             "localhost",

@@ -27,13 +27,18 @@ impl ReceiptHandle {
     /// Parses `partition:offset:nonce`; None unless it is exactly three unsigned decimal integers (at most 20 digits
     /// each, within u64).
     pub fn parse(text: &str) -> Option<ReceiptHandle> {
-        let mut parts = text.split(':');
+        // One pass over the bytes (read for every ack): each part 1 to 20 digits, no more than u64::MAX.
+        let mut parts = text.as_bytes().split(|&b| b == b':');
         let mut next = || -> Option<u64> {
             let part = parts.next()?;
-            if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            if part.is_empty() || part.len() > 20 {
                 return None;
             }
-            part.parse().ok()
+            part.iter().try_fold(0u64, |n, &b| {
+                b.is_ascii_digit()
+                    .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+                    .flatten()
+            })
         };
         let handle = ReceiptHandle {
             partition: next()?,

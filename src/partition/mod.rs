@@ -824,10 +824,14 @@ impl Partition {
         };
         // Leases of delayed produces found at read: (offset, nonce, deliverable at, monotonic ms).
         let mut deferred: Vec<(u64, u64, u64)> = Vec::new();
+        // The first round leases at the time read above (nothing awaited since).
+        let mut again = false;
         while taken.deliveries.len() < max {
             // A take that goes round again (reads that awaited, held FIFO messages) leases from the time now.
-            now = self.clock.now_ms();
-            reserved.now_ms = now;
+            if std::mem::replace(&mut again, true) {
+                now = self.clock.now_ms();
+                reserved.now_ms = now;
+            }
             let end = self.readable_end();
             let want = max - taken.deliveries.len();
             leases.clear();
@@ -854,7 +858,12 @@ impl Partition {
             }
             // Under the lease at the moment the leases are taken (the loads, nonces and reads before may have
             // awaited; one that ran out meanwhile is asked for again by `take_within`, outside the take).
-            if let Err(no) = self.lease_holds(self.clock.now_ms()) {
+            // (Only a replicated partition reads it, and only it waited for its nonces.)
+            let lease_now = match window {
+                Some(_) => self.clock.now_ms(),
+                None => now,
+            };
+            if let Err(no) = self.lease_holds(lease_now) {
                 lapsed.set(no == lease::NoLease::Lapsed);
                 let without = self.without_lease(no);
                 (taken.stop, taken.why, taken.retry_in_ms) =
