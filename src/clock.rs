@@ -54,7 +54,8 @@ fn clock_monotonic_us() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes only the timespec it is given; CLOCK_MONOTONIC exists on every Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 

@@ -416,6 +416,7 @@ fn authorized(token: &str, header: Option<&str>) -> bool {
 /// The host name of a `Host` header or an origin's authority: the port and IPv6 brackets removed.
 fn host_name(authority: &str) -> &str {
     // Bytes, not chars: read on every request, and `:`, `[`, `]` are ASCII (a cut next to one is a char boundary).
+    // Only ASCII spaces are trimmed: a name with another space left on it matches no allowed name.
     let authority = authority.trim_ascii();
     if let Some(rest) = authority.strip_prefix('[') {
         return rest.split(']').next().unwrap_or("");
@@ -717,6 +718,8 @@ mod tests {
         assert_eq!(host_name(" localhost:7070 "), "localhost");
         assert_eq!(host_name("localhost:"), "localhost");
         assert_eq!(host_name("a:b:80"), "a:b");
+        assert_eq!(host_name("localhost\u{a0}:80"), "localhost\u{a0}");
+        assert!(!host_allowed(host_name("localhost\u{a0}"), &[]));
         let allowed = vec!["broker.internal".to_string()];
         for ok in [
             "localhost",
