@@ -459,7 +459,8 @@ impl Journal {
         );
     }
 
-    /// Returns reserved room: each reservation once, never more than is reserved.
+    /// Returns reserved room (callers give each reservation back once; this checks only that no more than is
+    /// reserved comes back).
     fn give_back(&self, bytes: u64) {
         assert!(
             bytes <= self.reserved.get(),
